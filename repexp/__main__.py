@@ -1,0 +1,5 @@
+import sys
+
+from repexp.cli import main
+
+sys.exit(main())

@@ -1,0 +1,54 @@
+"""The `repexp` command: one subcommand per pipeline stage.
+
+Subcommands live in their own modules and are imported only when used, so
+`repexp --help` and light commands never pay for torch, verl or MLflow imports.
+Each module exposes `configure_parser(parser)` and `run(args) -> int`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "config": ("repexp.config_cli", "validate a pipeline config, print run names or a job's trainer config"),
+    "model": ("repexp.models", "build the offline tiny test model or convert SmolLM2-135M-Instruct"),
+    "data": ("repexp.data", "prepare a task's train/dev/test parquet splits"),
+    "train": ("repexp.train", "train one sweep point (--backend trl|verl)"),
+    "select": ("repexp.checkpoints", "pick the best-dev checkpoint of a training run"),
+    "merge": ("repexp.verl.merge", "merge a verl FSDP checkpoint into a Hugging Face directory"),
+    "eval": ("repexp.evaluate", "sample a model on a split and compute pass@k"),
+    "aggregate": ("repexp.aggregate", "collect eval.json files into one tidy pass@k table"),
+    "figures": ("repexp.figures", "plot pass@k curves, sweep heatmaps and training curves"),
+    "mlflow": ("repexp.tracking", "MLflow helpers: sync records kept locally, create sweep runs"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="repexp", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in {"-h", "--help"} or argv[0] not in COMMANDS:
+        parser = build_parser()
+        if argv and argv[0] not in {"-h", "--help"}:
+            parser.error(f"unknown command {argv[0]!r}; choose from {', '.join(COMMANDS)}")
+        parser.print_help()
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    module = importlib.import_module(COMMANDS[name][0])
+    parser = argparse.ArgumentParser(prog=f"repexp {name}", description=COMMANDS[name][1])
+    module.configure_parser(parser)
+    args = parser.parse_args(rest)
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

