@@ -1,0 +1,139 @@
+"""Best-dev checkpoint tracking and selection (`repexp select`), shared by both trainer backends.
+
+`best_dev.json` (in the training run directory) is rewritten atomically after every
+validation and every checkpoint save. It only ever points at a step whose checkpoint
+is complete, so a crash between validation and save cannot select a missing or
+partial checkpoint. Step 0 (the initial model) is recorded in the history for
+comparison but is never selectable: it has no checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from repexp.io import read_json, write_json_atomic
+
+BEST_DEV_FILE = "best_dev.json"
+COMPLETE_MARKER = "COMPLETE"  # written last inside a checkpoint directory
+
+
+def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"global_step_{step}"
+
+
+def is_complete(ckpt_dir: str | Path) -> bool:
+    return (Path(ckpt_dir) / COMPLETE_MARKER).exists()
+
+
+def mark_complete(ckpt_dir: str | Path) -> None:
+    (Path(ckpt_dir) / COMPLETE_MARKER).write_text("ok\n")
+
+
+def complete_steps(run_dir: str | Path) -> list[int]:
+    root = Path(run_dir) / "checkpoints"
+    steps = []
+    for d in root.glob("global_step_*") if root.exists() else []:
+        try:
+            step = int(d.name.rsplit("_", 1)[1])
+        except ValueError:
+            continue
+        if is_complete(d):
+            steps.append(step)
+    return sorted(steps)
+
+
+@dataclass
+class BestDevTracker:
+    """Tracks dev metrics per step and the best complete checkpoint by `metric` (higher is better)."""
+
+    run_dir: Path
+    metric: str = "dev/pass@1"
+    history: list[dict] = field(default_factory=list)
+
+    @property
+    def path(self) -> Path:
+        return Path(self.run_dir) / BEST_DEV_FILE
+
+    @classmethod
+    def load(cls, run_dir: str | Path, metric: str = "dev/pass@1") -> "BestDevTracker":
+        tracker = cls(Path(run_dir), metric)
+        if tracker.path.exists():
+            tracker.history = list(read_json(tracker.path).get("history", []))
+        return tracker
+
+    def record_validation(self, step: int, metrics: dict) -> None:
+        if self.metric not in metrics:
+            raise KeyError(f"validation metrics lack {self.metric!r}: {sorted(metrics)}")
+        entry = {"step": int(step), **{k: float(v) for k, v in metrics.items()}}
+        self.history = [h for h in self.history if h["step"] != int(step)] + [entry]
+        self.history.sort(key=lambda h: h["step"])
+        self.write()
+
+    def best(self) -> Optional[dict]:
+        """Best validated step that has a complete checkpoint (ties: the earliest)."""
+        saved = set(complete_steps(self.run_dir))
+        candidates = [h for h in self.history if h["step"] in saved]
+        if not candidates:
+            return None
+        return max(candidates, key=lambda h: (h[self.metric], -h["step"]))
+
+    def write(self) -> None:
+        best = self.best()
+        initial = next((h for h in self.history if h["step"] == 0), None)
+        write_json_atomic(self.path, {
+            "metric": self.metric,
+            "best_step": None if best is None else best["step"],
+            "best_value": None if best is None else best[self.metric],
+            "best_checkpoint": None if best is None else str(checkpoint_dir(self.run_dir, best["step"])),
+            "initial_value": None if initial is None else initial[self.metric],
+            "history": self.history,
+        })
+
+
+def select(run_dir: str | Path, backend: str) -> dict:
+    """The model pointer of a finished run: its best-dev checkpoint (errors if there is none)."""
+    run_dir = Path(run_dir)
+    tracker = BestDevTracker.load(run_dir)
+    if not tracker.path.exists():
+        raise FileNotFoundError(f"{tracker.path}: missing; did training finish?")
+    best = tracker.best()
+    if best is None:
+        raise ValueError(f"{tracker.path}: no validated step has a complete checkpoint")
+    ckpt = checkpoint_dir(run_dir, best["step"])
+    if backend == "trl":
+        model_path, needs_merge = ckpt, False
+    elif backend == "verl":
+        model_path, needs_merge = ckpt / "actor" / "hf", True
+    else:
+        raise ValueError(f"unknown backend {backend!r}")
+    return {
+        "run_dir": str(run_dir),
+        "backend": backend,
+        "checkpoint_step": best["step"],
+        "checkpoint_dir": str(ckpt),
+        "model_path": str(model_path),
+        "needs_merge": needs_merge,
+        "metric": tracker.metric,
+        "value": best[tracker.metric],
+    }
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--run-dir", required=True, type=Path, help="training run directory")
+    parser.add_argument("--backend", required=True, choices=["trl", "verl"])
+    parser.add_argument("--out", required=True, type=Path, help="model pointer JSON to write")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        pointer = select(args.run_dir, args.backend)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"select: {err}", file=sys.stderr)
+        return 1
+    write_json_atomic(args.out, pointer)
+    print(f"selected step {pointer['checkpoint_step']} ({pointer['metric']} = {pointer['value']:.4f})", file=sys.stderr)
+    return 0

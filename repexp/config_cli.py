@@ -1,0 +1,55 @@
+"""`repexp config`: validate a pipeline config, list its runs, write one job's resolved config."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from repexp import config as C
+from repexp.io import write_text_atomic
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True)
+    v = sub.add_parser("validate", help="check a config file; exit 1 with the offending key")
+    v.add_argument("config", type=Path)
+    r = sub.add_parser("runs", help="list run paths (<task>/<run>) of the sweep")
+    r.add_argument("config", type=Path)
+    j = sub.add_parser("job", help="write the resolved config of one run (job.yaml)")
+    j.add_argument("config", type=Path)
+    j.add_argument("--task", required=True)
+    j.add_argument("--run", required=True, help="run name, e.g. trl_repexp_k32_b0.01_s42")
+    j.add_argument("--out", type=Path, help="output file (default: stdout)")
+    s = sub.add_parser("schema", help="print the JSON schema generated from the dataclasses")
+    s.add_argument("--out", type=Path)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.action == "schema":
+            import yaml
+
+            text = yaml.safe_dump(C.json_schema(), sort_keys=False, allow_unicode=True)
+            if args.out:
+                write_text_atomic(args.out, text)
+            else:
+                sys.stdout.write(text)
+            return 0
+        cfg = C.load(args.config)
+        if args.action == "validate":
+            print(f"{args.config}: OK ({len(C.sweep_runs(cfg))} runs)")
+        elif args.action == "runs":
+            for spec in C.sweep_runs(cfg):
+                print(spec.path)
+        elif args.action == "job":
+            text = C.dump_yaml(C.compose(cfg, C.parse_run(args.task, args.run)))
+            if args.out:
+                write_text_atomic(args.out, text)
+            else:
+                sys.stdout.write(text)
+    except C.ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        return 1
+    return 0
