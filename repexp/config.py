@@ -128,16 +128,22 @@ class VerlConfig:
     repexp_micro_batch_size_per_gpu: int = _f(32, help="hidden-state forward micro batch", minimum=1)
     enable_gradient_checkpointing: bool = _f(True, help="actor gradient checkpointing")
     use_remove_padding: bool = _f(True, help="packed sequences (flash-attn)")
+    strategy: str = _f("fsdp", help="FSDP flavour of the actor and the frozen representation model", enum=("fsdp", "fsdp2"))
+    ray_num_cpus: Optional[int] = _f(None, help="CPUs Ray may use (null: all; set it under SLURM)", minimum=1)
     overrides: list[str] = _f([], help="extra raw Hydra overrides for verl (validated by verl)")
 
 
 @dataclass
 class TrlConfig:
+    # Batch shapes come from `train` (micro_batch_size_per_gpu, ppo_mini_batch_size): one meaning, both backends.
     device: str = _f("auto", help="torch device (auto: cuda if available else cpu)", enum=("auto", "cpu", "cuda"))
-    dtype: str = _f("float32", help="policy dtype", enum=("float32", "bfloat16"))
-    gradient_accumulation_steps: int = _f(1, help="micro-steps per optimizer step", minimum=1)
-    eval_batch_size: int = _f(16, help="prompts per dev-validation generate call", minimum=1)
-    logging_steps: int = _f(1, help="log every N steps", minimum=1)
+    dtype: str = _f("float32", help="compute dtype: float32, or bfloat16 autocast over float32 weights "
+                    "(the frozen feature model is loaded in this dtype)", enum=("float32", "bfloat16"))
+    eval_batch_size: int = _f(16, help="dev prompts per validation generate call (each with train.val_n samples)", minimum=1)
+    logging_steps: int = _f(1, help="log every N training steps", minimum=1)
+    gradient_checkpointing: bool = _f(False, help="policy gradient checkpointing (less memory, about a fifth more time)")
+    bonus_micro_batch_size: int = _f(32, help="sequences per frozen-model forward of the bonus features", minimum=1)
+    num_threads: Optional[int] = _f(None, help="torch CPU threads (null: torch's default)", minimum=1)
 
 
 @dataclass
@@ -316,11 +322,30 @@ def check(cfg: PipelineConfig) -> None:
         for section, cls in _OVERRIDABLE.items():
             merged = {**dataclasses.asdict(getattr(cfg, section)), **getattr(ov, section)}
             _build(cls, merged, f"task_overrides.{task}.{section}.")
+    if "verl" in cfg.sweep.backends:
+        _check_verl_resources(cfg)
     if cfg.data.dapo_source is None and "dapo-with-aime24" in cfg.sweep.tasks:
         raise ConfigError("data.dapo_source: required when sweep.tasks contains dapo-with-aime24")
     for task in cfg.sweep.tasks:
         train = task_section(cfg, task, "train")
         _check_batches(train, f"task_overrides.{task}.train" if task in cfg.task_overrides else "train")
+
+
+def _check_verl_resources(cfg: PipelineConfig) -> None:
+    """verl must be told the allocation the scheduler grants the train rule (nodes, GPUs per node)."""
+    res = rule_resources(cfg, "train")
+    for task in cfg.sweep.tasks:
+        verl = task_section(cfg, task, "verl")
+        where = f"task_overrides.{task}.verl" if "verl" in cfg.task_overrides.get(task, {}) else "verl"
+        if verl.nnodes != res.nodes:
+            raise ConfigError(
+                f"resources.train.nodes: {res.nodes} differs from {where}.nnodes {verl.nnodes} (task {task})"
+            )
+        if res.gpu and verl.n_gpus_per_node != res.gpu:
+            raise ConfigError(
+                f"resources.train.gpu: {res.gpu} differs from {where}.n_gpus_per_node "
+                f"{verl.n_gpus_per_node} (task {task})"
+            )
 
 
 def _check_batches(train: TrainConfig, where: str) -> None:
@@ -440,6 +465,22 @@ def sweep_runs(cfg: PipelineConfig) -> list[RunSpec]:
     return runs
 
 
+# Wildcard regexes for Snakemake (no named groups: Snakemake wraps each in its own group).
+TASK_PATTERN = "|".join(re.escape(t) for t in TASKS)
+_TRAINED_SUFFIX = r"_(?:grpo_s\d+|repexp_k\d+_b[0-9.]+_s\d+)"
+TRAINED_RUN_PATTERN = r"(?:trl|verl)" + _TRAINED_SUFFIX
+VERL_RUN_PATTERN = r"verl" + _TRAINED_SUFFIX
+RUN_PATTERN = r"base|" + TRAINED_RUN_PATTERN
+MODEL_ALIAS_PATTERN = "|".join(_MODEL_ALIASES)
+
+
+def rule_resources(cfg: PipelineConfig, rule: str) -> RuleResources:
+    """`resources.<rule>` with defaults for missing rules and fields."""
+    if rule not in _default_resources():
+        raise ConfigError(f"resources.{rule}: unknown rule (known: {', '.join(_default_resources())})")
+    return _build(RuleResources, cfg.resources.get(rule) or {}, f"resources.{rule}.")
+
+
 # --------------------------------------------------------------------------- per-job composition
 
 
@@ -476,6 +517,21 @@ class RunConfig:
 
 def config_hash(cfg: PipelineConfig) -> str:
     blob = json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+# RunConfig fields that do not change what a training job computes.
+_NOT_TRAINING = ("eval", "tracking", "config_name", "config_hash")
+
+
+def training_hash(run_config: RunConfig) -> str:
+    """Hash of everything that determines a training run (not eval settings, tracking or names).
+
+    Snakemake passes it as a rule param, so a config change reruns exactly the training jobs
+    it affects (and a change to another task, to eval settings or to resources reruns none).
+    """
+    data = {k: v for k, v in run_config.to_dict().items() if k not in _NOT_TRAINING}
+    blob = json.dumps(data, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -538,14 +594,14 @@ def dump_yaml(obj: Any) -> str:
 
 
 def json_schema(cls: type = PipelineConfig) -> dict:
-    """A JSON schema (draft 7) equivalent to the per-field rules of `cls` (for Snakemake's `validate`)."""
+    """A JSON schema (draft 2020-12, the draft Snakemake's `validate` uses) equivalent to the per-field rules of `cls`."""
     hints = typing.get_type_hints(cls)
     props = {}
     for f in dataclasses.fields(cls):
         props[f.name] = _schema_for(hints[f.name], f.metadata)
     schema = {"type": "object", "additionalProperties": False, "properties": props}
     if cls is PipelineConfig:
-        schema = {"$schema": "http://json-schema.org/draft-07/schema#",
+        schema = {"$schema": "https://json-schema.org/draft/2020-12/schema",
                   "description": "repexp pipeline config (generated by `repexp config schema`; do not edit)",
                   **schema}
     return schema

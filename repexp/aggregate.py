@@ -1,0 +1,627 @@
+"""`repexp aggregate`: every `eval.json` → one tidy pass@k table and the k-efficiency table.
+
+Inputs are `results/eval/<task>/<run>/eval.json` files (the evaluation contract in
+docs/architecture.md); `<run>` is a `RunSpec.name` and supplies the config columns.
+
+Outputs (each written atomically) in `--out-dir`:
+
+* `pass_at_k.csv` — tidy: one row per (run, k) with the config columns;
+* `k_efficiency.csv` — one row per RepExp point (task, backend, sparse_dim, β), see below;
+* `pass_at_k.md`, `pass_at_k.html` — the same for people (seed means, per-run values, k-efficiency,
+  definitions and the list of missing runs); the HTML is what the Snakemake report embeds.
+
+k-efficiency (the paper's headline "RepExp reaches GRPO's pass@256 at pass@80"), per task, backend,
+sparse_dim and β, on seed-mean curves:
+
+1. the k grid is the set of k evaluated by every seed of the RepExp point and of GRPO (same task and
+   backend); the reference k is the largest grid k ≤ 256 (256 when 256 samples were drawn);
+2. target = GRPO's pass@reference_k, averaged over GRPO seeds; the RepExp curve is pass@k averaged over
+   the point's seeds, for grid k ≤ reference_k;
+3. k*_evaluated = the smallest grid k whose RepExp value is ≥ target; k* interpolates linearly in
+   log2 k between that grid point and the one before it (k* = k*_evaluated when that is the first
+   grid point, an upper bound: status "reached at the smallest k");
+4. k_grpo = the same crossing for GRPO's own mean curve: reference_k, unless GRPO's curve is already
+   flat (saturated) below it;
+5. efficiency = k_grpo / k* (= reference_k / k*, the paper's ratio, whenever GRPO is not saturated);
+   when RepExp's pass@reference_k < target the status is "not reached" and k*, efficiency are empty.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from repexp.config import METHODS, TASKS, ConfigError, RunSpec, canonical, parse_run
+from repexp.io import atomic_path, read_json
+
+EVAL_JSON = "eval.json"
+HEADLINE_K = 256
+# ks logged on every sweep point's MLflow parent run (plus the largest evaluated k)
+MLFLOW_KS = (1, 16, 256)
+
+TIDY_COLUMNS = (
+    "task", "run", "method", "backend", "sparse_dim", "beta", "seed", "k", "pass_at_k", "sem",
+    "n_samples", "num_problems", "mean_at_n", "checkpoint_step", "split", "engine", "eval_seed",
+    "data_hash", "model_path", "source",
+)
+K_EFFICIENCY_COLUMNS = (
+    "task", "backend", "sparse_dim", "beta", "n_repexp_seeds", "n_grpo_seeds", "reference_k",
+    "grpo_pass_at_ref", "repexp_pass_at_ref", "k_grpo", "k_star", "k_star_evaluated", "efficiency", "status", "note",
+)
+METHOD_NAMES = {"repexp": "RepExp", "grpo": "GRPO", "base": "Base model"}
+STATUS_REACHED = "reached"
+STATUS_REACHED_FIRST = "reached at the smallest k"
+STATUS_NOT_REACHED = "not reached"
+STATUS_NO_GRPO = "no GRPO baseline"
+
+K_EFFICIENCY_NOTE = (
+    "k-efficiency: per task, backend, sparse_dim and β, on pass@k curves averaged over seeds. "
+    "The k grid holds the ks evaluated by every seed of the RepExp point and of GRPO; the reference k "
+    f"is the largest grid k ≤ {HEADLINE_K}. Target = GRPO's mean pass@reference_k. "
+    "k*_evaluated = the smallest grid k at which RepExp's mean pass@k ≥ target; k* interpolates linearly "
+    "in log2 k between that grid point and the previous one (an upper bound when it is the first grid "
+    "point). k_grpo = the same crossing on GRPO's own curve (the reference k unless GRPO saturates earlier). "
+    "efficiency = k_grpo / k* (the paper's reference_k / k* when GRPO is not saturated). "
+    "\"not reached\": RepExp's mean pass@reference_k < target."
+)
+SEM_NOTE = (
+    "pass@k: the unbiased estimator over n samples per problem, averaged over problems. "
+    "In seed summaries ± is the standard error of the mean over seeds (ddof 1), shown only with ≥ 2 seeds; "
+    "the tidy CSV's `sem` column is the per-run standard error over problems."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalRun:
+    """One loaded, validated eval.json."""
+
+    spec: RunSpec
+    path: Path
+    pass_at_k: dict[int, float]
+    pass_at_k_sem: dict[int, float]
+    n_samples: int
+    num_problems: int
+    meta: dict[str, Any]
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def find_eval_files(eval_dir: str | Path) -> list[Path]:
+    """Every `<task>/<run>/eval.json` under `eval_dir`, sorted."""
+    eval_dir = Path(eval_dir)
+    if not eval_dir.is_dir():
+        raise FileNotFoundError(f"{eval_dir}: eval directory not found")
+    return sorted(p for p in eval_dir.glob(f"*/*/{EVAL_JSON}") if p.is_file())
+
+
+def _per_k(path: Path, data: dict, key: str, *, required: bool) -> dict[int, float]:
+    raw = data.get(key)
+    if raw is None and not required:
+        return {}
+    if not isinstance(raw, dict) or (required and not raw):
+        raise ValueError(f"{path}: key {key!r} must be a non-empty mapping k -> value, got {raw!r}")
+    out: dict[int, float] = {}
+    for k_text, value in raw.items():
+        try:
+            k = int(k_text)
+        except (TypeError, ValueError):
+            raise ValueError(f"{path}: {key} has a non-integer k {k_text!r}") from None
+        if k < 1:
+            raise ValueError(f"{path}: {key} has k = {k} < 1")
+        if value is None:
+            out[k] = math.nan  # e.g. the SEM of a one-problem evaluation
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{path}: {key}[{k_text!r}] is not a number: {value!r}")
+        out[k] = float(value)
+    return dict(sorted(out.items()))
+
+
+def load_eval(path: str | Path) -> EvalRun:
+    """Read and validate one `<task>/<run>/eval.json`; errors name the file and the key."""
+    path = Path(path)
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    for key in ("pass_at_k", "num_problems", "n_samples"):
+        if key not in data:
+            raise ValueError(f"{path}: missing key {key!r}")
+    dir_task = path.parent.parent.name
+    task = data.get("task") or dir_task
+    if task != dir_task:
+        raise ValueError(f"{path}: task {task!r} in the file differs from the directory {dir_task!r}")
+    try:
+        spec = parse_run(task, path.parent.name)
+    except ConfigError as err:
+        raise ValueError(f"{path}: expected results/eval/<task>/<run>/eval.json with a valid run name ({err})") from None
+    pass_at_k = _per_k(path, data, "pass_at_k", required=True)
+    bad = {k: v for k, v in pass_at_k.items() if not (0.0 <= v <= 1.0)}
+    if bad:
+        raise ValueError(f"{path}: pass_at_k values must lie in [0, 1], got {bad}")
+    n_samples = data["n_samples"]
+    if isinstance(n_samples, list):  # problems with different n: the ks are bounded by the smallest
+        if not n_samples:
+            raise ValueError(f"{path}: n_samples is an empty list")
+        n_samples = min(n_samples)
+    if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
+        raise ValueError(f"{path}: n_samples must be a positive integer, got {data['n_samples']!r}")
+    if max(pass_at_k) > n_samples:
+        raise ValueError(f"{path}: pass_at_k has k = {max(pass_at_k)} > n_samples = {n_samples}")
+    num_problems = data["num_problems"]
+    if isinstance(num_problems, bool) or not isinstance(num_problems, int) or num_problems < 1:
+        raise ValueError(f"{path}: num_problems must be a positive integer, got {num_problems!r}")
+    meta = {key: data.get(key) for key in
+            ("mean_at_n", "checkpoint_step", "split", "engine", "seed", "data_hash", "model_path")}
+    return EvalRun(spec=spec, path=path, pass_at_k=pass_at_k,
+                   pass_at_k_sem=_per_k(path, data, "pass_at_k_sem", required=False),
+                   n_samples=n_samples, num_problems=num_problems, meta=meta)
+
+
+def load_evals(paths: Iterable[str | Path]) -> list[EvalRun]:
+    """Load every file; refuse duplicates and runs of one task evaluated on different problem sets."""
+    runs = [load_eval(p) for p in paths]
+    seen: dict[tuple[str, str], Path] = {}
+    for run in runs:
+        key = (run.spec.task, run.spec.name)
+        if key in seen:
+            raise ValueError(f"{run.path}: duplicate evaluation of {run.spec.path} (also {seen[key]})")
+        seen[key] = run.path
+    for task in {r.spec.task for r in runs}:
+        for field in ("data_hash", "split"):
+            values = {r.meta[field]: r.path for r in runs if r.spec.task == task and r.meta[field] is not None}
+            if len(values) > 1:
+                (a, pa), (b, pb) = list(values.items())[:2]
+                raise ValueError(
+                    f"{pb}: {field} {b!r} differs from {a!r} in {pa} (task {task}); "
+                    "pass@k on different problem sets is not comparable"
+                )
+    return sorted(runs, key=lambda r: run_sort_key(r.spec))
+
+
+def run_sort_key(spec: RunSpec) -> tuple:
+    """Tasks in TASKS order, then RepExp points, GRPO, base; then backend, sparse_dim, β, seed."""
+    return (TASKS.index(spec.task), METHODS.index(spec.method), spec.backend or "",
+            spec.sparse_dim or 0, spec.beta, -1 if spec.seed is None else spec.seed)
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def tidy_table(runs: Sequence[EvalRun]):
+    """One row per (run, k), columns `TIDY_COLUMNS`."""
+    import pandas as pd
+
+    rows = []
+    for run in runs:
+        s = run.spec
+        for k, value in run.pass_at_k.items():
+            rows.append({
+                "task": s.task, "run": s.name, "method": s.method, "backend": s.backend,
+                "sparse_dim": s.sparse_dim, "beta": s.beta, "seed": s.seed, "k": k,
+                "pass_at_k": value, "sem": run.pass_at_k_sem.get(k, math.nan),
+                "n_samples": run.n_samples, "num_problems": run.num_problems,
+                "mean_at_n": run.meta["mean_at_n"], "checkpoint_step": run.meta["checkpoint_step"],
+                "split": run.meta["split"], "engine": run.meta["engine"], "eval_seed": run.meta["seed"],
+                "data_hash": run.meta["data_hash"], "model_path": run.meta["model_path"],
+                "source": str(run.path),
+            })
+    table = pd.DataFrame(rows, columns=list(TIDY_COLUMNS))
+    for column in ("sparse_dim", "seed", "checkpoint_step", "eval_seed"):
+        table[column] = table[column].astype("Int64")  # nullable: base has no seed, GRPO no sparse_dim
+    return table
+
+
+def read_table(path: str | Path):
+    """Read `pass_at_k.csv` back with the dtypes `tidy_table` gives."""
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: pass@k table not found (run `repexp aggregate` first)")
+    table = pd.read_csv(path, dtype={"backend": "string", "run": "string", "task": "string",
+                                     "method": "string", "split": "string", "engine": "string",
+                                     "data_hash": "string", "model_path": "string", "source": "string"})
+    missing = [c for c in TIDY_COLUMNS if c not in table.columns]
+    if missing:
+        raise ValueError(f"{path}: missing columns {missing}")
+    for column in ("sparse_dim", "seed", "checkpoint_step", "eval_seed"):
+        table[column] = table[column].astype("Int64")
+    for column in ("backend", "task", "run", "method"):
+        table[column] = table[column].astype(object).where(table[column].notna(), None)
+    return table
+
+
+POINT_COLUMNS = ("task", "method", "backend", "sparse_dim", "beta")
+
+
+def seed_summary(table):
+    """Mean over seeds per (task, method, backend, sparse_dim, β, k): mean, sem_seeds, n_seeds, seeds.
+
+    `sem_seeds` is the standard error over seeds (ddof 1), NaN with one seed.
+    """
+    import pandas as pd
+
+    rows = []
+    for key, group in table.groupby(list(POINT_COLUMNS) + ["k"], dropna=False, sort=False):
+        values = group["pass_at_k"].to_numpy(dtype=float)
+        n = len(values)
+        sem = float(values.std(ddof=1) / math.sqrt(n)) if n >= 2 else math.nan
+        seeds = sorted(int(s) for s in group["seed"].dropna())
+        rows.append({**dict(zip(list(POINT_COLUMNS) + ["k"], key)), "mean": float(values.mean()),
+                     "sem_seeds": sem, "n_seeds": n, "seeds": seeds})
+    summary = pd.DataFrame(rows, columns=list(POINT_COLUMNS) + ["k", "mean", "sem_seeds", "n_seeds", "seeds"])
+    return summary
+
+
+def _mean_curve(table, mask) -> dict[int, float] | None:
+    """Seed-mean pass@k over the ks every seed evaluated (None when there are no rows)."""
+    rows = table[mask]
+    if rows.empty:
+        return None
+    per_run = {run: dict(zip(g["k"].astype(int), g["pass_at_k"].astype(float))) for run, g in rows.groupby("run")}
+    common = set.intersection(*(set(c) for c in per_run.values()))
+    return {k: sum(c[k] for c in per_run.values()) / len(per_run) for k in sorted(common)}
+
+
+def crossing_k(curve: dict[int, float], target: float) -> tuple[float, int] | None:
+    """(k*, k*_evaluated) where the increasing curve first reaches `target` (log2-linear interpolation).
+
+    None when it never does. k* = k*_evaluated when the first grid point already reaches it.
+    """
+    ks = sorted(curve)
+    tolerance = 1e-12  # equal means reach; guards against float noise in the seed mean
+    for i, k in enumerate(ks):
+        if curve[k] >= target - tolerance:
+            if i == 0:
+                return float(k), k
+            k_lo, y_lo, y_hi = ks[i - 1], curve[ks[i - 1]], curve[k]
+            frac = 1.0 if y_hi <= y_lo else min(1.0, max(0.0, (target - y_lo) / (y_hi - y_lo)))
+            log_k = math.log2(k_lo) + frac * (math.log2(k) - math.log2(k_lo))
+            return 2.0 ** log_k, k
+    return None
+
+
+def k_efficiency(table):
+    """The k-efficiency table (one row per RepExp point; definition in the module docstring)."""
+    import pandas as pd
+
+    rows = []
+    repexp = table[table["method"] == "repexp"]
+    points = repexp[["task", "backend", "sparse_dim", "beta"]].drop_duplicates()
+    for point in points.itertuples(index=False):
+        point_mask = ((table["method"] == "repexp") & (table["task"] == point.task) & (table["backend"] == point.backend)
+                      & (table["sparse_dim"] == point.sparse_dim) & (table["beta"] == point.beta))
+        grpo_mask = (table["method"] == "grpo") & (table["task"] == point.task) & (table["backend"] == point.backend)
+        row: dict[str, Any] = {
+            "task": point.task, "backend": point.backend, "sparse_dim": int(point.sparse_dim), "beta": float(point.beta),
+            "n_repexp_seeds": int(table.loc[point_mask, "run"].nunique()),
+            "n_grpo_seeds": int(table.loc[grpo_mask, "run"].nunique()),
+            "reference_k": None, "grpo_pass_at_ref": math.nan, "repexp_pass_at_ref": math.nan, "k_grpo": math.nan,
+            "k_star": math.nan, "k_star_evaluated": None, "efficiency": math.nan, "note": "",
+        }
+        repexp_curve = _mean_curve(table, point_mask)
+        grpo_curve = _mean_curve(table, grpo_mask)
+        grid = sorted(set(repexp_curve) & set(grpo_curve)) if grpo_curve else []
+        grid = [k for k in grid if k <= HEADLINE_K]
+        if not grid:
+            row["status"] = STATUS_NO_GRPO if not grpo_curve else "no common k"
+            rows.append(row)
+            continue
+        ref = grid[-1]
+        target = grpo_curve[ref]
+        k_grpo, k_grpo_evaluated = crossing_k({k: grpo_curve[k] for k in grid}, target)  # reaches by construction
+        row.update(reference_k=ref, grpo_pass_at_ref=target, repexp_pass_at_ref=repexp_curve[ref], k_grpo=k_grpo)
+        if k_grpo_evaluated < ref:
+            row["note"] = f"GRPO saturates: its pass@k is flat from k={k_grpo_evaluated}"
+        found = crossing_k({k: repexp_curve[k] for k in grid}, target)
+        if found is None:
+            row["status"] = STATUS_NOT_REACHED
+        else:
+            k_star, k_eval = found
+            row.update(k_star=k_star, k_star_evaluated=k_eval, efficiency=k_grpo / k_star,
+                       status=STATUS_REACHED_FIRST if k_eval == grid[0] else STATUS_REACHED)
+        rows.append(row)
+    out = pd.DataFrame(rows, columns=list(K_EFFICIENCY_COLUMNS))
+    for column in ("reference_k", "k_star_evaluated", "sparse_dim"):
+        out[column] = out[column].astype("Int64")
+    return out
+
+
+# --------------------------------------------------------------------------- expected runs
+
+
+def expected_runs(config_path: str | Path) -> list[RunSpec]:
+    """The sweep's runs from a pipeline config."""
+    from repexp.config import load, sweep_runs
+
+    return sweep_runs(load(config_path))
+
+
+def missing_runs(expected: Sequence[RunSpec], runs: Sequence[EvalRun]) -> list[str]:
+    """`<task>/<run>` of every expected run without an evaluation."""
+    found = {(r.spec.task, r.spec.name) for r in runs}
+    return [s.path for s in expected if (s.task, s.name) not in found]
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    try:
+        import pandas as pd
+
+        if pd.isna(value):
+            return "–"
+    except (TypeError, ValueError):
+        pass
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def summary_wide(table):
+    """Seed summary, one row per point, columns pass@k as 'mean ± sem' strings (for Markdown/HTML)."""
+    import pandas as pd
+
+    summary = seed_summary(table)
+    ks = sorted(summary["k"].unique())
+    rows = []
+    for key, group in summary.groupby(list(POINT_COLUMNS), dropna=False, sort=False):
+        point = dict(zip(POINT_COLUMNS, key))
+        seeds = sorted({s for ss in group["seeds"] for s in ss})
+        is_repexp = point["method"] == "repexp"
+        row = {"task": point["task"], "method": METHOD_NAMES[point["method"]], "backend": point["backend"] or "–",
+               "sparse_dim": int(point["sparse_dim"]) if is_repexp else "–",
+               "β": canonical(float(point["beta"])) if is_repexp else "–",
+               "seeds": ", ".join(map(str, seeds)) or "–", "#seeds": int(group["n_seeds"].max())}
+        by_k = {int(r.k): r for r in group.itertuples(index=False)}
+        for k in ks:
+            r = by_k.get(int(k))
+            if r is None:
+                row[f"pass@{k}"] = "–"
+            elif r.n_seeds >= 2:
+                row[f"pass@{k}"] = f"{r.mean:.3f} ± {r.sem_seeds:.3f}"
+            else:
+                row[f"pass@{k}"] = f"{r.mean:.3f}"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def per_run_wide(table):
+    import pandas as pd
+
+    ks = sorted(table["k"].unique())
+    rows = []
+    for run_key, group in table.groupby(["task", "run"], sort=False):
+        first = group.iloc[0]
+        row = {"task": run_key[0], "run": run_key[1], "checkpoint": _fmt(first["checkpoint_step"]),
+               "n": int(first["n_samples"]), "problems": int(first["num_problems"])}
+        by_k = dict(zip(group["k"].astype(int), group["pass_at_k"]))
+        for k in ks:
+            row[f"pass@{k}"] = _fmt(by_k.get(int(k)))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def k_efficiency_display(keff):
+    import pandas as pd
+
+    rows = []
+    for r in keff.itertuples(index=False):
+        rows.append({
+            "task": r.task, "backend": r.backend, "sparse_dim": r.sparse_dim, "β": canonical(float(r.beta)),
+            "seeds (RepExp/GRPO)": f"{r.n_repexp_seeds}/{r.n_grpo_seeds}",
+            "reference k": _fmt(r.reference_k), "GRPO pass@ref": _fmt(r.grpo_pass_at_ref),
+            "RepExp pass@ref": _fmt(r.repexp_pass_at_ref), "k GRPO": _fmt(r.k_grpo, 1), "k*": _fmt(r.k_star, 1),
+            "k* (evaluated)": _fmt(r.k_star_evaluated), "efficiency": _fmt(r.efficiency, 2) if not pd.isna(r.efficiency) else "–",
+            "status": r.status + (f" ({r.note})" if r.note else ""),
+        })
+    return pd.DataFrame(rows)
+
+
+def markdown_table(df) -> str:
+    """A GitHub-flavoured Markdown table (no tabulate dependency)."""
+    if df.empty:
+        return "_(none)_\n"
+    header = [str(c) for c in df.columns]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for row in df.itertuples(index=False):
+        lines.append("| " + " | ".join(_fmt(v).replace("|", "\\|") for v in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(table, keff, *, missing: Sequence[str], ignored: Sequence[str]) -> str:
+    parts = ["# pass@k", "", f"{table['run'].nunique()} evaluated runs over tasks "
+             f"{', '.join(dict.fromkeys(table['task']))}. {SEM_NOTE}", ""]
+    parts += _missing_lines(missing, ignored, bullet="- ")
+    parts += ["## Mean over seeds", "", markdown_table(summary_wide(table)),
+              "## k-efficiency (RepExp vs GRPO)", "", markdown_table(k_efficiency_display(keff)),
+              f"_{K_EFFICIENCY_NOTE}_", "", "## Per run", "", markdown_table(per_run_wide(table))]
+    return "\n".join(parts)
+
+
+def _missing_lines(missing: Sequence[str], ignored: Sequence[str], bullet: str) -> list[str]:
+    lines = []
+    if missing:
+        lines += [f"**Missing runs** (expected by the config, no eval.json): {len(missing)}", ""]
+        lines += [f"{bullet}{m}" for m in missing] + [""]
+    if ignored:
+        lines += [f"Ignored (not part of the config): {', '.join(ignored)}", ""]
+    return lines
+
+
+_HTML_STYLE = """
+body { font-family: sans-serif; font-size: 13px; margin: 1em; }
+table { border-collapse: collapse; margin-bottom: 1.2em; }
+th, td { border: 1px solid #ccc; padding: 3px 7px; text-align: right; white-space: nowrap; }
+th { background: #f2f2f2; }
+td:first-child, td:nth-child(2) { text-align: left; }
+p.note { max-width: 60em; color: #444; }
+.missing { color: #a00; }
+"""
+
+
+def render_html(table, keff, *, missing: Sequence[str], ignored: Sequence[str]) -> str:
+    import html
+
+    def frame(df) -> str:
+        return df.to_html(index=False, border=0, na_rep="–", escape=True) if not df.empty else "<p>(none)</p>"
+
+    missing_html = ""
+    if missing:
+        items = "".join(f"<li>{html.escape(m)}</li>" for m in missing)
+        missing_html = f'<p class="missing"><b>Missing runs</b> (expected by the config, no eval.json):</p><ul class="missing">{items}</ul>'
+    if ignored:
+        missing_html += f"<p>Ignored (not part of the config): {html.escape(', '.join(ignored))}</p>"
+    return (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>pass@k</title>"
+        f"<style>{_HTML_STYLE}</style></head><body>"
+        f"<h2>pass@k: mean over seeds</h2><p class='note'>{html.escape(SEM_NOTE)}</p>{missing_html}"
+        f"{frame(summary_wide(table))}"
+        f"<h2>k-efficiency (RepExp vs GRPO)</h2>{frame(k_efficiency_display(keff))}"
+        f"<p class='note'>{html.escape(K_EFFICIENCY_NOTE)}</p>"
+        f"<h2>Per run</h2>{frame(per_run_wide(table))}</body></html>\n"
+    )
+
+
+# --------------------------------------------------------------------------- MLflow
+
+
+def sweep_point_metrics(run: EvalRun) -> dict[str, float]:
+    """`test/pass_at_<k>` for k in MLFLOW_KS ∩ evaluated, plus the largest evaluated k ('@' is not allowed in MLflow names)."""
+    ks = [k for k in MLFLOW_KS if k in run.pass_at_k] + [max(run.pass_at_k)]
+    return {f"test/pass_at_{k}": run.pass_at_k[k] for k in dict.fromkeys(ks)}
+
+
+@dataclasses.dataclass(frozen=True)
+class MlflowTarget:
+    tracking_uri: str | None
+    experiment: str
+    artifact_location: str | None = None
+
+
+def mlflow_target(tracking_uri: str | None, experiment: str | None) -> MlflowTarget | None:
+    """Where to log: `--experiment` (and `--tracking-uri`, else $MLFLOW_TRACKING_URI) when given, else the
+    node run this process runs in (`repexp mlflow node ... -- repexp aggregate|figures ...`), else nowhere."""
+    if experiment:
+        return MlflowTarget(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"), experiment)
+    from repexp import tracking
+
+    node = tracking.current_node()
+    if node is None or not node.enabled:
+        return None
+    return MlflowTarget(node.tracking_uri, node.record.experiment, node.record.artifact_location)
+
+
+def mlflow_store(target: MlflowTarget):
+    """(store, experiment id) through repexp.tracking's MLflow adapter (its parent-run rules and SQLite lock)."""
+    from repexp import tracking
+
+    import mlflow
+
+    store = tracking._Store(target.tracking_uri or mlflow.get_tracking_uri())
+    with store.lock():
+        experiment_id = store.experiment_id(target.experiment, target.artifact_location)
+    return store, experiment_id
+
+
+def log_sweep_point_metrics(runs: Sequence[EvalRun], target: MlflowTarget) -> dict[str, str]:
+    """Log `sweep_point_metrics` on every sweep point's MLflow parent run (created if absent).
+
+    Parents are those of repexp.tracking (tag `repexp.parent_key` = 'point:<task>/<run>'), so the MLflow
+    compare view of the parent runs shows pass@1/16/256 next to their sparse_dim/β/seed params.
+    Returns {'<task>/<run>': parent run id}.
+    """
+    from repexp import tracking
+
+    store, experiment_id = mlflow_store(target)
+    now = int(time.time() * 1000)
+    logged = {}
+    for run in runs:
+        with store.lock():
+            parent_id, _ = store.parent(experiment_id, tracking.scope_for(run.spec.task, run.spec.name))
+        store.log_metrics(parent_id, [[key, value, 0, now] for key, value in sweep_point_metrics(run).items()])
+        logged[run.spec.path] = parent_id
+    return logged
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--eval-dir", type=Path, help="collect every <task>/<run>/eval.json below this directory")
+    source.add_argument("--inputs", type=Path, nargs="+", metavar="EVAL_JSON",
+                        help="explicit eval.json files (each at <task>/<run>/eval.json)")
+    parser.add_argument("--out-dir", type=Path, required=True, help="where the tables go")
+    parser.add_argument("--config", type=Path,
+                        help="pipeline config: list its runs without an eval.json as missing (and, with --eval-dir, "
+                             "ignore runs that are not part of it)")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI)")
+    parser.add_argument("--experiment",
+                        help="MLflow experiment: log test pass@1/16/256 on every sweep point's parent run "
+                             "(default: the enclosing `repexp mlflow node` run's experiment, if any)")
+
+
+def aggregate(paths: Sequence[Path], out_dir: Path, *, expected: Sequence[RunSpec] | None = None,
+              drop_unexpected: bool = False) -> dict[str, Any]:
+    """Load, tabulate and write every output. Returns {runs, table, k_efficiency, missing, ignored}."""
+    runs = load_evals(paths)
+    ignored: list[str] = []
+    missing: list[str] = []
+    if expected is not None:
+        wanted = {(s.task, s.name) for s in expected}
+        if drop_unexpected:
+            ignored = [r.spec.path for r in runs if (r.spec.task, r.spec.name) not in wanted]
+            runs = [r for r in runs if (r.spec.task, r.spec.name) in wanted]
+        missing = missing_runs(expected, runs)
+    if not runs:
+        raise ValueError("no eval.json to aggregate" + (f" (missing: {', '.join(missing)})" if missing else ""))
+    table = tidy_table(runs)
+    keff = k_efficiency(table)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out_dir / "k_efficiency.csv") as tmp:
+        keff.to_csv(tmp, index=False)
+    with atomic_path(out_dir / "pass_at_k.md") as tmp:
+        tmp.write_text(render_markdown(table, keff, missing=missing, ignored=ignored))
+    with atomic_path(out_dir / "pass_at_k.html") as tmp:
+        tmp.write_text(render_html(table, keff, missing=missing, ignored=ignored))
+    with atomic_path(out_dir / "pass_at_k.csv") as tmp:
+        table.to_csv(tmp, index=False)
+    return {"runs": runs, "table": table, "k_efficiency": keff, "missing": missing, "ignored": ignored}
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        paths = find_eval_files(args.eval_dir) if args.eval_dir else list(args.inputs)
+        for path in paths:
+            if not Path(path).is_file():
+                raise FileNotFoundError(f"{path}: eval.json not found")
+        expected = expected_runs(args.config) if args.config else None
+        result = aggregate(paths, args.out_dir, expected=expected, drop_unexpected=bool(args.eval_dir))
+    except (ValueError, FileNotFoundError) as err:  # ConfigError is a ValueError
+        print(f"aggregate: error: {err}", file=sys.stderr)
+        return 1
+    for name in result["missing"]:
+        print(f"aggregate: missing run (no eval.json): {name}", file=sys.stderr)
+    if result["ignored"]:
+        print(f"aggregate: ignored runs not in the config: {', '.join(result['ignored'])}", file=sys.stderr)
+    print(f"aggregate: {len(result['runs'])} runs → {args.out_dir}/pass_at_k.csv, k_efficiency.csv, pass_at_k.md, pass_at_k.html")
+    target = mlflow_target(args.tracking_uri, args.experiment)
+    if target is not None:
+        try:
+            logged = log_sweep_point_metrics(result["runs"], target)
+            print(f"aggregate: logged test pass@k on {len(logged)} MLflow sweep-point runs ({target.experiment})")
+        except Exception as err:  # the tables are written and valid; tracking failures are reported, not fatal
+            print(f"aggregate: warning: MLflow logging failed ({type(err).__name__}: {err}); "
+                  "the tables are complete, rerun with the same flags to log", file=sys.stderr)
+    return 0

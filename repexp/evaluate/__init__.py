@@ -1,0 +1,149 @@
+"""`repexp eval`: sample a model on a split, verify every sample, compute pass@k.
+
+    repexp eval --model DIR --data results/data/gsm8k/test.parquet --out results/eval/gsm8k/base
+    repexp eval --model-pointer results/train/gsm8k/RUN/model.json --data … --out …
+    repexp eval --rescore --out results/eval/gsm8k/base     # re-verify stored samples only
+
+Output (docs/architecture.md, "Evaluation contract"): `samples/shard-<i>.parquet` + `samples/meta.json`
+(the sample store; a shard file exists only when complete, so a killed run resumes from the
+shards it has) and `eval.json`, written last. See docs/evaluation.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from repexp.evaluate.core import mlflow_metrics  # noqa: F401  (public: used by the orchestration layer)
+
+__all__ = ["configure_parser", "run", "mlflow_metrics"]
+
+
+def _ks(text: str) -> tuple[int, ...]:
+    try:
+        ks = tuple(int(k) for k in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--ks must be comma-separated integers, got {text!r}") from None
+    return ks
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    src = parser.add_argument_group("inputs and outputs")
+    model = src.add_mutually_exclusive_group()
+    model.add_argument("--model", help="Hugging Face model directory (merged checkpoint or base model) or hub id")
+    model.add_argument("--model-pointer", type=Path,
+                       help="JSON with 'model_path' and optional 'checkpoint_step' (written by select/merge)")
+    src.add_argument("--data", type=Path, help="the split to evaluate: a prepared test.parquet or dev.parquet")
+    src.add_argument("--out", type=Path, required=True, help="output directory (samples/ and eval.json)")
+    src.add_argument("--task", help="task name recorded in eval.json (default: the data file's directory name)")
+    src.add_argument("--split", help="split name recorded in eval.json (default: the data file's stem)")
+    src.add_argument("--checkpoint-step", type=int, help="override the checkpoint step (default: pointer or path)")
+    src.add_argument("--limit", type=int, help="evaluate only the first N problems of the file")
+
+    smp = parser.add_argument_group("sampling")
+    smp.add_argument("--n-samples", type=int, default=256, help="samples per problem (default 256)")
+    smp.add_argument("--temperature", type=float, default=1.0)
+    smp.add_argument("--top-p", type=float, default=1.0)
+    smp.add_argument("--top-k", type=int, default=0, help="0 or -1 = disabled (default)")
+    smp.add_argument("--max-new-tokens", type=int, default=1024)
+    smp.add_argument("--seed", type=int, default=0, help="fixes the shard plan and every sample")
+
+    eng = parser.add_argument_group("engine")
+    eng.add_argument("--engine", choices=["auto", "hf", "vllm"], default="auto",
+                     help="auto = vllm if importable and CUDA is available, else hf")
+    eng.add_argument("--batch-size", type=int, default=64, help="hf: sequences per generate call")
+    eng.add_argument("--shard-size", type=int, default=32, help="problems per shard (the unit of resumption)")
+    eng.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+                     help="auto = bfloat16 on GPU, float32 on CPU (vllm: the model's dtype)")
+    eng.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm")
+    eng.add_argument("--data-parallel-size", type=int, default=1,
+                     help="engine processes, each on its own GPUs; shards are dealt round-robin")
+    eng.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vllm")
+    eng.add_argument("--max-model-len", type=int, help="prompt + response token limit (vllm; hf checks it)")
+    eng.add_argument("--max-num-seqs", type=int, help="vllm scheduler limit")
+    eng.add_argument("--max-num-batched-tokens", type=int, help="vllm scheduler limit")
+    eng.add_argument("--enforce-eager", action="store_true", help="vllm: no CUDA graphs / compilation")
+    eng.add_argument("--no-prefix-caching", action="store_true", help="vllm: disable prefix caching")
+
+    ev = parser.add_argument_group("evaluation")
+    ev.add_argument("--ks", type=_ks, help="comma-separated k values (default 1, 2, 4, …, n)")
+    ev.add_argument("--maj-draws", type=int, default=1000, help="random k-subsets per problem for maj@k")
+    ev.add_argument("--verifier-workers", type=int, help="processes for the verifier (default: its own)")
+    ev.add_argument("--rescore", action="store_true",
+                    help="re-verify the stored samples of --out and rewrite eval.json (no generation)")
+    ev.add_argument("--overwrite", action="store_true", help="discard stored samples made with other settings")
+    ev.add_argument("--max-shards", type=int, help="debug: stop once this many shards are complete")
+    ev.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from repexp.evaluate import runner
+
+    try:
+        if args.rescore:
+            result = runner.rescore(args.out, ks=args.ks, maj_draws=args.maj_draws,
+                                    verifier_workers=args.verifier_workers)
+        else:
+            cfg = _config_from_args(args)
+            result = runner.evaluate(cfg)
+            if result is None:
+                return 0  # stopped early on purpose (--max-shards); eval.json is not written
+    except (FileNotFoundError, ValueError) as err:
+        print(f"eval: {err}", file=sys.stderr)
+        return 2
+    ks = list(result["pass_at_k"])
+    summary = ", ".join(f"pass@{k}={result['pass_at_k'][k]:.4f}" for k in (ks[0], ks[-1]))
+    print(f"eval: {result['num_problems']} problems, {summary}; wrote {args.out / runner.EVAL_JSON}", file=sys.stderr)
+    return 0
+
+
+def _config_from_args(args: argparse.Namespace):
+    from repexp.evaluate.core import SamplingSettings
+    from repexp.evaluate.engines import EngineOptions, resolve_engine
+    from repexp.evaluate.runner import EvalConfig, resolve_model
+
+    if args.data is None:
+        raise ValueError("--data is required (unless --rescore)")
+    model_path, step = resolve_model(args.model, args.model_pointer)
+    settings = SamplingSettings(
+        n=args.n_samples,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=0 if args.top_k == -1 else args.top_k,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+    )
+    options = EngineOptions(
+        batch_size=args.batch_size,
+        dtype=args.dtype,
+        tensor_parallel_size=args.tensor_parallel_size,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_model_len=args.max_model_len,
+        enforce_eager=args.enforce_eager,
+        enable_prefix_caching=not args.no_prefix_caching,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
+    if args.ks is not None and max(args.ks) > args.n_samples:
+        raise ValueError(f"--ks has k={max(args.ks)} > --n-samples {args.n_samples}")
+    return EvalConfig(
+        model_path=model_path,
+        data_path=args.data,
+        out_dir=args.out,
+        engine=resolve_engine(args.engine),
+        settings=settings,
+        options=options,
+        checkpoint_step=args.checkpoint_step if args.checkpoint_step is not None else step,
+        task=args.task,
+        split=args.split,
+        shard_size=args.shard_size,
+        data_parallel_size=args.data_parallel_size,
+        limit=args.limit,
+        ks=args.ks,
+        maj_draws=args.maj_draws,
+        verifier_workers=args.verifier_workers,
+        max_shards=args.max_shards,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+    )

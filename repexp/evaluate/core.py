@@ -1,0 +1,186 @@
+"""The pure part of `repexp eval`: shard plan, seeds, settings and the `eval.json` result.
+
+No framework imports here (numpy only), so the maths and the bookkeeping are testable without
+a model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from typing import Any, Hashable, Sequence
+
+import numpy as np
+
+from repexp import passk
+
+# Bumped when the sample-store layout or the seed derivation changes: a store written under
+# another version is refused on resume instead of being silently mixed.
+STORE_FORMAT = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSettings:
+    """Everything that shapes the sample distribution (engine-independent)."""
+
+    n: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = disabled (all tokens)
+    max_new_tokens: int = 1024
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"n_samples must be >= 1, got {self.n}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be 0 (disabled) or positive, got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def shard_plan(num_problems: int, shard_size: int, seed: int) -> list[np.ndarray]:
+    """Problem indices of every shard: a seed-determined permutation cut into blocks of `shard_size`.
+
+    The permutation makes every prefix of shards a random subset of the problems (so a partial
+    run is representative) and spreads long and short problems across shards.
+    """
+    if num_problems < 1:
+        raise ValueError("no problems to evaluate")
+    if shard_size < 1:
+        raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+    order = np.random.default_rng(np.random.SeedSequence([seed, 0x5EED])).permutation(num_problems)
+    return [order[i : i + shard_size] for i in range(0, num_problems, shard_size)]
+
+
+def derived_seed(*parts: int) -> int:
+    """A 62-bit seed derived from integers (e.g. (seed, shard) or (seed, shard, prompt))."""
+    state = np.random.SeedSequence([int(p) for p in parts]).generate_state(1, dtype=np.uint64)[0]
+    return int(state) >> 2
+
+
+def shard_seed(seed: int, shard_index: int) -> int:
+    return derived_seed(seed, shard_index)
+
+
+def prompt_seeds(seed: int, shard_index: int, num_prompts: int) -> list[int]:
+    """One seed per prompt of a shard (engines with per-request seeds use these)."""
+    return [derived_seed(seed, shard_index, j) for j in range(num_prompts)]
+
+
+def content_hash(records: Sequence[Any]) -> str:
+    """sha256 over canonical JSON lines of `records` (order matters)."""
+    digest = hashlib.sha256()
+    for record in records:
+        digest.update(json.dumps(record, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode())
+        digest.update(b"\n")
+    return "sha256:" + digest.hexdigest()
+
+
+def _json_float(x: float) -> float | None:
+    return None if x is None or not math.isfinite(float(x)) else float(x)
+
+
+def eval_result(
+    *,
+    problem_ids: Sequence[str],
+    scores: Sequence[Sequence[float]],
+    answers: Sequence[Sequence[Hashable | None]] | None,
+    num_tokens: Sequence[Sequence[int]] | None = None,
+    truncated: Sequence[Sequence[bool]] | None = None,
+    ks: Sequence[int] | None = None,
+    maj_draws: int = 1000,
+    maj_seed: int = 0,
+    metadata: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The `eval.json` object from per-problem sample scores (and extracted answers for maj@k).
+
+    ``scores[p]`` are problem p's 0/1 verifier scores, one per sample. Keys follow the evaluation
+    contract in docs/architecture.md; ``metadata`` (model path, sampling, …) is merged in.
+    """
+    if len(problem_ids) != len(scores):
+        raise ValueError(f"{len(problem_ids)} problem ids but {len(scores)} score lists")
+    if len(set(problem_ids)) != len(problem_ids):
+        raise ValueError("problem ids are not unique")
+    n = np.array([len(s) for s in scores], dtype=np.int64)
+    flat = np.concatenate([np.asarray(s, dtype=np.float64) for s in scores]) if len(scores) else np.array([])
+    if not np.all((flat == 0) | (flat == 1)):
+        raise ValueError("verifier scores must be 0 or 1 for pass@k")
+    c = np.array([int(np.sum(s)) for s in scores], dtype=np.int64)
+    if ks is None:
+        ks = passk.power_of_two_ks(int(n.min()))
+    ks = [int(k) for k in ks]
+    per_problem_pass = passk.pass_at_k(n, c, ks)
+    pass_mean, pass_sem = passk.summarize(per_problem_pass)
+    result: dict[str, Any] = {
+        "pass_at_k": {str(k): float(v) for k, v in zip(ks, pass_mean)},
+        "pass_at_k_sem": {str(k): _json_float(v) for k, v in zip(ks, pass_sem)},
+        "mean_at_n": float(np.mean(c / n)),
+        "num_problems": len(problem_ids),
+        "n_samples": int(n.max()) if int(n.min()) == int(n.max()) else [int(x) for x in n],
+        "ks": ks,
+        "per_problem": [{"problem_id": pid, "n": int(ni), "c": int(ci)} for pid, ni, ci in zip(problem_ids, n, c)],
+        "samples_to_first_correct": passk.summarize_samples_to_correct(n, c),
+    }
+    if answers is not None:
+        maj = passk.maj_at_k(answers, scores, ks, num_draws=maj_draws, seed=maj_seed)
+        maj_mean, maj_sem = passk.summarize(maj)
+        result["maj_at_k"] = {str(k): float(v) for k, v in zip(ks, maj_mean)}
+        result["maj_at_k_sem"] = {str(k): _json_float(v) for k, v in zip(ks, maj_sem)}
+        result["maj_at_k_estimator"] = {"num_draws": maj_draws, "seed": maj_seed}
+    if num_tokens is not None:
+        tokens = np.concatenate([np.asarray(t, dtype=np.float64) for t in num_tokens])
+        result["mean_response_tokens"] = float(tokens.mean())
+    if truncated is not None:
+        cut = np.concatenate([np.asarray(t, dtype=bool) for t in truncated])
+        result["truncated_fraction"] = float(cut.mean())
+    if metadata:
+        overlap = set(metadata) & set(result)
+        if overlap:
+            raise ValueError(f"metadata would overwrite result keys {sorted(overlap)}")
+        result.update(metadata)
+    return result
+
+
+def mlflow_metrics(eval_result: dict[str, Any]) -> dict[str, Any]:
+    """Metrics of one evaluation for MLflow, in the shape the orchestration layer logs.
+
+    Returns ``{"pass_at_k": {k: value}, "pass_at_k_sem": {k: value}, "maj_at_k": {k: value},
+    "scalars": {name: value}}`` where k is an int: log the per-k dicts with ``step=k`` under the
+    metric names ``pass_at_k``/``pass_at_k_sem``/``maj_at_k``, and each scalar once (step 0).
+    Missing or undefined values (a one-problem SEM, maj@k when not computed) are left out.
+    """
+
+    def per_k(key: str) -> dict[int, float]:
+        return {int(k): float(v) for k, v in (eval_result.get(key) or {}).items() if v is not None}
+
+    scalars: dict[str, float] = {}
+    for key in ("mean_at_n", "num_problems", "mean_response_tokens", "truncated_fraction"):
+        if eval_result.get(key) is not None:
+            scalars[key] = float(eval_result[key])
+    for name, value in (eval_result.get("samples_to_first_correct") or {}).items():
+        if value is not None:
+            scalars[f"samples_to_first_correct_{name}"] = float(value)
+    if isinstance(eval_result.get("n_samples"), int):
+        scalars["n_samples"] = float(eval_result["n_samples"])
+    return {
+        "pass_at_k": per_k("pass_at_k"),
+        "pass_at_k_sem": per_k("pass_at_k_sem"),
+        "maj_at_k": per_k("maj_at_k"),
+        "scalars": scalars,
+    }

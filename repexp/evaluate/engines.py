@@ -1,0 +1,344 @@
+"""Generation engines behind one interface: `hf` (transformers `generate`) and `vllm` (offline `LLM`).
+
+Both take the same prompt token ids (rendered once with the model's chat template by
+:func:`load_tokenizer` + :func:`encode_prompts`) and return, per prompt, ``n`` :class:`Completion`
+objects with the same fields: the decoded response (special tokens skipped), the number of
+generated tokens including the terminating end-of-sequence token, and ``stop``/``length``.
+
+Randomness: the `hf` engine seeds torch's generator with the shard seed before a shard, so a
+shard's samples depend only on (seed, shard index, batch size) and a resumed run reproduces an
+uninterrupted one exactly. The `vllm` engine passes one seed per prompt (vLLM gives the i-th of
+the n samples seed + i), so its samples do not depend on batching either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence
+
+from repexp.evaluate.core import SamplingSettings
+
+ENGINES = ("auto", "hf", "vllm")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    text: str
+    num_tokens: int
+    finish_reason: str  # "stop" | "length"
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineOptions:
+    """Engine settings that do not change the sample distribution."""
+
+    batch_size: int = 64  # hf: sequences per forward pass
+    dtype: str = "auto"
+    tensor_parallel_size: int = 1  # vllm
+    gpu_memory_utilization: float = 0.9  # vllm
+    max_model_len: int | None = None
+    enforce_eager: bool = False  # vllm
+    enable_prefix_caching: bool = True  # vllm
+    max_num_seqs: int | None = None  # vllm
+    max_num_batched_tokens: int | None = None  # vllm
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must lie in (0, 1], got {self.gpu_memory_utilization}")
+
+
+ProgressCallback = Callable[[int], None]
+
+
+class Engine(Protocol):
+    name: str
+
+    def generate(
+        self,
+        prompt_token_ids: Sequence[Sequence[int]],
+        settings: SamplingSettings,
+        *,
+        shard_seed: int,
+        prompt_seeds: Sequence[int],
+        progress: ProgressCallback | None = None,
+    ) -> list[list[Completion]]: ...
+
+    def close(self) -> None: ...
+
+
+def vllm_available() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def resolve_engine(name: str) -> str:
+    """`auto` → `vllm` when vLLM is importable and CUDA is available, else `hf`."""
+    if name not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {name!r}")
+    if name != "auto":
+        return name
+    import torch
+
+    return "vllm" if vllm_available() and torch.cuda.is_available() else "hf"
+
+
+def load_tokenizer(model_path: str):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(f"{model_path}: the tokenizer has no chat template; cannot render chat prompts")
+    return tokenizer
+
+
+def encode_prompts(tokenizer, chats: Sequence[list[dict]]) -> list[list[int]]:
+    """Chat messages → prompt token ids with the generation prompt appended (template owns special tokens)."""
+    texts = [tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) for chat in chats]
+    return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
+def stop_token_ids(model_path: str, tokenizer) -> list[int]:
+    """End-of-sequence ids: the tokenizer's eos plus any in the model's generation_config.json."""
+    import json
+
+    ids: list[int] = []
+    if tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    config_path = Path(model_path) / "generation_config.json"
+    if config_path.is_file():
+        eos = json.loads(config_path.read_text()).get("eos_token_id")
+        for token in eos if isinstance(eos, list) else [eos]:
+            if token is not None and int(token) not in ids:
+                ids.append(int(token))
+    if not ids:
+        raise ValueError(f"{model_path}: no end-of-sequence token defined")
+    return ids
+
+
+def plan_batches(prompt_lengths: Sequence[int], n: int, batch_size: int) -> list[list[tuple[int, int, int]]]:
+    """Group (prompt, first sample index, count) requests into `generate` calls of ≤ batch_size sequences.
+
+    Every call uses one num_return_sequences for all its prompts: with n ≥ batch_size a call
+    holds one prompt's chunk of samples; otherwise batch_size // n whole prompts. Prompts are
+    visited in order of length (stable) so that a call pads little.
+    """
+    order = sorted(range(len(prompt_lengths)), key=lambda i: prompt_lengths[i])
+    calls: list[list[tuple[int, int, int]]] = []
+    if n >= batch_size:
+        for p in order:
+            for start in range(0, n, batch_size):
+                calls.append([(p, start, min(batch_size, n - start))])
+    else:
+        per_call = batch_size // n
+        for i in range(0, len(order), per_call):
+            calls.append([(p, 0, n) for p in order[i : i + per_call]])
+    return calls
+
+
+class HFEngine:
+    """transformers `generate`: several prompts × num_return_sequences per call, left padding."""
+
+    name = "hf"
+
+    def __init__(self, model_path: str, options: EngineOptions = EngineOptions()):
+        import torch
+        from transformers import AutoModelForCausalLM, GenerationConfig
+
+        self.options = options
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = options.dtype
+        if dtype == "auto":
+            dtype = "bfloat16" if self.device.type == "cuda" else "float32"
+        self.tokenizer = load_tokenizer(model_path)
+        self.eos_ids = stop_token_ids(model_path, self.tokenizer)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(self.device)
+        self.model.eval()
+        # Drop the checkpoint's sampling defaults (top_k, repetition_penalty, …): only our settings apply.
+        self.model.generation_config = GenerationConfig(
+            eos_token_id=self.eos_ids, pad_token_id=self.tokenizer.pad_token_id
+        )
+        limit = options.max_model_len or getattr(self.model.config, "max_position_embeddings", None)
+        self.max_model_len = int(limit) if limit else None
+
+    def _generation_config(self, settings: SamplingSettings, num_return_sequences: int):
+        from transformers import GenerationConfig
+
+        sampling = {} if settings.greedy else {
+            "temperature": settings.temperature,
+            "top_p": settings.top_p,
+            "top_k": settings.top_k,  # 0 disables top-k filtering
+        }
+        return GenerationConfig(
+            do_sample=not settings.greedy,
+            max_new_tokens=settings.max_new_tokens,
+            num_return_sequences=num_return_sequences,
+            eos_token_id=self.eos_ids,
+            pad_token_id=self.tokenizer.pad_token_id,
+            repetition_penalty=1.0,
+            **sampling,
+        )
+
+    def generate(self, prompt_token_ids, settings, *, shard_seed, prompt_seeds=(), progress=None):
+        import torch
+
+        if self.max_model_len is not None:
+            for ids in prompt_token_ids:
+                if len(ids) + settings.max_new_tokens > self.max_model_len:
+                    raise ValueError(
+                        f"a prompt of {len(ids)} tokens + max_new_tokens {settings.max_new_tokens} exceeds "
+                        f"max_model_len {self.max_model_len}"
+                    )
+        results: list[list[Completion | None]] = [[None] * settings.n for _ in prompt_token_ids]
+        pad = self.tokenizer.pad_token_id
+        eos = torch.tensor(self.eos_ids, device=self.device)
+        devices = [self.device.index or 0] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), torch.inference_mode():
+            torch.manual_seed(shard_seed)
+            for call in plan_batches([len(p) for p in prompt_token_ids], settings.n, self.options.batch_size):
+                count = call[0][2]
+                width = max(len(prompt_token_ids[p]) for p, _, _ in call)
+                input_ids = torch.full((len(call), width), pad, dtype=torch.long)
+                attention = torch.zeros((len(call), width), dtype=torch.long)
+                for row, (p, _, _) in enumerate(call):
+                    ids = prompt_token_ids[p]
+                    input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+                    attention[row, width - len(ids):] = 1
+                out = self.model.generate(
+                    input_ids=input_ids.to(self.device),
+                    attention_mask=attention.to(self.device),
+                    generation_config=self._generation_config(settings, count),
+                )
+                new_tokens = out[:, width:]
+                is_eos = torch.isin(new_tokens, eos)
+                has_eos = is_eos.any(dim=1)
+                first_eos = torch.where(has_eos, is_eos.int().argmax(dim=1), new_tokens.shape[1])
+                lengths = torch.where(has_eos, first_eos + 1, new_tokens.shape[1]).tolist()
+                content = [new_tokens[i, : int(first_eos[i])].tolist() for i in range(len(new_tokens))]
+                texts = self.tokenizer.batch_decode(content, skip_special_tokens=True)
+                for i in range(len(new_tokens)):
+                    p, start, _ = call[i // count]
+                    results[p][start + i % count] = Completion(
+                        text=texts[i], num_tokens=int(lengths[i]), finish_reason="stop" if has_eos[i] else "length"
+                    )
+                if progress is not None:
+                    progress(len(new_tokens))
+        return results  # every slot is filled: each (prompt, sample) is in exactly one call
+
+    def close(self) -> None:
+        import gc
+
+        del self.model
+        gc.collect()
+
+
+class VLLMEngine:
+    """vLLM's offline `LLM.generate`, n samples per prompt via SamplingParams(n, seed)."""
+
+    name = "vllm"
+
+    def __init__(self, model_path: str, options: EngineOptions = EngineOptions(), *, seed: int = 0):
+        from vllm import LLM
+
+        self.options = options
+        self.tokenizer = load_tokenizer(model_path)
+        self.eos_ids = stop_token_ids(model_path, self.tokenizer)
+        kwargs: dict[str, Any] = dict(
+            model=str(model_path),
+            tokenizer=str(model_path),
+            dtype=options.dtype,
+            tensor_parallel_size=options.tensor_parallel_size,
+            gpu_memory_utilization=options.gpu_memory_utilization,
+            enforce_eager=options.enforce_eager,
+            enable_prefix_caching=options.enable_prefix_caching,
+            seed=seed,
+            generation_config="vllm",  # ignore the checkpoint's sampling defaults, as the hf engine does
+        )
+        for key in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(options, key) is not None:
+                kwargs[key] = getattr(options, key)
+        self.llm = LLM(**kwargs)
+
+    def generate(self, prompt_token_ids, settings, *, shard_seed, prompt_seeds, progress=None):
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if len(prompt_seeds) != len(prompt_token_ids):
+            raise ValueError("the vllm engine needs one seed per prompt")
+        params = [
+            SamplingParams(
+                n=settings.n,
+                temperature=settings.temperature,
+                top_p=settings.top_p,
+                top_k=settings.top_k,
+                max_tokens=settings.max_new_tokens,
+                seed=int(seed),
+                stop_token_ids=list(self.eos_ids),
+                skip_special_tokens=True,
+            )
+            for seed in prompt_seeds
+        ]
+        prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_token_ids]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        results = []
+        for request in outputs:
+            samples = sorted(request.outputs, key=lambda o: o.index)
+            if len(samples) != settings.n:
+                raise RuntimeError(f"vLLM returned {len(samples)} samples for a prompt, expected {settings.n}")
+            row = []
+            for sample in samples:
+                if sample.finish_reason not in ("stop", "length"):
+                    raise RuntimeError(f"vLLM sample finished with {sample.finish_reason!r}")
+                row.append(Completion(sample.text, len(sample.token_ids), sample.finish_reason))
+            results.append(row)
+        if progress is not None:
+            progress(settings.n * len(prompt_token_ids))
+        return results
+
+    def close(self) -> None:
+        import gc
+
+        del self.llm
+        gc.collect()
+
+
+def generate_samples(
+    engine: Engine,
+    prompt_token_ids: Sequence[Sequence[int]],
+    settings: SamplingSettings,
+    *,
+    shard_seed: int,
+    prompt_seeds: Sequence[int],
+    progress: ProgressCallback | None = None,
+) -> list[list[Completion]]:
+    """`engine.generate`, except that greedy decoding runs once per prompt and is repeated n times
+    (both engines refuse n > 1 without sampling; the n samples would be identical anyway)."""
+    if not (settings.greedy and settings.n > 1):
+        return engine.generate(prompt_token_ids, settings, shard_seed=shard_seed, prompt_seeds=prompt_seeds,
+                               progress=progress)
+    single = dataclasses.replace(settings, n=1)
+    scaled = None if progress is None else (lambda count: progress(count * settings.n))
+    once = engine.generate(prompt_token_ids, single, shard_seed=shard_seed, prompt_seeds=prompt_seeds,
+                           progress=scaled)
+    return [row * settings.n for row in once]
+
+
+def load_engine(name: str, model_path: str, options: EngineOptions, *, seed: int = 0) -> Engine:
+    if name == "hf":
+        return HFEngine(model_path, options)
+    if name == "vllm":
+        if not vllm_available():
+            raise RuntimeError("engine 'vllm' requested but vllm is not importable in this environment")
+        return VLLMEngine(model_path, options, seed=seed)
+    raise ValueError(f"unknown engine {name!r} (resolve 'auto' first)")

@@ -1,0 +1,359 @@
+"""Sharded, resumable generation + verification, `eval.json` assembly and rescoring."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from repexp.evaluate import core
+from repexp.evaluate.core import SamplingSettings
+from repexp.evaluate.engines import EngineOptions
+from repexp.evaluate.problems import Problems, load_problems
+from repexp.evaluate.store import SampleStore
+from repexp.io import read_json, write_json_atomic
+
+EVAL_JSON = "eval.json"
+# meta.json keys a resumed run must match; engine options that do not change the samples
+# (memory, parallelism, eager mode) and file locations may differ.
+RESUME_KEYS = ("format", "generation", "num_shards")  # problem ids are covered by data_hash
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    model_path: str
+    data_path: Path
+    out_dir: Path
+    engine: str  # resolved: "hf" | "vllm"
+    settings: SamplingSettings = SamplingSettings()
+    options: EngineOptions = EngineOptions()
+    checkpoint_step: int | None = None
+    task: str | None = None
+    split: str | None = None
+    shard_size: int = 32
+    data_parallel_size: int = 1
+    limit: int | None = None
+    ks: tuple[int, ...] | None = None
+    maj_draws: int = 1000
+    verifier_workers: int | None = None
+    max_shards: int | None = None
+    overwrite: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.shard_size < 1:
+            raise ValueError(f"shard_size must be >= 1, got {self.shard_size}")
+        if self.data_parallel_size < 1:
+            raise ValueError(f"data_parallel_size must be >= 1, got {self.data_parallel_size}")
+        if self.max_shards is not None and self.max_shards < 0:
+            raise ValueError(f"max_shards must be >= 0, got {self.max_shards}")
+
+
+def infer_checkpoint_step(model_path: str) -> int | None:
+    """`…/global_step_<N>/…` → N (the training-run layout); None for a base model."""
+    steps = re.findall(r"global_step_(\d+)", str(model_path))
+    return int(steps[-1]) if steps else None
+
+
+def resolve_model(model: str | None, pointer: str | Path | None) -> tuple[str, int | None]:
+    """(model path or hub id, checkpoint step) from --model or a model pointer JSON."""
+    if (model is None) == (pointer is None):
+        raise ValueError("give exactly one of --model and --model-pointer")
+    step = None
+    if pointer is not None:
+        data = read_json(pointer)
+        if not isinstance(data, dict) or "model_path" not in data:
+            raise ValueError(f"{pointer}: a model pointer needs the key 'model_path'")
+        model = str(data["model_path"])
+        step = data.get("checkpoint_step")
+        if not Path(model).exists():
+            hint = " (run `repexp merge` first)" if data.get("needs_merge") else ""
+            raise FileNotFoundError(f"{pointer}: model_path {model} does not exist{hint}")
+    assert model is not None
+    path = Path(model)
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path}: not a Hugging Face model directory (no config.json)")
+        model = str(path.resolve())
+    elif model.startswith((".", "/")) or model.count("/") != 1:
+        raise FileNotFoundError(f"{model}: model directory not found (and not a hub id like org/name)")
+    if step is None:
+        step = infer_checkpoint_step(model)
+    return model, None if step is None else int(step)
+
+
+def _generation_key(cfg: EvalConfig, problems: Problems) -> dict[str, Any]:
+    """What determines the samples; a resumed run must match it exactly."""
+    key = {
+        "model_path": cfg.model_path,
+        "checkpoint_step": cfg.checkpoint_step,
+        "data_hash": problems.data_hash,
+        "num_problems": len(problems),
+        "sampling": cfg.settings.to_dict(),
+        "shard_size": cfg.shard_size,
+        "engine": cfg.engine,
+    }
+    if cfg.engine == "hf":  # hf samples depend on how sequences share a generate call
+        key["batch_size"] = cfg.options.batch_size
+    return key
+
+
+def _split_names(cfg: EvalConfig) -> tuple[str, str]:
+    return cfg.task or cfg.data_path.parent.name, cfg.split or cfg.data_path.stem
+
+
+def evaluate(cfg: EvalConfig) -> dict[str, Any] | None:
+    """Generate the missing shards, then write `eval.json`. Returns it, or None if stopped early."""
+    problems = load_problems(cfg.data_path, limit=cfg.limit)
+    plan = core.shard_plan(len(problems), cfg.shard_size, cfg.settings.seed)
+    task, split = _split_names(cfg)
+    store = SampleStore(cfg.out_dir)
+    meta = {
+        "format": core.STORE_FORMAT,
+        "generation": _generation_key(cfg, problems),
+        "num_shards": len(plan),
+        "task": task,
+        "split": split,
+        "data_path": str(cfg.data_path),
+        "engine_options": dataclasses.asdict(cfg.options),
+        "problem_ids": problems.problem_ids,
+    }
+    done = set(store.open(meta, compare=RESUME_KEYS, overwrite=cfg.overwrite))
+    todo = [i for i in range(len(plan)) if i not in done]
+    if cfg.max_shards is not None:
+        todo = todo[: max(0, cfg.max_shards - len(done))]
+    eval_path = cfg.out_dir / EVAL_JSON
+    if todo:
+        eval_path.unlink(missing_ok=True)  # never leave an eval.json that does not match the samples
+        print(f"eval: {len(done)}/{len(plan)} shards complete; generating {len(todo)} with the {cfg.engine} engine",
+              file=sys.stderr)
+        if cfg.data_parallel_size > 1:
+            _generate_data_parallel(cfg, todo)
+        else:
+            generate_shards(cfg, todo)
+    complete = store.complete_shards()
+    if len(complete) < len(plan):
+        print(f"eval: stopped with {len(complete)}/{len(plan)} shards complete; rerun to resume", file=sys.stderr)
+        return None
+    result = _assemble(store, problems.problem_ids, plan, cfg.settings.n, _metadata(cfg, problems, task, split),
+                       ks=cfg.ks, maj_draws=cfg.maj_draws)
+    write_json_atomic(eval_path, result)
+    _report_throughput(store, len(plan))
+    return result
+
+
+def _metadata(cfg: EvalConfig, problems: Problems, task: str, split: str) -> dict[str, Any]:
+    return {
+        "model_path": cfg.model_path,
+        "checkpoint_step": cfg.checkpoint_step,
+        "engine": cfg.engine,
+        "sampling": cfg.settings.to_dict() | {"shard_size": cfg.shard_size}
+        | ({"batch_size": cfg.options.batch_size} if cfg.engine == "hf" else {}),
+        "seed": cfg.settings.seed,
+        "data_hash": problems.data_hash,
+        "data_path": str(cfg.data_path),
+        "task": task,
+        "split": split,
+        "verifier": _verifier_info(),
+    }
+
+
+def _verifier_info() -> dict[str, Any]:
+    from importlib import metadata
+
+    try:
+        math_verify = metadata.version("math-verify")
+    except metadata.PackageNotFoundError:
+        math_verify = None
+    return {"module": "repexp.verify", "math_verify": math_verify}
+
+
+def _score(data_sources, responses, ground_truths, workers) -> tuple[list[float], list[str | None]]:
+    from repexp import verify
+
+    scores = verify.score_batch(data_sources, responses, ground_truths, workers=workers)
+    answers = [verify.extract_answer(src, text) for src, text in zip(data_sources, responses)]
+    return [float(s) for s in scores], answers
+
+
+def generate_shards(cfg: EvalConfig, shard_indices: list[int], *, rank: int = 0) -> None:
+    """Generate, verify and store the given shards (one engine, this process)."""
+    from tqdm.auto import tqdm
+
+    from repexp.evaluate.engines import encode_prompts, generate_samples, load_engine
+
+    problems = load_problems(cfg.data_path, limit=cfg.limit)
+    plan = core.shard_plan(len(problems), cfg.shard_size, cfg.settings.seed)
+    store = SampleStore(cfg.out_dir)
+    n = cfg.settings.n
+    total = sum(len(plan[i]) for i in shard_indices) * n
+    engine = load_engine(cfg.engine, cfg.model_path, cfg.options, seed=cfg.settings.seed)
+    try:
+        bar = tqdm(total=total, unit="sample", desc=f"eval[{rank}]" if cfg.data_parallel_size > 1 else "eval",
+                   position=rank, disable=not cfg.progress, dynamic_ncols=True, mininterval=1.0)
+        for i in shard_indices:
+            idx = [int(j) for j in plan[i]]
+            started = time.perf_counter()
+            prompt_ids = encode_prompts(engine.tokenizer, [problems.prompts[j] for j in idx])
+            completions = generate_samples(
+                engine,
+                prompt_ids,
+                cfg.settings,
+                shard_seed=core.shard_seed(cfg.settings.seed, i),
+                prompt_seeds=core.prompt_seeds(cfg.settings.seed, i, len(idx)),
+                progress=bar.update,
+            )
+            generation_seconds = time.perf_counter() - started
+            rows: dict[str, list] = {c: [] for c in (
+                "problem_id", "sample_index", "response", "num_tokens", "finish_reason", "data_source", "ground_truth")}
+            for j, samples in zip(idx, completions):
+                for s, completion in enumerate(samples):
+                    rows["problem_id"].append(problems.problem_ids[j])
+                    rows["sample_index"].append(s)
+                    rows["response"].append(completion.text)
+                    rows["num_tokens"].append(completion.num_tokens)
+                    rows["finish_reason"].append(completion.finish_reason)
+                    rows["data_source"].append(problems.data_sources[j])
+                    rows["ground_truth"].append(problems.ground_truths[j])
+            scoring_started = time.perf_counter()
+            rows["score"], rows["answer"] = _score(rows["data_source"], rows["response"], rows["ground_truth"],
+                                                   cfg.verifier_workers)
+            store.write_shard(i, rows)
+            store.write_timing(i, {"engine": engine.name, "num_samples": len(rows["response"]),
+                                   "generation_seconds": round(generation_seconds, 3),
+                                   "scoring_seconds": round(time.perf_counter() - scoring_started, 3)})
+            bar.set_postfix(shard=i, refresh=False)
+        bar.close()
+    finally:
+        engine.close()
+
+
+def _data_parallel_worker(cfg: EvalConfig, shard_indices: list[int], rank: int, devices: list[str] | None) -> None:
+    if devices is not None:  # before torch/vllm are imported in this fresh (spawned) process
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+    generate_shards(cfg, shard_indices, rank=rank)
+
+
+def _generate_data_parallel(cfg: EvalConfig, todo: list[int]) -> None:
+    """One engine per process, each on its own `tensor_parallel_size` GPUs, shards dealt round-robin."""
+    import multiprocessing
+
+    import torch
+
+    dp, tp = cfg.data_parallel_size, cfg.options.tensor_parallel_size
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    if gpus and len(gpus) < dp * tp:
+        raise ValueError(f"data_parallel_size {dp} × tensor_parallel_size {tp} needs {dp * tp} GPUs; {len(gpus)} visible")
+    ctx = multiprocessing.get_context("spawn")
+    workers = []
+    for rank in range(dp):
+        shards = todo[rank::dp]
+        if not shards:
+            continue
+        devices = gpus[rank * tp : (rank + 1) * tp] if gpus else None
+        proc = ctx.Process(target=_data_parallel_worker, args=(cfg, shards, rank, devices), name=f"repexp-eval-{rank}")
+        proc.start()
+        workers.append(proc)
+    failed = []
+    for proc in workers:
+        proc.join()
+        if proc.exitcode != 0:
+            failed.append(f"{proc.name} (exit {proc.exitcode})")
+    if failed:
+        raise RuntimeError(f"data-parallel generation failed in {', '.join(failed)}; completed shards are kept")
+
+
+def _read_samples(store: SampleStore, plan, n: int) -> dict[str, dict[str, list]]:
+    """Per problem id: its samples' scores, answers, token counts and truncation flags (checked complete)."""
+    per_problem: dict[str, dict[str, list]] = {}
+    for i, idx in enumerate(plan):
+        shard = store.read_shard(i, ["problem_id", "sample_index", "score", "answer", "num_tokens", "finish_reason"])
+        for pid, s, score, answer, tokens, finish in zip(shard["problem_id"], shard["sample_index"], shard["score"],
+                                                         shard["answer"], shard["num_tokens"], shard["finish_reason"]):
+            entry = per_problem.setdefault(pid, {"shard": i, "index": [], "score": [], "answer": [], "tokens": [],
+                                                 "truncated": []})
+            entry["index"].append(s)
+            entry["score"].append(score)
+            entry["answer"].append(answer)
+            entry["tokens"].append(tokens)
+            entry["truncated"].append(finish == "length")
+    return per_problem
+
+
+def _assemble(store, problem_ids, plan, n, metadata, *, ks, maj_draws) -> dict[str, Any]:
+    per_problem = _read_samples(store, plan, n)
+    expected = {problem_ids[int(j)]: i for i, idx in enumerate(plan) for j in idx}
+    for pid, shard in expected.items():
+        entry = per_problem.get(pid)
+        if entry is None or entry["shard"] != shard or sorted(entry["index"]) != list(range(n)):
+            raise ValueError(f"{store.shard_path(shard)}: samples of problem {pid!r} are missing or incomplete")
+    extra = set(per_problem) - set(expected)
+    if extra:
+        raise ValueError(f"{store.dir}: samples of unknown problems {sorted(extra)[:5]}")
+    ordered = [per_problem[pid] for pid in problem_ids]
+    return core.eval_result(
+        problem_ids=problem_ids,
+        scores=[e["score"] for e in ordered],
+        answers=[e["answer"] for e in ordered],
+        num_tokens=[e["tokens"] for e in ordered],
+        truncated=[e["truncated"] for e in ordered],
+        ks=ks,
+        maj_draws=maj_draws,
+        metadata=metadata,
+    )
+
+
+def _report_throughput(store: SampleStore, num_shards: int) -> None:
+    seconds = samples = 0.0
+    for i in range(num_shards):
+        timing = store.read_timing(i) or {}
+        seconds += float(timing.get("generation_seconds", 0))
+        samples += float(timing.get("num_samples", 0))
+    if seconds > 0:
+        print(f"eval: {int(samples)} samples, {seconds:.1f} s generation, {samples / seconds:.2f} samples/s",
+              file=sys.stderr)
+
+
+def rescore(out_dir: str | Path, *, ks=None, maj_draws: int = 1000, verifier_workers: int | None = None) -> dict[str, Any]:
+    """Re-verify every stored sample with the current verifier and rewrite the shards' scores and `eval.json`."""
+    out_dir = Path(out_dir)
+    store = SampleStore(out_dir)
+    meta = store.read_meta()
+    if meta is None:
+        raise FileNotFoundError(f"{store.meta_path}: no sample store to rescore")
+    if meta.get("format") != core.STORE_FORMAT:
+        raise ValueError(f"{store.meta_path}: store format {meta.get('format')} is not {core.STORE_FORMAT}")
+    gen = meta["generation"]
+    settings = SamplingSettings(**gen["sampling"])
+    problem_ids = meta["problem_ids"]
+    plan = core.shard_plan(len(problem_ids), gen["shard_size"], settings.seed)
+    missing = [i for i in range(len(plan)) if not store.shard_path(i).exists()]
+    if missing:
+        raise ValueError(f"{store.dir}: shards {missing[:10]} are missing; finish the evaluation before rescoring")
+    (out_dir / EVAL_JSON).unlink(missing_ok=True)
+    for i in range(len(plan)):
+        rows = store.read_shard(i)
+        rows["score"], rows["answer"] = _score(rows["data_source"], rows["response"], rows["ground_truth"],
+                                               verifier_workers)
+        store.write_shard(i, rows)
+    metadata = {
+        "model_path": gen["model_path"],
+        "checkpoint_step": gen["checkpoint_step"],
+        "engine": gen["engine"],
+        "sampling": gen["sampling"] | {"shard_size": gen["shard_size"]}
+        | ({"batch_size": gen["batch_size"]} if "batch_size" in gen else {}),
+        "seed": settings.seed,
+        "data_hash": gen["data_hash"],
+        "data_path": meta.get("data_path"),
+        "task": meta.get("task"),
+        "split": meta.get("split"),
+        "verifier": _verifier_info(),
+    }
+    result = _assemble(store, problem_ids, plan, settings.n, metadata, ks=ks, maj_draws=maj_draws)
+    write_json_atomic(out_dir / EVAL_JSON, result)
+    return result

@@ -1,0 +1,136 @@
+"""The sample store of one evaluation: `samples/meta.json` plus one Parquet file per shard.
+
+A shard file is written atomically, so its existence means it is complete. `meta.json` records
+everything that determines the samples; resuming under different settings is refused rather
+than mixing samples from two configurations.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from repexp.io import atomic_path, read_json, write_json_atomic
+
+SHARD_COLUMNS = (
+    "problem_id",
+    "sample_index",
+    "response",
+    "num_tokens",
+    "finish_reason",
+    "score",
+    "answer",
+    "data_source",
+    "ground_truth",
+)
+FINISH_REASONS = ("stop", "length")
+_SHARD_NAME = re.compile(r"^shard-(\d{5})\.parquet$")
+
+
+def _schema():
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("problem_id", pa.string()),
+            ("sample_index", pa.int32()),
+            ("response", pa.string()),
+            ("num_tokens", pa.int32()),
+            ("finish_reason", pa.string()),
+            ("score", pa.float64()),
+            ("answer", pa.string()),  # extracted answer (null = none); used for maj@k
+            ("data_source", pa.string()),
+            ("ground_truth", pa.string()),
+        ]
+    )
+
+
+class SampleStore:
+    def __init__(self, out_dir: str | Path):
+        self.dir = Path(out_dir) / "samples"
+        self.meta_path = self.dir / "meta.json"
+
+    def shard_path(self, index: int) -> Path:
+        return self.dir / f"shard-{index:05d}.parquet"
+
+    # -- metadata -------------------------------------------------------------------------
+    def read_meta(self) -> dict[str, Any] | None:
+        return read_json(self.meta_path) if self.meta_path.exists() else None
+
+    def open(self, meta: dict[str, Any], *, compare: Sequence[str] | None = None, overwrite: bool = False) -> list[int]:
+        """Start or resume the store for `meta`; returns the indices of complete shards.
+
+        On resume the stored meta must equal `meta` on the keys in `compare` (all keys if None).
+        """
+        existing = self.read_meta()
+        if existing is not None and overwrite:
+            shutil.rmtree(self.dir)
+            existing = None
+        if existing is None:
+            if self.dir.exists() and any(self.dir.glob("shard-*.parquet")):
+                raise ValueError(f"{self.dir}: shard files without meta.json; pass --overwrite to start afresh")
+            write_json_atomic(self.meta_path, meta)
+            return []
+        keys = set(existing) | set(meta) if compare is None else set(compare)
+        diffs = _diff({k: existing.get(k) for k in keys}, {k: meta.get(k) for k in keys})
+        if diffs:
+            raise ValueError(
+                f"{self.meta_path}: the stored samples were generated with different settings "
+                f"({'; '.join(diffs)}); use another --out or pass --overwrite to discard them"
+            )
+        return self.complete_shards()
+
+    def complete_shards(self) -> list[int]:
+        if not self.dir.exists():
+            return []
+        return sorted(int(m.group(1)) for p in self.dir.iterdir() if (m := _SHARD_NAME.match(p.name)))
+
+    # -- shards ---------------------------------------------------------------------------
+    def write_shard(self, index: int, rows: dict[str, Sequence[Any]]) -> Path:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        missing = set(SHARD_COLUMNS) - set(rows)
+        if missing:
+            raise ValueError(f"shard {index}: missing column(s) {sorted(missing)}")
+        bad = set(rows["finish_reason"]) - set(FINISH_REASONS)
+        if bad:
+            raise ValueError(f"shard {index}: unknown finish_reason(s) {sorted(bad)}")
+        table = pa.Table.from_pydict({c: list(rows[c]) for c in SHARD_COLUMNS}, schema=_schema())
+        path = self.shard_path(index)
+        with atomic_path(path) as tmp:
+            pq.write_table(table, tmp)
+        return path
+
+    def read_shard(self, index: int, columns: Iterable[str] | None = None) -> dict[str, list]:
+        import pyarrow.parquet as pq
+
+        path = self.shard_path(index)
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: shard missing")
+        return pq.read_table(path, columns=list(columns) if columns else None).to_pydict()
+
+    # -- timings (kept apart so that shard files are byte-identical across reruns) --------
+    def timing_path(self, index: int) -> Path:
+        return self.dir / "timing" / f"shard-{index:05d}.json"
+
+    def write_timing(self, index: int, timing: dict[str, Any]) -> None:
+        write_json_atomic(self.timing_path(index), timing)
+
+    def read_timing(self, index: int) -> dict[str, Any] | None:
+        path = self.timing_path(index)
+        return read_json(path) if path.exists() else None
+
+
+def _diff(stored: dict[str, Any], wanted: dict[str, Any], prefix: str = "") -> list[str]:
+    diffs = []
+    for key in sorted(set(stored) | set(wanted)):
+        a, b = stored.get(key), wanted.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs += _diff(a, b, f"{prefix}{key}.")
+        elif json.dumps(a) != json.dumps(b):
+            diffs.append(f"{prefix}{key}: stored {a!r}, now {b!r}")
+    return diffs

@@ -1,0 +1,200 @@
+"""`repexp train`: the training node of one sweep point.
+
+    repexp train --config CFG.yaml --task gsm8k --run trl_repexp_k32_b0.01_s42
+
+1. Composes the run's `RunConfig` (`repexp.config.compose`) and writes `<run_dir>/job.yaml`.
+2. Decides between resuming and starting over: a run directory left by an unfinished attempt
+   with the same training config is resumed by the trainer (from its latest complete
+   checkpoint); one whose config changed, or one that had finished (a deliberate rerun), is
+   moved to `<results>/train/<task>/.superseded/` first, so stale checkpoints are never resumed.
+3. Pre-creates the node's MLflow child run and runs the backend trainer in a subprocess with
+   `MLFLOW_TRACKING_URI`/`MLFLOW_RUN_ID` set in that subprocess only:
+   TRL: ``python -m repexp.trl.train --config <run_dir>/job.yaml``;
+   verl: ``python -m repexp.verl.train <overrides>`` (`repexp.verl.overrides.build_overrides`).
+4. A non-zero exit marks the run FAILED and is returned. After success it checks that the
+   trainer's metrics reached MLflow and replays whatever is missing from `metrics.jsonl`
+   (into the run, or into the outbox when the store is unreachable).
+
+The trainer writes `metrics.jsonl`, `best_dev.json`, `checkpoints/global_step_N/` and `DONE`
+last (the Snakemake output); see docs/architecture.md, "Training-run contract".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from repexp.io import read_json, write_json_atomic, write_text_atomic
+
+STATE_FILE = "train_node.json"  # {"training_hash", "status": running|failed|done}
+DONE_FILE = "DONE"
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, default=os.environ.get("REPEXP_CONFIG"),
+                        help="pipeline config (default: $REPEXP_CONFIG, the snapshot Snakemake writes)")
+    parser.add_argument("--task", required=True)
+    parser.add_argument("--run", required=True, help="run name, e.g. trl_repexp_k32_b0.01_s42")
+    parser.add_argument("--expect-hash", help="fail unless the composed training config has this hash "
+                        "(Snakemake passes the hash it scheduled the job with)")
+    parser.add_argument("--attempt", type=int, default=1, help="Snakemake attempt number (an MLflow tag)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from repexp import config as C
+
+    try:
+        if args.config is None:
+            raise C.ConfigError("--config: required (or set $REPEXP_CONFIG)")
+        cfg = C.load(args.config)
+        spec = C.parse_run(args.task, args.run)
+        if not spec.trains:
+            raise C.ConfigError(f"run: {args.run} does not train")
+        if spec.backend not in cfg.sweep.backends:
+            raise C.ConfigError(f"sweep.backends: {spec.backend} is not part of this config")
+        run_config = C.compose(cfg, spec)
+        training_hash = C.training_hash(run_config)
+        if args.expect_hash and args.expect_hash != training_hash:
+            raise C.ConfigError(
+                f"{args.config}: the training config of {spec.path} hashes to {training_hash}, but the job was "
+                f"scheduled with {args.expect_hash}; was the config changed while the workflow ran?"
+            )
+        command = trainer_command(run_config, Path(run_config.run_dir) / "job.yaml", mlflow=False)  # validates early
+    except (C.ConfigError, ValueError) as err:
+        print(f"train: {err}", file=sys.stderr)
+        return 2
+    return _train(cfg, run_config, training_hash, args.attempt)
+
+
+def trainer_command(run_config, job_yaml: Path, *, mlflow: bool) -> list[str]:
+    if run_config.backend == "trl":
+        return [sys.executable, "-m", "repexp.trl.train", "--config", str(job_yaml)]
+    if run_config.backend == "verl":
+        from repexp.verl.overrides import build_overrides
+
+        loggers = ["console", "mlflow"] if mlflow else ["console"]
+        return [sys.executable, "-m", "repexp.verl.train", *build_overrides(run_config, loggers=loggers)]
+    raise ValueError(f"backend: unknown backend {run_config.backend!r}")
+
+
+def prepare_run_dir(run_dir: Path, training_hash: str) -> Optional[Path]:
+    """Keep a resumable run directory; move a stale or finished one aside. Returns where it went."""
+    if not run_dir.exists() or not any(run_dir.iterdir()):
+        return None
+    state_path = run_dir / STATE_FILE
+    state = read_json(state_path) if state_path.exists() else None
+    if state is None:
+        old_hash = _job_yaml_hash(run_dir / "job.yaml")
+        if old_hash is None or old_hash == training_hash:
+            return None  # nothing says it is stale: let the trainer resume what it finds
+        state = {"training_hash": old_hash, "status": "unknown"}
+    if state.get("training_hash") == training_hash and state.get("status") != "done":
+        return None  # an interrupted attempt of this very config: resume
+    why = "finished before (a deliberate rerun)" if state.get("training_hash") == training_hash else "config changed"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = run_dir.parent / ".superseded" / f"{run_dir.name}-{state.get('training_hash')}-{stamp}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(run_dir, target)
+    print(f"train: {run_dir} {why}; moved to {target} and starting over", file=sys.stderr)
+    return target
+
+
+def _job_yaml_hash(path: Path) -> Optional[str]:
+    from repexp import config as C
+
+    try:
+        return C.training_hash(C.load_run_config(path))
+    except Exception:  # noqa: BLE001 - an unreadable old job.yaml just means "unknown"
+        return None
+
+
+def _train(cfg, run_config, training_hash: str, attempt: int) -> int:
+    from repexp import config as C
+    from repexp import tracking
+
+    run_dir = Path(run_config.run_dir)
+    prepare_run_dir(run_dir, training_hash)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / DONE_FILE).unlink(missing_ok=True)
+    job_yaml = write_text_atomic(run_dir / "job.yaml", C.dump_yaml(run_config))
+    state = {"training_hash": training_hash, "status": "running", "attempt": attempt}
+    write_json_atomic(run_dir / STATE_FILE, state)
+
+    params = tracking.flatten({k: v for k, v in run_config.to_dict().items() if k != "config_hash"})
+    with tracking.node_run("train", run_config.task, run_config.run, config=cfg, params=params,
+                           tags={"repexp.training_hash": training_hash, "repexp.backend": run_config.backend},
+                           attempt=attempt) as node:
+        node.log_artifact(job_yaml)
+        live = bool(node.online and node.run_id)
+        code = run_trainer(trainer_command(run_config, job_yaml, mlflow=live), trainer_env(node, live))
+        if code:
+            write_json_atomic(run_dir / STATE_FILE, {**state, "status": "failed", "exit_code": code})
+            print(f"train: the {run_config.backend} trainer exited with {code}", file=sys.stderr)
+            raise SystemExit(code)
+        if not (run_dir / DONE_FILE).exists():
+            write_json_atomic(run_dir / STATE_FILE, {**state, "status": "failed"})
+            raise RuntimeError(f"{run_dir}: the trainer exited 0 without writing {DONE_FILE}")
+        replayed = ensure_metrics(node, run_dir)
+        if replayed:
+            print(f"train: replayed {replayed} metric points from metrics.jsonl into MLflow", file=sys.stderr)
+        for name in ("best_dev.json", "metrics.jsonl"):
+            if (run_dir / name).exists():
+                node.log_artifact(run_dir / name)
+        write_json_atomic(run_dir / STATE_FILE, {**state, "status": "done"})
+    return 0
+
+
+def trainer_env(node, live: bool) -> dict:
+    """The trainer's environment: the node's run id only when the store answered."""
+    env = dict(os.environ)
+    env.pop("MLFLOW_RUN_ID", None)
+    if live:
+        env["MLFLOW_TRACKING_URI"] = node.tracking_uri
+        env["MLFLOW_RUN_ID"] = node.run_id
+        env["MLFLOW_EXPERIMENT_NAME"] = node.record.experiment
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def run_trainer(command: list[str], env: dict) -> int:
+    """Run the trainer, forwarding SIGTERM/SIGINT (walltime, preemption, Ctrl-C) so it can stop cleanly."""
+    print("train: " + " ".join(command), file=sys.stderr, flush=True)
+    proc = subprocess.Popen(command, env=env)
+
+    def forward(signum, _frame):
+        proc.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def ensure_metrics(node, run_dir: Path) -> int:
+    """Log the metrics.jsonl points MLflow lacks (all of them when offline). Returns how many."""
+    from repexp.trl.runlog import MetricsLog, mlflow_metric_name
+
+    if not node.enabled:
+        return 0
+    rows = []
+    now = int(time.time() * 1000)
+    for record in MetricsLog(run_dir).records():
+        for key, value in record.items():
+            if key == "step" or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            rows.append([mlflow_metric_name(key), float(value), record["step"], now])
+    if not rows:
+        return 0
+    stored = node.metric_history()
+    if stored is not None:
+        rows = [row for row in rows if row[2] not in stored.get(row[0], ())]
+    node.log_metric_rows(rows)
+    return len(rows)

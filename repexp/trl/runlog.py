@@ -1,0 +1,120 @@
+"""Where training metrics go: `<run_dir>/metrics.jsonl` always, MLflow when the wrapper asks for it.
+
+`metrics.jsonl` holds one JSON object per logged step, `{"step": N, "<metric>": value, ...}`.
+On resume from step M the lines of steps > M (written after the checkpoint the run resumes
+from) are dropped, so the file of a resumed run equals that of an uninterrupted one.
+
+MLflow: only when `MLFLOW_RUN_ID` is set (the `repexp train` wrapper pre-creates the node's run
+and passes its id to this process only). Metric names are sanitised as verl's MLflow logger
+does (`@` → `_at_`, other invalid characters → `_`). Any tracking failure is reported once as a
+warning and tracking is switched off; it never fails training.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Optional
+
+from repexp.io import write_text_atomic
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN/inf
+    return value
+
+
+class MetricsLog:
+    """Append-only JSON-lines metrics file with resume truncation."""
+
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir) / METRICS_FILE
+
+    def records(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        records = []
+        for line in self.path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a kill
+            if isinstance(record, dict) and isinstance(record.get("step"), int):
+                records.append(record)
+        return records
+
+    def truncate(self, last_step: Optional[int]) -> None:
+        """Keep only records of steps <= last_step (None: remove everything)."""
+        if last_step is None:
+            self.path.unlink(missing_ok=True)
+            return
+        kept = [r for r in self.records() if r["step"] <= last_step]
+        write_text_atomic(self.path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+
+    def append(self, record: dict) -> None:
+        if not isinstance(record.get("step"), int):
+            raise ValueError(f"a metrics record needs an integer 'step', got {record.get('step')!r}")
+        clean = {key: _jsonable(value) for key, value in record.items()}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(clean, sort_keys=True) + "\n")
+            handle.flush()
+
+
+_INVALID = re.compile(r"[^/\w.\- :]")
+_SLASHES = re.compile(r"/+")
+
+
+def mlflow_metric_name(key: str) -> str:
+    return _INVALID.sub("_", _SLASHES.sub("/", key.replace("@", "_at_")))
+
+
+class MlflowSink:
+    """Logs metric dicts to an existing MLflow run; a no-op without MLFLOW_RUN_ID."""
+
+    def __init__(self, run_id: Optional[str] = None, tracking_uri: Optional[str] = None):
+        self.run_id = run_id if run_id is not None else os.environ.get("MLFLOW_RUN_ID") or None
+        self.tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or tracking_uri
+        self._client = None
+        self.enabled = self.run_id is not None
+        if self.enabled and not self.tracking_uri:
+            self._disable("MLFLOW_RUN_ID is set but no tracking URI (MLFLOW_TRACKING_URI or tracking.tracking_uri)")
+
+    def _disable(self, reason: str) -> None:
+        self.enabled = False
+        warnings.warn(f"MLflow tracking switched off for this training run: {reason}", RuntimeWarning, stacklevel=3)
+
+    def log(self, metrics: dict, step: int) -> None:
+        if not self.enabled:
+            return
+        try:
+            if self._client is None:
+                # A dead server must not stall training for minutes of HTTP retries.
+                os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+                os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+                from mlflow.tracking import MlflowClient
+
+                self._client = MlflowClient(tracking_uri=self.tracking_uri)
+            from mlflow.entities import Metric
+
+            now = int(time.time() * 1000)
+            entries = [
+                Metric(mlflow_metric_name(key), float(value), now, int(step))
+                for key, value in metrics.items()
+                if key != "step" and isinstance(_jsonable(value), (int, float)) and not isinstance(value, bool)
+                and _jsonable(value) is not None
+            ]
+            for start in range(0, len(entries), 1000):  # MLflow's batch limit
+                self._client.log_batch(self.run_id, metrics=entries[start : start + 1000])
+        except Exception as err:  # noqa: BLE001 - tracking must never fail training
+            self._disable(f"{type(err).__name__}: {err}")

@@ -1,0 +1,182 @@
+"""RunConfig → TRL: the step plan and the `GRPOConfig` keyword arguments (pure; no TRL import).
+
+One training *step* is what both backends count: `train.train_batch_size` prompts × `n_rollouts`
+rollouts, scored once, then one PPO epoch over them in `train_batch_size / ppo_mini_batch_size`
+optimizer steps. TRL counts optimizer steps (`state.global_step`), so a step is
+`optimizer_steps_per_step` TRL steps; checkpoints, logging and validation happen only at step
+boundaries. Every setting TRL cannot honour raises `ConfigError` naming the key; the table of
+all mappings is in docs/trl_backend.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from repexp.config import ConfigError, RunConfig
+
+# verl loss aggregation → TRL loss_type with the same normalisation.
+#   token-mean: Σ token losses / number of tokens in the mini-batch  = TRL "dapo"
+#   seq-mean-token-mean: mean over sequences of each sequence's token mean = TRL "grpo"
+# verl's seq-mean-token-sum has no TRL counterpart ("dr_grpo" divides by a constant instead).
+LOSS_TYPES = {"token-mean": "dapo", "seq-mean-token-mean": "grpo"}
+
+# AdamW settings verl uses by default (the RepExp recipe does not override them).
+WEIGHT_DECAY = 0.01
+MAX_GRAD_NORM = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPlan:
+    """How one training step maps onto TRL's micro-batches and optimizer steps."""
+
+    prompts_per_step: int
+    n_rollouts: int
+    micro_batch_size: int  # sequences per forward/backward (TRL per_device_train_batch_size)
+    accumulation_steps: int  # micro-batches per optimizer step
+    optimizer_steps_per_step: int  # PPO mini-batches per training step
+    steps_per_epoch: int
+    total_steps: int
+
+    @property
+    def sequences_per_step(self) -> int:
+        return self.prompts_per_step * self.n_rollouts
+
+    @property
+    def micro_batches_per_step(self) -> int:
+        return self.sequences_per_step // self.micro_batch_size
+
+    @property
+    def max_optimizer_steps(self) -> int:
+        return self.total_steps * self.optimizer_steps_per_step
+
+    def step_of(self, optimizer_step: int) -> int:
+        """Training step that TRL's `global_step` belongs to (completed steps at a boundary)."""
+        return optimizer_step // self.optimizer_steps_per_step
+
+    def at_boundary(self, optimizer_step: int) -> bool:
+        return optimizer_step % self.optimizer_steps_per_step == 0
+
+
+def check_run_config(cfg: RunConfig) -> None:
+    """Reject jobs this backend cannot run as configured (messages start with the key)."""
+    if cfg.backend != "trl":
+        raise ConfigError(f"backend: this job is for backend {cfg.backend!r}; the TRL trainer runs backend 'trl' jobs")
+    if cfg.method == "base":
+        raise ConfigError("method: 'base' runs evaluate the initial model; there is nothing to train")
+    if cfg.method == "grpo" and cfg.beta != 0:
+        raise ConfigError(f"beta: a 'grpo' run must have beta 0, got {cfg.beta}")
+    if cfg.method == "repexp" and not cfg.beta > 0:
+        raise ConfigError(f"beta: a 'repexp' run needs beta > 0, got {cfg.beta}")
+    if cfg.beta < 0:
+        raise ConfigError(f"beta: must be >= 0, got {cfg.beta}")
+    if cfg.beta > 0 and (cfg.sparse_dim is None or cfg.sparse_dim < 1):
+        raise ConfigError(f"sparse_dim: a positive projection dimension is required when beta > 0, got {cfg.sparse_dim}")
+    if cfg.train.loss_agg_mode not in LOSS_TYPES:
+        raise ConfigError(
+            f"train.loss_agg_mode: {cfg.train.loss_agg_mode!r} has no TRL equivalent "
+            f"(the TRL backend supports {', '.join(LOSS_TYPES)})"
+        )
+    bonus = cfg.bonus
+    if bonus.persist_covariance and bonus.reward_type != "leverage":
+        raise ConfigError("bonus.persist_covariance: a persistent covariance supports reward_type 'leverage' only")
+    if bonus.persist_covariance and bonus.randomize_projection:
+        raise ConfigError(
+            "bonus.persist_covariance: needs bonus.randomize_projection=false "
+            "(accumulating features of different projections is meaningless)"
+        )
+    train = cfg.train
+    if train.train_batch_size % train.ppo_mini_batch_size:
+        raise ConfigError(
+            f"train.ppo_mini_batch_size: {train.ppo_mini_batch_size} does not divide "
+            f"train_batch_size {train.train_batch_size}"
+        )
+    if train.test_freq % train.save_freq:
+        raise ConfigError(f"train.save_freq: {train.save_freq} must divide test_freq {train.test_freq}")
+
+
+def plan_steps(cfg: RunConfig, num_train_prompts: int) -> StepPlan:
+    """Batch shapes and the number of steps, from `train` and the size of the training set."""
+    train = cfg.train
+    if num_train_prompts < train.train_batch_size:
+        raise ConfigError(
+            f"train.train_batch_size: {train.train_batch_size} prompts per step, but the training set has only "
+            f"{num_train_prompts} usable prompts (after dropping prompts longer than max_prompt_length)"
+        )
+    mini_batch_sequences = train.ppo_mini_batch_size * train.n_rollouts
+    micro = min(train.micro_batch_size_per_gpu, mini_batch_sequences)
+    if mini_batch_sequences % micro:
+        raise ConfigError(
+            f"train.micro_batch_size_per_gpu: {micro} does not divide the {mini_batch_sequences} sequences of a "
+            f"PPO mini-batch (ppo_mini_batch_size {train.ppo_mini_batch_size} × n_rollouts {train.n_rollouts})"
+        )
+    steps_per_epoch = num_train_prompts // train.train_batch_size  # the last partial batch is dropped
+    total = train.total_steps if train.total_steps is not None else train.total_epochs * steps_per_epoch
+    return StepPlan(
+        prompts_per_step=train.train_batch_size,
+        n_rollouts=train.n_rollouts,
+        micro_batch_size=micro,
+        accumulation_steps=mini_batch_sequences // micro,
+        optimizer_steps_per_step=train.train_batch_size // train.ppo_mini_batch_size,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total,
+    )
+
+
+def grpo_config_kwargs(cfg: RunConfig, plan: StepPlan, *, output_dir: str, use_cpu: bool) -> dict[str, Any]:
+    """Keyword arguments of `trl.GRPOConfig` for this job (see the mapping table in docs/trl_backend.md)."""
+    train, trl = cfg.train, cfg.trl
+    k = plan.optimizer_steps_per_step
+    return dict(
+        output_dir=output_dir,
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        # optimisation: verl's AdamW defaults, constant learning rate, no warm-up
+        learning_rate=train.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=WEIGHT_DECAY,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        max_grad_norm=MAX_GRAD_NORM,
+        max_steps=plan.max_optimizer_steps,
+        # batch shapes: one generation batch per training step, k PPO mini-batches over it
+        per_device_train_batch_size=plan.micro_batch_size,
+        gradient_accumulation_steps=plan.accumulation_steps,
+        steps_per_generation=plan.micro_batches_per_step,
+        num_generations=train.n_rollouts,
+        num_iterations=1,
+        shuffle_dataset=True,
+        remove_unused_columns=False,  # the reward needs data_source, reward_model, extra_info
+        # sampling
+        max_completion_length=train.max_response_length,
+        temperature=train.temperature,
+        top_p=train.top_p,
+        top_k=0,
+        repetition_penalty=1.0,
+        use_vllm=False,
+        # loss: GRPO with group-std scaling, no KL term (the recipe's kl coefficient is 0)
+        beta=0.0,
+        epsilon=train.clip_ratio,
+        loss_type=LOSS_TYPES[train.loss_agg_mode],
+        scale_rewards="group",
+        mask_truncated_completions=False,
+        importance_sampling_level="token",
+        entropy_coef=train.entropy_coeff,
+        # precision and device
+        use_cpu=use_cpu,
+        bf16=trl.dtype == "bfloat16",
+        fp16=False,
+        gradient_checkpointing=trl.gradient_checkpointing,
+        # logging and saving happen at step boundaries; evaluation is ours (dev pass@k), not TRL's
+        logging_strategy="steps",
+        logging_steps=k * trl.logging_steps,
+        save_strategy="steps",
+        save_steps=k * train.save_freq,
+        save_only_model=False,
+        eval_strategy="no",
+        report_to="none",
+        log_completions=False,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )

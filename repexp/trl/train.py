@@ -1,0 +1,408 @@
+"""``python -m repexp.trl.train --config job.yaml [--resume auto|never]``: one RepExp/GRPO run on TRL.
+
+Reads the job's resolved `RunConfig` (the same schema the verl backend reads) and writes the
+training-run contract of docs/architecture.md under `run_dir`:
+
+- `checkpoints/global_step_<N>/`: a Hugging Face model directory (weights, config, tokenizer)
+  that also holds TRL/transformers' resume state (optimizer, scheduler, RNG, trainer_state.json)
+  and, with `bonus.persist_covariance`, the covariance state; `COMPLETE` is written last.
+  TRL saves into `trl_staging/checkpoint-<optimizer step>/`, which is then renamed into place.
+- `best_dev.json` via `repexp.checkpoints.BestDevTracker` after every validation and save.
+- `metrics.jsonl`: one record per logged step (and step 0 for the initial validation).
+- `DONE` (JSON: final step, best step, wall time) written last.
+
+Resume (`--resume auto`, the default): incomplete checkpoint directories are removed, training
+continues from the newest complete checkpoint, and the metrics/best-dev records of later steps
+are dropped, so the finished run equals an uninterrupted one (data order, generation, projection
+and validation sampling are all seeded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from repexp.checkpoints import BestDevTracker, checkpoint_dir, complete_steps, is_complete, mark_complete
+from repexp.config import ConfigError, RunConfig, load_run_config
+from repexp.io import read_json, write_json_atomic
+from repexp.trl import settings as trl_settings
+from repexp.trl.runlog import MetricsLog, MlflowSink
+
+DONE_FILE = "DONE"
+STAGING_DIR = "trl_staging"
+SETTINGS_FILE = "trl_settings.json"
+CHECKPOINT_INFO_FILE = "repexp_checkpoint.json"
+REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model", "extra_info")
+
+# TRL/transformers log keys → the verl backend's name for the same quantity (others are kept as TRL names them).
+RENAMES = {
+    "loss": "actor/pg_loss",
+    "grad_norm": "actor/grad_norm",
+    "learning_rate": "actor/lr",
+    "entropy": "actor/entropy",
+    "clip_ratio/region_mean": "actor/pg_clipfrac",
+    "completions/mean_length": "response_length/mean",
+    "completions/max_length": "response_length/max",
+    "completions/min_length": "response_length/min",
+    "completions/clipped_ratio": "response_length/clip_ratio",
+}
+
+
+@dataclasses.dataclass
+class TrainResult:
+    run_dir: Path
+    done: dict
+    reward: Any = None  # the RepExpReward (None when the run was already finished)
+    trainer: Any = None
+
+
+# --------------------------------------------------------------------------- data
+
+
+def read_split(data_dir: str | Path, split: str) -> list[dict]:
+    """Rows of `<data_dir>/<split>.parquet` (verl row format) as Python dicts."""
+    import pyarrow.parquet as pq
+
+    path = Path(data_dir) / f"{split}.parquet"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: not found (run `repexp data prepare` for this task first)")
+    table = pq.read_table(path)
+    missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {', '.join(missing)} (expected verl's row format)")
+    rows = table.to_pylist()
+    for i, row in enumerate(rows):
+        if not isinstance(row["reward_model"], dict) or "ground_truth" not in row["reward_model"]:
+            raise ValueError(f"{path}: row {i} has no reward_model.ground_truth")
+        if not isinstance(row["prompt"], list) or not row["prompt"]:
+            raise ValueError(f"{path}: row {i} has no chat prompt (a list of messages)")
+    return rows
+
+
+def prompt_token_ids(tokenizer: Any, prompt: list[dict]) -> list[int]:
+    """The prompt as TRL renders it: chat template plus the generation prompt."""
+    rendered = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)
+    return list(rendered["input_ids"])
+
+
+def drop_long_prompts(rows: list[dict], tokenizer: Any, max_prompt_length: int) -> tuple[list[dict], list[list[int]]]:
+    """Rows whose rendered prompt fits max_prompt_length (verl's filter_overlong_prompts), with their ids."""
+    kept, ids = [], []
+    for row in rows:
+        tokens = prompt_token_ids(tokenizer, row["prompt"])
+        if len(tokens) <= max_prompt_length:
+            kept.append(row)
+            ids.append(tokens)
+    return kept, ids
+
+
+# --------------------------------------------------------------------------- run directory
+
+
+def prepare_run_dir(run_dir: Path, resume: str) -> Optional[int]:
+    """Clean up after a kill and return the step to resume from (None: start fresh)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(run_dir / STAGING_DIR, ignore_errors=True)
+    root = run_dir / "checkpoints"
+    if resume == "never":
+        shutil.rmtree(root, ignore_errors=True)
+        (run_dir / DONE_FILE).unlink(missing_ok=True)
+    for directory in root.glob("global_step_*") if root.exists() else []:
+        if not is_complete(directory):
+            shutil.rmtree(directory)  # a save cut short by a kill
+    steps = complete_steps(run_dir)
+    return steps[-1] if steps else None
+
+
+def prune_checkpoints(run_dir: Path, keep: Optional[int], tracker: BestDevTracker) -> None:
+    """Keep the newest `keep` complete checkpoints and the best-dev one; remove the rest."""
+    if keep is None:
+        return
+    steps = complete_steps(run_dir)
+    best = tracker.best()
+    protected = set(steps[-keep:]) | ({best["step"]} if best else set())
+    for step in steps:
+        if step not in protected:
+            shutil.rmtree(checkpoint_dir(run_dir, step), ignore_errors=True)
+
+
+def rename_metrics(logs: dict) -> dict:
+    return {RENAMES.get(key, key): value for key, value in logs.items()}
+
+
+# --------------------------------------------------------------------------- TRL pieces (imported lazily)
+
+
+def _trainer_class():
+    import numpy as np
+    from trl import GRPOTrainer
+    from trl.trainer.utils import RepeatSampler
+
+    class EpochSeededRepeatSampler(RepeatSampler):
+        """TRL's sampler with the permutation seeded by (seed, epoch) instead of a running generator,
+        so that a run resumed in a later epoch sees the same data order as an uninterrupted one."""
+
+        def __init__(self, *args: Any, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            self.epoch = 0
+
+        def set_epoch(self, epoch: int) -> None:
+            self.epoch = int(epoch)
+
+        def __iter__(self):
+            if self.shuffle:
+                state = np.random.SeedSequence([int(self.seed or 0), self.epoch]).generate_state(1, dtype=np.uint64)[0]
+                self.generator.manual_seed(int(state >> np.uint64(1)))
+            return super().__iter__()
+
+    class RepExpGRPOTrainer(GRPOTrainer):
+        def _get_train_sampler(self, dataset=None):
+            return EpochSeededRepeatSampler(
+                data_source=self.train_dataset if dataset is None else dataset,
+                mini_repeat_count=self.num_generations,
+                batch_size=self.args.generation_batch_size // self.num_generations,
+                repeat_count=self.num_iterations * self.args.steps_per_generation,
+                shuffle=self.shuffle_dataset,
+                seed=self.args.seed,
+            )
+
+    return RepExpGRPOTrainer
+
+
+def _callback_class():
+    from transformers import TrainerCallback
+
+    class RunCallback(TrainerCallback):
+        """Maps TRL's optimizer steps onto training steps: validation, logging, checkpoints."""
+
+        def __init__(
+            self,
+            *,
+            cfg: RunConfig,
+            plan: trl_settings.StepPlan,
+            run_dir: Path,
+            metrics: MetricsLog,
+            tracker: BestDevTracker,
+            mlflow: MlflowSink,
+            reward: Any,
+            validate: Callable[[Any, int], dict],
+        ):
+            self.cfg, self.plan, self.run_dir = cfg, plan, run_dir
+            self.metrics, self.tracker, self.mlflow = metrics, tracker, mlflow
+            self.reward, self.validate = reward, validate
+            self.pending: dict = {}
+            self.step_started = time.perf_counter()
+
+        def _record(self, record: dict) -> None:
+            self.metrics.append(record)
+            self.mlflow.log(record, record["step"])
+
+        def _validate(self, model: Any, step: int) -> dict:
+            start = time.perf_counter()
+            dev = self.validate(model, step)
+            self.tracker.record_validation(step, dev)
+            return {**dev, "timing_s/testing": time.perf_counter() - start}
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            if state.global_step == 0 and self.cfg.train.val_before_train:
+                self._record({"step": 0, **self._validate(model, 0)})
+            self.step_started = time.perf_counter()
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if self.plan.at_boundary(state.global_step):
+                self.step_started = time.perf_counter()
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if not self.plan.at_boundary(state.global_step):
+                control.should_save = False
+                return
+            step = self.plan.step_of(state.global_step)
+            self.pending["timing_s/step"] = time.perf_counter() - self.step_started
+            last = state.global_step >= state.max_steps
+            if step % self.cfg.train.test_freq == 0 or last:
+                self.pending.update(self._validate(model, step))
+                control.should_log = True
+            if step % self.cfg.train.save_freq == 0 or last:
+                control.should_save = True
+            if last:
+                control.should_log = True
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not logs or "train_runtime" in logs:  # the end-of-training summary is not a step
+                return
+            step = self.plan.step_of(state.global_step)
+            record = {"step": step, **rename_metrics(logs), **self.pending}
+            self.pending = {}
+            self._record(record)
+
+        def on_save(self, args, state, control, **kwargs):
+            step = self.plan.step_of(state.global_step)
+            source = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            target = checkpoint_dir(self.run_dir, step)
+            if target.exists():
+                shutil.rmtree(target)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(source, target)
+            self.reward.save_state(target)
+            write_json_atomic(target / CHECKPOINT_INFO_FILE, {
+                "step": step, "optimizer_steps": state.global_step, "run": self.cfg.run,
+                "config_hash": self.cfg.config_hash,
+            })
+            mark_complete(target)
+            prune_checkpoints(self.run_dir, self.cfg.train.max_checkpoints_to_keep, self.tracker)
+            self.tracker.write()
+
+    return RunCallback
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def _device(cfg: RunConfig):
+    import torch
+
+    if cfg.trl.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("trl.device: 'cuda' requested but torch.cuda.is_available() is False")
+    if cfg.trl.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(cfg.trl.device)
+
+
+def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Callable] = None) -> TrainResult:
+    """Train one run to completion (or finish a killed one). Returns what it wrote to DONE."""
+    started = time.time()
+    trl_settings.check_run_config(cfg)
+    if resume not in ("auto", "never"):
+        raise ValueError(f"resume must be 'auto' or 'never', got {resume!r}")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError("trl: the TRL backend runs in one process (the bonus needs every group of a step in it)")
+    for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
+        os.environ.setdefault(key, value)
+
+    run_dir = Path(cfg.run_dir)
+    if resume == "auto" and (run_dir / DONE_FILE).exists():
+        return TrainResult(run_dir, read_json(run_dir / DONE_FILE))
+    resume_step = prepare_run_dir(run_dir, resume)
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if cfg.trl.num_threads is not None:
+        torch.set_num_threads(cfg.trl.num_threads)
+    device = _device(cfg)
+    from repexp.trl.reward import RepExpReward
+    from repexp.trl.validation import DevProblem, validate
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(f"model: the tokenizer of {cfg.model} has no chat template; cannot render chat prompts")
+
+    train_rows, _ = drop_long_prompts(read_split(cfg.data_dir, "train"), tokenizer, cfg.train.max_prompt_length)
+    dev_rows, dev_ids = drop_long_prompts(read_split(cfg.data_dir, "dev"), tokenizer, cfg.train.max_prompt_length)
+    if not dev_rows:
+        raise ValueError(f"{cfg.data_dir}/dev.parquet: no prompt fits train.max_prompt_length {cfg.train.max_prompt_length}")
+    plan = trl_settings.plan_steps(cfg, len(train_rows))
+    if resume_step is not None and resume_step > plan.total_steps:
+        raise ConfigError(
+            f"train.total_steps: the run directory holds a checkpoint of step {resume_step}, beyond the "
+            f"{plan.total_steps} steps configured; use --resume never to start over"
+        )
+
+    metrics = MetricsLog(run_dir)
+    metrics.truncate(resume_step)
+    tracker = BestDevTracker.load(run_dir) if resume_step is not None else BestDevTracker(run_dir)
+    tracker.history = [h for h in tracker.history if resume_step is not None and h["step"] <= resume_step]
+    tracker.write()
+
+    kwargs = trl_settings.grpo_config_kwargs(
+        cfg, plan, output_dir=str(run_dir / STAGING_DIR), use_cpu=device.type == "cpu"
+    )
+    write_json_atomic(run_dir / SETTINGS_FILE, {"plan": dataclasses.asdict(plan), "grpo_config": kwargs,
+                                                "train_prompts": len(train_rows), "dev_prompts": len(dev_rows)})
+    reward = RepExpReward(
+        cfg, tokenizer, optimizer_steps_per_step=plan.optimizer_steps_per_step, device=device,
+        dtype=torch.bfloat16 if cfg.trl.dtype == "bfloat16" else torch.float32, backbone_loader=backbone_loader,
+    )
+    trainer = None
+    if resume_step is None or resume_step < plan.total_steps:
+        from datasets import Dataset
+        from trl import GRPOConfig
+
+        policy = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)  # fp32 master weights
+        dev_problems = [
+            DevProblem(ids, row["data_source"], str(row["reward_model"]["ground_truth"]))
+            for row, ids in zip(dev_rows, dev_ids)
+        ]
+        trainer = _trainer_class()(
+            model=policy,
+            reward_funcs=[reward],
+            args=GRPOConfig(**kwargs),
+            train_dataset=Dataset.from_list(train_rows),
+            processing_class=tokenizer,
+        )
+        eos_ids = list(trainer.eos_token_ids)
+
+        def run_validation(model: Any, step: int) -> dict:
+            return validate(model, dev_problems, step=step, cfg=cfg, tokenizer=tokenizer, eos_token_ids=eos_ids)
+
+        trainer.add_callback(_callback_class()(
+            cfg=cfg, plan=plan, run_dir=run_dir, metrics=metrics, tracker=tracker,
+            mlflow=MlflowSink(tracking_uri=cfg.tracking.tracking_uri), reward=reward, validate=run_validation,
+        ))
+        checkpoint = None
+        if resume_step is not None:
+            checkpoint = checkpoint_dir(run_dir, resume_step)
+            reward.load_state(checkpoint)
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+        shutil.rmtree(run_dir / STAGING_DIR, ignore_errors=True)
+
+    final = complete_steps(run_dir)
+    if not final or final[-1] != plan.total_steps:
+        raise RuntimeError(f"{run_dir}: training ended without a checkpoint of the last step {plan.total_steps}")
+    tracker.write()
+    best = tracker.best()
+    done = {
+        "backend": "trl",
+        "final_step": final[-1],
+        "best_step": None if best is None else best["step"],
+        "best_value": None if best is None else best[tracker.metric],
+        "metric": tracker.metric,
+        "resumed_from_step": resume_step,
+        "wall_time_s": time.time() - started,
+    }
+    write_json_atomic(run_dir / DONE_FILE, done)
+    return TrainResult(run_dir, done, reward, trainer)
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, type=Path, help="the job's resolved RunConfig (job.yaml)")
+    parser.add_argument("--resume", choices=["auto", "never"], default="auto",
+                        help="auto: continue from the newest complete checkpoint; never: start over")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m repexp.trl.train", description=__doc__.splitlines()[0])
+    configure_parser(parser)
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_run_config(args.config)
+        result = train(cfg, resume=args.resume)
+    except (ConfigError, FileNotFoundError) as err:
+        print(f"repexp.trl.train: {err}", file=sys.stderr)
+        return 2
+    print(f"repexp.trl.train: done at step {result.done['final_step']} (best dev step {result.done['best_step']})",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""One `RunConfig` -> the Hydra overrides of ``python -m repexp.verl.train``.
+
+The node wrapper runs ``python -m repexp.verl.train <overrides...>``. Every setting of the run
+comes from the single `RunConfig`; nothing here reads the environment. Keys are plain overrides
+of keys that exist in the composed config (never ``+key``), so a misspelled key fails Hydra's
+struct check instead of being silently added. Settings that verl reads from two places are set
+in both (PPO clip: ``clip_ratio`` *and* ``clip_ratio_low``/``clip_ratio_high``, since the
+latter win when set). `run_config.verl.overrides` (raw verl overrides) come last.
+
+Pure: no verl import.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from repexp.config import RunConfig
+
+# The legacy reward keys verl 0.9.1 still accepts but ignores (verl_0_9.md §4), and data keys the
+# reward loop never reads. An override of one of them is a silent no-op, so we refuse them.
+DEAD_KEY_PREFIXES = ("custom_reward_function.", "reward_model.", "data.reward_fn_key")
+
+REWARD_FUNCTION = "pkg://repexp.verl.reward"
+CHECKPOINTS_SUBDIR = "checkpoints"
+HYDRA_SUBDIR = "hydra"
+
+_BARE = re.compile(r"^[A-Za-z0-9_./:-]+$")
+
+
+def hydra_value(value: Any) -> str:
+    """A Hydra override value: strings quoted unless plainly safe, lists bracketed, None -> null."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    text = str(value)
+    if _BARE.match(text) and text.lower() not in {"null", "true", "false"} and not _looks_numeric(text):
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _looks_numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _model_path(model: str) -> str:
+    """Local directories become absolute (Ray workers have their own cwd); Hub ids stay as they are."""
+    path = Path(model)
+    return str(path.resolve()) if path.exists() else model
+
+
+def default_loggers(run_config: RunConfig) -> list[str]:
+    return ["console", "mlflow"] if run_config.tracking.tracking_uri else ["console"]
+
+
+def build_overrides(run_config: RunConfig, *, loggers: Optional[Sequence[str]] = None) -> list[str]:
+    """The verl Hydra overrides of one training run (RepExp for beta > 0, the GRPO baseline for beta = 0).
+
+    ``loggers`` defaults to console (+ mlflow when ``tracking.tracking_uri`` is set). verl's MLflow
+    logger reads ``MLFLOW_TRACKING_URI`` and ``MLFLOW_RUN_ID`` from the environment of the
+    training process; the node wrapper sets them.
+    """
+    rc = run_config
+    if rc.backend != "verl":
+        raise ValueError(f"backend: run {rc.run} is a {rc.backend!r} run, not a verl run")
+    if rc.method not in ("repexp", "grpo"):
+        raise ValueError(f"method: {rc.method!r} runs do not train")
+    if rc.method == "grpo" and rc.beta != 0:
+        raise ValueError(f"beta: the GRPO baseline needs beta = 0, got {rc.beta}")
+    if rc.method == "repexp" and (rc.beta <= 0 or rc.sparse_dim is None):
+        raise ValueError(f"beta/sparse_dim: a RepExp run needs beta > 0 and a sparse_dim, got {rc.beta}/{rc.sparse_dim}")
+    train, verl, bonus = rc.train, rc.verl, rc.bonus
+    run_dir = Path(rc.run_dir).resolve()
+    data_dir = Path(rc.data_dir).resolve()
+    model = _model_path(rc.model)
+    settings: list[tuple[str, Any]] = [
+        # data: seeded order, the task's splits, the recipe's filters
+        ("data.train_files", str(data_dir / "train.parquet")),
+        ("data.val_files", str(data_dir / "dev.parquet")),
+        ("data.prompt_key", "prompt"),
+        ("data.train_batch_size", train.train_batch_size),
+        ("data.max_prompt_length", train.max_prompt_length),
+        ("data.max_response_length", train.max_response_length),
+        ("data.filter_overlong_prompts", True),
+        ("data.truncation", "error"),
+        ("data.shuffle", True),
+        ("data.seed", rc.seed),
+        # GRPO without KL: no reference model is built (verl's need_reference_policy)
+        ("algorithm.adv_estimator", "grpo"),
+        ("algorithm.norm_adv_by_std_in_grpo", True),
+        ("algorithm.use_kl_in_reward", False),
+        ("actor_rollout_ref.model.path", model),
+        ("actor_rollout_ref.model.use_remove_padding", verl.use_remove_padding),
+        ("actor_rollout_ref.model.enable_gradient_checkpointing", verl.enable_gradient_checkpointing),
+        ("actor_rollout_ref.actor.strategy", verl.strategy),
+        ("actor_rollout_ref.actor.optim.lr", train.lr),
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", train.ppo_mini_batch_size),
+        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", train.micro_batch_size_per_gpu),
+        ("actor_rollout_ref.actor.ppo_epochs", 1),
+        ("actor_rollout_ref.actor.use_kl_loss", False),
+        ("actor_rollout_ref.actor.kl_loss_coef", 0.0),
+        ("actor_rollout_ref.actor.entropy_coeff", train.entropy_coeff),
+        ("actor_rollout_ref.actor.loss_agg_mode", train.loss_agg_mode),
+        ("actor_rollout_ref.actor.clip_ratio", train.clip_ratio),
+        ("actor_rollout_ref.actor.clip_ratio_low", train.clip_ratio),
+        ("actor_rollout_ref.actor.clip_ratio_high", train.clip_ratio),
+        ("actor_rollout_ref.actor.data_loader_seed", rc.seed),
+        ("actor_rollout_ref.actor.fsdp_config.seed", rc.seed),
+        ("actor_rollout_ref.rollout.name", "vllm"),
+        ("actor_rollout_ref.rollout.n", train.n_rollouts),
+        ("actor_rollout_ref.rollout.temperature", train.temperature),
+        ("actor_rollout_ref.rollout.top_p", train.top_p),
+        ("actor_rollout_ref.rollout.seed", rc.seed),
+        ("actor_rollout_ref.rollout.tensor_model_parallel_size", verl.rollout_tensor_parallel_size),
+        ("actor_rollout_ref.rollout.gpu_memory_utilization", verl.gpu_memory_utilization),
+        ("actor_rollout_ref.rollout.max_num_batched_tokens", verl.max_num_batched_tokens),
+        ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", verl.log_prob_micro_batch_size_per_gpu),
+        ("actor_rollout_ref.rollout.val_kwargs.n", train.val_n),
+        ("actor_rollout_ref.rollout.val_kwargs.do_sample", True),
+        ("actor_rollout_ref.rollout.val_kwargs.temperature", train.temperature),
+        ("actor_rollout_ref.rollout.val_kwargs.top_p", train.top_p),
+        # the one 0/1 verifier for training and dev (repexp.verify)
+        ("reward.custom_reward_function.path", REWARD_FUNCTION),
+        ("reward.custom_reward_function.name", "compute_score"),
+        # RepExp: beta = 0 is the GRPO baseline (no representation model is built)
+        ("actor_rollout_ref.repexp.beta", float(rc.beta)),
+        ("actor_rollout_ref.repexp.alpha", bonus.alpha),
+        ("actor_rollout_ref.repexp.sparse_dim", rc.sparse_dim if rc.sparse_dim is not None else 32),
+        ("actor_rollout_ref.repexp.lamb", bonus.lamb),
+        ("actor_rollout_ref.repexp.reward_type", bonus.reward_type),
+        ("actor_rollout_ref.repexp.normalization", bonus.normalization),
+        ("actor_rollout_ref.repexp.center", bonus.center),
+        ("actor_rollout_ref.repexp.randomize_projection", bonus.randomize_projection),
+        ("actor_rollout_ref.repexp.persist_covariance", bonus.persist_covariance),
+        ("actor_rollout_ref.repexp.turn_off_if_none_correct", bonus.turn_off_if_none_correct),
+        ("actor_rollout_ref.repexp.turn_off_if_some_correct", bonus.turn_off_if_some_correct),
+        ("actor_rollout_ref.repexp.turn_off_if_all_correct", bonus.turn_off_if_all_correct),
+        ("actor_rollout_ref.repexp.turn_off_if_rollout_incorrect", bonus.turn_off_if_rollout_incorrect),
+        ("actor_rollout_ref.repexp.seed", rc.seed),
+        ("actor_rollout_ref.repexp.model_path",
+         _model_path(bonus.representation_model) if bonus.representation_model else None),
+        ("actor_rollout_ref.repexp.micro_batch_size_per_gpu", verl.repexp_micro_batch_size_per_gpu),
+        # trainer: layout under the run directory, resumable, our own checkpoint pruning
+        ("trainer.project_name", rc.tracking.experiment or rc.config_name),
+        ("trainer.experiment_name", f"{rc.task}/{rc.run}"),
+        ("trainer.logger", list(loggers) if loggers is not None else default_loggers(rc)),
+        ("trainer.n_gpus_per_node", verl.n_gpus_per_node),
+        ("trainer.nnodes", verl.nnodes),
+        ("trainer.total_epochs", train.total_epochs),
+        ("trainer.total_training_steps", train.total_steps),
+        ("trainer.test_freq", train.test_freq),
+        ("trainer.save_freq", train.save_freq),
+        ("trainer.val_before_train", train.val_before_train),
+        ("trainer.critic_warmup", 0),
+        ("trainer.default_local_dir", str(run_dir / CHECKPOINTS_SUBDIR)),
+        ("trainer.resume_mode", "auto"),
+        ("trainer.max_actor_ckpt_to_keep", None),
+        ("repexp_run.run_dir", str(run_dir)),
+        ("repexp_run.max_checkpoints_to_keep", train.max_checkpoints_to_keep),
+        ("ray_kwargs.ray_init.num_cpus", verl.ray_num_cpus),
+        ("hydra.run.dir", str(run_dir / HYDRA_SUBDIR)),
+    ]
+    overrides = [f"{key}={hydra_value(value)}" for key, value in settings]
+    for raw in verl.overrides:
+        key = raw.lstrip("+~").split("=", 1)[0]
+        if key.startswith(DEAD_KEY_PREFIXES):
+            raise ValueError(f"verl.overrides: {key} is a legacy key verl 0.9.1 ignores")
+        overrides.append(raw)
+    return overrides

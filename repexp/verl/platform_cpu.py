@@ -1,0 +1,188 @@
+"""A CPU "accelerator" for verl 0.9.1, so verl's own FSDP engine, worker and checkpoint code run in CPU tests.
+
+verl resolves its device platform once per process (`verl.plugin.platform.get_platform`) and
+its FSDP engine module caches the device name at import; `install()` registers and selects this
+platform and patches that cached name, plus one accelerator-only detail (pinned memory for
+forward-only FSDP2 offload). Nothing here is used on GPU machines.
+
+`init_single_process_group()` starts a one-rank gloo process group, which makes verl's
+`initialize_global_process_group_ray` a no-op (its default backend string would name gloo twice
+on this platform).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from types import ModuleType
+from typing import Any, Optional
+
+import torch
+
+from verl.plugin.platform import platform_manager
+from verl.plugin.platform.platform_base import PlatformBase
+
+_ENGINE_MODULE = "verl.workers.engine.fsdp.transformer_impl"
+
+
+class _NoCudaDeviceModule:
+    """`torch.cpu` plus the no-op memory statistics verl logs after every engine call."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch.cpu, name)
+
+    @staticmethod
+    def max_memory_allocated(*args: Any, **kwargs: Any) -> int:
+        return 0
+
+    @staticmethod
+    def max_memory_reserved(*args: Any, **kwargs: Any) -> int:
+        return 0
+
+    @staticmethod
+    def memory_allocated(*args: Any, **kwargs: Any) -> int:
+        return 0
+
+    @staticmethod
+    def memory_reserved(*args: Any, **kwargs: Any) -> int:
+        return 0
+
+    @staticmethod
+    def mem_get_info(*args: Any, **kwargs: Any) -> tuple[int, int]:
+        return 0, 0
+
+    @staticmethod
+    def empty_cache() -> None:
+        return None
+
+    @staticmethod
+    def reset_peak_memory_stats(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    @staticmethod
+    def manual_seed(seed: int) -> None:
+        torch.manual_seed(seed)
+
+    @staticmethod
+    def set_device(*args: Any, **kwargs: Any) -> None:
+        return None
+
+
+class CPUPlatform(PlatformBase):
+    @property
+    def device_name(self) -> str:
+        return "cpu"
+
+    @property
+    def vendor_name(self) -> str:
+        return "cpu"
+
+    @property
+    def device_module(self) -> ModuleType:
+        return _NoCudaDeviceModule()  # type: ignore[return-value]
+
+    def is_available(self) -> bool:
+        return True
+
+    def current_device(self) -> Any:
+        # FSDP and `module.to(get_device_id())` accept the string "cpu"
+        return "cpu"
+
+    def device_count(self) -> int:
+        return 1
+
+    def set_device(self, device_index: int) -> None:
+        return None
+
+    def synchronize(self, device_index: Optional[int] = None) -> None:
+        return None
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def manual_seed_all(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def set_allocator_settings(self, settings: str) -> None:
+        return None
+
+    def empty_cache(self) -> None:
+        return None
+
+    def get_device_capability(self, device_index: int = 0) -> tuple[Optional[int], Optional[int]]:
+        return None, None
+
+    def communication_backend_name(self) -> str:
+        return "gloo"
+
+    def visible_devices_envvar(self) -> str:
+        return "CUDA_VISIBLE_DEVICES"
+
+    @contextlib.contextmanager
+    def nvtx_range(self, msg: str):
+        yield
+
+    def profiler_start(self) -> None:
+        return None
+
+    def profiler_stop(self) -> None:
+        return None
+
+    def ray_resource_name(self) -> str:
+        return "GPU"
+
+    def ray_noset_envvars(self) -> list[str]:
+        return ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"]
+
+    def is_ipc_supported(self) -> bool:
+        return False
+
+    def cudart(self) -> Any:
+        return None
+
+
+def install() -> CPUPlatform:
+    """Select the CPU platform for this process (idempotent; also after verl picked its CUDA fallback)."""
+    import importlib
+
+    current = platform_manager._current_platform
+    if isinstance(current, CPUPlatform):
+        return current
+    platform_manager.PlatformRegistry.register(platform="cpu")(CPUPlatform)
+    os.environ["VERL_PLATFORM"] = "cpu"
+    platform = CPUPlatform()
+    platform_manager.set_platform(platform)
+    engine_module = importlib.import_module(_ENGINE_MODULE)
+    engine_module.device_name = platform.device_name  # cached at import by verl
+    _unpin_fsdp2_offload(engine_module)
+    return platform
+
+
+def _unpin_fsdp2_offload(engine_module: ModuleType) -> None:
+    """verl gives forward-only FSDP2 engines `CPUOffloadPolicy(pin_memory=True)`; pinning needs an accelerator."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    def unpinned_cpu_offload_policy(pin_memory: bool = True) -> CPUOffloadPolicy:
+        return CPUOffloadPolicy(pin_memory=False)
+
+    engine_module.CPUOffloadPolicy = unpinned_cpu_offload_policy
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def init_single_process_group() -> None:
+    """A one-rank gloo process group plus the env verl's `Worker` reads (idempotent)."""
+    if not torch.distributed.is_initialized():
+        port = _free_port()
+        os.environ.update(
+            {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        )
+        torch.distributed.init_process_group(
+            backend="gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}"
+        )

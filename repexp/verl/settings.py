@@ -1,0 +1,121 @@
+"""The ``actor_rollout_ref.repexp`` and ``repexp_run`` config nodes as checked dataclasses (pure, no verl).
+
+verl never converts these nodes, so nothing else would notice a misspelled or out-of-range key:
+`RepExpSettings.from_mapping` rejects unknown keys and bad values with the full key name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from repexp.config import NORMALIZATIONS, REWARD_TYPES
+
+NODE = "actor_rollout_ref.repexp"
+RUN_NODE = "repexp_run"
+DTYPES = ("bf16", "fp16", "fp32")
+STRATEGIES = ("fsdp", "fsdp2")
+
+
+@dataclass(frozen=True)
+class RepExpSettings:
+    beta: float = 0.01
+    alpha: float = 1.0
+    sparse_dim: int = 32
+    lamb: float = 0.01
+    reward_type: str = "leverage"
+    normalization: str = "none"
+    center: bool = True
+    randomize_projection: bool = True
+    persist_covariance: bool = False
+    turn_off_if_none_correct: bool = True
+    turn_off_if_some_correct: bool = False
+    turn_off_if_all_correct: bool = False
+    turn_off_if_rollout_incorrect: bool = False
+    seed: int = 0
+    model_path: Optional[str] = None
+    strategy: str = "fsdp"
+    dtype: str = "bf16"
+    attn_implementation: str = "flash_attention_2"
+    use_remove_padding: bool = True
+    use_dynamic_bsz: bool = False
+    micro_batch_size_per_gpu: int = 32
+    max_token_len_per_gpu: int = 32768
+
+    @property
+    def enabled(self) -> bool:
+        """beta = 0 is the GRPO baseline: no representation model and no hidden-state forward."""
+        return self.beta > 0
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any], where: str = NODE) -> "RepExpSettings":
+        values = _strict_fields(cls, raw, where)
+        settings = cls(**values)
+        settings._check(where)
+        return settings
+
+    def _check(self, where: str) -> None:
+        _require(self.beta >= 0, f"{where}.beta", f"must be >= 0, got {self.beta}")
+        _require(self.alpha >= 0, f"{where}.alpha", f"must be >= 0, got {self.alpha}")
+        _require(self.sparse_dim >= 1, f"{where}.sparse_dim", f"must be >= 1, got {self.sparse_dim}")
+        _require(self.lamb > 0, f"{where}.lamb", f"must be > 0, got {self.lamb}")
+        _require(self.reward_type in REWARD_TYPES, f"{where}.reward_type",
+                 f"{self.reward_type!r} is not one of {', '.join(REWARD_TYPES)}")
+        _require(self.normalization in NORMALIZATIONS, f"{where}.normalization",
+                 f"{self.normalization!r} is not one of {', '.join(NORMALIZATIONS)}")
+        _require(self.seed >= 0, f"{where}.seed", f"must be >= 0, got {self.seed}")
+        _require(self.strategy in STRATEGIES, f"{where}.strategy", f"{self.strategy!r} is not one of {STRATEGIES}")
+        _require(self.dtype in DTYPES, f"{where}.dtype", f"{self.dtype!r} is not one of {DTYPES}")
+        _require(self.micro_batch_size_per_gpu >= 1, f"{where}.micro_batch_size_per_gpu", "must be >= 1")
+        _require(self.max_token_len_per_gpu >= 1, f"{where}.max_token_len_per_gpu", "must be >= 1")
+        _require(not (self.persist_covariance and self.reward_type == "leave_one_out"), f"{where}.persist_covariance",
+                 "a persistent covariance supports reward_type leverage only")
+        _require(not (self.persist_covariance and self.randomize_projection), f"{where}.persist_covariance",
+                 "needs randomize_projection=false: accumulating features of different projections is meaningless")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    run_dir: Optional[str] = None
+    max_checkpoints_to_keep: Optional[int] = None
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any], where: str = RUN_NODE) -> "RunSettings":
+        settings = cls(**_strict_fields(cls, raw, where))
+        if settings.max_checkpoints_to_keep is not None:
+            _require(settings.max_checkpoints_to_keep >= 1, f"{where}.max_checkpoints_to_keep", "must be >= 1 or null")
+        return settings
+
+
+def _require(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ValueError(f"{key}: {message}")
+
+
+def _strict_fields(cls: type, raw: Mapping[str, Any], where: str) -> dict:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ValueError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(fields)})")
+    values = {}
+    for name, value in raw.items():
+        default = fields[name].default
+        key = f"{where}.{name}"
+        if value is None:
+            if default is not None:
+                raise ValueError(f"{key}: must not be null")
+        elif isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ValueError(f"{key}: expected true/false, got {value!r}")
+        elif isinstance(default, int) or name == "max_checkpoints_to_keep":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{key}: expected an integer, got {value!r}")
+        elif isinstance(default, float):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{key}: expected a number, got {value!r}")
+            value = float(value)
+        elif not isinstance(value, str):
+            raise ValueError(f"{key}: expected a string, got {value!r}")
+        values[name] = value
+    return values

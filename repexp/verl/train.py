@@ -1,0 +1,101 @@
+"""``python -m repexp.verl.train [overrides...]``: RepExp (or GRPO, beta = 0) on verl 0.9.1.
+
+A Hydra app composed on verl's own ``ppo_trainer`` config (``hydra.searchpath`` +
+``config/repexp_trainer.yaml``). It validates the config with verl's `validate_config` plus the
+RepExp checks below and hands it to verl's `run_ppo` with a TaskRunner whose only addition is
+importing `repexp.verl.trainer`, which registers `RepExpTrainer` as trainer mode ``repexp``.
+Nothing of verl is copied. `repexp.verl.overrides.build_overrides` turns a pipeline `RunConfig`
+into the overrides.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import hydra
+import ray
+from omegaconf import DictConfig, OmegaConf
+
+from repexp.verl.settings import RUN_NODE, RepExpSettings, RunSettings
+
+from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+from verl.trainer.ppo.utils import need_critic, need_reference_policy
+from verl.utils.config import validate_config
+from verl.utils.device import auto_set_device
+
+TRAINER_MODE = "repexp"
+
+
+def run_dir_of(config: DictConfig) -> Path:
+    """The run directory; verl's checkpoint dir must be ``<run_dir>/checkpoints`` (the shared layout)."""
+    run = RunSettings.from_mapping(OmegaConf.to_container(config.get(RUN_NODE, {}), resolve=True))
+    checkpoints = Path(config.trainer.default_local_dir)
+    run_dir = Path(run.run_dir) if run.run_dir else checkpoints.parent
+    if checkpoints.resolve() != (run_dir / "checkpoints").resolve():
+        raise ValueError(
+            f"trainer.default_local_dir: {checkpoints} must be {run_dir / 'checkpoints'} "
+            "(best_dev.json and repexp select expect <run_dir>/checkpoints/global_step_N)"
+        )
+    return run_dir
+
+
+def check_config(config: DictConfig) -> RepExpSettings:
+    """verl's own validation plus what RepExp needs; raises ValueError naming the key."""
+    validate_config(
+        config=config,
+        use_reference_policy=need_reference_policy(config),
+        use_critic=need_critic(config),
+    )
+    settings = RepExpSettings.from_mapping(OmegaConf.to_container(config.actor_rollout_ref.repexp, resolve=True))
+    run_dir_of(config)
+    if config.trainer.v1.trainer_mode != TRAINER_MODE:
+        raise ValueError(f"trainer.v1.trainer_mode: must be {TRAINER_MODE!r}, got {config.trainer.v1.trainer_mode!r}")
+    if not config.trainer.use_v1:
+        raise ValueError("trainer.use_v1: RepExp plugs into verl's V1 trainer; must be true")
+    if config.algorithm.adv_estimator != "grpo":
+        raise ValueError(f"algorithm.adv_estimator: RepExp shapes GRPO's outcome reward; got {config.algorithm.adv_estimator!r}")
+    test_freq, save_freq = config.trainer.test_freq, config.trainer.save_freq
+    if test_freq > 0 and (save_freq <= 0 or test_freq % save_freq):
+        raise ValueError(
+            f"trainer.save_freq: {save_freq} must divide trainer.test_freq {test_freq} so that every validated "
+            "step has a checkpoint to select"
+        )
+    if settings.enabled and not settings.use_dynamic_bsz:
+        # verl pads each step to a multiple of lcm(dp, mini-batch); every rank's share must split into micro-batches
+        dp = config.trainer.n_gpus_per_node * config.trainer.nnodes
+        mini = config.actor_rollout_ref.actor.ppo_mini_batch_size * config.actor_rollout_ref.rollout.n
+        per_rank_unit = math.lcm(dp, mini) // dp
+        if per_rank_unit % settings.micro_batch_size_per_gpu:
+            raise ValueError(
+                f"actor_rollout_ref.repexp.micro_batch_size_per_gpu: {settings.micro_batch_size_per_gpu} must divide "
+                f"{per_rank_unit} rows per GPU and mini-batch (or set actor_rollout_ref.repexp.use_dynamic_bsz=true)"
+            )
+    return settings
+
+
+class _RepExpTaskRunner(TaskRunnerV1.__ray_actor_class__):
+    def run(self, config: DictConfig):
+        import repexp.verl.trainer  # noqa: F401  registers trainer mode "repexp" in this process
+
+        return super().run(config)
+
+
+RepExpTaskRunner = ray.remote(_RepExpTaskRunner)
+
+
+def launch(config: DictConfig) -> None:
+    auto_set_device(config)
+    check_config(config)
+    os.makedirs(run_dir_of(config), exist_ok=True)
+    run_ppo(config, task_runner_class=RepExpTaskRunner)
+
+
+@hydra.main(config_path="config", config_name="repexp_trainer", version_base="1.3")
+def main(config: DictConfig) -> None:
+    launch(config)
+
+
+if __name__ == "__main__":
+    main()

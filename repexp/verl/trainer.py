@@ -1,0 +1,249 @@
+"""`RepExpTrainer`: verl 0.9.1's synchronous V1 trainer with the RepExp bonus, registered as mode ``repexp``.
+
+What it changes, each through an overridable method of verl's `PPOTrainer`:
+
+- `_init_resource_pool_mgr`: the actor role runs `RepExpActorRolloutRefWorker` (which builds the
+  frozen representation engine when beta > 0).
+- `_compute_advantage` (runs after batch balancing, while vLLM sleeps; training only, since
+  verl's `_validate` never calls it): hidden-state forward on the workers, bonus on the driver
+  (`repexp.verl.bonus` -> `repexp.elliptical`), then verl's own advantage computation on
+  ``alpha * score + beta * bonus``. Afterwards ``rm_scores`` is restored to the verifier score
+  and ``token_level_rewards`` holds the shaped reward, so verl's ``critic/score`` stays comparable
+  with plain GRPO and ``critic/rewards`` shows what was optimised. beta = 0 (the GRPO baseline)
+  leaves verl's computation untouched and builds no representation model.
+- `_val_metrics_update`: adds unbiased ``dev/pass@k`` and records it in ``best_dev.json``
+  (`repexp.checkpoints.BestDevTracker`, same file as the TRL backend).
+- `_save_checkpoint` / `_load_checkpoint`: the persistent covariance is saved into
+  ``global_step_N/repexp_state.pt``; a checkpoint is marked complete only after verl's save
+  returns; old checkpoints are pruned, never the best-dev one; ``trainer.resume_mode=auto``
+  restores the covariance together with the weights and the data order.
+- Every logged step is also appended to ``<run_dir>/metrics.jsonl`` (`{"step": N, <metric>: value}`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import ray
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+from transfer_queue import KVBatchMeta
+
+from repexp.checkpoints import BestDevTracker, checkpoint_dir, complete_steps, is_complete, mark_complete
+from repexp.io import atomic_path, write_text_atomic
+from repexp.verl import dataplane
+from repexp.verl.bonus import BonusState, compute_step_bonus, group_metrics
+from repexp.verl.engine import OUTPUT_KEY
+from repexp.verl.settings import RUN_NODE, RunSettings
+from repexp.verl.train import TRAINER_MODE, run_dir_of
+from repexp.verl.validation import dev_pass_at_k
+from repexp.verl.worker import WORKER_FIELDS, RepExpActorRolloutRefWorker, repexp_settings
+
+from verl.trainer.ppo.utils import Role
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils.debug import marked_timer
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "repexp_state.pt"
+METRICS_FILE = "metrics.jsonl"
+ACTOR_ROLES = (Role.ActorRolloutRef, Role.ActorRollout, Role.Actor)
+
+
+class JsonlMetricsLogger:
+    """A verl `Tracking` backend appending ``{"step": N, <metric>: value}`` lines (the shared contract)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def log(self, data: dict, step: int) -> None:
+        row = {"step": int(step)}
+        for key, value in data.items():
+            if isinstance(value, torch.Tensor):
+                value = value.item() if value.numel() == 1 else None
+            if isinstance(value, (np.generic,)):
+                value = value.item()
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                row[key] = value
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(row, sort_keys=True) + "\n")
+
+    def finish(self) -> None:
+        return None
+
+    def truncate_after(self, step: int) -> None:
+        """On (re)start from `step`: drop lines the restored state has not seen (all of them when step is 0,
+        whose validation is logged again)."""
+        if not self.path.exists():
+            return
+        lines = self.path.read_text().splitlines() if step > 0 else []
+        kept = [line for line in lines if line and json.loads(line)["step"] <= step]
+        write_text_atomic(self.path, "".join(line + "\n" for line in kept))
+
+
+@register_trainer(TRAINER_MODE)
+class RepExpTrainer(PPOTrainerSync):
+    def __init__(self, config: DictConfig):
+        self.repexp = repexp_settings(config.actor_rollout_ref)
+        self.run_settings = RunSettings.from_mapping(OmegaConf.to_container(config.get(RUN_NODE, {}), resolve=True))
+        self.run_dir = run_dir_of(config)
+        # any mode other than "sync" switches verl to its async code paths
+        with open_dict(config):
+            config.trainer.v1.trainer_mode = "sync"
+        super().__init__(config)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.best_dev = BestDevTracker.load(self.run_dir)
+        self.bonus_state = BonusState(self.repexp)
+        self.metrics_logger = JsonlMetricsLogger(self.run_dir / METRICS_FILE)
+
+    # ------------------------------------------------------------------ workers
+
+    def _init_resource_pool_mgr(self):
+        super()._init_resource_pool_mgr()
+        replaced = [role for role in ACTOR_ROLES if role in self.role_worker_mapping]
+        if not replaced:
+            raise RuntimeError(
+                f"no actor role among {sorted(map(str, self.role_worker_mapping))}: verl's role mapping changed"
+            )
+        for role in replaced:
+            self.role_worker_mapping[role] = ray.remote(RepExpActorRolloutRefWorker)
+
+    # ------------------------------------------------------------------ the bonus
+
+    def _hidden_means(self, batch: KVBatchMeta) -> torch.Tensor:
+        request = dataplane.worker_request(
+            batch, WORKER_FIELDS, {"temperature": 1.0, "compute_loss": False, "calculate_entropy": False}
+        )
+        output = self.actor_rollout_wg.compute_repexp_hidden_mean(request)
+        if len(output) != len(batch):
+            raise RuntimeError(f"representation forward returned {len(output)} rows for {len(batch)} keys")
+        hidden = dataplane.read_fields(batch, [OUTPUT_KEY])[OUTPUT_KEY]
+        return dataplane.dense_rows(hidden)
+
+    def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        if not self.repexp.enabled:
+            data = dataplane.read_fields(batch, ["uid", "rm_scores"])
+            scores = dataplane.row_sums(data["rm_scores"]).double()
+            metrics.update(group_metrics(dataplane.non_tensor_list(data, "uid"), scores, dataplane.padding_rows(batch)))
+            return super()._compute_advantage(batch, metrics)
+
+        with marked_timer("repexp_forward", self.timing_raw, color="purple"):
+            hidden = self._hidden_means(batch)
+        with marked_timer("repexp_bonus", self.timing_raw, color="purple"):
+            names = ["uid", "rm_scores"] + (["extra_info"] if self.repexp.persist_covariance else [])
+            data = dataplane.read_fields(batch, names)
+            rm_scores = data["rm_scores"]
+            excluded = dataplane.padding_rows(batch) | (dataplane.row_lengths(rm_scores) == 0)
+            result = compute_step_bonus(
+                hidden=hidden,
+                uids=dataplane.non_tensor_list(data, "uid"),
+                scores=dataplane.row_sums(rm_scores).double(),
+                excluded=excluded,
+                settings=self.repexp,
+                step=self.global_steps,
+                state=self.bonus_state,
+                prompt_keys=_prompt_keys(data) if self.repexp.persist_covariance else None,
+            )
+            shaped = dataplane.add_at_last_token(rm_scores, self.repexp.alpha, result.bonus_scaled.float())
+            dataplane.write_fields(batch, {"rm_scores": shaped})
+        batch = super()._compute_advantage(batch, metrics)
+        # verifier scores back for verl's critic/score; the shaped reward for critic/rewards
+        batch = dataplane.write_fields(batch, {"rm_scores": rm_scores, "token_level_rewards": shaped})
+        metrics.update(result.metrics)
+        return batch
+
+    # ------------------------------------------------------------------ validation
+
+    def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns,
+                            expected_acc_counts=None) -> dict[str, float]:
+        metric_dict = super()._val_metrics_update(
+            data_sources, sample_uids, reward_extra_infos_dict, sample_turns, expected_acc_counts=expected_acc_counts
+        )
+        dev = dev_pass_at_k(sample_uids, reward_extra_infos_dict["reward"])
+        self.best_dev.record_validation(self.global_steps, dev)
+        best = self.best_dev.best()
+        if best is not None:
+            dev["dev/best_step"] = float(best["step"])
+        return {**metric_dict, **dev}
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _save_checkpoint(self):
+        step_dir = checkpoint_dir(self.run_dir, self.global_steps)
+        if self.bonus_state.has_state():
+            step_dir.mkdir(parents=True, exist_ok=True)
+            with atomic_path(step_dir / STATE_FILE) as tmp:
+                torch.save(self.bonus_state.state_dict(), tmp)
+        super()._save_checkpoint()
+        if self.config.actor_rollout_ref.actor.get("checkpoint", {}).get("async_save", False):
+            logger.warning("async checkpoint saves are never marked complete; repexp select cannot pick them")
+            return
+        mark_complete(step_dir)
+        self.best_dev.write()
+        self._prune_checkpoints()
+
+    def _prune_checkpoints(self) -> None:
+        keep = self.run_settings.max_checkpoints_to_keep
+        if keep is None:
+            return
+        steps = complete_steps(self.run_dir)
+        best = self.best_dev.best()
+        protected = set(steps[-keep:]) | ({best["step"]} if best else set())
+        for step in steps:
+            if step not in protected:
+                shutil.rmtree(checkpoint_dir(self.run_dir, step), ignore_errors=True)
+
+    def _load_checkpoint(self):
+        super()._load_checkpoint()
+        step = self.global_steps
+        # forget what a previous attempt logged after the state we resume from
+        self.metrics_logger.truncate_after(step)
+        self.best_dev.history = [entry for entry in self.best_dev.history if entry["step"] <= step]
+        self.best_dev.write()
+        if step == 0:
+            return
+        step_dir = checkpoint_dir(self.run_dir, step)
+        if not is_complete(step_dir):
+            # verl writes latest_checkpointed_iteration.txt as the last act of its save: the files are all there
+            mark_complete(step_dir)
+            self.best_dev.write()
+        if self.repexp.enabled and self.repexp.persist_covariance:
+            state_path = step_dir / STATE_FILE
+            if not state_path.exists():
+                raise FileNotFoundError(f"{state_path}: missing; cannot resume the persistent covariance")
+            self.bonus_state.load_state_dict(torch.load(state_path, weights_only=False))
+
+    # ------------------------------------------------------------------ metrics.jsonl
+
+    def _attach_metrics_logger(self) -> None:
+        tracking = getattr(self, "logger", None)
+        if tracking is not None and METRICS_FILE not in tracking.logger:
+            tracking.logger[METRICS_FILE] = self.metrics_logger
+
+    def on_validate_begin(self):
+        self._attach_metrics_logger()
+        super().on_validate_begin()
+
+    def on_train_begin(self):
+        self._attach_metrics_logger()
+        super().on_train_begin()
+
+
+def _prompt_keys(data) -> list[str]:
+    """Stable per-prompt keys for the persistent covariance: the dataset's problem_id, else its index."""
+    keys = []
+    for info in dataplane.non_tensor_list(data, "extra_info"):
+        info = info or {}
+        key = info.get("problem_id", info.get("index"))
+        if key is None:
+            raise ValueError("persist_covariance needs extra_info.problem_id or extra_info.index in the dataset rows")
+        keys.append(str(key))
+    return keys

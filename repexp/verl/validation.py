@@ -1,0 +1,42 @@
+"""Unbiased dev pass@k from verl's validation samples (pure numpy + repexp.passk).
+
+verl's own ``val-aux/.../pass@k`` counts the *sum* of scores as correct samples and only knows
+its bootstrap helpers; the pipeline's selection metric is ``dev/pass@k`` from `repexp.passk`,
+computed here from the per-sample uids and verifier scores that verl collects in ``_validate``.
+Scores must be the 0/1 verifier's (a ±1 scorer silently corrupted upstream's AIME pass@k).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Sequence
+
+import numpy as np
+
+from repexp.passk import pass_at_k, power_of_two_ks
+
+
+def per_problem_counts(uids: Sequence[str], scores: Sequence[float]) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Problems (first-seen order), samples n and correct samples c per problem."""
+    if len(uids) != len(scores):
+        raise ValueError(f"got {len(uids)} uids but {len(scores)} scores")
+    if not uids:
+        raise ValueError("validation produced no samples")
+    bad = sorted({float(s) for s in scores} - {0.0, 1.0})
+    if bad:
+        raise ValueError(f"dev pass@k needs 0/1 verifier scores, got {bad[:5]}")
+    order = list(dict.fromkeys(uids))
+    n = Counter(uids)
+    c = Counter(uid for uid, score in zip(uids, scores) if float(score) == 1.0)
+    return order, np.array([n[u] for u in order]), np.array([c[u] for u in order])
+
+
+def dev_pass_at_k(uids: Sequence[str], scores: Sequence[float]) -> dict[str, float]:
+    """``dev/pass@k`` for k = 1, 2, 4, ... up to the smallest per-problem sample count, plus bookkeeping."""
+    _, n, c = per_problem_counts(uids, scores)
+    ks = power_of_two_ks(int(n.min()))
+    values = pass_at_k(n, c, ks).mean(axis=0)
+    metrics = {f"dev/pass@{k}": float(v) for k, v in zip(ks, values)}
+    metrics["dev/num_problems"] = float(len(n))
+    metrics["dev/samples_per_problem"] = float(n.min())
+    return metrics

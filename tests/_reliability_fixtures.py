@@ -1,0 +1,66 @@
+"""Shared by tests/test_faults.py and tests/test_slurm.py (no conftest): the uninterrupted
+reference run of the test config, made once per pytest session.
+
+Load it with `load_helper("_reliability_fixtures")` (below, copied into each test module), which
+registers the module under one name so both test modules share its cache.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+SNAKEMAKE = str(VENV_BIN / "snakemake")
+REPEXP = str(VENV_BIN / "repexp")
+TEST_CONFIG = REPO / "configs" / "test.yaml"
+TEST_TASK = "gsm8k"  # configs/test.yaml
+TEST_RESULTS = Path("results") / "test"  # its results_dir, relative to the Snakemake workdir
+
+_reference: dict[str, Path] = {}
+
+
+def quiet_env(**extra: str) -> dict:
+    """The tests' job environment: the venv first, one thread per process (2 shared cores),
+    offline Hugging Face, and no MLflow settings inherited from the caller's shell."""
+    env = dict(os.environ)
+    for key in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID",
+                "REPEXP_CONFIG", "REPEXP_TRACKING", "SLURM_JOB_ID", "SLURM_JOBID"):
+        env.pop(key, None)
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+def run(cmd: list[str], *, cwd: Path | None = None, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=cwd, env=env or quiet_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def snakemake_cmd(workdir: Path, *args: str, profile: str = "local", config: Path = TEST_CONFIG) -> list[str]:
+    """`snakemake --profile <profile> --configfile <config> --directory <workdir> ...` (run with cwd=REPO,
+    where the profile symlinks live)."""
+    return [SNAKEMAKE, "--profile", profile, "--configfile", str(config), "--directory", str(workdir), *args]
+
+
+def output_tail(proc: subprocess.CompletedProcess, chars: int = 6000) -> str:
+    return (proc.stdout + "\n" + proc.stderr)[-chars:]
+
+
+def reference_run(tmp_path_factory) -> Path:
+    """The workdir of one uninterrupted `snakemake --profile local --configfile configs/test.yaml all`."""
+    if "local" not in _reference:
+        workdir = tmp_path_factory.mktemp("reference_local_run")
+        proc = run(snakemake_cmd(workdir, "--cores", "2", "all"), cwd=REPO, timeout=1800)
+        if proc.returncode != 0:
+            raise AssertionError(f"the reference local run failed (exit {proc.returncode}):\n{output_tail(proc)}")
+        _reference["local"] = workdir
+    return _reference["local"]
+
+
+def results(workdir: Path) -> Path:
+    return workdir / TEST_RESULTS

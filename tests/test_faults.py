@@ -1,0 +1,470 @@
+"""Fault injection through the real pipeline commands (docs/reliability.md lists each fault).
+
+Every fault is produced for real: configs and data files are broken on disk, processes are
+killed with SIGTERM/SIGKILL, the MLflow server is really absent and then really started,
+non-finite hidden states come from a model whose weights are really poisoned. The
+components' own unit tests cover their internals; these tests go through `snakemake` and the
+`repexp` commands that the rules run.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+
+def load_helper(name: str):
+    """Import tests/<name>.py once per session under a fixed name (tests/ is not a package)."""
+    key = f"repexp_tests_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, Path(__file__).with_name(f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return sys.modules[key]
+
+
+fx = load_helper("_reliability_fixtures")
+REPO, VENV_BIN, SNAKEMAKE, REPEXP, TEST_CONFIG = fx.REPO, fx.VENV_BIN, fx.SNAKEMAKE, fx.REPEXP, fx.TEST_CONFIG
+quiet_env, run = fx.quiet_env, fx.run
+
+
+def last_error_line(proc: subprocess.CompletedProcess) -> str:
+    lines = [line for line in (proc.stderr + proc.stdout).splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def assert_clear_failure(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    """Non-zero exit and an error that names the problem (the file or key), not a library's guts."""
+    output = proc.stderr + proc.stdout
+    assert proc.returncode != 0, f"expected a failure, got exit 0:\n{output[-3000:]}"
+    for needle in needles:
+        assert needle in output, f"error does not name {needle!r}:\n{output[-3000:]}"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def signal_tree(proc: subprocess.Popen, sig: int) -> None:
+    """Signal a process and all its descendants at once, as SLURM does to a job at its time limit."""
+    try:
+        root = psutil.Process(proc.pid)
+        targets = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for target in targets:
+        try:
+            target.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None, poll: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process exited ({proc.returncode}) before {what}")
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def test_config() -> dict:
+    if not TEST_CONFIG.exists():
+        pytest.fail(f"{TEST_CONFIG} missing (written by the workflow engineer)")
+    return yaml.safe_load(TEST_CONFIG.read_text())
+
+
+def deep_update(base: dict, patch: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in patch.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_update(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def require(path: Path, owner: str) -> None:
+    """A component this test drives is not there yet: fail (never fake it) and say which."""
+    if not path.exists():
+        pytest.fail(f"waiting on {path.relative_to(REPO)} ({owner})")
+
+
+def snakefile() -> Path:
+    path = REPO / "Snakefile"
+    if not path.exists():
+        path = REPO / "workflow" / "Snakefile"
+    require(path, "workflow engineer: the Snakefile")
+    return path
+
+
+# --------------------------------------------------------------------------- bad configs
+
+# name -> (patch applied to configs/test.yaml, the key path the error must name). Snakemake's schema
+# check reports it as instance['train']['lr'], repexp.config as train.lr; either names the key.
+BROKEN_CONFIGS = {
+    "wrong_type_number": ({"train": {"lr": "fast"}}, ("train", "lr")),
+    "wrong_type_list_item": ({"sweep": {"seeds": ["forty-two"]}}, ("sweep", "seeds", 0)),
+    "wrong_type_mapping": ({"eval": [1, 2]}, ("eval",)),
+    "below_minimum": ({"train": {"n_rollouts": 1}}, ("train", "n_rollouts")),
+    "above_maximum": ({"eval": {"top_p": 1.5}}, ("eval", "top_p")),
+    "non_positive_beta": ({"sweep": {"betas": [-0.1]}}, ("sweep", "betas", 0)),
+    "null_required": ({"train": {"total_epochs": None}}, ("train", "total_epochs")),
+    "unknown_key": ({"train": {"learning_rate": 1e-5}}, ("train", "learning_rate")),
+    "unknown_section": ({"trainer": {"lr": 1e-5}}, ("trainer",)),
+    "unknown_task": ({"sweep": {"tasks": ["mathematics"]}}, ("sweep", "tasks", 0)),
+    "unknown_resource_rule": ({"resources": {"trian": {"mem_mb": 1000}}}, ("resources", "trian")),
+    "mini_batch_does_not_divide_batch": ({"train": {"train_batch_size": 4, "ppo_mini_batch_size": 3}},
+                                         ("train", "ppo_mini_batch_size")),
+    "validated_step_without_checkpoint": ({"train": {"test_freq": 3, "save_freq": 2}}, ("train", "save_freq")),
+    "duplicate_sweep_values": ({"sweep": {"betas": [0.01, 0.010]}}, ("sweep", "betas")),
+    "missing_data_dir": ({"data": {"source": "/nonexistent/repexp-data"}}, ("/nonexistent/repexp-data",)),
+}
+
+
+def names_key(output: str, key_path: tuple) -> bool:
+    """True if the error names the key as `a.b[0]` (repexp.config) or `['a']['b'][0]` (jsonschema)."""
+    dotted = ""
+    for part in key_path:
+        dotted += f"[{part}]" if isinstance(part, int) else (f".{part}" if dotted else str(part))
+    bracketed = "".join(f"[{part}]" if isinstance(part, int) else f"['{part}']" for part in key_path)
+    if dotted in output or bracketed in output:
+        return True
+    # jsonschema's additionalProperties error: "('learning_rate' was unexpected)" ... "On instance['train']"
+    parent = "".join(f"[{part}]" if isinstance(part, int) else f"['{part}']" for part in key_path[:-1])
+    return f"'{key_path[-1]}' was unexpected" in output and f"On instance{parent}" in output
+
+
+def _snakemake_dry_run(config: Path, workdir: Path) -> subprocess.CompletedProcess:
+    return run([SNAKEMAKE, "-n", "--snakefile", str(snakefile()), "--directory", str(workdir),
+                "--configfile", str(config), "--cores", "1"], cwd=workdir, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def broken_config_results(tmp_path_factory):
+    """Dry-run every broken config (two at a time: each is a fresh Snakemake process)."""
+    base = test_config()
+    root = tmp_path_factory.mktemp("broken_configs")
+    cases = {}
+    for name, (patch, _) in BROKEN_CONFIGS.items():
+        workdir = root / name
+        workdir.mkdir()
+        config = workdir / "broken.yaml"
+        config.write_text(yaml.safe_dump(deep_update(base, patch), sort_keys=False))
+        cases[name] = (config, workdir)
+    # YAML that does not parse at all
+    workdir = root / "invalid_yaml"
+    workdir.mkdir()
+    (workdir / "broken.yaml").write_text(TEST_CONFIG.read_text() + "\ntrain: [unclosed\n")
+    cases["invalid_yaml"] = (workdir / "broken.yaml", workdir)
+    snakefile()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(_snakemake_dry_run, config, workdir) for name, (config, workdir) in cases.items()}
+        return {name: (future.result(), cases[name][1]) for name, future in futures.items()}
+
+
+@pytest.mark.parametrize("name", [*BROKEN_CONFIGS, "invalid_yaml"])
+def test_broken_config_fails_at_parse_time_naming_the_problem(broken_config_results, name):
+    proc, workdir = broken_config_results[name]
+    output = proc.stdout + proc.stderr
+    assert_clear_failure(proc)
+    if name == "invalid_yaml":
+        # Snakemake parses --configfile itself, before the Snakefile, and does not name the file;
+        # `repexp config validate` (the same loader the Snakefile uses) names file and line.
+        assert "Config file is not valid JSON or YAML" in output, output[-3000:]
+        validate = run([REPEXP, "config", "validate", str(workdir / "broken.yaml")])
+        assert_clear_failure(validate, "broken.yaml", "invalid YAML")
+    else:
+        assert names_key(output, BROKEN_CONFIGS[name][1]), f"error does not name {BROKEN_CONFIGS[name][1]}:\n{output[-3000:]}"
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    # nothing was scheduled: no job list, no job output
+    assert "Job stats:" not in proc.stdout + proc.stderr
+    assert not (workdir / "results" / "test" / "data").exists()
+
+
+def test_broken_config_starts_no_job_in_a_real_run(tmp_path):
+    """Not a dry run: the scheduler must never get to start the model or data jobs."""
+    config = tmp_path / "broken.yaml"
+    config.write_text(yaml.safe_dump(deep_update(test_config(), {"train": {"ppo_mini_batch_size": 3}})))
+    proc = run([SNAKEMAKE, "--snakefile", str(snakefile()), "--directory", str(tmp_path),
+                "--configfile", str(config), "--cores", "1", "all"], cwd=tmp_path, timeout=300)
+    assert_clear_failure(proc, "train.ppo_mini_batch_size")
+    produced = [p for p in (tmp_path / "results").rglob("*") if p.is_file() and "config" not in p.parts] \
+        if (tmp_path / "results").exists() else []
+    assert produced == [], f"jobs ran despite the broken config: {produced}"
+
+
+# --------------------------------------------------------------------------- MLflow server
+
+
+class MlflowServer:
+    """A real `mlflow server` on 127.0.0.1 (sqlite backend), started on demand on a port chosen up front."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def uri(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def start(self, timeout: float = 180) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        log = open(self.root / "server.log", "ab")
+        # one worker and no job-runner consumers: the server is a logging sink here, and 2 cores are shared
+        self.proc = subprocess.Popen(
+            [str(VENV_BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+             "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
+             "--artifacts-destination", str(self.root / "artifacts")],
+            cwd=self.root, env=quiet_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"),
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        wait_for(self.healthy, timeout, f"mlflow server on port {self.port}", proc=self.proc, poll=0.5)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        signal_tree(self.proc, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            signal_tree(self.proc, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """Not started yet: a test may first use its URI while nothing listens there."""
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow_server"))
+    yield server
+    server.stop()
+
+
+def mlflow_rest(server: MlflowServer, endpoint: str, payload: dict | None = None) -> dict:
+    """MLflow's REST API (no client import in the test process)."""
+    url = f"{server.uri}/api/2.0/mlflow/{endpoint}"
+    data = None if payload is None else json.dumps(payload).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"},
+                                     method="GET" if payload is None else "POST")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def server_runs(server: MlflowServer, experiment: str) -> list[dict]:
+    experiment_id = mlflow_rest(server, "experiments/get-by-name?experiment_name=" + experiment)["experiment"]["experiment_id"]
+    runs, token = [], None
+    while True:
+        page = mlflow_rest(server, "runs/search", {"experiment_ids": [experiment_id], "max_results": 1000,
+                                                    **({"page_token": token} if token else {})})
+        runs += page.get("runs", [])
+        token = page.get("next_page_token")
+        if not token:
+            return runs
+
+
+def run_tags(run: dict) -> dict:
+    return {t["key"]: t["value"] for t in run["data"].get("tags", [])}
+
+
+def metric_history(server: MlflowServer, run_id: str, key: str) -> list[dict]:
+    return mlflow_rest(server, f"metrics/get-history?run_id={run_id}&metric_key={key}").get("metrics", [])
+
+
+def write_pipeline_config(path: Path, results_dir: Path, **patch) -> Path:
+    config = deep_update(test_config(), {"results_dir": str(results_dir), **patch})
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def finished_training_run(run_dir: Path, steps=(1, 2), dev=(0.25, 0.5)) -> None:
+    """A training run directory as the trainers leave it (checkpoint dirs + best_dev.json), for nodes
+    that only read those files (`repexp select`): written with the real BestDevTracker."""
+    from repexp.checkpoints import BestDevTracker, checkpoint_dir, mark_complete
+
+    tracker = BestDevTracker(run_dir)
+    tracker.record_validation(0, {"dev/pass@1": 0.0})
+    for step, value in zip(steps, dev):
+        ckpt = checkpoint_dir(run_dir, step)
+        ckpt.mkdir(parents=True)
+        (ckpt / "config.json").write_text("{}")
+        mark_complete(ckpt)
+        tracker.record_validation(step, {"dev/pass@1": value})
+    (run_dir / "DONE").write_text(json.dumps({"final_step": steps[-1]}))
+
+
+def test_mlflow_down_during_a_node_then_sync_uploads_once(tmp_path, mlflow_server):
+    results = tmp_path / "results"
+    config = write_pipeline_config(tmp_path / "config.yaml", results,
+                                   tracking={"tracking_uri": mlflow_server.uri, "experiment": "outbox-test"})
+    run_dir = results / "train" / "gsm8k" / "trl_grpo_s42"
+    finished_training_run(run_dir)
+    pointer = run_dir / "select.json"
+    assert not mlflow_server.healthy()  # nothing listens on the configured port yet
+
+    # the select rule's command line (workflow/rules/select.smk), with the server down
+    node = run([REPEXP, "mlflow", "node", "--config", str(config), "--rule", "select", "--task", "gsm8k",
+                "--run", "trl_grpo_s42", "--attempt", "1", "--output", str(pointer), "--",
+                "repexp", "select", "--run-dir", str(run_dir), "--backend", "trl", "--out", str(pointer)])
+    assert node.returncode == 0, node.stderr[-3000:]
+    assert json.loads(pointer.read_text())["checkpoint_step"] == 2
+    assert "MLflow unavailable" in node.stderr
+    outbox = results / "mlflow" / "outbox"
+    records = [d for d in outbox.iterdir() if (d / "record.json").exists()]
+    assert len(records) == 1
+    record = json.loads((records[0] / "record.json").read_text())
+    assert record["run_id"] is None and record["status"] == "FINISHED"
+    assert record["params"]["cmd"] == "select" and record["metrics"], record
+
+    mlflow_server.start()  # the server comes back
+    sync = run([REPEXP, "mlflow", "sync", "--config", str(config)])
+    assert sync.returncode == 0, sync.stderr[-3000:]
+    assert "1 record(s) uploaded" in sync.stderr
+
+    def children():
+        return [r for r in server_runs(mlflow_server, "outbox-test") if "repexp.record_id" in run_tags(r)]
+
+    (child,) = children()
+    tags = run_tags(child)
+    assert tags["repexp.record_id"] == record["record_id"] and tags["snakemake.rule"] == "select"
+    assert child["info"]["status"] == "FINISHED"
+    stored_params = {p["key"]: p["value"] for p in child["data"].get("params", [])}
+    assert stored_params == record["params"]
+    logged = Counter(m[0] for m in record["metrics"])  # metric key -> points logged by the node
+
+    def stored_points():
+        return {key: len(metric_history(mlflow_server, child["info"]["run_id"], key)) for key in logged}
+
+    assert stored_points() == logged
+
+    # Syncing again uploads nothing; replaying a record whose SYNCED marker was lost (a crash
+    # between upload and marking) finds its run by the record id instead of creating another.
+    again = run([REPEXP, "mlflow", "sync", "--config", str(config)])
+    assert again.returncode == 0 and "0 record(s) uploaded" in again.stderr
+    (records[0] / "SYNCED").unlink()
+    replay = run([REPEXP, "mlflow", "sync", "--config", str(config)])
+    assert replay.returncode == 0 and "1 record(s) uploaded" in replay.stderr
+    (same,) = children()
+    assert same["info"]["run_id"] == child["info"]["run_id"]
+    assert stored_points() == logged
+    parents = [r for r in server_runs(mlflow_server, "outbox-test") if "repexp.parent_key" in run_tags(r)]
+    assert [run_tags(p)["repexp.parent_key"] for p in parents] == ["point:gsm8k/trl_grpo_s42"]
+
+
+# One pipeline job's tracking, as a node does it (repexp.tracking.node_run), into two stores.
+CONCURRENT_JOB = """
+import sys
+from repexp.tracking import node_run
+
+index = int(sys.argv[1])
+rule = ("train", "select", "eval", "aggregate")[index % 4]
+for config in sys.argv[2:]:
+    with node_run(rule, "gsm8k", None if rule == "aggregate" else f"trl_grpo_s{index // 4}", config=config,
+                  params={"job": index, "rule": rule, "lr": 1e-5 * (index + 1), "batch": 2, "note": "concurrency"},
+                  attempt=1) as node:
+        for step in range(3):
+            node.log_metrics({"loss": index + step / 10, "reward/mean": step * 0.5, "timing_s/step": 0.01 * index},
+                             step=step)
+        if not node.online:
+            sys.exit(f"job {index}: tracking went offline: {node.offline_reason}")
+"""
+CONCURRENT_JOBS = 32
+JOB_PARAMS = 5  # the params each job logs (above)
+JOB_METRIC_POINTS = 9  # 3 keys x 3 steps
+
+
+def sqlite_counts(db: Path, experiment: str) -> dict:
+    """Children, params and metric points of node runs, read straight from MLflow's SQLite schema."""
+    import sqlite3
+
+    with sqlite3.connect(db) as con:
+        (experiment_id,) = con.execute("SELECT experiment_id FROM experiments WHERE name = ?", (experiment,)).fetchone()
+        runs = con.execute("SELECT run_uuid, status FROM runs WHERE experiment_id = ? AND lifecycle_stage = 'active'",
+                           (experiment_id,)).fetchall()
+        tags = {}
+        for run_id, key, value in con.execute("SELECT run_uuid, key, value FROM tags"):
+            tags.setdefault(run_id, {})[key] = value
+        children = [r for r, _ in runs if "repexp.record_id" in tags.get(r, {})]
+        parents = sorted(tags[r]["repexp.parent_key"] for r, _ in runs if "repexp.parent_key" in tags.get(r, {}))
+
+        def per_run(table):
+            return {r: con.execute(f"SELECT COUNT(*) FROM {table} WHERE run_uuid = ?", (r,)).fetchone()[0] for r in children}
+
+        return {"children": len(children), "parents": parents, "params": per_run("params"), "metrics": per_run("metrics"),
+                "unfinished": [r for r, status in runs if r in children and status != "FINISHED"]}
+
+
+def server_counts(server: MlflowServer, experiment: str) -> dict:
+    runs = server_runs(server, experiment)
+    children = [r for r in runs if "repexp.record_id" in run_tags(r)]
+    parents = sorted(run_tags(r)["repexp.parent_key"] for r in runs if "repexp.parent_key" in run_tags(r))
+    metrics = {}
+    for child in children:
+        run_id = child["info"]["run_id"]
+        keys = [m["key"] for m in child["data"].get("metrics", [])]
+        metrics[run_id] = sum(len(metric_history(server, run_id, key)) for key in keys)
+    return {"children": len(children), "parents": parents,
+            "params": {c["info"]["run_id"]: len(c["data"].get("params", [])) for c in children},
+            "metrics": metrics, "unfinished": [c["info"]["run_id"] for c in children if c["info"]["status"] != "FINISHED"]}
+
+
+@pytest.mark.slow
+def test_32_concurrent_jobs_lose_nothing_in_sqlite_or_server(tmp_path, mlflow_server):
+    mlflow_server.start()
+    sqlite_results, server_results = tmp_path / "sqlite_results", tmp_path / "server_results"
+    sqlite_config = write_pipeline_config(tmp_path / "sqlite.yaml", sqlite_results,
+                                          tracking={"tracking_uri": None, "experiment": "concurrency"})
+    server_config = write_pipeline_config(tmp_path / "server.yaml", server_results,
+                                          tracking={"tracking_uri": mlflow_server.uri, "experiment": "concurrency"})
+    started = time.monotonic()
+    jobs = [subprocess.Popen([sys.executable, "-c", CONCURRENT_JOB, str(i), str(sqlite_config), str(server_config)],
+                             env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for i in range(CONCURRENT_JOBS)]
+    outputs = [job.communicate(timeout=600)[0] for job in jobs]
+    elapsed = time.monotonic() - started
+    failed = {i: out[-1500:] for i, (job, out) in enumerate(zip(jobs, outputs)) if job.returncode != 0}
+    assert not failed, failed
+    print(f"{CONCURRENT_JOBS} concurrent jobs x 2 stores: {elapsed:.1f} s")
+
+    expected_parents = sorted(["experiment"] + [f"point:gsm8k/trl_grpo_s{k}" for k in range(CONCURRENT_JOBS // 4)])
+    for name, counts, results in (
+        ("sqlite", sqlite_counts(sqlite_results / "mlflow" / "mlflow.db", "concurrency"), sqlite_results),
+        ("server", server_counts(mlflow_server, "concurrency"), server_results),
+    ):
+        assert counts["children"] == CONCURRENT_JOBS, (name, counts)
+        assert counts["parents"] == expected_parents, (name, counts["parents"])
+        assert set(counts["params"].values()) == {JOB_PARAMS}, (name, counts["params"])
+        assert set(counts["metrics"].values()) == {JOB_METRIC_POINTS}, (name, counts["metrics"])
+        assert counts["unfinished"] == [], name
+        assert not (results / "mlflow" / "outbox").exists() or not any((results / "mlflow" / "outbox").glob("*/record.json"))

@@ -1,0 +1,265 @@
+"""MLflow node tracking: nesting, tags, concurrent parents, the outbox and `repexp mlflow sync`.
+
+Every test talks to a real MLflow SQLite store in tmp_path (no mocks); the unreachable-server
+case points at a closed port on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from repexp import checkpoints
+from repexp import tracking as T
+from repexp.evaluate.core import eval_result
+
+REPEXP = str(Path(sys.executable).parent / "repexp")
+SPEC = "trl_repexp_k8_b0.01_s42"
+
+
+def _config(tmp_path: Path, **tracking) -> Path:
+    raw = {
+        "name": "track-test",
+        "results_dir": str(tmp_path / "results"),
+        "model": "tiny",
+        "sweep": {"tasks": ["gsm8k"], "backends": ["trl"], "sparse_dims": [8], "betas": [0.01], "seeds": [42]},
+        "tracking": tracking,
+    }
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _client(uri: str):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def _runs(uri: str, experiment: str = "track-test") -> list:
+    client = _client(uri)
+    exp = client.get_experiment_by_name(experiment)
+    return [] if exp is None else client.search_runs([exp.experiment_id], max_results=1000)
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]  # nothing listens once the socket is closed
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv(T.ENV_TRACKING, raising=False)
+    cfg = _config(tmp_path)
+    return cfg, T.default_tracking_uri(tmp_path / "results")
+
+
+def test_node_runs_nest_under_their_parents_with_tags_params_metrics_artifacts(store, tmp_path, monkeypatch):
+    cfg, uri = store
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    artifact = tmp_path / "job.yaml"
+    artifact.write_text("lr: 0.001\n")
+    with T.node_run("train", "gsm8k", SPEC, config=cfg, params={"train.lr": 0.001}, attempt=2) as node:
+        assert node.online and node.run_id
+        node.log_metrics({"reward/verifier/mean": 0.25}, step=1)
+        node.log_metrics({"reward/verifier/mean": 0.5}, step=2)
+        node.log_artifact(artifact)
+        node.log_dict({"a": 1}, "extra/summary.json")
+    train_id = node.run_id
+    with T.node_run("eval", "gsm8k", SPEC, config=cfg) as node:
+        eval_id = node.run_id
+    with T.node_run("preprocess", "gsm8k", config=cfg) as node:
+        prep_id = node.run_id
+    with T.node_run("figures", config=cfg) as node:
+        fig_id = node.run_id
+
+    client = _client(uri)
+    runs = {r.info.run_id: r for r in _runs(uri)}
+    assert len(runs) == 7  # 4 nodes + point, task and experiment parents
+    train = runs[train_id]
+    parent = runs[train.data.tags["mlflow.parentRunId"]]
+    assert runs[eval_id].data.tags["mlflow.parentRunId"] == parent.info.run_id  # same sweep point, same parent
+    assert parent.data.tags[T.PARENT_KEY_TAG] == f"point:gsm8k/{SPEC}"
+    assert parent.data.tags[T.SWEEP_POINT_TAG] == f"gsm8k/{SPEC}"
+    assert parent.data.params == {"task": "gsm8k", "method": "repexp", "backend": "trl", "sparse_dim": "8",
+                                  "beta": "0.01", "seed": "42"}
+    assert parent.info.status == "FINISHED" and "mlflow.parentRunId" not in parent.data.tags
+    tags = train.data.tags
+    assert tags["snakemake.rule"] == "train" and json.loads(tags["snakemake.wildcards"]) == {"task": "gsm8k", "run": SPEC}
+    assert tags["snakemake.attempt"] == "2" and tags["slurm.job_id"] == "4242"
+    assert len(tags["repexp.config_hash"]) == 12 and tags[T.SWEEP_POINT_TAG] == f"gsm8k/{SPEC}"
+    if (T.REPO_ROOT / ".git").exists():
+        assert len(tags["git.commit"]) == 40 and tags["mlflow.source.git.commit"] == tags["git.commit"]
+    assert train.info.run_name == f"train gsm8k/{SPEC}" and train.info.status == "FINISHED"
+    assert train.data.params == {"train.lr": "0.001"}
+    history = client.get_metric_history(train_id, "reward/verifier/mean")
+    assert sorted((m.step, m.value) for m in history) == [(1, 0.25), (2, 0.5)]
+    assert sorted(a.path for a in client.list_artifacts(train_id)) == ["extra", "job.yaml"]
+    assert [a.path for a in client.list_artifacts(train_id, "extra")] == ["extra/summary.json"]
+    prep_parent = runs[runs[prep_id].data.tags["mlflow.parentRunId"]]
+    assert prep_parent.data.tags[T.PARENT_KEY_TAG] == "task:gsm8k"
+    assert runs[runs[fig_id].data.tags["mlflow.parentRunId"]].data.tags[T.PARENT_KEY_TAG] == "experiment"
+    assert not T.pending_records(tmp_path / "results")
+
+
+def test_a_failing_node_is_marked_failed_and_the_error_propagates(store):
+    cfg, uri = store
+    with pytest.raises(RuntimeError, match="boom"):
+        with T.node_run("eval", "gsm8k", "base", config=cfg) as node:
+            raise RuntimeError("boom")
+    run = _client(uri).get_run(node.run_id)
+    assert run.info.status == "FAILED" and "boom" in run.data.tags["repexp.error"]
+    parent = _client(uri).get_run(run.data.tags["mlflow.parentRunId"])
+    assert parent.info.status == "FAILED"  # a parent shows its latest node's outcome
+
+
+def test_concurrent_nodes_of_one_sweep_point_share_one_parent(store, tmp_path):
+    cfg, uri = store
+    script = (
+        "import sys; from repexp import tracking as T\n"
+        "with T.node_run(sys.argv[1], 'gsm8k', 'trl_grpo_s42', config=sys.argv[2]) as n:\n"
+        "    n.log_metrics({'x': 1.0})\n"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", script, rule, str(cfg)], stderr=subprocess.PIPE, text=True)
+             for rule in ("train", "select", "eval", "merge")]
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        assert "outbox" not in err  # nobody fell back to the outbox
+    runs = _runs(uri)
+    parents = [r for r in runs if r.data.tags.get(T.PARENT_KEY_TAG) == "point:gsm8k/trl_grpo_s42"]
+    assert len(parents) == 1
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert sorted(r.data.tags["snakemake.rule"] for r in children) == ["eval", "merge", "select", "train"]
+
+
+def test_unreachable_server_writes_the_outbox_and_sync_uploads_exactly_once(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    dead = f"http://127.0.0.1:{_closed_port()}"
+    cfg = _config(tmp_path, tracking_uri=dead)
+    results = tmp_path / "results"
+    artifact = tmp_path / "eval.json"
+    artifact.write_text('{"pass_at_k": {"1": 0.5}}\n')
+    with T.node_run("eval", "gsm8k", "base", config=cfg, params={"cmd.n-samples": 4}) as node:
+        assert not node.online and node.run_id is None and dead in node.offline_reason
+        node.log_metrics({"pass_at_k": 0.5}, step=1)
+        node.log_metrics({"pass_at_k": 0.75}, step=2)
+        node.log_artifact(artifact)
+    with pytest.raises(ValueError):
+        with T.node_run("train", "gsm8k", SPEC, config=cfg):
+            raise ValueError("trainer crashed")
+    artifact.write_text("changed after the node ended\n")  # the outbox kept its own copy
+
+    pending = T.pending_records(results)
+    assert len(pending) == 2
+    records = [json.loads((d / T.RECORD_FILE).read_text()) for d in pending]
+    assert {r["status"] for r in records} == {"FINISHED", "FAILED"} and all(r["tracking_uri"] == dead for r in records)
+
+    # the server is still down: sync keeps everything
+    synced, errors = T.sync(results)
+    assert synced == 0 and len(errors) == 2 and len(T.pending_records(results)) == 2
+
+    uri = T.default_tracking_uri(tmp_path / "store")  # the store is back (here: a local SQLite store)
+    assert T.sync(results, tracking_uri=uri) == (2, [])
+    assert T.sync(results, tracking_uri=uri) == (0, [])  # marked synced: nothing twice
+    # a sync that died after uploading but before marking: replaying the record changes nothing
+    (pending[0] / T.SYNCED_FILE).unlink()
+    (pending[1] / T.SYNCED_FILE).unlink()
+    assert T.sync(results, tracking_uri=uri) == (2, [])
+
+    client = _client(uri)
+    runs = _runs(uri)
+    nodes = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert sorted((r.data.tags["snakemake.rule"], r.info.status) for r in nodes) == [("eval", "FINISHED"),
+                                                                                        ("train", "FAILED")]
+    assert len([r for r in runs if T.PARENT_KEY_TAG in r.data.tags]) == 2  # one parent per sweep point
+    (eval_run,) = [r for r in nodes if r.data.tags["snakemake.rule"] == "eval"]
+    history = client.get_metric_history(eval_run.info.run_id, "pass_at_k")
+    assert sorted((m.step, m.value) for m in history) == [(1, 0.5), (2, 0.75)]  # no duplicated points
+    assert eval_run.data.params == {"cmd.n-samples": "4"}
+    local = client.download_artifacts(eval_run.info.run_id, "eval.json", str(tmp_path / "dl"))
+    assert Path(local).read_text() == '{"pass_at_k": {"1": 0.5}}\n'
+
+
+def test_tracking_off_logs_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv(T.ENV_TRACKING, "off")
+    cfg = _config(tmp_path)
+    with T.node_run("eval", "gsm8k", "base", config=cfg) as node:
+        node.log_metrics({"x": 1.0})
+    assert node.run_id is None
+    assert not (tmp_path / "results" / "mlflow").exists()
+
+
+def test_node_wrapper_runs_the_command_and_logs_its_outputs(store, tmp_path):
+    cfg, uri = store
+    run_dir = tmp_path / "results" / "train" / "gsm8k" / SPEC
+    tracker = checkpoints.BestDevTracker(run_dir)
+    for step in (1, 2):
+        ckpt = checkpoints.checkpoint_dir(run_dir, step)
+        ckpt.mkdir(parents=True)
+        checkpoints.mark_complete(ckpt)
+        tracker.record_validation(step, {"dev/pass@1": 0.1 * step})
+    pointer = run_dir / "select.json"
+    wrapper = [REPEXP, "mlflow", "node", "--config", str(cfg), "--rule", "select", "--task", "gsm8k", "--run", SPEC,
+               "--output", str(pointer), "--"]
+    proc = subprocess.run([*wrapper, "repexp", "select", "--run-dir", str(run_dir), "--backend", "trl",
+                           "--out", str(pointer)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(pointer.read_text())["checkpoint_step"] == 2
+
+    failing = subprocess.run([*wrapper, "repexp", "select", "--run-dir", str(tmp_path / "nowhere"), "--backend", "trl",
+                              "--out", str(pointer)], capture_output=True, text=True, timeout=300)
+    assert failing.returncode == 1 and "best_dev.json: missing" in failing.stderr
+
+    client = _client(uri)
+    nodes = sorted((r for r in _runs(uri) if r.data.tags.get("snakemake.rule") == "select"),
+                   key=lambda r: r.info.start_time)
+    assert [r.info.status for r in nodes] == ["FINISHED", "FAILED"]
+    ok = nodes[0]
+    assert ok.data.params["cmd"] == "select" and ok.data.params["cmd.backend"] == "trl"
+    assert ok.data.params["select.checkpoint_step"] == "2"
+    assert [(m.step, m.value) for m in client.get_metric_history(ok.info.run_id, "best_dev_value")] == [(2, 0.2)]
+    assert [a.path for a in client.list_artifacts(ok.info.run_id)] == ["select.json"]
+    assert ok.data.tags["repexp.command"].startswith("repexp select --run-dir")
+
+
+def test_eval_outputs_log_pass_at_k_with_step_k(store, tmp_path):
+    cfg, uri = store
+    result = eval_result(problem_ids=["a", "b"], scores=[[1, 0, 0, 0], [1, 1, 1, 0]], answers=None)
+    path = tmp_path / "eval" / "eval.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(result))
+    with T.node_run("eval", "gsm8k", "base", config=cfg) as node:
+        T.log_outputs(node, [str(path)])
+    client = _client(uri)
+    history = {m.step: m.value for m in client.get_metric_history(node.run_id, "pass_at_k")}
+    assert history == {int(k): v for k, v in result["pass_at_k"].items()} and sorted(history) == [1, 2, 4]
+    assert client.get_run(node.run_id).data.metrics["num_problems"] == 2
+    assert [a.path for a in client.list_artifacts(node.run_id)] == ["eval.json"]
+
+
+def test_flag_params_read_a_command_line():
+    params = T.flag_params(["eval", "--model", "m", "--n-samples", "4", "--overwrite", "--top-p=0.9", "pos"])
+    assert params == {"cmd": "eval", "cmd.model": "m", "cmd.n-samples": "4", "cmd.overwrite": "true",
+                      "cmd.top-p": "0.9", "cmd.arg0": "pos"}
+
+
+def test_tracking_uri_resolution(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert T.resolve_tracking_uri(tmp_path) == f"sqlite:///{tmp_path.resolve()}/mlflow/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.example:5000")
+    assert T.resolve_tracking_uri(tmp_path) == "http://mlflow.example:5000"
+    assert T.resolve_tracking_uri(tmp_path, "http://configured:1") == "http://configured:1"
+    cfg = _config(tmp_path)
+    out = subprocess.run([REPEXP, "mlflow", "uri", "--config", str(cfg)], capture_output=True, text=True,
+                         env={**os.environ, "MLFLOW_TRACKING_URI": ""})
+    assert out.stdout.strip() == T.default_tracking_uri(tmp_path / "results")

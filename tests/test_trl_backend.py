@@ -1,0 +1,317 @@
+"""The TRL backend (repexp.trl) on the offline tiny Qwen2: real GRPO steps on CPU, no mocks.
+
+Data are a few GSM8K-style rows written to tmp_path in verl's row format. A random tiny model
+never answers correctly, so the training runs switch `turn_off_if_none_correct` off to give the
+bonus (and hence the GRPO advantage) something to do; the turn-off rule itself is tested on the
+reward function with constructed completions of known correctness.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from repexp import config as C
+from repexp.checkpoints import checkpoint_dir, complete_steps, is_complete
+
+REPO = Path(__file__).resolve().parents[1]
+N_ROLLOUTS = 4
+
+
+# --------------------------------------------------------------------------- fixtures and helpers
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    from repexp.models import build_tiny_qwen2
+
+    return build_tiny_qwen2(tmp_path_factory.mktemp("model") / "tiny", seed=0)
+
+
+def write_rows(path: Path, count: int, split: str, offset: int = 0) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = []
+    for i in range(count):
+        a, b = (i * 3 + offset) % 9 + 1, (i * 5 + offset) % 7 + 1
+        question = f"What is {a} + {b}? Let's think step by step and output the final answer after \"####\"."
+        rows.append({
+            "data_source": "openai/gsm8k",
+            "prompt": [{"role": "user", "content": question}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+            "extra_info": {"split": split, "index": i, "problem_id": f"gsm8k/{split}/{i}"},
+        })
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("data")
+    write_rows(root / "train.parquet", 4, "train")  # 2 steps per epoch: the resume starts epoch 1
+    write_rows(root / "dev.parquet", 2, "test", offset=4)
+    return root
+
+
+def run_config(root: Path, model: Path, data: Path, *, beta: float = 0.01, train: dict | None = None,
+               bonus: dict | None = None, trl: dict | None = None) -> C.RunConfig:
+    """A resolved job config through the real schema (load + compose), pointed at test paths."""
+    train_section = {
+        "n_rollouts": N_ROLLOUTS, "lr": 1e-4, "train_batch_size": 2, "ppo_mini_batch_size": 2,
+        "micro_batch_size_per_gpu": 8, "max_prompt_length": 96, "max_response_length": 12,
+        "total_steps": 4, "test_freq": 2, "save_freq": 2, "val_n": 2, **(train or {}),
+    }
+    raw = {
+        "results_dir": str(root),
+        "model": str(model),
+        "sweep": {"tasks": ["gsm8k"], "backends": ["trl"], "sparse_dims": [8], "betas": [beta or 0.01], "seeds": [3]},
+        "bonus": {"turn_off_if_none_correct": False, **(bonus or {})},
+        "train": train_section,
+        "trl": {"device": "cpu", "eval_batch_size": 2, "num_threads": 1, "bonus_micro_batch_size": 4, **(trl or {})},
+    }
+    spec = C.RunSpec("gsm8k", "repexp" if beta else "grpo", "trl", 8 if beta else None, beta, 3)
+    cfg = C.compose(C.load(raw), spec)
+    return dataclasses.replace(cfg, data_dir=str(data), run_dir=str(root / "run"))
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def without_timings(record: dict) -> dict:
+    return {k: v for k, v in record.items() if not k.startswith("timing_s/") and k != "step_time"}
+
+
+# --------------------------------------------------------------------------- settings (no model)
+
+
+def test_settings_map_batches_and_reject_what_trl_cannot_honour(tmp_path):
+    from repexp.trl import settings as S
+
+    cfg = run_config(tmp_path, tmp_path / "m", tmp_path,
+                     train={"train_batch_size": 4, "ppo_mini_batch_size": 2, "micro_batch_size_per_gpu": 4,
+                            "total_steps": None, "total_epochs": 3})
+    plan = S.plan_steps(cfg, num_train_prompts=10)
+    assert (plan.micro_batch_size, plan.accumulation_steps, plan.optimizer_steps_per_step) == (4, 2, 2)
+    assert plan.micro_batches_per_step == 4 and plan.steps_per_epoch == 2 and plan.total_steps == 6
+    kwargs = S.grpo_config_kwargs(cfg, plan, output_dir=str(tmp_path), use_cpu=True)
+    assert kwargs["max_steps"] == 12 and kwargs["save_steps"] == 4 and kwargs["loss_type"] == "dapo"
+    assert kwargs["beta"] == 0.0 and kwargs["num_generations"] == N_ROLLOUTS
+
+    from trl import GRPOConfig  # the kwargs are a valid GRPOConfig with the intended batch geometry
+
+    args = GRPOConfig(**kwargs)
+    assert args.generation_batch_size == 4 * N_ROLLOUTS and args.steps_per_generation == 4
+
+    bad = [
+        (dict(train={"loss_agg_mode": "seq-mean-token-sum"}), "train.loss_agg_mode"),
+        (dict(bonus={"persist_covariance": True}), "bonus.persist_covariance"),
+        (dict(bonus={"persist_covariance": True, "randomize_projection": False, "reward_type": "leave_one_out"}),
+         "bonus.persist_covariance"),
+    ]
+    for overrides, key in bad:
+        with pytest.raises(C.ConfigError, match=key.replace(".", r"\.")):
+            S.check_run_config(run_config(tmp_path, tmp_path / "m", tmp_path, **overrides))
+    with pytest.raises(C.ConfigError, match=r"^backend"):
+        S.check_run_config(dataclasses.replace(cfg, backend="verl"))
+    with pytest.raises(C.ConfigError, match=r"train\.micro_batch_size_per_gpu"):
+        S.plan_steps(run_config(tmp_path, tmp_path / "m", tmp_path, train={"micro_batch_size_per_gpu": 3}), 10)
+    with pytest.raises(C.ConfigError, match=r"train\.train_batch_size"):
+        S.plan_steps(cfg, num_train_prompts=3)
+
+
+def test_missing_data_is_a_clear_error(tmp_path, tiny_model):
+    from repexp.trl.train import main
+
+    cfg = run_config(tmp_path, tiny_model, tmp_path / "nowhere")
+    job = tmp_path / "job.yaml"
+    job.write_text(C.dump_yaml(cfg))
+    assert main(["--config", str(job)]) == 2
+
+
+# --------------------------------------------------------------------------- features and reward
+
+
+def test_pooling_equals_plain_forward_masked_mean(tiny_model):
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    from repexp.trl.pooling import completion_features
+
+    backbone = AutoModel.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    causal_lm = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    prompts = [[5, 17, 99, 3], [5, 17], [7, 8, 9, 10, 11, 12], [42]]
+    completions = [[100, 200, 300, 2], [], [400], [11, 12, 13, 14, 15, 16, 17]]  # one empty completion
+    pooled = completion_features(backbone, prompts, completions, pad_token_id=0, micro_batch_size=3)
+    for row, (prompt, completion) in enumerate(zip(prompts, completions)):
+        ids = torch.tensor([prompt + completion])
+        with torch.no_grad():
+            last = causal_lm(input_ids=ids, output_hidden_states=True).hidden_states[-1][0]
+        if completion:
+            expected = last[len(prompt):].sum(dim=0) / len(completion)  # hand-computed masked mean
+        else:
+            expected = torch.zeros(last.shape[-1])
+        torch.testing.assert_close(pooled[row], expected, atol=2e-5, rtol=1e-4)
+    assert torch.isfinite(pooled).all() and pooled[1].abs().sum() == 0
+
+
+def make_reward(cfg, tiny_model):
+    from transformers import AutoTokenizer
+
+    from repexp.trl.reward import RepExpReward
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    return RepExpReward(cfg, tokenizer, optimizer_steps_per_step=1, device=torch.device("cpu")), tokenizer
+
+
+def constructed_batch(tokenizer):
+    """Two groups of 4: every completion of group 0 wrong; group 1 has two correct ones (answer 7)."""
+    texts = ["#### 3", "the answer is 5", "#### 12", "no idea",
+             "3 + 4 = 7\n#### 7", "#### 8", "so #### 7", "#### 6"]
+    prompts = [[{"role": "user", "content": "What is 2 + 5?"}]] * 4 + [[{"role": "user", "content": "What is 3 + 4?"}]] * 4
+    eos = tokenizer.eos_token_id
+    completion_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] + [eos] for t in texts]
+    return dict(prompts=prompts, completions=[[{"role": "assistant", "content": t}] for t in texts],
+                completion_ids=completion_ids, data_source=["openai/gsm8k"] * 8,
+                reward_model=[{"ground_truth": "7"}] * 8, extra_info=[{"index": i // 4} for i in range(8)])
+
+
+def test_turn_off_rule_zeroes_bonus_of_group_without_correct_completion(tmp_path, tiny_model):
+    cfg = run_config(tmp_path, tiny_model, tmp_path, beta=0.5, bonus={"turn_off_if_none_correct": True})
+    reward, tokenizer = make_reward(cfg, tiny_model)
+    batch = constructed_batch(tokenizer)
+    logged = {}
+    shaped = reward(**batch, log_metric=logged.__setitem__)
+    assert reward.forward_calls == 1 and reward.backbone_loads == 1  # the real frozen forward ran
+    assert shaped[:4] == [0.0] * 4  # no correct completion: α·0 + β·(bonus switched off)
+    bonus = [total - correct for total, correct in zip(shaped[4:], [1, 0, 1, 0])]  # α = 1
+    assert all(b > 0 for b in bonus)  # the partially correct group keeps β·bonus on every rollout
+    assert logged["repexp/groups/none_correct_frac"] == 0.5 and logged["repexp/groups/some_correct_frac"] == 0.5
+    assert logged["repexp/bonus_raw/min"] > 0  # raw bonuses exist for both groups before the rule
+    assert logged["reward/verifier/mean"] == 0.25
+    assert logged["timing_s/repexp_forward"] > 0 and logged["timing_s/repexp_bonus"] >= 0
+
+
+def test_persistent_covariance_state_survives_save_and_load(tmp_path, tiny_model):
+    bonus = {"persist_covariance": True, "randomize_projection": False}
+    cfg = run_config(tmp_path, tiny_model, tmp_path, bonus=bonus)
+    straight, tokenizer = make_reward(cfg, tiny_model)
+    batch = constructed_batch(tokenizer)
+    straight(**batch)
+    expected = straight(**batch)  # the second visit scores against the accumulated covariance
+
+    first, _ = make_reward(cfg, tiny_model)
+    first(**batch)
+    first.save_state(tmp_path)
+    resumed, _ = make_reward(cfg, tiny_model)
+    resumed.load_state(tmp_path)
+    assert resumed(**batch) == pytest.approx(expected, abs=1e-6)
+
+
+# --------------------------------------------------------------------------- training runs
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, tiny_model, data_dir):
+    """4 GRPO steps with β > 0, checkpoint and validation every 2 steps (also the resume reference)."""
+    from repexp.trl.train import train
+
+    cfg = run_config(tmp_path_factory.mktemp("full"), tiny_model, data_dir)
+    return cfg, train(cfg)
+
+
+def test_repexp_training_steps(uninterrupted, tiny_model):
+    cfg, result = uninterrupted
+    run_dir = Path(cfg.run_dir)
+    assert result.done["final_step"] == 4 and result.done["best_step"] in (2, 4)
+    assert complete_steps(run_dir) == [2, 4]
+    assert result.reward.backbone_loads == 1 and result.reward.forward_calls == 4
+
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
+    for record in records[1:]:
+        assert torch.isfinite(torch.tensor(record["actor/pg_loss"]))
+        assert record["repexp/bonus_raw/mean"] > 0 and record["repexp/bonus_scaled/mean"] > 0
+        for key in ("reward/verifier/mean", "reward/shaped/mean", "repexp/groups/none_correct_frac",
+                    "timing_s/repexp_forward", "timing_s/repexp_bonus", "timing_s/step"):
+            assert key in record
+    assert {"dev/pass@1", "dev/pass@2"} <= set(records[0]) and "dev/pass@1" in records[2]
+    assert any(r["actor/grad_norm"] > 0 for r in records[1:])
+
+    best = json.loads((run_dir / "best_dev.json").read_text())
+    assert [h["step"] for h in best["history"]] == [0, 2, 4]
+    from transformers import AutoModelForCausalLM
+
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    trained = AutoModelForCausalLM.from_pretrained(checkpoint_dir(run_dir, 4), dtype=torch.float32)
+    changed = [name for (name, a), (_, b) in zip(initial.named_parameters(), trained.named_parameters())
+               if not torch.equal(a, b)]
+    assert changed, "training did not change any parameter"
+    assert json.loads((run_dir / "DONE").read_text())["final_step"] == 4
+
+
+def test_beta_zero_is_plain_grpo_without_representation_model(tmp_path, tiny_model, data_dir):
+    from repexp.trl.train import train
+
+    cfg = run_config(tmp_path, tiny_model, data_dir, beta=0.0,
+                     train={"total_steps": 1, "test_freq": 1, "save_freq": 1, "val_before_train": False})
+    result = train(cfg)
+    assert result.reward.backbone_loads == 0 and result.reward.forward_calls == 0
+    assert result.reward._backbone is None
+    (record,) = read_metrics(Path(cfg.run_dir))
+    assert not any(key.startswith(("repexp/bonus", "timing_s/repexp")) for key in record)
+    assert record["reward/shaped/mean"] == record["reward/verifier/mean"]  # α = 1, no bonus
+    assert is_complete(checkpoint_dir(cfg.run_dir, 1))
+
+
+@pytest.mark.slow
+def test_kill_and_resume_matches_uninterrupted_run(tmp_path, uninterrupted, tiny_model, data_dir):
+    from repexp.trl.train import train
+
+    reference_cfg, _ = uninterrupted
+    cfg = run_config(tmp_path, tiny_model, data_dir)
+    run_dir = Path(cfg.run_dir)
+    job = tmp_path / "job.yaml"
+    job.write_text(C.dump_yaml(cfg))
+    process = subprocess.Popen([sys.executable, "-m", "repexp.trl.train", "--config", str(job)], cwd=REPO,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 240
+        while not is_complete(checkpoint_dir(run_dir, 2)):
+            assert process.poll() is None, process.stderr.read().decode()[-3000:]
+            assert time.time() < deadline, "no step-2 checkpoint within 240 s"
+            time.sleep(0.05)
+        os.kill(process.pid, signal.SIGKILL)  # mid-run: step 3 is being trained
+    finally:
+        process.kill()
+        process.wait()
+    assert not (run_dir / "DONE").exists()
+    (checkpoint_dir(run_dir, 3)).mkdir(parents=True, exist_ok=True)  # a save cut short: no COMPLETE marker
+
+    result = train(cfg)
+    assert result.done["resumed_from_step"] == 2 and result.done["final_step"] == 4
+    assert not checkpoint_dir(run_dir, 3).exists() and complete_steps(run_dir) == [2, 4]
+    reference = [without_timings(r) for r in read_metrics(Path(reference_cfg.run_dir))]
+    resumed = [without_timings(r) for r in read_metrics(run_dir)]
+    assert [r["step"] for r in resumed] == [r["step"] for r in reference] == [0, 1, 2, 3, 4]
+    for got, want in zip(resumed, reference):
+        assert set(got) == set(want)
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-7), f"step {want['step']} differs after resume"
+    want_best = json.loads((Path(reference_cfg.run_dir) / "best_dev.json").read_text())
+    got_best = json.loads((run_dir / "best_dev.json").read_text())
+    assert got_best["history"] == want_best["history"] and got_best["best_step"] == want_best["best_step"]
+    from safetensors.torch import load_file
+
+    got_weights = load_file(checkpoint_dir(run_dir, 4) / "model.safetensors")
+    want_weights = load_file(checkpoint_dir(reference_cfg.run_dir, 4) / "model.safetensors")
+    for name, tensor in want_weights.items():
+        torch.testing.assert_close(got_weights[name], tensor, rtol=1e-5, atol=1e-6)

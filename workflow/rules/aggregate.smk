@@ -1,0 +1,27 @@
+# aggregate: every eval.json -> one tidy pass@k table (+ k-efficiency, markdown/HTML views);
+# also logs pass@1/16/256 on each sweep point's MLflow parent run.
+
+
+rule aggregate:
+    input:
+        evals=all_eval_files(),
+    output:
+        table=f"{RESULTS}/aggregate/pass_at_k.csv",
+        k_efficiency=f"{RESULTS}/aggregate/k_efficiency.csv",
+        markdown=f"{RESULTS}/aggregate/pass_at_k.md",
+        html=f"{RESULTS}/aggregate/pass_at_k.html",
+    params:
+        experiment=EXPERIMENT,
+    log:
+        log_path("aggregate", "all"),
+    benchmark:
+        benchmark_path("aggregate", "all")
+    threads: rule_threads("aggregate")
+    resources:
+        **rule_resources("aggregate"),
+    conda:
+        "../envs/report.yaml"
+    shell:
+        'repexp mlflow node --config "$REPEXP_CONFIG" --rule aggregate --attempt {resources.attempt} --output {output} --'
+        ' repexp aggregate --inputs {input.evals} --out-dir $(dirname {output.table}) --config "$REPEXP_CONFIG"'
+        " --experiment {params.experiment} > {log} 2>&1"

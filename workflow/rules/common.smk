@@ -1,0 +1,268 @@
+# Python helpers for the rules: config loading, path resolution, targets, per-job params and
+# resources. Parsed by every Snakemake invocation and every SLURM jobstep, so it stays cheap:
+# no MLflow, torch or pandas imports, no I/O beyond one small config snapshot.
+
+import dataclasses
+import functools
+import os
+import shlex
+from pathlib import Path
+
+from repexp import config as C
+from repexp.io import write_text_atomic
+
+REPO_ROOT = Path(workflow.main_snakefile).resolve().parent
+WORKDIR = Path.cwd()
+
+
+def _from_root(path):
+    """A config path: absolute as given, else relative to the repository root (not the job's cwd)."""
+    path = Path(path)
+    return path if path.is_absolute() else REPO_ROOT / path
+
+
+def _for_jobs(path):
+    """How jobs (cwd = the Snakemake workdir) refer to an absolute path: relative when it lies
+    below the workdir, so targets such as `results/eval/...` match the rules' outputs."""
+    path = Path(os.path.normpath(path))
+    try:
+        return str(path.relative_to(WORKDIR))
+    except ValueError:
+        return str(path)
+
+
+def _source_for_jobs(source):
+    """`hf` stays; a relative data path resolves against the repository root."""
+    if source is None or source == "hf":
+        return source
+    return os.path.relpath(_from_root(source), WORKDIR)
+
+
+def _model_for_jobs(model):
+    """Aliases and hub ids stay; an existing repo-relative directory becomes job-relative."""
+    if model in ("tiny", "smollm2") or Path(model).is_absolute():
+        return model
+    local = REPO_ROOT / model
+    return os.path.relpath(local, WORKDIR) if local.exists() else model
+
+
+try:
+    _loaded = C.load(config)
+except C.ConfigError as err:
+    raise ValueError(f"config error: {err}") from None
+
+# The effective config with every path as jobs see it. Jobs read its snapshot (not the
+# configfile, which `--config` overrides may have changed).
+CFG = dataclasses.replace(
+    _loaded,
+    results_dir=_for_jobs(_from_root(_loaded.results_dir)),
+    model=_model_for_jobs(_loaded.model),
+    data=dataclasses.replace(
+        _loaded.data,
+        source=_source_for_jobs(_loaded.data.source),
+        dapo_source=_source_for_jobs(_loaded.data.dapo_source),
+    ),
+)
+RESULTS = CFG.results_dir
+CONFIG_HASH = C.config_hash(CFG)
+CONFIG_SNAPSHOT = WORKDIR / RESULTS / "config" / f"{CFG.name}-{CONFIG_HASH}.yaml"
+# Every job's shell reads "$REPEXP_CONFIG"; local jobs inherit it, SLURM jobs get it through
+# sbatch --export=ALL and set it again when their jobstep parses this file.
+os.environ.update(
+    REPEXP_CONFIG=str(CONFIG_SNAPSHOT),
+    REPEXP_ROOT=str(REPO_ROOT),  # also expanded by pip in workflow/envs/*.yaml
+    REPEXP_WORKFLOW_DIR=str(REPO_ROOT / "workflow"),
+)
+
+
+
+def write_config_snapshot():
+    """Content-addressed, so writing it never changes a file that another invocation uses."""
+    if not CONFIG_SNAPSHOT.exists():
+        write_text_atomic(CONFIG_SNAPSHOT, C.dump_yaml(CFG))
+
+
+# Before the first job of a real run (not on dry runs, not in SLURM jobsteps).
+onstart:
+    write_config_snapshot()
+
+
+RUNS = C.sweep_runs(CFG)
+TASKS = list(CFG.sweep.tasks)
+MODEL_ALIAS = CFG.model if CFG.model in ("tiny", "smollm2") else None
+EXPERIMENT = CFG.tracking.experiment or CFG.name  # one MLflow experiment per config
+
+
+wildcard_constraints:
+    task=C.TASK_PATTERN,
+    run=C.RUN_PATTERN,
+    alias=C.MODEL_ALIAS_PATTERN,
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def log_path(rule, *parts):
+    return str(Path(RESULTS, "logs", rule, *parts)) + ".log"
+
+
+def benchmark_path(rule, *parts):
+    return str(Path(RESULTS, "benchmarks", rule, *parts)) + ".tsv"
+
+
+def data_file(split):
+    return f"{RESULTS}/data/{{task}}/{split}.parquet"
+
+
+def train_file(name):
+    return f"{RESULTS}/train/{{task}}/{{run}}/{name}"
+
+
+def eval_file(task, run):
+    return f"{RESULTS}/eval/{task}/{run}/eval.json"
+
+
+def model_dir():
+    """The policy directory the rules depend on (offline aliases only; hub ids have no rule)."""
+    return [f"{RESULTS}/models/{MODEL_ALIAS}"] if MODEL_ALIAS else []
+
+
+def all_eval_files():
+    return [eval_file(spec.task, spec.name) for spec in RUNS]
+
+
+def all_train_markers():
+    return [f"{RESULTS}/train/{spec.task}/{spec.name}/DONE" for spec in RUNS if spec.trains]
+
+
+def figure_files():
+    """What `repexp figures` draws: pass@k over tasks, a heatmap and training curves per (task, backend)."""
+    stems = ["pass_at_k"]
+    for task, backend in dict.fromkeys((s.task, s.backend) for s in RUNS if s.trains):
+        stems += [f"heatmap_{task}_{backend}", f"training_{task}_{backend}"]
+    return [f"{RESULTS}/figures/{stem}.{ext}" for stem in stems for ext in ("pdf", "png")]
+
+
+def training_curve_flags(wildcards):
+    if not any(spec.trains for spec in RUNS):
+        return "--curves-from none"
+    return f"--curves-from jsonl --train-dir {shlex.quote(str(Path(RESULTS, 'train')))}"
+
+
+# --------------------------------------------------------------------------- per-job config
+
+
+@functools.lru_cache(maxsize=None)
+def run_spec(task, run):
+    return C.parse_run(task, run)  # raises on non-canonical names such as b0.010
+
+
+@functools.lru_cache(maxsize=None)
+def run_config(task, run):
+    return C.compose(CFG, run_spec(task, run))
+
+
+def training_hash(wildcards):
+    """The job's resolved training config, hashed: a params value, so editing one task's
+    settings reruns only that task's training jobs (and eval settings rerun none)."""
+    return C.training_hash(run_config(wildcards.task, wildcards.run))
+
+
+def backend_of(wildcards):
+    return run_spec(wildcards.task, wildcards.run).backend
+
+
+def preprocess_flags(wildcards):
+    data = CFG.data
+    flags = ["--source", data.source, "--seed", str(data.split_seed)]
+    for name in ("train", "dev", "test"):
+        limit = getattr(data, f"limit_{name}")
+        if limit is not None:
+            flags += [f"--limit-{name}", str(limit)]
+    if wildcards.task == "dapo-with-aime24" and data.dapo_source is not None:
+        flags += ["--dapo-source", data.dapo_source]
+    return shlex.join(flags)
+
+
+def eval_flags(wildcards):
+    rc = run_config(wildcards.task, wildcards.run)
+    ev = rc.eval
+    flags = [
+        "--task", rc.task, "--engine", ev.engine, "--n-samples", ev.n_samples,
+        "--temperature", C.canonical(ev.temperature), "--top-p", C.canonical(ev.top_p),
+        "--max-new-tokens", ev.max_new_tokens, "--seed", rc.seed, "--batch-size", ev.batch_size,
+        "--shard-size", ev.shard_size, "--dtype", ev.dtype,
+        "--tensor-parallel-size", ev.tensor_parallel_size, "--data-parallel-size", ev.data_parallel_size,
+        "--gpu-memory-utilization", C.canonical(ev.gpu_memory_utilization),
+    ]
+    if ev.max_model_len is not None:
+        flags += ["--max-model-len", ev.max_model_len]
+    return shlex.join(map(str, flags))
+
+
+def eval_inputs(wildcards):
+    """Test split + the model: the pointer of a trained run (merged for verl), or the base model."""
+    inputs = {"data": data_file("test").format(task=wildcards.task)}
+    spec = run_spec(wildcards.task, wildcards.run)
+    if spec.trains:
+        pointer = "merged.json" if spec.backend == "verl" else "select.json"
+        inputs["pointer"] = f"{RESULTS}/train/{wildcards.task}/{wildcards.run}/{pointer}"
+    elif MODEL_ALIAS:
+        inputs["model"] = model_dir()[0]
+    return inputs
+
+
+def eval_model_flag(wildcards, input):
+    if "pointer" in input.keys():
+        return f"--model-pointer {shlex.quote(input.pointer)}"
+    return f"--model {shlex.quote(input.model if 'model' in input.keys() else CFG.model)}"
+
+
+def train_inputs(wildcards):
+    return {
+        "train": data_file("train").format(task=wildcards.task),
+        "dev": data_file("dev").format(task=wildcards.task),
+        "model": model_dir(),
+    }
+
+
+# --------------------------------------------------------------------------- resources
+
+
+def attempt_number(wildcards, attempt):
+    """Exposed as a resource so the node command can tag its MLflow run with the attempt."""
+    return attempt
+
+
+def rule_resources(rule):
+    """Scheduler requests from config `resources.<rule>` (SLURM: --gpus, --cpus-per-task,
+    --mem, -t; multi-node: one task per node started with the rule's own srun/Ray launcher)."""
+    res = C.rule_resources(CFG, rule)
+    out = {
+        "mem_mb": res.mem_mb,
+        "runtime": res.runtime,
+        "cpus_per_task": res.cpus_per_task,
+        "nodes": res.nodes,
+        "gpus_per_node": res.gpu,
+        "attempt": attempt_number,
+    }
+    if res.nodes > 1:
+        # GPUs per node via gres; `mpi` makes the jobstep run the command once in the batch
+        # step (no `srun -n1` wrapper), so workflow/scripts/ray_slurm.sh can srun per node.
+        out.update(tasks=res.nodes, mpi="srun", tasks_per_gpu=0)
+        if res.gpu:
+            out["gres"] = f"gpu:{res.gpu}"
+    else:
+        out["gpu"] = res.gpu
+    return out
+
+
+def rule_threads(rule):
+    return C.rule_resources(CFG, rule).cpus_per_task
+
+
+# --------------------------------------------------------------------------- targets
+
+
+def final_targets():
+    return [*all_eval_files(), f"{RESULTS}/aggregate/pass_at_k.csv", f"{RESULTS}/figures/index.json"]

@@ -1,0 +1,27 @@
+# eval(test split): n samples per problem, unbiased pass@k. Trained runs load their model
+# pointer (merged for verl); `base` evaluates the untrained policy.
+
+
+rule eval:
+    input:
+        unpack(eval_inputs),
+    output:
+        eval=f"{RESULTS}/eval/{{task}}/{{run}}/eval.json",
+    params:
+        model=eval_model_flag,
+        flags=eval_flags,
+    log:
+        log_path("eval", "{task}", "{run}"),
+    benchmark:
+        benchmark_path("eval", "{task}", "{run}")
+    retries: 1  # resumes from its complete sample shards
+    threads: rule_threads("eval")
+    resources:
+        **rule_resources("eval"),
+    conda:
+        "../envs/eval.yaml"
+    shell:
+        'repexp mlflow node --config "$REPEXP_CONFIG" --rule eval --task {wildcards.task} --run {wildcards.run}'
+        " --attempt {resources.attempt} --output {output} --"
+        " repexp eval {params.model} --data {input.data} --out $(dirname {output.eval}) {params.flags}"
+        " --overwrite --no-progress > {log} 2>&1"

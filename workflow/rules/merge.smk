@@ -1,0 +1,24 @@
+# merge (verl only): FSDP actor shards of the selected checkpoint -> a Hugging Face directory.
+
+
+rule merge:
+    input:
+        pointer=train_file("select.json"),
+    output:
+        merged=train_file("merged.json"),
+    log:
+        log_path("merge", "{task}", "{run}"),
+    benchmark:
+        benchmark_path("merge", "{task}", "{run}")
+    wildcard_constraints:
+        run=C.VERL_RUN_PATTERN,
+    retries: 1  # large checkpoints on shared filesystems: a transient I/O error can pass on retry
+    threads: rule_threads("merge")
+    resources:
+        **rule_resources("merge"),
+    conda:
+        "../envs/train.yaml"
+    shell:
+        'repexp mlflow node --config "$REPEXP_CONFIG" --rule merge --task {wildcards.task} --run {wildcards.run}'
+        " --attempt {resources.attempt} --output {output} --"
+        " repexp merge --pointer {input.pointer} --out {output.merged} > {log} 2>&1"

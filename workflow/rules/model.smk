@@ -1,0 +1,18 @@
+# Offline policies for `model: tiny|smollm2` (a hub id or a local directory needs no rule).
+
+
+rule model:
+    output:
+        directory(f"{RESULTS}/models/{{alias}}"),
+    log:
+        log_path("model", "{alias}"),
+    benchmark:
+        benchmark_path("model", "{alias}")
+    threads: rule_threads("model")
+    resources:
+        **rule_resources("model"),
+    conda:
+        "../envs/hf.yaml"
+    shell:
+        'repexp mlflow node --config "$REPEXP_CONFIG" --rule model --attempt {resources.attempt} --'
+        " repexp model {wildcards.alias} --out {output} > {log} 2>&1"

@@ -1,0 +1,26 @@
+# preprocess(task): seeded train/dev/test parquet splits in verl's row format.
+
+
+rule preprocess:
+    output:
+        train=data_file("train"),
+        dev=data_file("dev"),
+        test=data_file("test"),
+        manifest=f"{RESULTS}/data/{{task}}/manifest.json",
+    params:
+        flags=preprocess_flags,
+    log:
+        log_path("preprocess", "{task}"),
+    benchmark:
+        benchmark_path("preprocess", "{task}")
+    retries: 1  # `source: hf` downloads; a transient network error can pass on retry
+    threads: rule_threads("preprocess")
+    resources:
+        **rule_resources("preprocess"),
+    conda:
+        "../envs/core.yaml"
+    shell:
+        'repexp mlflow node --config "$REPEXP_CONFIG" --rule preprocess --task {wildcards.task}'
+        " --attempt {resources.attempt} --output {output} --"
+        " repexp data prepare {wildcards.task} --out $(dirname {output.manifest}) {params.flags}"
+        " > {log} 2>&1"

@@ -1,0 +1,26 @@
+# select: the best-dev checkpoint of a finished training run (a model pointer JSON).
+
+
+rule select:
+    input:
+        done=train_file("DONE"),
+    output:
+        pointer=train_file("select.json"),
+    params:
+        backend=backend_of,
+    log:
+        log_path("select", "{task}", "{run}"),
+    benchmark:
+        benchmark_path("select", "{task}", "{run}")
+    wildcard_constraints:
+        run=C.TRAINED_RUN_PATTERN,
+    threads: rule_threads("select")
+    resources:
+        **rule_resources("select"),
+    conda:
+        "../envs/core.yaml"
+    shell:
+        'repexp mlflow node --config "$REPEXP_CONFIG" --rule select --task {wildcards.task} --run {wildcards.run}'
+        " --attempt {resources.attempt} --output {output} --"
+        " repexp select --run-dir $(dirname {input.done}) --backend {params.backend} --out {output.pointer}"
+        " > {log} 2>&1"

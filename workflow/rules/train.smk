@@ -1,0 +1,28 @@
+# train(task, backend, sparse_dim, β, seed) and the GRPO (β = 0) baselines.
+# `repexp train` composes the job's config, writes job.yaml, pre-creates the MLflow child run
+# and runs the backend trainer, which resumes from its latest complete checkpoint on a retry.
+
+
+rule train:
+    input:
+        unpack(train_inputs),
+    output:
+        done=train_file("DONE"),
+    params:
+        training_hash=training_hash,
+    log:
+        log_path("train", "{task}", "{run}"),
+    benchmark:
+        benchmark_path("train", "{task}", "{run}")
+    wildcard_constraints:
+        run=C.TRAINED_RUN_PATTERN,
+    retries: 2  # preemption, node failure or walltime: the next attempt resumes from a checkpoint
+    threads: rule_threads("train")
+    resources:
+        **rule_resources("train"),
+    conda:
+        "../envs/train.yaml"
+    shell:
+        'bash "$REPEXP_WORKFLOW_DIR/scripts/ray_slurm.sh" {resources.nodes} {resources.gpus_per_node} {threads}'
+        ' repexp train --config "$REPEXP_CONFIG" --task {wildcards.task} --run {wildcards.run}'
+        " --expect-hash {params.training_hash} --attempt {resources.attempt} > {log} 2>&1"
