@@ -23,7 +23,8 @@ sparse_dim and β, on seed-mean curves:
 4. k_grpo = the same crossing for GRPO's own mean curve: reference_k, unless GRPO's curve is already
    flat (saturated) below it;
 5. efficiency = k_grpo / k* (= reference_k / k*, the paper's ratio, whenever GRPO is not saturated);
-   when RepExp's pass@reference_k < target the status is "not reached" and k*, efficiency are empty.
+   when RepExp's pass@reference_k < target the status is "not reached" and k*, efficiency are empty
+   (also when GRPO's pass@reference_k is 0: status "undefined: GRPO solves nothing").
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ STATUS_REACHED = "reached"
 STATUS_REACHED_FIRST = "reached at the smallest k"
 STATUS_NOT_REACHED = "not reached"
 STATUS_NO_GRPO = "no GRPO baseline"
+STATUS_UNDEFINED = "undefined: GRPO solves nothing"
 
 K_EFFICIENCY_NOTE = (
     "k-efficiency: per task, backend, sparse_dim and β, on pass@k curves averaged over seeds. "
@@ -68,7 +70,7 @@ K_EFFICIENCY_NOTE = (
     "in log2 k between that grid point and the previous one (an upper bound when it is the first grid "
     "point). k_grpo = the same crossing on GRPO's own curve (the reference k unless GRPO saturates earlier). "
     "efficiency = k_grpo / k* (the paper's reference_k / k* when GRPO is not saturated). "
-    "\"not reached\": RepExp's mean pass@reference_k < target."
+    "\"not reached\": RepExp's mean pass@reference_k < target; \"undefined\": the target is 0."
 )
 SEM_NOTE = (
     "pass@k: the unbiased estimator over n samples per problem, averaged over problems. "
@@ -316,8 +318,13 @@ def k_efficiency(table):
             continue
         ref = grid[-1]
         target = grpo_curve[ref]
+        row.update(reference_k=ref, grpo_pass_at_ref=target, repexp_pass_at_ref=repexp_curve[ref])
+        if target <= 0.0:  # every curve "reaches" 0 at k = 1: no ratio to report
+            row["status"] = STATUS_UNDEFINED
+            rows.append(row)
+            continue
         k_grpo, k_grpo_evaluated = crossing_k({k: grpo_curve[k] for k in grid}, target)  # reaches by construction
-        row.update(reference_k=ref, grpo_pass_at_ref=target, repexp_pass_at_ref=repexp_curve[ref], k_grpo=k_grpo)
+        row["k_grpo"] = k_grpo
         if k_grpo_evaluated < ref:
             row["note"] = f"GRPO saturates: its pass@k is flat from k={k_grpo_evaluated}"
         found = crossing_k({k: repexp_curve[k] for k in grid}, target)

@@ -5,11 +5,12 @@ What lives here (the maths and the choices are in docs/bonus.md):
 - `sparse_projection`: a seeded very sparse random projection (Li et al.), the same
   distribution as scikit-learn's `SparseRandomProjection`, identical on every device.
 - `group_ids`: arbitrary group labels (ints, uuid strings, numpy object arrays) to
-  contiguous int ids in order of first appearance.
+  contiguous int ids in order of first appearance; `group_layout`: those ids plus the
+  padded-layout indices, built once per batch (the sync-free fast path of `bonuses`).
 - `bonuses`: per group, centre the features, A = λI + Σ x xᵀ, leverage h = xᵀA⁻¹x or
   leave-one-out h/(1−h), then per-group normalization. All groups at once: rows are
   scattered into a padded [G, n_max, d] tensor and solved with one batched Cholesky,
-  in the n×n kernel form when n_max ≤ d and in the d×d covariance form otherwise.
+  in the n×n kernel form or the d×d covariance form (`choose_solver`).
 - `PersistentCovariance`: upstream's `persist_covariance` semantics (state keyed by
   prompt across steps), batched over prompts, with a torch.save-able state.
 - `combine_rewards`: α·verifier + β·bonus with upstream's turn-off rules, vectorised.
@@ -59,7 +60,7 @@ STD_ZERO_RTOL = 1e-10
 _WORK_DTYPE = torch.float64
 
 # On CUDA, "auto" keeps the d×d form up to this d (fewer launches beat fewer flops there).
-CUDA_COVARIANCE_MAX_DIM = 128
+CUDA_COVARIANCE_MAX_DIM = 64
 
 
 # --------------------------------------------------------------------------- validation
@@ -218,12 +219,14 @@ def _factorize(groups: Any, *, want_labels: bool) -> tuple[Tensor, int, list | N
 
 
 def _factorize_hashables(labels: list | tuple, want_labels: bool) -> tuple[Tensor, int, list | None]:
-    index: dict[Hashable, int] = {}
+    # dict.fromkeys and map run in C: ~0.1 µs per label, first-appearance order kept.
     try:
-        ids = [index.setdefault(_normalise_label(label), len(index)) for label in labels]
+        unique = list(dict.fromkeys(labels))
     except TypeError as err:
         raise ValueError(f"group labels must be hashable ({err})") from None
-    return torch.tensor(ids, dtype=torch.long), len(index), (list(index) if want_labels else None)
+    index = {label: position for position, label in enumerate(unique)}
+    ids = np.fromiter(map(index.__getitem__, labels), dtype=np.int64, count=len(labels))
+    return torch.from_numpy(ids), len(unique), ([_normalise_label(x) for x in unique] if want_labels else None)
 
 
 def group_ids(groups: Any) -> tuple[Tensor, int]:
@@ -265,12 +268,25 @@ class GroupLayout(NamedTuple):
         return self.group.device
 
     def to(self, device: torch.device | str) -> GroupLayout:
-        moved = (t.to(device) for t in self[:6])
-        return GroupLayout(*moved, self.num_groups, self.max_group_size)
+        """The same layout on `device`, in two host-to-device copies (ints, floats)."""
+        device = torch.device(device)
+        if device == self.device:
+            return self
+        batch, groups = self.batch_size, self.num_groups
+        ints = torch.cat([self.group, self.slot, self.flat_index, self.counts]).to(device)
+        floats = torch.cat([self.row_mask.reshape(-1), self.inv_counts.reshape(-1)]).to(device)
+        group, slot, flat_index, counts = ints.split([batch, batch, batch, groups])
+        row_mask, inv_counts = floats.split([self.row_mask.numel(), groups])
+        return GroupLayout(
+            group, slot, flat_index, counts, row_mask.view(self.row_mask.shape), inv_counts.view(groups, 1, 1),
+            groups, self.max_group_size,
+        )
 
 
 def _layout_from_ids(ids: Tensor, num_groups: int, max_group_size: int | None = None) -> GroupLayout:
     """Layout from contiguous ids; no host sync when max_group_size is given (or ids are on CPU)."""
+    if ids.device.type == "cpu":
+        return _layout_from_host_ids(ids.numpy(), num_groups, max_group_size)
     device = ids.device
     batch = ids.shape[0]
     # index_add instead of bincount: CUDA bincount syncs to size its output.
@@ -289,6 +305,33 @@ def _layout_from_ids(ids: Tensor, num_groups: int, max_group_size: int | None = 
     inv_counts = (1.0 / counts.clamp_min(1).to(_WORK_DTYPE)) * (counts > 0)
     return GroupLayout(
         ids, slot, ids * max_group_size + slot, counts, row_mask, inv_counts[:, None, None], num_groups, max_group_size
+    )
+
+
+def _layout_from_host_ids(ids: np.ndarray, num_groups: int, max_group_size: int | None) -> GroupLayout:
+    """The same layout computed with numpy (labels are mapped on the host anyway; numpy ops cost µs)."""
+    ids = ids.astype(np.int64, copy=False)
+    batch = ids.shape[0]
+    counts = np.bincount(ids, minlength=num_groups) if batch else np.zeros(num_groups, dtype=np.int64)
+    largest = int(counts.max()) if batch else 0
+    if max_group_size is None:
+        max_group_size = largest
+    else:
+        max_group_size = _check_positive_int(max_group_size, "max_group_size")
+        if largest > max_group_size:
+            raise ValueError(f"a group has {largest} rows, more than max_group_size={max_group_size}")
+    order = np.argsort(ids, kind="stable")
+    starts = np.cumsum(counts) - counts
+    slot = np.empty_like(ids)
+    slot[order] = np.arange(batch) - starts[ids[order]]
+    row_mask = (np.arange(max_group_size) < counts[:, None]).astype(np.float64)[..., None]
+    inv_counts = np.where(counts > 0, 1.0 / np.maximum(counts, 1), 0.0)[:, None, None]
+    return GroupLayout(
+        *(torch.from_numpy(np.ascontiguousarray(a)) for a in (ids, slot, ids * max_group_size + slot, counts)),
+        torch.from_numpy(row_mask),
+        torch.from_numpy(inv_counts),
+        num_groups,
+        max_group_size,
     )
 
 
@@ -506,10 +549,10 @@ def bonuses(
 def choose_solver(max_group_size: int, dim: int, device: torch.device | str) -> str:
     """The form "auto" uses: the n×n kernel form or the d×d covariance form.
 
-    Arithmetic favours the smaller system (n×n when n ≤ d), but at RepExp's sizes on a GPU
-    the call is bound by kernel launches, and the d×d form launches fewer kernels (no
-    lift, no explicit inverse), so there it wins until d grows large (measured in
-    benchmarks/elliptical.py; see docs/bonus.md).
+    On CPU, arithmetic decides: the smaller system (n×n when n ≤ d). On CUDA at RepExp's
+    sizes the call is bound by kernel launches, and the d×d form launches fewer kernels (no
+    lift, no explicit inverse); measured on an H200 it is faster up to d = 64 and slower at
+    d = 128, where batched 128×128 Cholesky time dominates (docs/bonus.md).
     """
     if dim == 0:
         return "kernel"

@@ -28,6 +28,7 @@ import json
 import math
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -156,7 +157,7 @@ def completeness_notes(task: str, found: Sequence[RunSpec], expected: Sequence[R
     if expected is not None:
         missing = [s.path for s in expected if s.task == task and s.name not in found_names]
         if missing:
-            notes.append(f"missing runs: {', '.join(s.split('/', 1)[1] for s in missing)}")
+            notes.append(f"missing runs: {compact_runs([s.split('/', 1)[1] for s in missing])}")
         return missing, notes
     task_runs = [s for s in found if s.task == task]
     all_seeds = sorted({s.seed for s in task_runs if s.seed is not None})
@@ -176,6 +177,25 @@ def completeness_notes(task: str, found: Sequence[RunSpec], expected: Sequence[R
         if method not in methods:
             notes.append(text)
     return missing, notes
+
+
+def compact_runs(names: Sequence[str]) -> str:
+    """'verl_grpo_s41', 'verl_grpo_s42', 'base' → 'verl_grpo_s{41,42}, base' (order of first appearance)."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        stem, sep, seed = name.rpartition("_s")
+        key = stem if sep and seed.isdigit() else name
+        groups.setdefault(key, []).append(seed if key == stem else "")
+    parts = []
+    for key, seeds in groups.items():
+        seeds = [s for s in seeds if s]
+        if not seeds:
+            parts.append(key)
+        elif len(seeds) == 1:
+            parts.append(f"{key}_s{seeds[0]}")
+        else:
+            parts.append(f"{key}_s{{{','.join(seeds)}}}")
+    return ", ".join(parts)
 
 
 def _run_name(series: Series, seed: int) -> str:
@@ -230,18 +250,29 @@ def _no_data(ax, message: str) -> None:
             color="#666666", transform=ax.transAxes)
 
 
-def _adaptive_ylim(lows: Iterable[float], highs: Iterable[float], *, floor: float = 0.0, ceil: float = 1.0) -> tuple[float, float]:
-    """Limits that contain every plotted value (band included) with a margin; never cropping data."""
+def _adaptive_ylim(lows: Iterable[float], highs: Iterable[float], *, floor: float = 0.0, ceil: float = 1.0,
+                   min_span: float = 0.05) -> tuple[float, float]:
+    """Limits that contain every plotted value (band included) with a margin, never cropping data.
+
+    Nearly flat data get at least `min_span` (so ticks stay readable); the limits stay within a
+    small margin of [floor, ceil], the range of a probability.
+    """
     lows = [v for v in lows if v is not None and math.isfinite(v)]
     highs = [v for v in highs if v is not None and math.isfinite(v)]
     if not lows:
         return floor, ceil
     lo, hi = min(lows), max(highs)
-    span = max(hi - lo, 0.02)
-    pad = 0.08 * span
+    pad = 0.08 * (hi - lo)
     lo, hi = lo - pad, hi + pad
-    # probabilities: stay near [0, 1] but keep a margin so markers at 0 or 1 are not cut
-    return max(lo, floor - 0.03 * span), min(hi, ceil + 0.03 * span)
+    if hi - lo < min_span:
+        centre = (lo + hi) / 2
+        lo, hi = centre - min_span / 2, centre + min_span / 2
+    margin = 0.03 * (hi - lo)  # markers at exactly 0 or 1 must not be cut
+    if lo < floor - margin:
+        lo, hi = floor - margin, hi + (floor - margin - lo)
+    if hi > ceil + margin:
+        lo, hi = max(floor - margin, lo - (hi - ceil - margin)), ceil + margin
+    return lo, hi
 
 
 def _save(fig, out_dir: Path, stem: str) -> list[str]:
@@ -405,138 +436,162 @@ def heatmap_grid(table, task: str, backend: str, expected: Sequence[RunSpec] | N
     return sorted({p[0] for p in points}), sorted({p[1] for p in points})
 
 
-def _heat_value(table, task, backend, sparse_dim, beta, k) -> dict[str, Any]:
-    curve = seed_curve(table, Series(task, "repexp", backend, sparse_dim, beta))
-    if curve is None or k not in curve["k"]:
-        return {"mean": None, "n_seeds": 0 if curve is None else curve["n_seeds"]}
-    i = curve["k"].index(k)
-    return {"mean": curve["mean"][i], "sem": None if curve["sem"] is None else curve["sem"][i],
-            "n_seeds": curve["n_seeds"], "seeds": curve["seeds"]}
+def _pass_cells(table, task: str, backend: str, sparse_dims, betas, k: int | None, n_full_seeds: int):
+    """(values, annotations, cell records) of one pass@k panel: seed means per (sparse_dim, β)."""
+    import numpy as np
+
+    values = np.full((len(sparse_dims), len(betas)), np.nan)
+    text = np.full(values.shape, "", dtype=object)
+    cells = []
+    for i, d in enumerate(sparse_dims):
+        for j, b in enumerate(betas):
+            curve = seed_curve(table, Series(task, "repexp", backend, d, b))
+            if k is None or curve is None or k not in curve["k"]:
+                text[i, j] = "missing"
+                cells.append({"sparse_dim": d, "beta": b, "value": None, "n_seeds": 0 if curve is None else curve["n_seeds"]})
+                continue
+            at = curve["k"].index(k)
+            values[i, j] = curve["mean"][at]
+            text[i, j] = f"{values[i, j]:.3f}"
+            if n_full_seeds and curve["n_seeds"] < n_full_seeds:
+                text[i, j] += f"\n({curve['n_seeds']}/{n_full_seeds} seeds)"
+            cells.append({"sparse_dim": d, "beta": b, "value": curve["mean"][at],
+                          "sem": None if curve["sem"] is None else curve["sem"][at],
+                          "n_seeds": curve["n_seeds"], "seeds": curve["seeds"]})
+    return values, text, cells
+
+
+def _efficiency_cells(keff, backend: str, sparse_dims, betas):
+    """(log2 efficiency, annotations, cell records) from the k-efficiency table."""
+    import numpy as np
+
+    values = np.full((len(sparse_dims), len(betas)), np.nan)
+    text = np.full(values.shape, "", dtype=object)
+    cells = []
+    for i, d in enumerate(sparse_dims):
+        for j, b in enumerate(betas):
+            match = keff[(keff["backend"] == backend) & (keff["sparse_dim"] == d) & np.isclose(keff["beta"], b)]
+            if match.empty:
+                text[i, j] = "missing"
+                cells.append({"sparse_dim": d, "beta": b, "value": None, "status": "missing"})
+                continue
+            row = match.iloc[0]
+            efficiency = None if pd_isna(row["efficiency"]) else float(row["efficiency"])
+            if efficiency:
+                values[i, j] = math.log2(efficiency)
+                text[i, j] = f"{efficiency:.2f}×"
+            else:
+                text[i, j] = str(row["status"]).replace(" ", "\n", 1)
+            cells.append({"sparse_dim": d, "beta": b, "value": efficiency, "status": row["status"],
+                          "k_star": None if pd_isna(row["k_star"]) else float(row["k_star"]),
+                          "reference_k": None if pd_isna(row["reference_k"]) else int(row["reference_k"])})
+    return values, text, cells
+
+
+def _pass_norm(values, grpo: float | None, name: str):
+    """Colour scale of a pass@k panel: diverging around GRPO's value when it lies inside (0, 1)."""
+    import matplotlib.colors as mcolors
+    import numpy as np
+
+    finite = values[np.isfinite(values)]
+    if grpo is not None and 0.0 < grpo < 1.0:
+        spread = max(float(np.abs(finite - grpo).max()) if finite.size else 0.0, 0.005)
+        norm = mcolors.TwoSlopeNorm(vcenter=grpo, vmin=max(0.0, grpo - spread), vmax=min(1.0, grpo + spread))
+        return norm, "vlag", f"{name} (centre: GRPO {grpo:.3f})", [norm.vmin, grpo, norm.vmax]
+    lo = float(finite.min()) if finite.size else 0.0
+    hi = float(finite.max()) if finite.size else 1.0
+    if hi - lo < 0.01:  # (nearly) constant: a readable 0.01 range inside [0, 1]
+        lo = min(max(0.0, (lo + hi) / 2 - 0.005), 0.99)
+        hi = lo + 0.01
+    label = f"{name} (no GRPO run)" if grpo is None else f"{name} (GRPO {grpo:.3f})"
+    return mcolors.Normalize(vmin=lo, vmax=hi), "crest", label, [lo, (lo + hi) / 2, hi]
+
+
+def _draw_heatmap(ax, values, text, sparse_dims, betas, *, norm, cmap: str, label: str, ticks, tick_labels) -> None:
+    import numpy as np
+    import seaborn as sns
+
+    ax.set_facecolor("#eeeeee")  # missing cells
+    ax.grid(False)
+    with warnings.catch_warnings():  # an all-missing panel makes seaborn warn about NaN min/max
+        warnings.simplefilter("ignore", RuntimeWarning)
+        sns.heatmap(values, ax=ax, cmap=cmap, norm=norm, annot=text, fmt="", mask=~np.isfinite(values),
+                    annot_kws={"fontsize": FONT["note"]}, linewidths=0.5, linecolor="white",
+                    xticklabels=[canonical(b) for b in betas], yticklabels=[str(d) for d in sparse_dims],
+                    cbar_kws={"label": label, "shrink": 0.9})
+    # seaborn does not annotate masked cells: say "missing" / "not reached" there
+    for i, j in zip(*np.nonzero(~np.isfinite(values))):
+        if text[i, j]:
+            ax.text(j + 0.5, i + 0.5, text[i, j], ha="center", va="center", fontsize=FONT["note"], color="#555555")
+    colorbar = ax.collections[0].colorbar
+    colorbar.ax.yaxis.label.set_size(FONT["note"])
+    colorbar.ax.tick_params(labelsize=FONT["note"])
+    colorbar.set_ticks(ticks, labels=tick_labels)
+    ax.set_xlabel("β")
+    ax.tick_params(axis="y", rotation=0)
 
 
 def plot_heatmap(table, task: str, backend: str, *, expected: Sequence[RunSpec] | None = None):
     """pass@1, pass@K and k-efficiency over sparse_dim × β for one task and backend."""
     import matplotlib.colors as mcolors
     import numpy as np
-    import seaborn as sns
 
     from repexp import aggregate
 
     sparse_dims, betas = heatmap_grid(table, task, backend, expected)
     found = table_specs(table)
-    missing, notes = completeness_notes(task, [s for s in found if s.backend in (backend, None)],
-                                        None if expected is None else [s for s in expected if s.backend in (backend, None)])
+    trained_here = lambda specs: [s for s in specs if s.trains and s.backend == backend]  # noqa: E731
+    missing, notes = completeness_notes(task, trained_here(found), None if expected is None else trained_here(expected))
     notes = [n for n in notes if "base-model" not in n]
-    task_rows = table[(table["task"] == task) & (table["backend"] == backend) & (table["method"].isin(["repexp", "grpo"]))]
-    ks_per_run = [set(g["k"].astype(int)) for _, g in task_rows.groupby("run")]
-    common = sorted(set.intersection(*ks_per_run)) if ks_per_run else []
-    k_ref = max([k for k in common if k <= HEADLINE_K], default=None)
-    keff = aggregate.k_efficiency(table[table["task"] == task]) if not task_rows.empty else None
-    full_seeds = sorted({s.seed for s in (expected if expected is not None else found)
-                         if s.task == task and s.backend == backend and s.seed is not None})
+    rows = table[(table["task"] == task) & (table["backend"] == backend) & table["method"].isin(["repexp", "grpo"])]
+    ks_per_run = [set(g["k"].astype(int)) for _, g in rows.groupby("run")]
+    common = set.intersection(*ks_per_run) if ks_per_run else set()
+    k_ref = max((k for k in common if k <= HEADLINE_K), default=None)
+    keff = aggregate.k_efficiency(table[table["task"] == task])
+    n_full_seeds = len({s.seed for s in trained_here(expected if expected is not None else found) if s.task == task})
+    grpo_curve = seed_curve(table, Series(task, "grpo", backend, None, 0.0))
 
-    metrics = [("pass@1", 1), (f"pass@{k_ref}" if k_ref else "pass@K", k_ref), ("k-efficiency", None)]
-    title = f"{TASK_TITLES.get(task, task)} [{backend}]: RepExp sweep"
-    width = max(7.5, 2.6 * 3 + 0.45 * max(0, len(betas) - 2) * 3)
-    height = 1.2 + 0.45 * max(2, len(sparse_dims))
-    panels_record = []
+    width = max(7.5, 7.8 + 1.35 * max(0, len(betas) - 2))
+    height = 1.7 + 0.45 * max(2, len(sparse_dims))
+    panels = []
     with _style():
-        fig, axes, _ = _figure_with_footer(width, height + 0.5, legend_rows=0, notes=notes, ncols=3)
-        fig.suptitle(title, fontsize=FONT["title"])
-        for ax, (name, k) in zip(axes[0], metrics):
+        fig, axes, _ = _figure_with_footer(width, height, legend_rows=0, notes=notes, ncols=3)
+        fig.suptitle(f"{TASK_TITLES.get(task, task)} [{backend}]: RepExp sweep", fontsize=FONT["title"])
+        for ax, (name, k) in zip(axes[0], [("pass@1", 1), (f"pass@{k_ref}" if k_ref else "pass@K", k_ref),
+                                          ("k-efficiency", None)]):
+            ax.set_title(name, fontsize=FONT["label"])
             if not sparse_dims:
                 _no_data(ax, f"no RepExp runs for {task} [{backend}]")
-                panels_record.append({"metric": name, "k": k, "cells": []})
+                panels.append({"metric": name, "k": k, "grpo": None, "cells": []})
                 continue
-            values = np.full((len(sparse_dims), len(betas)), np.nan)
-            text = np.full(values.shape, "", dtype=object)
-            cells = []
             grpo = None
-            for i, d in enumerate(sparse_dims):
-                for j, b in enumerate(betas):
-                    if name == "k-efficiency":
-                        row = None
-                        if keff is not None:
-                            match = keff[(keff["backend"] == backend) & (keff["sparse_dim"] == d) & np.isclose(keff["beta"], b)]
-                            row = match.iloc[0] if len(match) else None
-                        if row is None:
-                            text[i, j] = "missing"
-                            cells.append({"sparse_dim": d, "beta": b, "value": None, "status": "missing"})
-                            continue
-                        eff = None if pd_isna(row["efficiency"]) else float(row["efficiency"])
-                        values[i, j] = math.log2(eff) if eff else np.nan
-                        text[i, j] = f"{eff:.2f}×" if eff else str(row["status"]).replace(" ", "\n", 1)
-                        cells.append({"sparse_dim": d, "beta": b, "value": eff, "status": row["status"],
-                                      "k_star": None if pd_isna(row["k_star"]) else float(row["k_star"]),
-                                      "reference_k": None if pd_isna(row["reference_k"]) else int(row["reference_k"])})
-                        continue
-                    if k is None:
-                        text[i, j] = "–"
-                        cells.append({"sparse_dim": d, "beta": b, "value": None, "n_seeds": 0})
-                        continue
-                    v = _heat_value(table, task, backend, d, b, k)
-                    cells.append({"sparse_dim": d, "beta": b, "value": v["mean"], "sem": v.get("sem"),
-                                  "n_seeds": v["n_seeds"], "seeds": v.get("seeds", [])})
-                    if v["mean"] is None:
-                        text[i, j] = "missing"
-                        continue
-                    values[i, j] = v["mean"]
-                    text[i, j] = f"{v['mean']:.3f}"
-                    if full_seeds and v["n_seeds"] < len(full_seeds):
-                        text[i, j] += f"\n({v['n_seeds']}/{len(full_seeds)} seeds)"
             if name == "k-efficiency":
-                finite = values[np.isfinite(values)]
-                bound = max(1.0, float(np.abs(finite).max())) if finite.size else 1.0
-                norm = mcolors.TwoSlopeNorm(vcenter=0.0, vmin=-bound, vmax=bound)
-                cmap, cbar_label = "vlag", "efficiency (1×: as GRPO)"
+                values, text, cells = _efficiency_cells(keff, backend, sparse_dims, betas)
+                finite = values[np.isfinite(values)]  # log2 efficiency: the scale is symmetric around 1×
+                bound = max(1, math.ceil(float(np.abs(finite).max()))) if finite.size else 1
+                ticks = list(range(-bound, bound + 1))
+                _draw_heatmap(ax, values, text, sparse_dims, betas, cmap="vlag", label="efficiency (1×: as GRPO)",
+                              norm=mcolors.TwoSlopeNorm(vcenter=0.0, vmin=-bound, vmax=bound),
+                              ticks=ticks, tick_labels=[f"{2.0 ** t:g}×" for t in ticks])
             else:
-                grpo_curve = seed_curve(table, Series(task, "grpo", backend, None, 0.0))
+                values, text, cells = _pass_cells(table, task, backend, sparse_dims, betas, k, n_full_seeds)
                 if grpo_curve and k in grpo_curve["k"]:
                     grpo = grpo_curve["mean"][grpo_curve["k"].index(k)]
-                finite = values[np.isfinite(values)]
-                if grpo is not None:
-                    spread = float(np.abs(finite - grpo).max()) if finite.size else 0.0
-                    spread = max(spread, 0.005)
-                    norm = mcolors.TwoSlopeNorm(vcenter=grpo, vmin=grpo - spread, vmax=grpo + spread)
-                    cmap, cbar_label = "vlag", f"{name} (centre: GRPO {grpo:.3f})"
-                else:
-                    lo = float(finite.min()) if finite.size else 0.0
-                    hi = float(finite.max()) if finite.size else 1.0
-                    norm = mcolors.Normalize(vmin=lo, vmax=hi if hi > lo else lo + 0.01)
-                    cmap, cbar_label = "crest", f"{name} (no GRPO run)"
-            ax.set_facecolor("#eeeeee")
-            sns.heatmap(values, ax=ax, cmap=cmap, norm=norm, annot=text, fmt="", mask=~np.isfinite(values),
-                        annot_kws={"fontsize": FONT["note"]}, linewidths=0.5, linecolor="white",
-                        xticklabels=[canonical(b) for b in betas], yticklabels=[str(d) for d in sparse_dims],
-                        cbar_kws={"label": cbar_label, "shrink": 0.9})
-            # seaborn skips annotations of masked cells; write "missing"/"not reached" there ourselves
-            for i in range(len(sparse_dims)):
-                for j in range(len(betas)):
-                    if not np.isfinite(values[i, j]) and text[i, j]:
-                        ax.text(j + 0.5, i + 0.5, text[i, j], ha="center", va="center", fontsize=FONT["note"], color="#555555")
-            colorbar = ax.collections[0].colorbar
-            colorbar.ax.yaxis.label.set_size(FONT["note"])
-            colorbar.ax.tick_params(labelsize=FONT["note"])
-            if name == "k-efficiency":  # the scale is log2; label it in efficiency units
-                ticks = list(range(-math.floor(bound), math.floor(bound) + 1))
-                colorbar.set_ticks(ticks, labels=[f"{2.0 ** t:g}×" for t in ticks])
-            else:
-                colorbar.set_ticks([norm.vmin, (norm.vmin + norm.vmax) / 2, norm.vmax],
-                                   labels=[f"{v:.3f}" for v in (norm.vmin, (norm.vmin + norm.vmax) / 2, norm.vmax)])
-            ax.set_xlabel("β")
+                norm, cmap, label, ticks = _pass_norm(values, grpo, name)
+                _draw_heatmap(ax, values, text, sparse_dims, betas, norm=norm, cmap=cmap, label=label,
+                              ticks=ticks, tick_labels=[f"{t:.3f}" for t in ticks])
             ax.set_ylabel("sparse_dim" if name == "pass@1" else "")
-            ax.set_title(name, fontsize=FONT["label"])
-            ax.tick_params(axis="y", rotation=0)
-            panels_record.append({"metric": name, "k": k, "grpo": grpo, "cells": cells})
+            panels.append({"metric": name, "k": k, "grpo": grpo, "cells": cells})
     caption = (
         f"RepExp sweep on {TASK_TITLES.get(task, task)} ({backend}): rows sparse_dim, columns β; cells are means over "
-        "seeds. pass@1 and pass@K (K: the largest k ≤ 256 evaluated by every run) are coloured around GRPO's "
-        "value (blue: below, red: above). k-efficiency = reference k / k*, where k* is the (log2-interpolated) "
-        "smallest k at which RepExp's pass@k reaches GRPO's pass@K; \"not reached\" when it never does."
+        "seeds. pass@1 and pass@K (K: the largest k ≤ 256 every run evaluated) are coloured around GRPO's value "
+        "(blue: below, red: above). k-efficiency = k_GRPO / k*: k* is the (log2-interpolated) smallest k at which "
+        "RepExp's pass@k reaches GRPO's pass@K, k_GRPO the same for GRPO's own curve (K unless GRPO saturates); "
+        "\"not reached\" when RepExp never does."
     )
     record = {"id": f"heatmap_{task}_{backend}", "kind": "heatmap", "task": task, "backend": backend,
               "caption": caption, "notes": notes, "missing_runs": missing, "size_px": _size_px(fig),
-              "sparse_dims": sparse_dims, "betas": betas, "panels": panels_record}
+              "sparse_dims": sparse_dims, "betas": betas, "panels": panels}
     return fig, record
 
 
@@ -644,6 +699,8 @@ TRAINING_PANELS = (
 def plot_training(curves: dict[str, dict[str, dict[int, float]]], task: str, backend: str, *,
                   specs: Sequence[RunSpec], source: str):
     """Training curves of one task and backend: one line per method/point, mean over seeds ± SEM."""
+    from matplotlib.ticker import MaxNLocator
+
     trained = [s for s in specs if s.task == task and s.backend == backend and s.trains]
     missing = [s.path for s in trained if s.path not in curves]
     series_runs: dict[Series, list[RunSpec]] = {}
@@ -655,7 +712,7 @@ def plot_training(curves: dict[str, dict[str, dict[int, float]]], task: str, bac
     styles = _series_styles(series, show_point=show_point, show_backend=False)
     notes = []
     if missing:
-        notes.append(f"no training metrics ({source}) for: {', '.join(m.split('/', 1)[1] for m in missing)}")
+        notes.append(f"no training metrics ({source}) for: {compact_runs([m.split('/', 1)[1] for m in missing])}")
     labels = [styles[s]["label"] for s in series]
     ncol = min(max(1, len(labels)), 4)
     panels_record = []
@@ -692,6 +749,7 @@ def plot_training(curves: dict[str, dict[str, dict[int, float]]], task: str, bac
                 _no_data(ax, f"no {', '.join(metrics)} logged")
             else:
                 ax.set_xlabel("step")
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
                 ax.tick_params(axis="both", labelsize=FONT["tick"])
                 if title == "dev pass@1":
                     ax.set_ylim(*_adaptive_ylim(lows, highs))
@@ -818,7 +876,8 @@ def make_figures(table, out_dir: Path, *, expected: Sequence[RunSpec] | None = N
             figures.append(record)
     index = {"generated_by": "repexp figures", "table": table_path, "dpi": DPI,
              "expected_from_config": expected is not None,
-             "missing_runs": sorted({m for f in figures for m in f["missing_runs"]}),
+             "missing_evaluations": sorted({m for f in figures if f["kind"] != "training" for m in f["missing_runs"]}),
+             "missing_training_metrics": sorted({m for f in figures if f["kind"] == "training" for m in f["missing_runs"]}),
              "training_curves": curves_source or None, "figures": figures}
     write_json_atomic(out_dir / "index.json", _json_safe(index))
     return index
@@ -866,8 +925,10 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as err:
         print(f"figures: error: {err}", file=sys.stderr)
         return 1
-    for name in index["missing_runs"]:
-        print(f"figures: missing run: {name}", file=sys.stderr)
+    for name in index["missing_evaluations"]:
+        print(f"figures: missing evaluation: {name}", file=sys.stderr)
+    for name in index["missing_training_metrics"]:
+        print(f"figures: missing training metrics: {name}", file=sys.stderr)
     for figure in index["figures"]:
         for note in figure["notes"]:
             print(f"figures: {figure['id']}: {note}", file=sys.stderr)

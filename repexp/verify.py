@@ -106,20 +106,20 @@ def family(data_source: str) -> str:
 
 # --------------------------------------------------------------------------- extraction
 
-_BOX_COMMANDS = ("\\boxed", "\\fbox")
+_BOX_COMMANDS = ("\\boxed", "\\fbox", "\\framebox")
 
 
 def last_boxed(text: str) -> Optional[str]:
-    """Content of the last `\\boxed{...}` / `\\fbox{...}` (or `\\boxed X`), None if absent or unclosed.
+    """Content of the last `\\boxed{...}` / `\\fbox{...}` / `\\framebox{...}` (or `\\boxed X`), None if absent or unclosed.
 
     Braces are counted the way Hendrycks' `last_boxed_only_string` counts them, so on
     every MATH solution this returns exactly the dataset's `answer` field. Unlike
     verl's copy, the `\\boxed X` form is only used when the *last* box has it.
     """
-    start = max(text.rfind(cmd) for cmd in _BOX_COMMANDS)
+    start, command = max((text.rfind(cmd), cmd) for cmd in _BOX_COMMANDS)
     if start < 0:
         return None
-    pos = start + (len("\\boxed") if text.startswith("\\boxed", start) else len("\\fbox"))
+    pos = start + len(command)
     if pos < len(text) and (text[pos].isalpha()):
         return None  # another command, e.g. \boxedsymbol
     rest = text[pos:]
@@ -278,6 +278,19 @@ def _gold_key(fam: str, ground_truth: str) -> str:
 
 
 _INTEGER = re.compile(r"[+-]?\d+")
+_WRAPPED = re.compile(r"\\(?:text|textbf|mathbf|mathrm|mbox)\{(.*)\}|\((.*)\)|\{(.*)\}")
+
+
+def _as_integer(answer: str) -> Optional[int]:
+    """The integer an answer states once formatting is peeled off (`\\textbf{(073)}` → 73), else None."""
+    for _ in range(4):
+        if _INTEGER.fullmatch(answer):
+            return int(answer)
+        match = _WRAPPED.fullmatch(answer)
+        if not match:
+            return None
+        answer = next(group for group in match.groups() if group is not None).strip()
+    return None
 
 
 def _fast_decision(fam: str, gold: str, answer: Optional[str]) -> Optional[float]:
@@ -288,8 +301,10 @@ def _fast_decision(fam: str, gold: str, answer: Optional[str]) -> Optional[float
         return 1.0 if _parse_number(answer) == _parse_number(gold) else 0.0
     if answer == gold:
         return 1.0
-    if _INTEGER.fullmatch(answer) and _INTEGER.fullmatch(gold):
-        return 1.0 if int(answer) == int(gold) else 0.0
+    if _INTEGER.fullmatch(gold):
+        value = _as_integer(answer)
+        if value is not None:  # integer golds (all of AIME): exact, so "033" equals "33"
+            return 1.0 if value == int(gold) else 0.0
     if len(answer) > MAX_ANSWER_CHARS:
         return 0.0
     return None
@@ -314,7 +329,7 @@ def _parse_boxed(latex: str) -> tuple:
     return tuple(parse("\\boxed{" + latex + "}", [config()], parsing_timeout=None))
 
 
-MAX_RESULT_DIGITS = 10_000  # refuse expressions whose exact value would have more digits
+MAX_RESULT_DIGITS = 100_000  # refuse expressions whose exact value would have more digits (ms to build)
 
 
 def _log10_bound(expr: Any) -> float:
@@ -327,11 +342,12 @@ def _log10_bound(expr: Any) -> float:
     """
     if getattr(expr, "is_Number", False):
         if getattr(expr, "is_Rational", False):
-            return max(abs(int(expr.p)).bit_length(), abs(int(expr.q)).bit_length()) * 0.30103
+            return math.log10(max(abs(int(expr.p)), abs(int(expr.q)), 1))
         try:
-            return math.log10(abs(float(expr)) + 1.0)
+            bound = math.log10(abs(float(expr)) + 1.0)
         except (TypeError, ValueError, OverflowError):
-            return 0.0  # oo, nan, zoo
+            return 0.0
+        return bound if math.isfinite(bound) else 0.0  # oo, -oo, zoo, nan are symbols, not big numbers
     args = getattr(expr, "args", ())
     if not args or not all(hasattr(a, "args") for a in args):
         return 0.0

@@ -279,6 +279,8 @@ def test_degenerate_groups_give_finite_results(device, reward_type, normalizatio
     assert torch.isfinite(values).all()
     # centred identical / zero / single rows are all the zero vector: no novelty, no spread
     assert torch.equal(values.cpu(), torch.zeros(9))
+    no_dims = bonuses(torch.zeros(4, 0, device=device), [0, 0, 1, 1], reward_type=reward_type, normalization=normalization)
+    assert torch.equal(no_dims.cpu(), torch.zeros(4))
 
 
 def test_single_uncentred_row_has_closed_form():

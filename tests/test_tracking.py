@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from repexp import checkpoints
+from repexp import checkpoints, cli
 from repexp import tracking as T
 from repexp.evaluate.core import eval_result
 
@@ -55,12 +56,27 @@ def _closed_port() -> int:
         return sock.getsockname()[1]  # nothing listens once the socket is closed
 
 
+@pytest.fixture(scope="module")
+def empty_db(tmp_path_factory) -> Path:
+    """One migrated, empty SQLite store; tests copy it (creating one runs ~2 s of schema migrations)."""
+    results = tmp_path_factory.mktemp("template")
+    _client(T.default_tracking_uri(results)).search_experiments()
+    return results / "mlflow" / "mlflow.db"
+
+
+def _new_store(results: Path, empty_db: Path) -> str:
+    db = results / "mlflow" / "mlflow.db"
+    db.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(empty_db, db)
+    return T.default_tracking_uri(results)
+
+
 @pytest.fixture
-def store(tmp_path, monkeypatch):
+def store(tmp_path, monkeypatch, empty_db):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv(T.ENV_TRACKING, raising=False)
     cfg = _config(tmp_path)
-    return cfg, T.default_tracking_uri(tmp_path / "results")
+    return cfg, _new_store(tmp_path / "results", empty_db)
 
 
 def test_node_runs_nest_under_their_parents_with_tags_params_metrics_artifacts(store, tmp_path, monkeypatch):
@@ -130,7 +146,7 @@ def test_concurrent_nodes_of_one_sweep_point_share_one_parent(store, tmp_path):
         "    n.log_metrics({'x': 1.0})\n"
     )
     procs = [subprocess.Popen([sys.executable, "-c", script, rule, str(cfg)], stderr=subprocess.PIPE, text=True)
-             for rule in ("train", "select", "eval", "merge")]
+             for rule in ("train", "select", "eval")]
     for proc in procs:
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err
@@ -139,10 +155,10 @@ def test_concurrent_nodes_of_one_sweep_point_share_one_parent(store, tmp_path):
     parents = [r for r in runs if r.data.tags.get(T.PARENT_KEY_TAG) == "point:gsm8k/trl_grpo_s42"]
     assert len(parents) == 1
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
-    assert sorted(r.data.tags["snakemake.rule"] for r in children) == ["eval", "merge", "select", "train"]
+    assert sorted(r.data.tags["snakemake.rule"] for r in children) == ["eval", "select", "train"]
 
 
-def test_unreachable_server_writes_the_outbox_and_sync_uploads_exactly_once(tmp_path, monkeypatch):
+def test_unreachable_server_writes_the_outbox_and_sync_uploads_exactly_once(tmp_path, monkeypatch, empty_db):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     dead = f"http://127.0.0.1:{_closed_port()}"
     cfg = _config(tmp_path, tracking_uri=dead)
@@ -168,7 +184,7 @@ def test_unreachable_server_writes_the_outbox_and_sync_uploads_exactly_once(tmp_
     synced, errors = T.sync(results)
     assert synced == 0 and len(errors) == 2 and len(T.pending_records(results)) == 2
 
-    uri = T.default_tracking_uri(tmp_path / "store")  # the store is back (here: a local SQLite store)
+    uri = _new_store(tmp_path / "store", empty_db)  # the store is back (here: a local SQLite store)
     assert T.sync(results, tracking_uri=uri) == (2, [])
     assert T.sync(results, tracking_uri=uri) == (0, [])  # marked synced: nothing twice
     # a sync that died after uploading but before marking: replaying the record changes nothing
@@ -199,7 +215,7 @@ def test_tracking_off_logs_nothing(tmp_path, monkeypatch):
     assert not (tmp_path / "results" / "mlflow").exists()
 
 
-def test_node_wrapper_runs_the_command_and_logs_its_outputs(store, tmp_path):
+def test_node_wrapper_runs_the_command_and_logs_its_outputs(store, tmp_path, capsys):
     cfg, uri = store
     run_dir = tmp_path / "results" / "train" / "gsm8k" / SPEC
     tracker = checkpoints.BestDevTracker(run_dir)
@@ -209,16 +225,16 @@ def test_node_wrapper_runs_the_command_and_logs_its_outputs(store, tmp_path):
         checkpoints.mark_complete(ckpt)
         tracker.record_validation(step, {"dev/pass@1": 0.1 * step})
     pointer = run_dir / "select.json"
-    wrapper = [REPEXP, "mlflow", "node", "--config", str(cfg), "--rule", "select", "--task", "gsm8k", "--run", SPEC,
+    wrapper = ["mlflow", "node", "--config", str(cfg), "--rule", "select", "--task", "gsm8k", "--run", SPEC,
                "--output", str(pointer), "--"]
-    proc = subprocess.run([*wrapper, "repexp", "select", "--run-dir", str(run_dir), "--backend", "trl",
-                           "--out", str(pointer)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
+    # in-process, as `repexp mlflow node ... -- repexp select ...` runs it
+    assert cli.main([*wrapper, "repexp", "select", "--run-dir", str(run_dir), "--backend", "trl",
+                     "--out", str(pointer)]) == 0
     assert json.loads(pointer.read_text())["checkpoint_step"] == 2
-
-    failing = subprocess.run([*wrapper, "repexp", "select", "--run-dir", str(tmp_path / "nowhere"), "--backend", "trl",
-                              "--out", str(pointer)], capture_output=True, text=True, timeout=300)
-    assert failing.returncode == 1 and "best_dev.json: missing" in failing.stderr
+    with pytest.raises(SystemExit) as failing:
+        cli.main([*wrapper, "repexp", "select", "--run-dir", str(tmp_path / "nowhere"), "--backend", "trl",
+                  "--out", str(pointer)])
+    assert failing.value.code == 1 and "best_dev.json: missing" in capsys.readouterr().err
 
     client = _client(uri)
     nodes = sorted((r for r in _runs(uri) if r.data.tags.get("snakemake.rule") == "select"),

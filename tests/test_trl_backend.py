@@ -190,11 +190,16 @@ def test_turn_off_rule_zeroes_bonus_of_group_without_correct_completion(tmp_path
     reward, tokenizer = make_reward(cfg, tiny_model)
     batch = constructed_batch(tokenizer)
     logged = {}
-    shaped = reward(**batch, log_metric=logged.__setitem__)
+    advantages = torch.tensor(reward(**batch, log_metric=logged.__setitem__))
     assert reward.forward_calls == 1 and reward.backbone_loads == 1  # the real frozen forward ran
+    shaped = reward.last_shaped.tolist()
     assert shaped[:4] == [0.0] * 4  # no correct completion: α·0 + β·(bonus switched off)
     bonus = [total - correct for total, correct in zip(shaped[4:], [1, 0, 1, 0])]  # α = 1
     assert all(b > 0 for b in bonus)  # the partially correct group keeps β·bonus on every rollout
+    # returned: verl's GRPO advantage of the shaped reward, (r − mean) / (unbiased std + 1e-6) per group
+    group = torch.tensor(shaped[4:], dtype=torch.float64)
+    torch.testing.assert_close(advantages[4:], ((group - group.mean()) / (group.std() + 1e-6)).float())
+    assert advantages[:4].abs().max() == 0
     assert logged["repexp/groups/none_correct_frac"] == 0.5 and logged["repexp/groups/some_correct_frac"] == 0.5
     assert logged["repexp/bonus_raw/min"] > 0  # raw bonuses exist for both groups before the rule
     assert logged["reward/verifier/mean"] == 0.25
@@ -259,8 +264,18 @@ def test_repexp_training_steps(uninterrupted, tiny_model):
     assert json.loads((run_dir / "DONE").read_text())["final_step"] == 4
 
 
-def test_beta_zero_is_plain_grpo_without_representation_model(tmp_path, tiny_model, data_dir):
+def test_beta_zero_is_plain_grpo_without_representation_model(tmp_path, tiny_model, data_dir, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from repexp.trl.runlog import MlflowSink
     from repexp.trl.train import train
+
+    # The wrapper pre-creates the node's MLflow run and passes its id in the environment.
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    run_id = client.create_run(client.create_experiment("trl-test")).info.run_id
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_RUN_ID", run_id)
 
     cfg = run_config(tmp_path, tiny_model, data_dir, beta=0.0,
                      train={"total_steps": 1, "test_freq": 1, "save_freq": 1, "val_before_train": False})
@@ -271,6 +286,14 @@ def test_beta_zero_is_plain_grpo_without_representation_model(tmp_path, tiny_mod
     assert not any(key.startswith(("repexp/bonus", "timing_s/repexp")) for key in record)
     assert record["reward/shaped/mean"] == record["reward/verifier/mean"]  # α = 1, no bonus
     assert is_complete(checkpoint_dir(cfg.run_dir, 1))
+
+    logged = client.get_run(run_id).data.metrics
+    assert logged["reward/verifier/mean"] == record["reward/verifier/mean"]
+    assert logged["dev/pass_at_1"] == record["dev/pass@1"]  # '@' sanitised as verl's MLflow logger does
+    with pytest.warns(RuntimeWarning, match="MLflow tracking switched off"):
+        broken = MlflowSink(run_id="no-such-run", tracking_uri=uri)
+        broken.log({"step": 1, "x": 1.0}, 1)  # a tracking failure warns; it never raises
+    assert not broken.enabled
 
 
 @pytest.mark.slow

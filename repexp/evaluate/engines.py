@@ -152,25 +152,32 @@ class HFEngine:
 
     name = "hf"
 
-    def __init__(self, model_path: str, options: EngineOptions = EngineOptions()):
-        import torch
-        from transformers import AutoModelForCausalLM, GenerationConfig
+    def __init__(self, model, tokenizer, eos_ids: Sequence[int], options: EngineOptions = EngineOptions()):
+        """Wrap a loaded causal LM (already on its device) and its left-padding tokenizer."""
+        from transformers import GenerationConfig
 
         self.options = options
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = model.eval()
+        self.device = next(model.parameters()).device
+        self.tokenizer = tokenizer
+        self.eos_ids = [int(i) for i in eos_ids]
+        # Drop the checkpoint's sampling defaults (top_k, repetition_penalty, …): only our settings apply.
+        self.model.generation_config = GenerationConfig(eos_token_id=self.eos_ids, pad_token_id=tokenizer.pad_token_id)
+        limit = options.max_model_len or getattr(model.config, "max_position_embeddings", None)
+        self.max_model_len = int(limit) if limit else None
+
+    @classmethod
+    def load(cls, model_path: str, options: EngineOptions = EngineOptions()) -> "HFEngine":
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dtype = options.dtype
         if dtype == "auto":
-            dtype = "bfloat16" if self.device.type == "cuda" else "float32"
-        self.tokenizer = load_tokenizer(model_path)
-        self.eos_ids = stop_token_ids(model_path, self.tokenizer)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(self.device)
-        self.model.eval()
-        # Drop the checkpoint's sampling defaults (top_k, repetition_penalty, …): only our settings apply.
-        self.model.generation_config = GenerationConfig(
-            eos_token_id=self.eos_ids, pad_token_id=self.tokenizer.pad_token_id
-        )
-        limit = options.max_model_len or getattr(self.model.config, "max_position_embeddings", None)
-        self.max_model_len = int(limit) if limit else None
+            dtype = "bfloat16" if device.type == "cuda" else "float32"
+        tokenizer = load_tokenizer(model_path)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(device)
+        return cls(model, tokenizer, stop_token_ids(model_path, tokenizer), options)
 
     def _generation_config(self, settings: SamplingSettings, num_return_sequences: int):
         from transformers import GenerationConfig
@@ -336,7 +343,7 @@ def generate_samples(
 
 def load_engine(name: str, model_path: str, options: EngineOptions, *, seed: int = 0) -> Engine:
     if name == "hf":
-        return HFEngine(model_path, options)
+        return HFEngine.load(model_path, options)
     if name == "vllm":
         if not vllm_available():
             raise RuntimeError("engine 'vllm' requested but vllm is not importable in this environment")

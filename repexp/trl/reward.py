@@ -12,9 +12,14 @@ completions i·n … i·n + n − 1 share a prompt (TRL's RepeatSampler). Per ca
    `extra_info.index`);
 3. `repexp.elliptical.combine_rewards` applies α, β and the turn-off rules.
 
-TRL then normalises the returned shaped reward within each group (GRPO advantage), which is
-what verl does with the same shaped reward. β = 0 never loads the representation model.
-Metrics use the names shared with the verl backend (docs/architecture.md).
+4. the shaped reward is normalised within each group exactly as verl's GRPO advantage,
+   (r − mean) / (unbiased std + 1e-6), and returned; TRL runs with `scale_rewards="none"`, so
+   its own mean subtraction leaves these values unchanged. (TRL's group scaling would divide by
+   std + 1e-4, which damps the advantage of groups whose shaped rewards differ only by a small
+   β·bonus spread, e.g. all-correct groups: the two backends would no longer agree.)
+
+β = 0 never loads the representation model. Metrics use the names shared with the verl
+backend (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -32,6 +37,16 @@ from repexp.config import ConfigError, RunConfig
 from repexp.trl.pooling import completion_features
 
 COVARIANCE_STATE_FILE = "repexp_covariance.pt"
+GRPO_EPSILON = 1e-6  # verl's compute_grpo_outcome_advantage
+
+
+def group_normalized(rewards: torch.Tensor, group_size: int, epsilon: float = GRPO_EPSILON) -> torch.Tensor:
+    """verl's GRPO advantage of consecutive groups: (r − group mean) / (group unbiased std + ε)."""
+    if group_size < 2 or rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} rewards do not form groups of {group_size} (>= 2) rollouts")
+    grouped = rewards.double().view(-1, group_size)
+    normalized = (grouped - grouped.mean(dim=1, keepdim=True)) / (grouped.std(dim=1, keepdim=True) + epsilon)
+    return normalized.view(-1).float()
 
 
 def projection_seed(seed: int, step: int, randomize: bool) -> int:
@@ -67,8 +82,9 @@ def load_backbone(path: str, *, dtype: torch.dtype, device: torch.device, key: s
 
 
 class RepExpReward:
-    """Callable TRL reward function (see the module docstring). Stateful only through the
-    optional persistent covariance, which `save_state` / `load_state` carry across resumes."""
+    """Callable TRL reward function (see the module docstring): returns the group-normalised
+    shaped reward; `last_shaped` keeps α·score + β·bonus of the last call. Stateful only through
+    the optional persistent covariance, which `save_state` / `load_state` carry across resumes."""
 
     __name__ = "repexp"  # TRL names the reward column after the function
 
@@ -99,6 +115,7 @@ class RepExpReward:
         self.backbone_loads = 0
         self.forward_calls = 0
         self.last_metrics: dict[str, float] = {}
+        self.last_shaped: Optional[torch.Tensor] = None
 
     # ----------------------------------------------------------------- frozen model
 
@@ -180,11 +197,11 @@ class RepExpReward:
                 raise ValueError("extra_info.index: every training row needs it (the key of bonus.persist_covariance)")
             prompt_keys = [int(info["index"]) for info in extra_info]
         shaped, metrics = self.shape(prompts, completion_ids, scores, step=step, prompt_keys=prompt_keys)
-        self.last_metrics = metrics
+        self.last_shaped, self.last_metrics = shaped, metrics
         if log_metric is not None:
             for name, value in metrics.items():
                 log_metric(name, value)
-        return shaped.tolist()
+        return group_normalized(shaped, self.n).tolist()
 
     def shape(
         self,
@@ -205,9 +222,10 @@ class RepExpReward:
         extrinsic = torch.tensor(scores, dtype=torch.float64)
         metrics: dict[str, float] = {}
         if self.enabled:
+            backbone = self.backbone  # loaded on first use, outside the timed forward
             start = time.perf_counter()
             features = completion_features(
-                self.backbone,
+                backbone,
                 self._prompt_token_ids(prompts),
                 completion_ids,
                 pad_token_id=self.tokenizer.pad_token_id,

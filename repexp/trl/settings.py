@@ -155,11 +155,12 @@ def grpo_config_kwargs(cfg: RunConfig, plan: StepPlan, *, output_dir: str, use_c
         top_k=0,
         repetition_penalty=1.0,
         use_vllm=False,
-        # loss: GRPO with group-std scaling, no KL term (the recipe's kl coefficient is 0)
+        # loss: GRPO without a KL term (the recipe's kl coefficient is 0). The reward function already
+        # returns verl's group-normalised advantage, so TRL must not rescale it (see repexp.trl.reward).
         beta=0.0,
         epsilon=train.clip_ratio,
         loss_type=LOSS_TYPES[train.loss_agg_mode],
-        scale_rewards="group",
+        scale_rewards="none",
         mask_truncated_completions=False,
         importance_sampling_level="token",
         entropy_coef=train.entropy_coeff,

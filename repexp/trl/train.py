@@ -132,8 +132,13 @@ def prune_checkpoints(run_dir: Path, keep: Optional[int], tracker: BestDevTracke
             shutil.rmtree(checkpoint_dir(run_dir, step), ignore_errors=True)
 
 
+# TRL's reward statistics describe what the reward function returns, here the group-normalised
+# advantage (mean 0, std 1 by construction); reward/shaped/mean and reward/verifier/mean replace them.
+DROPPED = ("reward", "reward_std", "rewards/repexp/mean", "rewards/repexp/std")
+
+
 def rename_metrics(logs: dict) -> dict:
-    return {RENAMES.get(key, key): value for key, value in logs.items()}
+    return {RENAMES.get(key, key): value for key, value in logs.items() if key not in DROPPED}
 
 
 # --------------------------------------------------------------------------- TRL pieces (imported lazily)

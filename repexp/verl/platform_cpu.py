@@ -1,13 +1,11 @@
 """A CPU "accelerator" for verl 0.9.1, so verl's own FSDP engine, worker and checkpoint code run in CPU tests.
 
 verl resolves its device platform once per process (`verl.plugin.platform.get_platform`) and
-its FSDP engine module caches the device name at import; `install()` registers and selects this
+its FSDP engine module caches the device name at import; `cpu_platform()` registers and selects this
 platform and patches that cached name, plus one accelerator-only detail (pinned memory for
-forward-only FSDP2 offload). Nothing here is used on GPU machines.
-
-`init_single_process_group()` starts a one-rank gloo process group, which makes verl's
-`initialize_global_process_group_ray` a no-op (its default backend string would name gloo twice
-on this platform).
+forward-only FSDP2 offload). Both helpers are context managers that undo themselves, so a test
+module using them leaves the rest of the process as it found it. Nothing here is used on GPU
+machines.
 """
 
 from __future__ import annotations
@@ -67,6 +65,15 @@ class _NoCudaDeviceModule:
     @staticmethod
     def set_device(*args: Any, **kwargs: Any) -> None:
         return None
+
+    @staticmethod
+    def get_rng_state() -> torch.Tensor:
+        return torch.get_rng_state()
+
+    @staticmethod
+    def set_rng_state(state: torch.Tensor) -> None:
+        # verl's checkpoint manager restores the "cpu" entry again through the device module
+        torch.set_rng_state(state)
 
 
 class CPUPlatform(PlatformBase):
@@ -142,31 +149,34 @@ class CPUPlatform(PlatformBase):
         return None
 
 
-def install() -> CPUPlatform:
-    """Select the CPU platform for this process (idempotent; also after verl picked its CUDA fallback)."""
+@contextlib.contextmanager
+def cpu_platform():
+    """verl's platform is this CPU platform inside the block; the previous state is restored after."""
     import importlib
 
-    current = platform_manager._current_platform
-    if isinstance(current, CPUPlatform):
-        return current
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    previous = platform_manager._current_platform
     platform_manager.PlatformRegistry.register(platform="cpu")(CPUPlatform)
-    os.environ["VERL_PLATFORM"] = "cpu"
     platform = CPUPlatform()
     platform_manager.set_platform(platform)
     engine_module = importlib.import_module(_ENGINE_MODULE)
+    saved = engine_module.device_name, engine_module.CPUOffloadPolicy
     engine_module.device_name = platform.device_name  # cached at import by verl
-    _unpin_fsdp2_offload(engine_module)
-    return platform
-
-
-def _unpin_fsdp2_offload(engine_module: ModuleType) -> None:
-    """verl gives forward-only FSDP2 engines `CPUOffloadPolicy(pin_memory=True)`; pinning needs an accelerator."""
-    from torch.distributed.fsdp import CPUOffloadPolicy
 
     def unpinned_cpu_offload_policy(pin_memory: bool = True) -> CPUOffloadPolicy:
+        # verl gives forward-only FSDP2 engines CPUOffloadPolicy(pin_memory=True); pinning needs an accelerator
         return CPUOffloadPolicy(pin_memory=False)
 
     engine_module.CPUOffloadPolicy = unpinned_cpu_offload_policy
+    try:
+        yield platform
+    finally:
+        engine_module.device_name, engine_module.CPUOffloadPolicy = saved
+        platform_manager._current_platform = previous
+
+
+_DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def _free_port() -> int:
@@ -175,14 +185,25 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def init_single_process_group() -> None:
-    """A one-rank gloo process group plus the env verl's `Worker` reads (idempotent)."""
-    if not torch.distributed.is_initialized():
-        port = _free_port()
-        os.environ.update(
-            {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        )
-        torch.distributed.init_process_group(
-            backend="gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}"
-        )
+@contextlib.contextmanager
+def single_process_group():
+    """A one-rank gloo process group plus the env verl's `Worker` reads; both undone after the block.
+
+    It makes verl's `initialize_global_process_group_ray` a no-op (its default backend string
+    would name gloo twice on the CPU platform)."""
+    if torch.distributed.is_initialized():
+        raise RuntimeError("a torch.distributed process group already exists in this process")
+    saved = {key: os.environ.get(key) for key in _DIST_ENV}
+    port = _free_port()
+    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    torch.distributed.init_process_group(backend="gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -42,12 +42,7 @@ def run_dir_of(config: DictConfig) -> Path:
 
 
 def check_config(config: DictConfig) -> RepExpSettings:
-    """verl's own validation plus what RepExp needs; raises ValueError naming the key."""
-    validate_config(
-        config=config,
-        use_reference_policy=need_reference_policy(config),
-        use_critic=need_critic(config),
-    )
+    """What RepExp needs plus verl's own validation; raises ValueError naming the key."""
     settings = RepExpSettings.from_mapping(OmegaConf.to_container(config.actor_rollout_ref.repexp, resolve=True))
     run_dir_of(config)
     if config.trainer.v1.trainer_mode != TRAINER_MODE:
@@ -72,6 +67,11 @@ def check_config(config: DictConfig) -> RepExpSettings:
                 f"actor_rollout_ref.repexp.micro_batch_size_per_gpu: {settings.micro_batch_size_per_gpu} must divide "
                 f"{per_rank_unit} rows per GPU and mini-batch (or set actor_rollout_ref.repexp.use_dynamic_bsz=true)"
             )
+    validate_config(
+        config=config,
+        use_reference_policy=need_reference_policy(config),
+        use_critic=need_critic(config),
+    )
     return settings
 
 

@@ -1,0 +1,676 @@
+"""`repexp data prepare TASK`: benchmark data → verl parquet splits + manifest.
+
+Tasks (upstream_recipe.md §3, evaluation_and_data.md §4.2):
+
+| task | train | dev | test |
+|---|---|---|---|
+| `math` | MATH train (7,500) | the 500 MATH-500 problems of MATH test (by `unique_id`) | the other 4,500 |
+| `gsm8k` | GSM8K train (7,473) | 512 GSM8K test problems chosen with the seed | the other 807 |
+| `aime24` | MATH train (or DAPO: `--aime-train dapo`) | AIME 2024 (30) | = dev |
+| `dapo-with-aime24` | a seeded 4,096-problem subset of the DAPO set | AIME 2024 (30) | = dev |
+
+Sources: a directory of JSONL files (default: the config's `data.source`,
+`../shared/data`) or `hf` (the upstream Hugging Face ids, via `datasets.load_dataset`).
+Loading only fetches raw rows; everything after it (ground truths, splits, checks,
+writing) is one code path. The DAPO set is not offline: `--dapo-source PATH|hf`.
+
+Training rows are dropped, and listed in the manifest, when their ground truth is
+empty (two MATH train solutions box nothing) or their problem text also appears in
+dev/test (one MATH train problem is a MATH test problem). After that, any overlap
+between splits is an error; AIME's dev = test is the one designed exception.
+
+Outputs (`--out`, default `results/data/<task>`): `train.parquet`, `dev.parquet`,
+`test.parquet` in verl's row format, byte-identical for the same inputs and seed,
+each written atomically, then `manifest.json` (source, input hashes, row counts,
+output hashes, seed, dropped rows) last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from repexp import splits as sp
+
+TASKS = ("math", "gsm8k", "aime24", "dapo-with-aime24")
+SPLITS = ("train", "dev", "test")
+
+# Upstream instruction suffixes (the prompt is question + " " + suffix, one user turn).
+MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
+GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+
+# data_source values (they route repexp.verify and verl's per-source metrics).
+MATH_DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
+GSM8K_DATA_SOURCE = "openai/gsm8k"
+AIME_DATA_SOURCE = "aime24"
+DAPO_DATA_SOURCE = "math_dapo"
+
+DAPO_HF_ID = "ftajwar/deduplicated_dapo_dataset"
+HF = "hf"
+
+
+class DataError(ValueError):
+    """Bad or missing input data; the message names the file (or dataset) and the problem."""
+
+
+# --------------------------------------------------------------------------- raw tables
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    name: str
+    local_path: str  # relative to the source directory
+    hf_parts: tuple[tuple[str, Optional[str], str], ...]  # (dataset id, config, split), concatenated
+
+
+TABLES = {
+    spec.name: spec
+    for spec in (
+        TableSpec("math_train", "math/train.jsonl", (("DigitalLearningGmbH/MATH-lighteval", "default", "train"),)),
+        TableSpec("math_test", "math/test.jsonl", (("DigitalLearningGmbH/MATH-lighteval", "default", "test"),)),
+        TableSpec("math500", "math500/test.jsonl", (("HuggingFaceH4/MATH-500", None, "test"),)),
+        TableSpec("gsm8k_train", "gsm8k/train.jsonl", (("openai/gsm8k", "main", "train"),)),
+        TableSpec("gsm8k_test", "gsm8k/test.jsonl", (("openai/gsm8k", "main", "test"),)),
+        # Upstream's AIME source; the local file is the HuggingFaceH4/aime_2024 copy (same answers).
+        TableSpec("aime24", "aime24/test.jsonl", (("MathArena/aime_2024_I", None, "train"), ("MathArena/aime_2024_II", None, "train"))),
+        TableSpec("dapo", "", ((DAPO_HF_ID, None, "train"),)),
+    )
+}
+
+
+@dataclass
+class RawTable:
+    """Rows exactly as loaded, with where they came from."""
+
+    name: str
+    rows: list[dict]
+    origin: str  # a file path or "hf:<id>[:<config>]/<split>"
+    sha256: str  # of the file bytes (local) or of the canonical JSON rows (hf)
+    kind: str  # "local" | "hf"
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def rows_sha256(rows: Sequence[dict]) -> str:
+    digest = hashlib.sha256()
+    for row in rows:
+        digest.update(json.dumps(row, sort_keys=True, ensure_ascii=False, default=str).encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: file not found")
+    rows = []
+    with open(path, encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            rows.append(row)
+    if not rows:
+        raise DataError(f"{path}: no rows")
+    return rows
+
+
+def read_rows_file(path: Path) -> list[dict]:
+    """JSONL or parquet rows (the DAPO set as downloaded from the Hub is parquet)."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: file not found")
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except Exception as err:  # pyarrow raises several types for a corrupt file
+            raise DataError(f"{path}: not a readable parquet file ({err})") from None
+        if not rows:
+            raise DataError(f"{path}: no rows")
+        return rows
+    return read_jsonl(path)
+
+
+def _manifest_hashes(source_dir: Path) -> dict[str, str]:
+    manifest = source_dir / "MANIFEST.json"
+    if not manifest.is_file():
+        return {}
+    try:
+        files = json.loads(manifest.read_text())["files"]
+        return {entry["path"]: entry["sha256"] for entry in files}
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise DataError(f"{manifest}: unreadable data manifest ({err})") from None
+
+
+def load_local(names: Sequence[str], source_dir: Path, dapo_path: Optional[Path]) -> dict[str, RawTable]:
+    if not source_dir.is_dir():
+        raise FileNotFoundError(f"{source_dir}: data source directory not found")
+    expected = _manifest_hashes(source_dir)
+    tables = {}
+    for name in names:
+        if name == "dapo":
+            tables[name] = load_dapo_file(dapo_path) if dapo_path is not None else _missing_dapo()
+            continue
+        spec = TABLES[name]
+        path = source_dir / spec.local_path
+        rows = read_jsonl(path)
+        digest = sha256_file(path)
+        if spec.local_path in expected and expected[spec.local_path] != digest:
+            raise DataError(f"{path}: sha256 {digest[:12]}… differs from MANIFEST.json ({expected[spec.local_path][:12]}…): the file was modified")
+        tables[name] = RawTable(name, rows, str(path), digest, "local")
+    return tables
+
+
+def load_dapo_file(path: Path) -> RawTable:
+    if path.is_dir():
+        candidates = [path / "train.jsonl", path / "train.parquet"]
+        found = [c for c in candidates if c.is_file()]
+        if not found:
+            raise FileNotFoundError(f"{path}: DAPO source directory has neither train.jsonl nor train.parquet")
+        path = found[0]
+    rows = read_rows_file(path)
+    return RawTable("dapo", rows, str(path), sha256_file(path), "local")
+
+
+def _missing_dapo() -> RawTable:
+    raise DataError(
+        f"missing DAPO source: the dapo training set ({DAPO_HF_ID}) is not available offline; "
+        "pass --dapo-source PATH (a JSONL/parquet file with prompt/problem and answer fields) or --dapo-source hf"
+    )
+
+
+def _load_hf_part(dataset_id: str, config: Optional[str], split: str) -> list[dict]:
+    """The one place that talks to the Hub (never exercised offline)."""
+    try:
+        import datasets
+    except ImportError as err:
+        raise DataError(f"--source hf needs the `datasets` package ({err})") from None
+    return [dict(row) for row in datasets.load_dataset(dataset_id, config, split=split)]
+
+
+def load_hf(names: Sequence[str], loader: Callable[[str, Optional[str], str], list[dict]] = _load_hf_part) -> dict[str, RawTable]:
+    tables = {}
+    for name in names:
+        spec = TABLES[name]
+        rows: list[dict] = []
+        origins = []
+        for dataset_id, config, split in spec.hf_parts:
+            part = loader(dataset_id, config, split)
+            if name == "aime24":  # MathArena ships AIME I and II as two datasets
+                part = [{**row, "contest": "II" if dataset_id.endswith("_II") else "I"} for row in part]
+            rows.extend(part)
+            origins.append(f"hf:{dataset_id}{':' + config if config else ''}/{split}")
+        tables[name] = RawTable(name, rows, " + ".join(origins), rows_sha256(rows), "hf")
+    return tables
+
+
+# --------------------------------------------------------------------------- canonical problems
+
+
+@dataclass
+class Problem:
+    problem_id: str
+    source: str  # math | gsm8k | aime24 | dapo
+    source_split: str
+    index: int  # row index in the source split (upstream's extra_info.index)
+    question: str
+    ground_truth: str
+    data_source: str
+    solution: Optional[str] = None
+    level: Optional[str] = None
+    subject: Optional[str] = None
+    unique_id: Optional[str] = None
+
+
+def _field(table: RawTable, i: int, row: dict, *names: str, required: bool = True) -> Any:
+    for name in names:
+        if name in row and row[name] is not None:
+            return row[name]
+    if required:
+        raise DataError(f"{table.origin}, row {i}: missing field {' / '.join(repr(n) for n in names)}")
+    return None
+
+
+def _text(table: RawTable, i: int, value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise DataError(f"{table.origin}, row {i}: field {name!r} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _answer_text(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value).strip()
+
+
+def math_problems(table: RawTable, split: str, data_source: str = MATH_DATA_SOURCE) -> list[Problem]:
+    from repexp.verify import last_boxed
+
+    problems = []
+    for i, row in enumerate(table.rows):
+        question = _text(table, i, _field(table, i, row, "problem"), "problem")
+        solution = _text(table, i, _field(table, i, row, "solution"), "solution")
+        answer = _field(table, i, row, "answer", required=False)
+        if answer is None:  # the Hub copy has no answer column: derive it as the local files did
+            answer = last_boxed(solution) or ""
+        problems.append(
+            Problem(
+                problem_id=f"math/{split}/{i}",
+                source="math",
+                source_split=split,
+                index=i,
+                question=question,
+                ground_truth=_answer_text(answer),
+                data_source=data_source,
+                solution=solution,
+                level=None if row.get("level") is None else str(row["level"]),
+                subject=row.get("type") or row.get("subject"),
+                unique_id=row.get("unique_id"),
+            )
+        )
+    return problems
+
+
+def gsm8k_problems(table: RawTable, split: str) -> list[Problem]:
+    problems = []
+    for i, row in enumerate(table.rows):
+        question = _text(table, i, _field(table, i, row, "question"), "question")
+        solution = _text(table, i, _field(table, i, row, "answer"), "answer")
+        if "####" not in solution:
+            raise DataError(f"{table.origin}, row {i}: answer has no '#### <number>' line")
+        truth = solution.split("####")[-1].strip().replace(",", "")
+        problems.append(Problem(f"gsm8k/{split}/{i}", "gsm8k", split, i, question, truth, GSM8K_DATA_SOURCE, solution))
+    return problems
+
+
+_AIME_URL = re.compile(r"(\d{4})_AIME_(I{1,2})_Problems/Problem_(\d+)")
+
+
+def aime_problems(table: RawTable) -> list[Problem]:
+    """AIME 2024 in contest order (I-1 … II-15); ids like `aime24/2024-I-1` do not depend on the source."""
+    keyed = []
+    for i, row in enumerate(table.rows):
+        question = _text(table, i, _field(table, i, row, "problem", "question"), "problem")
+        answer = _answer_text(_field(table, i, row, "answer"))
+        if "url" in row:
+            match = _AIME_URL.search(str(row["url"]))
+            if not match:
+                raise DataError(f"{table.origin}, row {i}: url {row['url']!r} is not an AoPS AIME problem link")
+            year, contest, number = int(match.group(1)), match.group(2), int(match.group(3))
+        else:
+            contest = _field(table, i, row, "contest")
+            year, number = 2024, int(_field(table, i, row, "problem_idx"))
+        if answer.isdigit():
+            answer = str(int(answer))  # "025" → "25", as MathArena stores them
+        keyed.append(((year, contest, number), question, answer, row.get("solution")))
+    keyed.sort(key=lambda item: item[0])
+    seen = set()
+    problems = []
+    for position, ((year, contest, number), question, answer, solution) in enumerate(keyed):
+        pid = f"aime24/{year}-{contest}-{number}"
+        if pid in seen:
+            raise DataError(f"{table.origin}: AIME problem {year}-{contest}-{number} occurs twice")
+        seen.add(pid)
+        problems.append(Problem(pid, "aime24", "test", position, question, answer, AIME_DATA_SOURCE, solution))
+    return problems
+
+
+def dapo_problems(table: RawTable) -> list[Problem]:
+    problems = []
+    for i, row in enumerate(table.rows):
+        prompt = _field(table, i, row, "prompt", "problem", "question")
+        if isinstance(prompt, list):  # a chat list: the (last) user turn is the question
+            turns = [t.get("content") for t in prompt if isinstance(t, dict) and t.get("role") == "user"]
+            prompt = turns[-1] if turns else None
+        question = _text(table, i, prompt, "prompt")
+        answer = _field(table, i, row, "answer", "solution")
+        problems.append(Problem(f"dapo/train/{i}", "dapo", "train", i, question, _answer_text(answer), DAPO_DATA_SOURCE))
+    return problems
+
+
+# --------------------------------------------------------------------------- task recipes
+
+
+@dataclass
+class Options:
+    seed: int = 0
+    limit_train: Optional[int] = None
+    limit_dev: Optional[int] = None
+    limit_test: Optional[int] = None
+    gsm8k_dev_size: int = sp.GSM8K_DEV_SIZE
+    dapo_train_size: int = sp.DAPO_TRAIN_SIZE
+    aime_train: str = "math"  # aime24 only: "math" | "dapo"
+
+
+@dataclass
+class Prepared:
+    task: str
+    splits: dict[str, list[Problem]]
+    dropped: list[dict] = field(default_factory=list)
+    dev_equals_test: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def tables_needed(task: str, options: Options) -> list[str]:
+    if task == "math":
+        return ["math_train", "math_test", "math500"]
+    if task == "gsm8k":
+        return ["gsm8k_train", "gsm8k_test"]
+    if task == "aime24":
+        return ["dapo" if options.aime_train == "dapo" else "math_train", "aime24"]
+    if task == "dapo-with-aime24":
+        return ["dapo", "aime24"]
+    raise DataError(f"unknown task {task!r} (choose from {', '.join(TASKS)})")
+
+
+def _pick(problems: Sequence[Problem], indices: Sequence[int]) -> list[Problem]:
+    return [problems[i] for i in indices]
+
+
+def build(task: str, tables: dict[str, RawTable], options: Options) -> Prepared:
+    """Raw tables → checked splits; the shared path for every source."""
+    dropped: list[dict] = []
+    notes: list[str] = []
+    if task == "math":
+        train = math_problems(tables["math_train"], "train")
+        test_pool = math_problems(tables["math_test"], "test")
+        dev_rows = math_problems(tables["math500"], "test", data_source=MATH_DATA_SOURCE)
+        if all(p.unique_id for p in test_pool) and all(p.unique_id for p in dev_rows):
+            keys, members, how = [p.unique_id for p in test_pool], [p.unique_id for p in dev_rows], "unique_id"
+        else:  # the Hub's MATH-lighteval has no unique_id: match MATH-500 by problem text
+            keys, members, how = [sp.normalize_text(p.question) for p in test_pool], [sp.normalize_text(p.question) for p in dev_rows], "problem text"
+        try:
+            dev_idx, test_idx = sp.split_by_membership(keys, members, what=f"MATH-500 in MATH test (by {how})")
+        except sp.SplitError as err:
+            raise DataError(f"{tables['math500'].origin} vs {tables['math_test'].origin}: {err}") from None
+        notes.append(f"dev = the {len(dev_idx)} MATH-500 problems of MATH test, matched by {how}")
+        dev, test = _pick(test_pool, dev_idx), _pick(test_pool, test_idx)
+        dev_equals_test = False
+    elif task == "gsm8k":
+        train = gsm8k_problems(tables["gsm8k_train"], "train")
+        test_pool = gsm8k_problems(tables["gsm8k_test"], "test")
+        dev_idx, test_idx = sp.seeded_dev_test(len(test_pool), options.gsm8k_dev_size, options.seed)
+        dev, test = _pick(test_pool, dev_idx), _pick(test_pool, test_idx)
+        dev_equals_test = False
+    elif task in ("aime24", "dapo-with-aime24"):
+        aime = aime_problems(tables["aime24"])
+        dev, test = list(aime), list(aime)
+        dev_equals_test = True
+        if "dapo" in tables:
+            pool = dapo_problems(tables["dapo"])
+        else:
+            pool = math_problems(tables["math_train"], "train")
+        train = pool
+    else:
+        raise DataError(f"unknown task {task!r} (choose from {', '.join(TASKS)})")
+
+    # Training rows nobody can score, or that leak dev/test problems, are dropped (and listed).
+    kept = []
+    for problem in train:
+        if not problem.ground_truth:
+            dropped.append({"problem_id": problem.problem_id, "split": "train", "reason": "empty ground truth"})
+        else:
+            kept.append(problem)
+    keep_idx, leak_idx = sp.drop_overlapping([p.question for p in kept], [p.question for p in dev + test])
+    for i in leak_idx:
+        dropped.append({"problem_id": kept[i].problem_id, "split": "train", "reason": "problem text also in dev/test"})
+    train = _pick(kept, keep_idx)
+    for name, rows in (("dev", dev), ("test", test)):
+        empty = [p.problem_id for p in rows if not p.ground_truth]
+        if empty:
+            raise DataError(f"{name} split: {len(empty)} problems have an empty ground truth, e.g. {empty[:3]}")
+
+    if train and train[0].source == "dapo":
+        try:
+            subset = sp.train_subset(len(train), options.dapo_train_size, options.seed)
+        except sp.SplitError as err:
+            raise DataError(f"{tables['dapo'].origin}: {err} (after dropping {len(dropped)} rows)") from None
+        train = _pick(train, subset)
+        notes.append(f"train = a seeded {options.dapo_train_size}-problem subset of the DAPO set")
+
+    train = _pick(train, sp.limit(list(range(len(train))), options.limit_train, options.seed, "limit/train"))
+    dev = _pick(dev, sp.limit(list(range(len(dev))), options.limit_dev, options.seed, "limit/dev"))
+    test = _pick(test, sp.limit(list(range(len(test))), options.limit_test, options.seed, "limit/test"))
+
+    result = {"train": train, "dev": dev, "test": test}
+    for name, rows in result.items():
+        if not rows:
+            raise DataError(f"{task}: the {name} split is empty")
+    sp.check_disjoint(
+        {name: [sp.SplitRow(p.problem_id, p.question) for p in rows] for name, rows in result.items()},
+        may_share=[("dev", "test")] if dev_equals_test else [],
+    )
+    return Prepared(task, result, dropped, dev_equals_test, notes)
+
+
+# --------------------------------------------------------------------------- verl rows and parquet
+
+
+def instruction_for(problem: Problem) -> str:
+    return GSM8K_INSTRUCTION if problem.source == "gsm8k" else MATH_INSTRUCTION
+
+
+def verl_row(problem: Problem, split: str) -> dict:
+    return {
+        "data_source": problem.data_source,
+        "prompt": [{"role": "user", "content": f"{problem.question} {instruction_for(problem)}"}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": problem.ground_truth},
+        "extra_info": {
+            "split": split,
+            "index": problem.index,
+            "problem_id": problem.problem_id,
+            "source": problem.source,
+            "source_split": problem.source_split,
+            "question": problem.question,
+            "solution": problem.solution,
+            "level": problem.level,
+            "subject": problem.subject,
+        },
+    }
+
+
+def parquet_schema():
+    import pyarrow as pa
+
+    text = pa.string()
+    return pa.schema(
+        [
+            ("data_source", text),
+            ("prompt", pa.list_(pa.struct([("role", text), ("content", text)]))),
+            ("ability", text),
+            ("reward_model", pa.struct([("style", text), ("ground_truth", text)])),
+            (
+                "extra_info",
+                pa.struct(
+                    [
+                        ("split", text),
+                        ("index", pa.int64()),
+                        ("problem_id", text),
+                        ("source", text),
+                        ("source_split", text),
+                        ("question", text),
+                        ("solution", text),
+                        ("level", text),
+                        ("subject", text),
+                    ]
+                ),
+            ),
+        ]
+    )
+
+
+def write_parquet(rows: list[dict], path: Path) -> None:
+    """Byte-deterministic: fixed schema and row order, no pandas metadata, fixed writer settings."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from repexp.io import atomic_path
+
+    table = pa.Table.from_pylist(rows, schema=parquet_schema())
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, compression="zstd", compression_level=3, use_dictionary=True, write_statistics=True, version="2.6")
+
+
+# --------------------------------------------------------------------------- prepare
+
+
+def resolve_dapo(task: str, options: Options, dapo_source: Optional[str]) -> Optional[str]:
+    needs_dapo = task == "dapo-with-aime24" or (task == "aime24" and options.aime_train == "dapo")
+    if needs_dapo and not dapo_source:
+        _missing_dapo()
+    return dapo_source if needs_dapo else None
+
+
+def load_tables(task: str, source: str, options: Options, dapo_source: Optional[str]) -> dict[str, RawTable]:
+    names = tables_needed(task, options)
+    dapo = resolve_dapo(task, options, dapo_source)
+    local_names = [n for n in names if n != "dapo"]
+    tables = load_hf(local_names) if source == HF else load_local(local_names, Path(source), None)
+    if dapo is not None:
+        tables.update(load_hf(["dapo"]) if dapo == HF else {"dapo": load_dapo_file(Path(dapo))})
+    return tables
+
+
+def prepare(
+    task: str,
+    out_dir: str | Path,
+    *,
+    source: str,
+    options: Options,
+    dapo_source: Optional[str] = None,
+    tables: Optional[dict[str, RawTable]] = None,
+) -> dict:
+    """Load (unless `tables` are given), split, check, write; returns the manifest."""
+    import pyarrow
+
+    from repexp import __version__
+    from repexp.io import write_json_atomic
+
+    if task not in TASKS:
+        raise DataError(f"unknown task {task!r} (choose from {', '.join(TASKS)})")
+    if options.aime_train not in ("math", "dapo"):
+        raise DataError(f"--aime-train must be 'math' or 'dapo', got {options.aime_train!r}")
+    if tables is None:
+        tables = load_tables(task, source, options, dapo_source)
+    prepared = build(task, tables, options)  # everything is checked before anything is written
+
+    out_dir = Path(out_dir)
+    outputs = {}
+    for split in SPLITS:
+        rows = [verl_row(p, split) for p in prepared.splits[split]]
+        path = out_dir / f"{split}.parquet"
+        write_parquet(rows, path)
+        outputs[split] = {
+            "file": path.name,
+            "rows": len(rows),
+            "sha256": sha256_file(path),
+            "data_sources": sorted({r["data_source"] for r in rows}),
+            "first_problem_ids": [r["extra_info"]["problem_id"] for r in rows[:3]],
+        }
+    manifest = {
+        "task": task,
+        "seed": options.seed,
+        "source": source,
+        "inputs": {
+            name: {"origin": t.origin, "kind": t.kind, "rows": len(t.rows), "sha256": t.sha256} for name, t in sorted(tables.items())
+        },
+        "options": {
+            "limit_train": options.limit_train,
+            "limit_dev": options.limit_dev,
+            "limit_test": options.limit_test,
+            "gsm8k_dev_size": options.gsm8k_dev_size if task == "gsm8k" else None,
+            "dapo_train_size": options.dapo_train_size if "dapo" in tables else None,
+            "aime_train": options.aime_train if task == "aime24" else None,
+        },
+        "splits": outputs,
+        "dev_equals_test": prepared.dev_equals_test,
+        "dropped": prepared.dropped,
+        "notes": prepared.notes,
+        "instruction": GSM8K_INSTRUCTION if task == "gsm8k" else MATH_INSTRUCTION,
+        "versions": {"repexp": __version__, "pyarrow": pyarrow.__version__},
+    }
+    write_json_atomic(out_dir / "manifest.json", manifest)
+    return manifest
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    from repexp.config import DataConfig
+
+    defaults = DataConfig()
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    prep = sub.add_parser("prepare", help="write train/dev/test parquet splits and manifest.json for a task")
+    prep.add_argument("task", choices=TASKS)
+    prep.add_argument("--source", default=defaults.source, help=f"directory of JSONL files, or 'hf' (default: {defaults.source})")
+    prep.add_argument("--out", default=None, help="output directory (default: results/data/TASK)")
+    prep.add_argument("--seed", type=_seed, default=defaults.split_seed, help="split/subset seed (default: %(default)s)")
+    prep.add_argument("--limit-train", type=_positive, default=None, help="seeded train subset size (default: all)")
+    prep.add_argument("--limit-dev", type=_positive, default=None, help="seeded dev subset size (default: all)")
+    prep.add_argument("--limit-test", type=_positive, default=None, help="seeded test subset size (default: all)")
+    prep.add_argument("--dapo-source", default=defaults.dapo_source, help="DAPO training set: JSONL/parquet file (or a directory with train.jsonl), or 'hf'")
+    prep.add_argument("--dapo-train-size", type=_positive, default=sp.DAPO_TRAIN_SIZE, help="DAPO training subset size (default: %(default)s)")
+    prep.add_argument("--gsm8k-dev-size", type=_positive, default=sp.GSM8K_DEV_SIZE, help="GSM8K dev size (default: %(default)s)")
+    prep.add_argument("--aime-train", choices=("math", "dapo"), default="math", help="aime24 task: train on MATH train or the DAPO subset")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.action != "prepare":
+        raise SystemExit(f"unknown action {args.action!r}")
+    options = Options(
+        seed=args.seed,
+        limit_train=args.limit_train,
+        limit_dev=args.limit_dev,
+        limit_test=args.limit_test,
+        gsm8k_dev_size=args.gsm8k_dev_size,
+        dapo_train_size=args.dapo_train_size,
+        aime_train=args.aime_train,
+    )
+    out = args.out or str(Path("results") / "data" / args.task)
+    try:
+        manifest = prepare(args.task, out, source=args.source, options=options, dapo_source=args.dapo_source)
+    except (DataError, sp.SplitError, FileNotFoundError) as err:
+        print(f"repexp data prepare {args.task}: error: {err}", file=sys.stderr)
+        return 2
+    counts = ", ".join(f"{name} {info['rows']}" for name, info in manifest["splits"].items())
+    print(f"{args.task}: wrote {out} ({counts}; dropped {len(manifest['dropped'])} training rows)")
+    return 0

@@ -1,0 +1,367 @@
+"""`repexp figures`: plotted data (index.json and the Axes), notes on missing runs, images, MLflow."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from repexp import aggregate, cli, figures  # noqa: E402
+from repexp.config import load as load_config  # noqa: E402
+from repexp.config import sweep_runs  # noqa: E402
+
+KS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+SEEDS = (41, 42, 43)
+# pass@k = a + b·log2 k (capped at 1) per run: known seed means and SEMs
+MATH = {"verl_grpo_s{}": (0.20, 0.25, 0.30), "verl_repexp_k32_b0.01_s{}": (0.25, 0.30, 0.38)}
+MATH_BASE = 0.15
+GSM8K = {"verl_grpo_s{}": (0.80, 0.82, 0.84), "verl_repexp_k32_b0.01_s{}": (0.85, 0.86)}  # no seed 43, no base
+CONFIG = {
+    "sweep": {"tasks": ["math", "gsm8k"], "backends": ["verl"], "sparse_dims": [32], "betas": [0.01], "seeds": list(SEEDS)},
+    "task_overrides": {"gsm8k": {"sweep": {"sparse_dims": [32, 64]}}},
+}
+
+
+def curve(a, b=0.05, ks=KS):
+    return {k: min(1.0, a + b * math.log2(k)) for k in ks}
+
+
+def write_eval(root, task, run, values, n=256):
+    path = root / task / run / "eval.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "pass_at_k": {str(k): v for k, v in values.items()}, "pass_at_k_sem": {str(k): 0.01 for k in values},
+        "mean_at_n": values[1], "num_problems": 30, "n_samples": n, "per_problem": [], "model_path": "m",
+        "checkpoint_step": 10, "engine": "hf", "sampling": {}, "seed": 0, "data_hash": "h", "task": task, "split": "test",
+    }))
+
+
+def training_records(seed, repexp):
+    """metrics.jsonl lines: dev pass@1 every 10 steps, per-step rewards (and bonuses for RepExp)."""
+    lines = []
+    for step in range(0, 21):
+        record = {"step": step, "reward/verifier/mean": 0.3 + 0.01 * step + 0.001 * seed}
+        if repexp:
+            record["repexp/bonus_raw/mean"] = 2.0 + 0.1 * (seed - 41)
+            record["repexp/bonus_scaled/mean"] = 0.01 * record["repexp/bonus_raw/mean"]
+        record["reward/shaped/mean"] = record["reward/verifier/mean"] + record.get("repexp/bonus_scaled/mean", 0.0)
+        lines.append(record)
+        if step % 10 == 0:
+            lines.append({"step": step, "dev/pass@1": 0.2 + 0.01 * step + 0.01 * (seed - 41)})
+    return lines
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    root = tmp_path_factory.mktemp("figures")
+    evals, train = root / "eval", root / "train"
+    for task, runs in (("math", MATH), ("gsm8k", GSM8K)):
+        for pattern, offsets in runs.items():
+            for seed, a in zip(SEEDS, offsets):
+                write_eval(evals, task, pattern.format(seed), curve(a, 0.03 if task == "gsm8k" else 0.05))
+                if task == "math":
+                    path = train / task / pattern.format(seed) / "metrics.jsonl"
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text("".join(json.dumps(r) + "\n" for r in training_records(seed, "repexp" in pattern)))
+    write_eval(evals, "math", "base", curve(MATH_BASE))
+    aggregate.aggregate(aggregate.find_eval_files(evals), root / "aggregate")
+    return root
+
+
+@pytest.fixture(scope="module")
+def table(workspace):
+    return aggregate.read_table(workspace / "aggregate" / "pass_at_k.csv")
+
+
+@pytest.fixture(scope="module")
+def expected():
+    return sweep_runs(load_config(CONFIG))
+
+
+@pytest.fixture(scope="module")
+def rendered(workspace, table, expected):
+    """Every figure of the synthetic sweep, saved once; tests read index.json and the files."""
+    curves = figures.training_curves_from_jsonl(workspace / "train", expected)
+    out = workspace / "figures"
+    figures.make_figures(table, out, expected=expected, curves=curves, curves_source="metrics.jsonl")
+    return out, json.loads((out / "index.json").read_text())
+
+
+def by_id(index, figure_id):
+    return next(f for f in index["figures"] if f["id"] == figure_id)
+
+
+def seed_stats(offsets, b=0.05):
+    values = np.array([[min(1.0, a + b * math.log2(k)) for k in KS] for a in offsets])
+    sem = values.std(axis=0, ddof=1) / math.sqrt(len(offsets)) if len(offsets) > 1 else None
+    return values.mean(axis=0), sem
+
+
+def test_pass_at_k_curves_are_seed_means_with_sem_bands(rendered):
+    _, index = rendered
+    record = by_id(index, "pass_at_k")
+    panels = {p["task"]: p for p in record["panels"]}
+    assert list(panels) == ["math", "gsm8k"] and panels["math"]["title"] == "MATH"
+    series = {s["label"]: s for s in panels["math"]["series"]}
+    assert list(series) == ["RepExp", "GRPO", "Base model"]
+    for label, offsets in (("RepExp", MATH["verl_repexp_k32_b0.01_s{}"]), ("GRPO", MATH["verl_grpo_s{}"])):
+        mean, sem = seed_stats(offsets)
+        assert series[label]["k"] == KS and series[label]["seeds"] == list(SEEDS)
+        np.testing.assert_allclose(series[label]["mean"], mean, rtol=1e-12)
+        np.testing.assert_allclose(series[label]["sem"], sem, rtol=1e-9)
+        np.testing.assert_allclose(series[label]["band"]["upper"], mean + sem, rtol=1e-9)
+    base = series["Base model"]
+    assert base["sem"] is None and base["band"] is None
+    np.testing.assert_allclose(base["mean"], [MATH_BASE + 0.05 * math.log2(k) for k in KS])
+    assert "±1 SEM band across seeds" in record["caption"]
+
+
+def test_axes_hold_the_plotted_values_and_limits_adapt(table, expected):
+    fig, record = figures.plot_pass_at_k(table, tasks=["math", "gsm8k"], expected=expected)
+    math_ax, gsm8k_ax = fig.axes
+    lines = {line.get_label(): line for line in math_ax.lines}
+    np.testing.assert_allclose(lines["GRPO"].get_ydata(), seed_stats(MATH["verl_grpo_s{}"])[0])
+    assert list(lines["GRPO"].get_xdata()) == KS and math_ax.get_xscale() == "log"
+    assert len(math_ax.collections) == 2  # SEM bands of RepExp and GRPO; none for the base model
+    for ax, panel in ((math_ax, record["panels"][0]), (gsm8k_ax, record["panels"][1])):
+        lo, hi = ax.get_ylim()
+        values = [v for s in panel["series"] for key in ("mean",) for v in s[key]]
+        values += [v for s in panel["series"] if s["band"] for v in s["band"]["lower"] + s["band"]["upper"]]
+        assert lo < min(values) and hi > max(values)  # nothing cropped (upstream hard-coded limits did)
+        assert hi - lo < 1.3 * (max(values) - min(values)) + 0.05  # and no wasted range
+    assert gsm8k_ax.get_ylim()[1] <= 1.03  # values at 1.0 stay visible without a pointless margin
+    matplotlib.pyplot.close(fig)
+
+
+def test_missing_runs_are_named_on_the_figure_and_in_the_index(rendered):
+    _, index = rendered
+    missing = {"gsm8k/verl_repexp_k32_b0.01_s43", "gsm8k/base",
+               *(f"gsm8k/verl_repexp_k64_b0.01_s{s}" for s in SEEDS)}
+    assert set(index["missing_evaluations"]) == missing
+    assert len(index["missing_training_metrics"]) == 9  # nothing logged for GSM8K in this workspace
+    record = by_id(index, "pass_at_k")
+    assert set(record["missing_runs"]) == missing
+    note = " ".join(record["notes"])
+    assert "GSM8K: missing runs:" in note and "verl_repexp_k32_b0.01_s43" in note and "base" in note
+    assert "verl_repexp_k64_b0.01_s{41,42,43}" in note  # a whole missing sweep point reads as one entry
+    gsm8k = {s["label"]: s for s in record["panels"][1]["series"]}
+    assert gsm8k["RepExp"]["seeds"] == [41, 42] and gsm8k["RepExp"]["n_seeds"] == 2
+
+
+def test_without_a_config_incomplete_seeds_and_methods_are_still_reported(table):
+    fig, record = figures.plot_pass_at_k(table)
+    matplotlib.pyplot.close(fig)
+    assert "GSM8K: RepExp (dim=32, β=0.01): no seed 43" in record["notes"]
+    assert "GSM8K: no base-model run" in record["notes"]
+    assert record["missing_runs"] == ["gsm8k/verl_repexp_k32_b0.01_s43"]
+
+
+def test_one_seed_has_no_band_and_says_so(tmp_path):
+    for run, a in (("trl_grpo_s7", 0.3), ("trl_repexp_k8_b0.1_s7", 0.35), ("base", 0.2)):
+        write_eval(tmp_path / "eval", "aime24", run, curve(a))
+    aggregate.aggregate(aggregate.find_eval_files(tmp_path / "eval"), tmp_path / "agg")
+    table = aggregate.read_table(tmp_path / "agg" / "pass_at_k.csv")
+    fig, record = figures.plot_pass_at_k(table)
+    assert not fig.axes[0].collections  # no bands at all
+    matplotlib.pyplot.close(fig)
+    assert all(s["sem"] is None for s in record["panels"][0]["series"])
+    assert "one seed: no band" in record["caption"] and "Lines with one seed have no band." in record["notes"]
+    assert record["panels"][0]["title"] == "AIME 2024"
+
+
+def test_many_sweep_points_keep_the_paper_setting_in_the_curves(tmp_path):
+    points = [(8, 0.01), (32, 0.001), (32, 0.01), (32, 0.1), (128, 0.01)]
+    for k, beta in points:
+        write_eval(tmp_path / "eval", "math", f"trl_repexp_k{k}_b{beta}_s1", curve(0.3))
+    write_eval(tmp_path / "eval", "math", "trl_grpo_s1", curve(0.25))
+    aggregate.aggregate(aggregate.find_eval_files(tmp_path / "eval"), tmp_path / "agg")
+    table = aggregate.read_table(tmp_path / "agg" / "pass_at_k.csv")
+    fig, record = figures.plot_pass_at_k(table, max_repexp_lines=4)
+    matplotlib.pyplot.close(fig)
+    repexp = [s for s in record["panels"][0]["series"] if s["method"] == "repexp"]
+    assert [(s["sparse_dim"], s["beta"]) for s in repexp] == [(32, 0.01)]
+    assert any("4 further RepExp sweep points are in the heatmap" in n for n in record["notes"])
+    assert figures.select_repexp_points("math", points[:4], 4) == sorted(points[:4])
+
+
+def test_heatmaps_cover_the_configured_grid(rendered):
+    _, index = rendered
+    math_map = by_id(index, "heatmap_math_verl")
+    assert math_map["sparse_dims"] == [32] and math_map["betas"] == [0.01]
+    pass1, pass256, efficiency = math_map["panels"]
+    mean, _ = seed_stats(MATH["verl_repexp_k32_b0.01_s{}"])
+    assert pass1["cells"][0]["value"] == pytest.approx(mean[0]) and pass1["cells"][0]["n_seeds"] == 3
+    assert pass256["metric"] == "pass@256" and pass256["cells"][0]["value"] == pytest.approx(mean[-1])
+    assert pass1["grpo"] == pytest.approx(seed_stats(MATH["verl_grpo_s{}"])[0][0])
+    # RepExp's mean curve is GRPO's + 0.06 → it reaches GRPO's pass@256 at log2 k = 8 − 0.06/0.05
+    assert efficiency["cells"][0]["k_star"] == pytest.approx(2 ** (8 - 1.2))
+    assert efficiency["cells"][0]["value"] == pytest.approx(2 ** 1.2)
+    gsm8k_map = by_id(index, "heatmap_gsm8k_verl")
+    assert gsm8k_map["sparse_dims"] == [32, 64]
+    cells = {(c["sparse_dim"], c["beta"]): c for c in gsm8k_map["panels"][0]["cells"]}
+    assert cells[(32, 0.01)]["n_seeds"] == 2 and cells[(64, 0.01)]["value"] is None
+    assert any("no seed 43" in n or "verl_repexp_k32_b0.01_s43" in n for n in gsm8k_map["notes"])
+
+
+def test_training_curves_from_metrics_jsonl(rendered):
+    _, index = rendered
+    record = by_id(index, "training_math_verl")
+    panels = {p["title"]: p for p in record["panels"]}
+    dev = {s["label"]: s for s in panels["dev pass@1"]["series"]}
+    assert dev["GRPO"]["step"] == [0, 10, 20]
+    np.testing.assert_allclose(dev["GRPO"]["mean"], [0.21, 0.31, 0.41])  # seeds add 0, .01, .02
+    np.testing.assert_allclose(dev["GRPO"]["sem"], [0.01 / math.sqrt(3)] * 3)
+    bonus = panels["bonus (raw), mean"]["series"]
+    assert [s["label"] for s in bonus] == ["RepExp"] and bonus[0]["mean"][0] == pytest.approx(2.1)
+    reward = panels["reward: shaped (—) vs verifier (- -)"]["series"]
+    assert {(s["label"], s["metric"]) for s in reward} == {
+        (label, metric) for label in ("RepExp", "GRPO") for metric in ("reward/shaped/mean", "reward/verifier/mean")}
+    assert record["missing_runs"] == []
+    gsm8k = by_id(index, "training_gsm8k_verl")  # no metrics.jsonl at all: the figure says so
+    assert len(gsm8k["missing_runs"]) == 9 and "no training metrics" in gsm8k["notes"][0]
+
+
+def test_every_file_exists_and_pngs_have_the_recorded_size(rendered):
+    from PIL import Image
+
+    out, index = rendered
+    listed = [name for f in index["figures"] for name in f["files"]]
+    spec = figures.figure_files(sweep_runs(load_config(CONFIG)))
+    assert sorted(listed) == sorted(spec["pass_at_k"] + spec["heatmaps"] + spec["training"])
+    for figure in index["figures"]:
+        png, pdf = (out / name for name in figure["files"])
+        assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > 5000
+        with Image.open(png) as image:
+            assert list(image.size) == figure["size_px"]
+            pixels = np.asarray(image.convert("L"), dtype=float)
+        assert pixels.std() > 10  # drawn, not blank
+        assert figure["caption"]
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temp debris
+
+
+def test_bad_inputs_fail_clearly(tmp_path, capsys):
+    code = cli.main(["figures", "--table", str(tmp_path / "none.csv"), "--out-dir", str(tmp_path / "f")])
+    assert code == 1 and "none.csv: pass@k table not found" in capsys.readouterr().err
+    bad = tmp_path / "metrics.jsonl"
+    bad.write_text('{"step": 1, "dev/pass@1": 0.5}\n{oops\n')
+    with pytest.raises(ValueError, match="metrics.jsonl:2: not valid JSON"):
+        figures.read_metrics_jsonl(bad)
+
+
+# --------------------------------------------------------------------------- MLflow
+
+
+def mlflow_template(tmp_path_factory):
+    """An initialised SQLite MLflow store, created once per session and copied per test (creation takes ~10 s)."""
+    template = tmp_path_factory.getbasetemp() / "mlflow-template" / "mlflow.db"
+    if not template.exists():
+        from mlflow import MlflowClient
+
+        template.parent.mkdir(parents=True, exist_ok=True)
+        MlflowClient(tracking_uri=f"sqlite:///{template}").search_experiments()
+    return template
+
+
+def test_mlflow_curves_and_figures_run(workspace, tmp_path, tmp_path_factory, monkeypatch, capsys):
+    """Training curves read back from a real SQLite store equal the metrics.jsonl ones; the CLI logs
+    the figures and the tables as artifacts of a 'figures' run."""
+    from mlflow import MlflowClient
+
+    from repexp import tracking
+    from repexp.trl.runlog import mlflow_metric_name
+
+    db = tmp_path / "mlflow" / "mlflow.db"
+    db.parent.mkdir()
+    shutil.copy(mlflow_template(tmp_path_factory), db)
+    uri = f"sqlite:///{db}"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    config = load_config({**CONFIG, "name": "fig-test", "results_dir": str(tmp_path), "tracking": {"tracking_uri": uri}})
+    math_runs = [s for s in sweep_runs(config) if s.task == "math" and s.trains]
+    for spec in math_runs:  # as the train node does: '@' → '_at_', step = training step
+        with tracking.node_run("train", spec.task, spec.name, config=config) as node:
+            lines = (workspace / "train" / spec.path / "metrics.jsonl").read_text().splitlines()
+            rows = [[mlflow_metric_name(key), value, record["step"], 0]
+                    for record in map(json.loads, lines) for key, value in record.items() if key != "step"]
+            node.log_metric_rows(rows)
+    target = aggregate.MlflowTarget(uri, "fig-test")
+    from_mlflow = figures.training_curves_from_mlflow(target, math_runs)
+    from_jsonl = figures.training_curves_from_jsonl(workspace / "train", math_runs)
+    assert from_mlflow == from_jsonl and len(from_mlflow) == 6
+
+    # the CLI on MATH alone (fewer figures): curves from MLflow, artifacts into a 'figures' run
+    math_only = workspace / "math_only"
+    aggregate.aggregate(aggregate.find_eval_files(workspace / "eval"), math_only,
+                        expected=[s for s in sweep_runs(config) if s.task == "math"], drop_unexpected=True)
+    out = tmp_path / "figs"
+    code = cli.main(["figures", "--table", str(math_only / "pass_at_k.csv"), "--out-dir", str(out),
+                     "--tracking-uri", uri, "--experiment", "fig-test"])
+    assert code == 0, capsys.readouterr().err
+    index = json.loads((out / "index.json").read_text())
+    assert index["training_curves"] == "MLflow"
+    assert by_id(index, "training_math_verl")["missing_runs"] == []
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("fig-test")
+    (run,) = client.search_runs([experiment.experiment_id], filter_string="attributes.run_name = 'figures'")
+    assert run.info.status == "FINISHED"
+    artifacts = {a.path for d in ("figures", "table") for a in client.list_artifacts(run.info.run_id, d)}
+    assert {"figures/pass_at_k.png", "figures/pass_at_k.pdf", "figures/index.json", "table/pass_at_k.csv",
+            "table/k_efficiency.csv", "table/pass_at_k.html"} <= artifacts
+
+
+# --------------------------------------------------------------------------- real evaluations
+
+
+@pytest.mark.slow
+def test_figures_from_real_eval_outputs(tmp_path):
+    """aggregate + figures on eval.json files written by `repexp eval` (the tiny model, real sampling and
+    verifier). Set REPEXP_EVAL_DIR to a pipeline's results/eval to check a real run's outputs instead."""
+    eval_dir = Path(os.environ["REPEXP_EVAL_DIR"]) if os.environ.get("REPEXP_EVAL_DIR") else None
+    if eval_dir is None:
+        eval_dir = tmp_path / "eval"
+        produce_real_evals(tmp_path, eval_dir)
+    out = tmp_path / "agg"
+    assert cli.main(["aggregate", "--eval-dir", str(eval_dir), "--out-dir", str(out)]) == 0
+    table = aggregate.read_table(out / "pass_at_k.csv")
+    evals = {(p.parent.parent.name, p.parent.name): json.loads(p.read_text()) for p in aggregate.find_eval_files(eval_dir)}
+    for row in table.itertuples():
+        assert row.pass_at_k == pytest.approx(evals[(row.task, row.run)]["pass_at_k"][str(row.k)])
+    assert cli.main(["figures", "--table", str(out / "pass_at_k.csv"), "--out-dir", str(tmp_path / "figs")]) == 0
+    index = json.loads((tmp_path / "figs" / "index.json").read_text())
+    for panel in by_id(index, "pass_at_k")["panels"]:
+        for series in panel["series"]:
+            runs = [evals[(panel["task"], run)] for run in series["runs"]]
+            expected = [np.mean([r["pass_at_k"][str(k)] for r in runs]) for k in series["k"]]
+            np.testing.assert_allclose(series["mean"], expected)
+            assert panel["ylim"][0] <= min(series["mean"]) and panel["ylim"][1] >= max(series["mean"])
+
+
+def produce_real_evals(tmp_path, eval_dir):
+    """Three `repexp eval` runs of the tiny model standing in for base, GRPO and RepExp checkpoints."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from repexp.models import build_tiny_qwen2
+
+    model = build_tiny_qwen2(tmp_path / "tiny", seed=0)
+    rows = [{"data_source": "openai/gsm8k",
+             "prompt": [{"role": "user", "content": f"What is {a} + {b}? Answer after ####."}],
+             "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+             "extra_info": {"split": "test", "index": i, "problem_id": f"gsm8k/test/{i}"}}
+            for i, (a, b) in enumerate([(1, 1), (2, 3), (4, 4)])]
+    data = tmp_path / "data" / "gsm8k" / "test.parquet"
+    data.parent.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    for run, seed in (("base", 42), ("trl_grpo_s42", 42), ("trl_repexp_k8_b0.01_s42", 43)):
+        code = cli.main(["eval", "--model", str(model), "--data", str(data), "--out", str(eval_dir / "gsm8k" / run),
+                         "--task", "gsm8k", "--n-samples", "4", "--max-new-tokens", "6", "--seed", str(seed),
+                         "--batch-size", "12", "--shard-size", "3", "--no-progress"])
+        assert code == 0

@@ -1,0 +1,539 @@
+"""The verl backend on verl 0.9.1 itself, on CPU: engine, worker, trainer, TransferQueue, checkpoints, merge.
+
+Real verl code runs here: the representation engine inside verl's `TrainingWorker` (FSDP2 on a
+one-rank gloo group, through `repexp.verl.platform_cpu`), the worker method through verl's
+``register``/``tqbridge`` wrappers, verl's own ``_compute_advantage`` and TransferQueue on a
+private local Ray instance (one per module, 16 logical CPUs, one storage unit, no dashboard),
+verl's FSDP checkpoint manager and ``verl.model_merger``. The stand-ins are the Ray dispatch
+layer of the worker group (calls go to the worker object in this process), which is verl's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("verl")
+pytest.importorskip("transfer_queue")
+
+from hydra import compose, initialize_config_module  # noqa: E402
+from omegaconf import open_dict  # noqa: E402
+from tensordict import TensorDict  # noqa: E402
+
+from repexp.elliptical import sparse_projection  # noqa: E402
+from repexp.verl import platform_cpu  # noqa: E402
+from repexp.verl.bonus import projection_seed  # noqa: E402
+
+TINY_OVERRIDES = [
+    "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.actor.strategy=fsdp2",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.model.use_remove_padding=false",
+    "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+    "actor_rollout_ref.repexp.dtype=fp32",
+    "actor_rollout_ref.repexp.attn_implementation=sdpa",
+    "actor_rollout_ref.repexp.use_remove_padding=true",
+    "actor_rollout_ref.repexp.micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.repexp.sparse_dim=8",
+    "actor_rollout_ref.repexp.lamb=1.0",
+    "actor_rollout_ref.repexp.beta=0.5",
+    "actor_rollout_ref.repexp.seed=11",
+    "trainer.n_gpus_per_node=1",
+]
+
+
+def compose_config(model: str, run_dir: Path, *extra: str):
+    with initialize_config_module(config_module="repexp.verl.config", version_base="1.3"):
+        return compose(config_name="repexp_trainer", overrides=[
+            f"actor_rollout_ref.model.path={model}", f"trainer.default_local_dir={run_dir}/checkpoints",
+            *TINY_OVERRIDES, *extra,
+        ])
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory):
+    """Tiny model, CPU platform, one-rank process group, and the representation worker built by verl."""
+    from repexp.models import build_tiny_qwen2
+
+    root = tmp_path_factory.mktemp("verl_runtime")
+    model = str(build_tiny_qwen2(root / "tiny"))
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(platform_cpu.cpu_platform())
+        stack.enter_context(platform_cpu.single_process_group())
+        from repexp.verl.compat import patch_trl_value_head_import
+        from repexp.verl.worker import REPEXP_MESH, RepExpActorRolloutRefWorker, build_repexp_worker_config
+
+        from verl.single_controller.base.worker import Worker
+        from verl.workers.engine_workers import TrainingWorker
+
+        patch_trl_value_head_import()
+        cfg = compose_config(model, root / "run")
+        # The worker object as verl's WorkerDict would hold it, with the representation engine that
+        # RepExpActorRolloutRefWorker.init_model builds (its actor and vLLM parts need a GPU).
+        worker = RepExpActorRolloutRefWorker.__new__(RepExpActorRolloutRefWorker)
+        Worker.__init__(worker)
+        worker.repexp = TrainingWorker(config=build_repexp_worker_config(cfg.actor_rollout_ref))
+        worker.repexp.reset()
+        worker.set_dispatch_collect(mesh_name=REPEXP_MESH, **worker.repexp.get_dispatch_collect())
+        yield {"root": root, "model": model, "cfg": cfg, "worker": worker}
+
+
+@pytest.fixture(scope="module")
+def reference_backbone(runtime):
+    from transformers import AutoModel
+
+    return AutoModel.from_pretrained(runtime["model"], attn_implementation="sdpa").eval()
+
+
+def _sequences(seed: int, prompt_lengths, response_lengths):
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, 4000, (int(n),), generator=gen) for n in prompt_lengths]
+    responses = [torch.randint(3, 4000, (int(n),), generator=gen) for n in response_lengths]
+    return prompts, responses
+
+
+def _reference_means(backbone, prompts, responses) -> torch.Tensor:
+    """Plain transformers: one unpadded forward per sequence, mean of the last hidden state over the response."""
+    with torch.no_grad():
+        return torch.stack([
+            backbone(torch.cat([p, r])[None]).last_hidden_state[0, len(p):].mean(0) for p, r in zip(prompts, responses)
+        ])
+
+
+def _nested(rows):
+    return torch.nested.as_nested_tensor(list(rows), layout=torch.jagged)
+
+
+def _v1_batch(prompts, responses) -> TensorDict:
+    """The V1 trainer's layout: every field jagged, one row per trajectory."""
+    ids = [torch.cat([p, r]) for p, r in zip(prompts, responses)]
+    return TensorDict({
+        "input_ids": _nested(ids),
+        "position_ids": _nested(torch.arange(len(x)) for x in ids),
+        "responses": _nested(responses),
+        "loss_mask": _nested(torch.ones(len(r), dtype=torch.long) for r in responses),
+    }, batch_size=len(ids))
+
+
+def _v0_batch(prompts, responses) -> TensorDict:
+    """The legacy trainer's layout: left-padded prompts + right-padded responses, then verl's left_right_2_no_padding."""
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    p_width, r_width = max(map(len, prompts)), max(map(len, responses))
+    rows = len(prompts)
+    input_ids = torch.zeros(rows, p_width + r_width, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    response_ids = torch.zeros(rows, r_width, dtype=torch.long)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        input_ids[i, p_width - len(p): p_width] = p
+        input_ids[i, p_width: p_width + len(r)] = r
+        attention_mask[i, p_width - len(p): p_width + len(r)] = 1
+        response_ids[i, : len(r)] = r
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    batch = TensorDict({
+        "input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+        "responses": response_ids, "response_mask": attention_mask[:, p_width:].clone(),
+    }, batch_size=rows)
+    return left_right_2_no_padding(batch)
+
+
+def _hidden_means(worker, batch: TensorDict, **flags) -> torch.Tensor:
+    from verl.utils import tensordict_utils as tu
+
+    tu.assign_non_tensor(batch, temperature=1.0, compute_loss=False, **flags)
+    output = worker.compute_repexp_hidden_mean(batch)
+    return output["repexp_hidden_mean"].to_padded_tensor(0.0)
+
+
+# --------------------------------------------------------------------------- engine and worker
+
+
+def test_engine_is_registered_and_frozen(runtime):
+    from repexp.verl.engine import RepExpHiddenMeanEngine
+
+    from verl.workers.engine.base import EngineRegistry
+
+    for backend in ("fsdp", "fsdp2"):
+        assert EngineRegistry.get_engine_cls("repexp_hidden_mean", backend) is RepExpHiddenMeanEngine
+    engine = runtime["worker"].repexp.engine
+    assert isinstance(engine, RepExpHiddenMeanEngine)
+    module = engine.module
+    assert type(module).__name__.endswith("Qwen2Model"), "the backbone only: no LM head, no vocabulary logits"
+    assert not any(name.startswith("lm_head") for name, _ in module.named_parameters())
+    assert not any(p.requires_grad for p in module.parameters())
+    assert engine.optimizer is None and engine.engine_config.forward_only
+
+
+def test_pooling_equals_transformers_in_every_layout(runtime, reference_backbone):
+    worker = runtime["worker"]
+    prompts, responses = _sequences(0, [5, 3, 7, 4, 6, 2], [4, 6, 1, 3, 5, 2])
+    expected = _reference_means(reference_backbone, prompts, responses)
+    layouts = {
+        "v1 packed (remove padding)": _hidden_means(worker, _v1_batch(prompts, responses), use_remove_padding=True),
+        "v1 padded": _hidden_means(worker, _v1_batch(prompts, responses), use_remove_padding=False),
+        "v0 packed": _hidden_means(worker, _v0_batch(prompts, responses), use_remove_padding=True),
+        "v0 padded": _hidden_means(worker, _v0_batch(prompts, responses), use_remove_padding=False),
+        # token-budget micro-batches in verl's workload order, restored to the input order
+        "v1 packed, dynamic batch size": _hidden_means(
+            worker, _v1_batch(prompts, responses), use_remove_padding=True, use_dynamic_bsz=True, max_token_len_per_gpu=16
+        ),
+    }
+    for name, means in layouts.items():
+        assert means.shape == expected.shape, name
+        torch.testing.assert_close(means, expected, atol=2e-5, rtol=2e-5, msg=name)
+
+
+def test_worker_methods_are_registered_for_verls_worker_group():
+    from repexp.verl.worker import RepExpActorRolloutRefWorker
+
+    from verl.single_controller.base.decorator import MAGIC_ATTR, Dispatch
+    from verl.single_controller.ray.base import RayClassWithInitArgs, create_colocated_worker_cls
+
+    import ray
+
+    init = getattr(RepExpActorRolloutRefWorker.init_model, MAGIC_ATTR)
+    assert init["dispatch_mode"] == Dispatch.ONE_TO_ALL
+    compute = getattr(RepExpActorRolloutRefWorker.compute_repexp_hidden_mean, MAGIC_ATTR)
+    assert compute["dispatch_mode"]["dispatch_fn"].args == ("repexp",)
+    colocated = create_colocated_worker_cls(
+        {"actor_rollout": RayClassWithInitArgs(cls=ray.remote(RepExpActorRolloutRefWorker), config=None, role="actor_rollout")}
+    )
+    methods = set(dir(colocated.cls.__ray_actor_class__))
+    assert {"actor_rollout_init_model", "actor_rollout_compute_repexp_hidden_mean"} <= methods
+
+
+def test_trainer_construction_roles_and_mode(runtime, tmp_path):
+    from repexp.verl.trainer import RepExpTrainer
+    from repexp.verl.worker import RepExpActorRolloutRefWorker
+
+    from verl.trainer.ppo.utils import Role
+    from verl.trainer.ppo.v1 import get_trainer_cls
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+    assert get_trainer_cls("repexp") is RepExpTrainer
+    cfg = compose_config(runtime["model"], tmp_path / "run")
+    trainer = RepExpTrainer(cfg)
+    assert cfg.trainer.v1.trainer_mode == "sync" and trainer.trainer_mode == "sync", "never verl's async branches"
+    assert type(trainer.replay_buffer) is ReplayBuffer
+    trainer._init_resource_pool_mgr()
+    assert list(trainer.role_worker_mapping) == [Role.ActorRollout], "no reference model without a KL loss"
+    assert trainer.role_worker_mapping[Role.ActorRollout].__ray_actor_class__ is RepExpActorRolloutRefWorker
+
+
+# --------------------------------------------------------------------------- bonus injection through verl + TQ
+
+
+@pytest.fixture(scope="module")
+def transfer_queue_session(runtime):
+    import ray
+    import transfer_queue as tq
+    from omegaconf import OmegaConf
+
+    saved = os.environ.get("RAY_ADDRESS")
+    os.environ["RAY_ADDRESS"] = "local"  # never attach to another cluster on this machine
+    temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths have a length limit
+    ray.init(num_cpus=16, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False)
+    try:
+        tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
+        yield tq
+    finally:
+        tq.close()
+        ray.shutdown()
+        if saved is None:
+            os.environ.pop("RAY_ADDRESS", None)
+        else:
+            os.environ["RAY_ADDRESS"] = saved
+
+
+class InProcessWorkerGroup:
+    """verl's RayWorkerGroup minus Ray: one rank, so its dispatch is the identity and calls go straight to the
+    worker object (through verl's register/tqbridge wrappers, which read and write TransferQueue)."""
+
+    def __init__(self, worker):
+        self.worker = worker
+        self.calls = 0
+
+    def compute_repexp_hidden_mean(self, batch):
+        self.calls += 1
+        return self.worker.compute_repexp_hidden_mean(batch)
+
+
+def _put_rollouts(tq, tag: str, uids, prompts, responses, scores):
+    """Rows as verl's agent loop leaves them in TransferQueue (keys {uid}_{session}_{index})."""
+    from verl.utils import tensordict_utils as tu
+
+    keys = [f"{uid}_{i}_0" for i, uid in enumerate(uids)]
+    rm_scores = []
+    for response, score in zip(responses, scores):
+        row = torch.zeros(len(response))
+        row[-1] = score
+        rm_scores.append(row)
+    batch = _v1_batch(prompts, responses)
+    fields = tu.get_tensordict({
+        **{name: batch[name] for name in batch.keys()},
+        "prompts": _nested(prompts),
+        "response_mask": _nested(torch.ones(len(r), dtype=torch.long) for r in responses),
+        "rm_scores": _nested(rm_scores),
+        "uid": np.array(uids, dtype=object),
+    })
+    tags = [{"global_steps": 3, "min_global_steps": 3, "max_global_steps": 3, "status": "finish",
+             "prompt_len": len(p), "response_len": len(r), "seq_len": len(p) + len(r)}
+            for p, r in zip(prompts, responses)]
+    return tq.kv_batch_put(keys=[f"{tag}{k}" for k in keys], partition_id="train", fields=fields, tags=tags)
+
+
+def _rollout_data(seed: int, tag: str):
+    uids = [f"{tag}u0"] * 4 + [f"{tag}u1"] * 4
+    prompt_a, prompt_b = _sequences(seed, [5, 6], [1, 1])[0]
+    prompts = [prompt_a] * 4 + [prompt_b] * 4
+    responses = _sequences(seed + 1, [1] * 8, [4, 2, 6, 3, 5, 2, 4, 3])[1]
+    scores = [1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]  # group u1: nobody correct -> bonus off
+    return uids, prompts, responses, scores
+
+
+def _hand_grpo(rewards: np.ndarray, groups: list[str]) -> np.ndarray:
+    out = np.zeros_like(rewards)
+    for group in set(groups):
+        idx = [i for i, g in enumerate(groups) if g == group]
+        values = torch.tensor(rewards[idx])
+        out[idx] = ((values - values.mean()) / (values.std() + 1e-6)).numpy()  # verl: unbiased std, eps 1e-6
+    return out
+
+
+def _leverage(features: np.ndarray, lamb: float) -> np.ndarray:
+    x = features - features.mean(axis=0)
+    return np.einsum("ij,jk,ik->i", x, np.linalg.inv(lamb * np.eye(x.shape[1]) + x.T @ x), x)
+
+
+def _trainer(cfg, worker_group, step: int):
+    from repexp.verl.trainer import RepExpTrainer
+
+    trainer = RepExpTrainer(cfg)
+    trainer.actor_rollout_wg = worker_group
+    trainer.timing_raw = {}
+    trainer.global_steps = step
+    return trainer
+
+
+def test_bonus_enters_verls_advantage_and_padding_rows_get_none(runtime, reference_backbone, transfer_queue_session):
+    from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
+
+    tq = transfer_queue_session
+    uids, prompts, responses, scores = _rollout_data(0, "r")
+    batch = _put_rollouts(tq, "r", uids, prompts, responses, scores)
+    batch = upsample_batch_to_divisible_size(batch, 12, eos_token_id=2)  # verl's own padding rows
+    assert len(batch) == 12 and sum(t.get("is_padding", False) for t in batch.tags) == 4
+
+    cfg = compose_config(runtime["model"], runtime["root"] / "run_adv")
+    group = InProcessWorkerGroup(runtime["worker"])
+    trainer = _trainer(cfg, group, step=3)
+    metrics = {}
+    batch = trainer._compute_advantage(batch, metrics)
+    assert group.calls == 1
+
+    # by hand: plain transformers features, the seeded projection, closed-form leverage, turn-off, GRPO
+    hidden = _reference_means(reference_backbone, prompts, responses)
+    features = (hidden.float() @ sparse_projection(hidden.shape[1], 8, seed=projection_seed(11, 3))).double().numpy()
+    bonus = np.concatenate([_leverage(features[:4], 1.0), np.zeros(4)])
+    shaped = np.array(scores) + 0.5 * bonus
+    expected = _hand_grpo(shaped, uids)
+
+    data = tq.kv_batch_get(keys=batch.keys, partition_id="train",
+                           select_fields=["advantages", "rm_scores", "token_level_rewards"])
+    advantages = data["advantages"].to_padded_tensor(float("nan"))
+    for i in range(8):
+        row = advantages[i, : len(responses[i])]
+        np.testing.assert_allclose(row.numpy(), np.full(len(responses[i]), expected[i]), atol=2e-4)
+    assert torch.all(advantages[8:].nan_to_num(0.0) == 0), "padding rows: no advantage"
+    np.testing.assert_allclose(data["token_level_rewards"].to_padded_tensor(0.0).sum(1)[:8].numpy(), shaped, atol=1e-5)
+    assert torch.all(data["token_level_rewards"].to_padded_tensor(0.0)[8:] == 0), "padding rows: no bonus"
+    # rm_scores is the verifier score again, so verl's critic/score stays comparable with GRPO
+    np.testing.assert_allclose(data["rm_scores"].to_padded_tensor(0.0).sum(1)[:8].numpy(), scores)
+
+    for name in ("repexp/bonus_raw/mean", "repexp/bonus_scaled/max", "repexp/groups/none_correct_frac",
+                 "repexp/groups/some_correct_frac", "repexp/groups/all_correct_frac",
+                 "reward/verifier/mean", "reward/shaped/mean"):
+        assert name in metrics, name
+    assert metrics["repexp/groups/none_correct_frac"] == 0.5
+    np.testing.assert_allclose(metrics["reward/shaped/mean"], shaped.mean(), atol=1e-5)
+    assert set(trainer.timing_raw) == {"repexp_forward", "repexp_bonus"}
+    tq.kv_clear(keys=batch.keys, partition_id="train")
+
+
+def test_beta_zero_leaves_verls_advantage_unchanged(runtime, transfer_queue_session):
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    tq = transfer_queue_session
+    cfg = compose_config(runtime["model"], runtime["root"] / "run_grpo", "actor_rollout_ref.repexp.beta=0")
+    uids, prompts, responses, scores = _rollout_data(5, "g")
+    ours = _put_rollouts(tq, "ours_", uids, prompts, responses, scores)
+    plain = _put_rollouts(tq, "plain_", uids, prompts, responses, scores)
+
+    no_workers = object()  # beta = 0 must not touch the workers at all
+    metrics = {}
+    _trainer(cfg, no_workers, step=3)._compute_advantage(ours, metrics)
+    stub = PPOTrainerSync.__new__(PPOTrainerSync)
+    stub.config = cfg
+    PPOTrainerSync._compute_advantage(stub, plain, {})
+
+    fields = ["advantages", "returns", "rm_scores"]
+    got = tq.kv_batch_get(keys=ours.keys, partition_id="train", select_fields=fields)
+    want = tq.kv_batch_get(keys=plain.keys, partition_id="train", select_fields=fields)
+    for name in fields:
+        assert torch.equal(got[name].to_padded_tensor(0.0), want[name].to_padded_tensor(0.0)), name
+    assert metrics["reward/verifier/mean"] == metrics["reward/shaped/mean"] == 0.25
+    assert not any(key.startswith("repexp/bonus") for key in metrics)
+    tq.kv_clear(keys=ours.keys + plain.keys, partition_id="train")
+
+
+# --------------------------------------------------------------------------- checkpoints, resume, merge
+
+
+class ActorWorkerGroup:
+    """What verl's worker group forwards to ActorRolloutRefWorker.save/load_checkpoint: its actor TrainingWorker."""
+
+    def __init__(self, actor):
+        self.actor = actor
+
+    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
+        self.actor.save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
+
+    def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
+        self.actor.load_checkpoint(local_path, hdfs_path, del_local_after_load)
+
+
+def _actor_worker(cfg):
+    """The actor's TrainingWorker as ActorRolloutRefWorker.init_model configures it."""
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.engine_workers import TrainingWorker, TrainingWorkerConfig
+
+    with open_dict(cfg):
+        cfg.actor_rollout_ref.actor.optim.total_training_steps = 10
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    model = omega_conf_to_dataclass(cfg.actor_rollout_ref.model)
+    saved = os.environ.get("VERL_ENGINE_DEVICE")
+    os.environ["VERL_ENGINE_DEVICE"] = "cuda"  # verl registers its FSDP LM engine for accelerators only
+    try:
+        worker = TrainingWorker(config=TrainingWorkerConfig(
+            model_type="language_model", model_config=model, engine_config=actor.engine,
+            optimizer_config=actor.optim, checkpoint_config=actor.checkpoint,
+        ))
+    finally:
+        if saved is None:
+            os.environ.pop("VERL_ENGINE_DEVICE")
+        else:
+            os.environ["VERL_ENGINE_DEVICE"] = saved
+    worker.reset()
+    return worker
+
+
+def _full_state(module) -> dict[str, torch.Tensor]:
+    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in module.state_dict().items()}
+
+
+def _perturb(module, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            local.add_(0.01 * torch.randn(local.shape, generator=gen))
+
+
+def _validate(trainer, pass_rate: float) -> dict:
+    """verl's _validate hands the per-sample uids and scores to _val_metrics_update."""
+    n = 4
+    scores = [1.0] * int(round(pass_rate * n)) + [0.0] * (n - int(round(pass_rate * n)))
+    uids = ["p1"] * n + ["p2"] * n
+    return trainer._val_metrics_update(["openai/gsm8k"] * 2 * n, uids, {"reward": scores * 2}, [1] * 2 * n)
+
+
+def test_checkpoints_resume_and_merge(runtime, tmp_path):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from transformers import AutoModelForCausalLM
+
+    from repexp.checkpoints import checkpoint_dir, is_complete, select
+    from repexp.cli import main as repexp_cli
+    from repexp.verl.bonus import compute_step_bonus
+    from repexp.verl.merge import merge_checkpoint
+
+    run_dir = tmp_path / "run"
+    cfg = compose_config(
+        runtime["model"], run_dir, "actor_rollout_ref.repexp.persist_covariance=true",
+        "actor_rollout_ref.repexp.randomize_projection=false", "repexp_run.max_checkpoints_to_keep=1",
+    )
+    actor = _actor_worker(cfg)
+    module = actor.engine.module
+
+    def dataloader():
+        return StatefulDataLoader(list(range(40)), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(0))
+
+    gen = torch.Generator().manual_seed(3)
+    hidden = [torch.randn(8, 128, generator=gen) for _ in range(4)]
+    uids, keys = ["a"] * 4 + ["b"] * 4, ["p1"] * 4 + ["p2"] * 4
+    scores, none = torch.tensor([1.0, 0, 1, 0, 1, 1, 1, 0]), torch.zeros(8, dtype=torch.bool)
+
+    first = _trainer(cfg, ActorWorkerGroup(actor), step=0)
+    first.train_dataloader = dataloader()
+    batches = iter(first.train_dataloader)
+    states = {}
+    for step, pass_rate in ((2, 0.75), (4, 0.5), (6, 0.25)):
+        first.global_steps = step
+        next(batches)
+        compute_step_bonus(hidden[step // 2 - 1], uids, scores, none, first.repexp, step, first.bonus_state, keys)
+        _perturb(module, step)  # "training"
+        states[step] = _full_state(module)
+        first._save_checkpoint()
+        assert is_complete(checkpoint_dir(run_dir, step)) and (checkpoint_dir(run_dir, step) / "repexp_state.pt").exists()
+        dev = _validate(first, pass_rate)
+        assert dev["dev/pass@1"] == pytest.approx(pass_rate) and dev["dev/best_step"] == 2
+        first.metrics_logger.log({"step_metric": float(step), **dev}, step)
+    first.metrics_logger.log({"step_metric": 8.0}, 8)  # logged after the last checkpoint: forgotten on resume
+
+    # the newest checkpoint and the best-dev one survive pruning
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("global_step_*")) == ["global_step_2", "global_step_6"]
+    best = json.loads((run_dir / "best_dev.json").read_text())
+    assert best["best_step"] == 2 and best["best_checkpoint"] == str(checkpoint_dir(run_dir, 2))
+    expected_batch = next(batches)
+    expected_bonus = compute_step_bonus(hidden[3], uids, scores, none, first.repexp, 7, first.bonus_state, keys)
+
+    # a fresh process resumes from global_step_6: weights, data order, covariance
+    _perturb(module, 99)
+    resumed = _trainer(cfg, ActorWorkerGroup(actor), step=0)
+    resumed.train_dataloader = dataloader()
+    resumed._load_checkpoint()
+    assert resumed.global_steps == 6
+    for name, value in _full_state(module).items():
+        torch.testing.assert_close(value, states[6][name], msg=name)
+    assert torch.equal(next(iter(resumed.train_dataloader)), expected_batch)
+    again = compute_step_bonus(hidden[3], uids, scores, none, resumed.repexp, 7, resumed.bonus_state, keys)
+    torch.testing.assert_close(again.bonus_raw, expected_bonus.bonus_raw)
+    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in logged] == [2, 4, 6] and logged[0]["dev/pass@1"] == pytest.approx(0.75)
+
+    # select -> merge the best checkpoint -> identical logits with plain transformers
+    pointer = tmp_path / "select.json"
+    pointer.write_text(json.dumps(select(run_dir, "verl")))
+    out = tmp_path / "merged.json"
+    assert repexp_cli(["merge", "--pointer", str(pointer), "--out", str(out)]) == 0
+    merged_pointer = json.loads(out.read_text())
+    assert merged_pointer["checkpoint_step"] == 2
+    assert merged_pointer["model_path"] == str(checkpoint_dir(run_dir, 2) / "actor" / "hf")
+    merged = AutoModelForCausalLM.from_pretrained(merged_pointer["model_path"]).eval()
+    reference = AutoModelForCausalLM.from_pretrained(runtime["model"]).eval()
+    reference.load_state_dict(states[2])
+    ids = torch.randint(3, 4000, (2, 12), generator=gen)
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, reference(ids).logits, rtol=0, atol=1e-6)
+    assert merge_checkpoint(checkpoint_dir(run_dir, 2)) == Path(merged_pointer["model_path"]), "idempotent"
+    (checkpoint_dir(run_dir, 6) / "COMPLETE").unlink()
+    with pytest.raises(ValueError, match="not marked complete"):
+        merge_checkpoint(checkpoint_dir(run_dir, 6))
