@@ -516,17 +516,39 @@ class MlflowTarget:
     artifact_location: str | None = None
 
 
-def mlflow_target(tracking_uri: str | None, experiment: str | None) -> MlflowTarget | None:
-    """Where to log: `--experiment` (and `--tracking-uri`, else $MLFLOW_TRACKING_URI) when given, else the
-    node run this process runs in (`repexp mlflow node ... -- repexp aggregate|figures ...`), else nowhere."""
-    if experiment:
-        return MlflowTarget(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"), experiment)
+def mlflow_target(tracking_uri: str | None, experiment: str | None, config: str | Path | None = None) -> MlflowTarget | None:
+    """Where to log, or None. Inside `repexp mlflow node ... -- repexp aggregate|figures ...` the node run's store
+    and experiment are the defaults; `--experiment`/`--tracking-uri` override them. The tracking URI falls
+    back to the config's (repexp.tracking's resolution: `tracking.tracking_uri`, $MLFLOW_TRACKING_URI, SQLite
+    under results/), then $MLFLOW_TRACKING_URI. REPEXP_TRACKING=off disables logging."""
+    from repexp import tracking
+
+    if not tracking.tracking_enabled():
+        return None
+    node = tracking.current_node()
+    node = node if node is not None and node.enabled else None
+    if experiment is None and node is None:
+        return None
+    if tracking_uri is None and node is not None:
+        tracking_uri = node.tracking_uri
+    if tracking_uri is None and config is not None:
+        from repexp.config import load
+
+        cfg = load(config)
+        tracking_uri = tracking.resolve_tracking_uri(cfg.results_dir, cfg.tracking.tracking_uri)
+    tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if experiment is None:
+        return MlflowTarget(tracking_uri, node.record.experiment, node.record.artifact_location)
+    same = node is not None and node.record.experiment == experiment and node.tracking_uri == tracking_uri
+    return MlflowTarget(tracking_uri, experiment, node.record.artifact_location if same else None)
+
+
+def _node_offline(target: MlflowTarget) -> bool:
+    """True when the enclosing node run already found `target`'s store unreachable (no point in retrying)."""
     from repexp import tracking
 
     node = tracking.current_node()
-    if node is None or not node.enabled:
-        return None
-    return MlflowTarget(node.tracking_uri, node.record.experiment, node.record.artifact_location)
+    return node is not None and node.enabled and not node.online and node.tracking_uri == target.tracking_uri
 
 
 def mlflow_store(target: MlflowTarget):
@@ -623,8 +645,11 @@ def run(args: argparse.Namespace) -> int:
     if result["ignored"]:
         print(f"aggregate: ignored runs not in the config: {', '.join(result['ignored'])}", file=sys.stderr)
     print(f"aggregate: {len(result['runs'])} runs → {args.out_dir}/pass_at_k.csv, k_efficiency.csv, pass_at_k.md, pass_at_k.html")
-    target = mlflow_target(args.tracking_uri, args.experiment)
-    if target is not None:
+    target = mlflow_target(args.tracking_uri, args.experiment, args.config)
+    if target is not None and _node_offline(target):
+        print("aggregate: warning: MLflow is unreachable (this node's records went to the outbox); sweep-point "
+              "pass@k not logged: rerun `repexp aggregate` after `repexp mlflow sync`", file=sys.stderr)
+    elif target is not None:
         try:
             logged = log_sweep_point_metrics(result["runs"], target)
             print(f"aggregate: logged test pass@k on {len(logged)} MLflow sweep-point runs ({target.experiment})")

@@ -284,7 +284,7 @@ class GroupLayout(NamedTuple):
 
 
 def _layout_from_ids(ids: Tensor, num_groups: int, max_group_size: int | None = None) -> GroupLayout:
-    """Layout from contiguous ids; no host sync when max_group_size is given (or ids are on CPU)."""
+    """Layout from contiguous ids where they are; on CUDA no host sync when max_group_size is given."""
     if ids.device.type == "cpu":
         return _layout_from_host_ids(ids.numpy(), num_groups, max_group_size)
     device = ids.device
@@ -293,10 +293,8 @@ def _layout_from_ids(ids: Tensor, num_groups: int, max_group_size: int | None = 
     counts = torch.zeros(num_groups, dtype=torch.long, device=device).index_add_(0, ids, torch.ones_like(ids))
     if max_group_size is None:
         max_group_size = int(counts.max()) if batch else 0  # one host sync on CUDA
-    else:
+    else:  # trusted on CUDA: checking it would sync
         max_group_size = _check_positive_int(max_group_size, "max_group_size")
-        if device.type == "cpu" and batch and int(counts.max()) > max_group_size:
-            raise ValueError(f"a group has {int(counts.max())} rows, more than max_group_size={max_group_size}")
     order = torch.argsort(ids, stable=True)
     starts = torch.cumsum(counts, 0) - counts
     slot = torch.empty_like(ids)
@@ -339,7 +337,7 @@ def group_layout(groups: Any, *, device: torch.device | str | None = None) -> Gr
     """Padded-layout indices for `groups` (labels or integer ids, as for `group_ids`) on `device`.
 
     Labels given as lists/numpy arrays are mapped on the host and the layout is built there
-    (no GPU sync) before one copy to `device`; a CUDA id tensor costs one sync for the group size.
+    (no GPU sync) before two copies to `device`; a CUDA id tensor costs one sync (group size).
     """
     ids, num_groups = group_ids(groups)
     layout = _layout_from_ids(ids, num_groups)
@@ -362,17 +360,16 @@ def _resolve_layout(
             raise ValueError(f"group ids must lie in [0, {num_groups}) when num_groups is given")
         if groups.shape[0] != batch_size:
             raise ValueError(f"groups has {groups.shape[0]} entries but the batch has {batch_size} rows")
-        layout = _layout_from_ids(groups.to(device=device, dtype=torch.long), num_groups, max_group_size)
+        layout = _layout_from_ids(groups.to(torch.long), num_groups, max_group_size)
     else:
         ids, count = group_ids(groups)
-        if ids.shape[0] == batch_size:  # build where the ids are (host for labels), then move
-            layout = _layout_from_ids(ids, count, max_group_size)
-        else:
-            layout = None
-    if layout is None or layout.batch_size != batch_size:
-        given = ids.shape[0] if layout is None else layout.batch_size
-        raise ValueError(f"groups has {given} entries but the batch has {batch_size} rows")
-    return layout if layout.device == device else layout.to(device)
+        if ids.shape[0] != batch_size:
+            raise ValueError(f"groups has {ids.shape[0]} entries but the batch has {batch_size} rows")
+        layout = _layout_from_ids(ids, count, max_group_size)
+    if layout.batch_size != batch_size:
+        raise ValueError(f"groups has {layout.batch_size} entries but the batch has {batch_size} rows")
+    # Built where the ids are (the host, for labels), then moved in two copies.
+    return layout.to(device)
 
 
 def _scatter_rows(rows: Tensor, layout: GroupLayout) -> Tensor:
@@ -428,8 +425,9 @@ def _leverage_kernel_form(
     kernel = centred @ centred.transpose(-1, -2)
     system = torch.add(kernel, eye, alpha=lamb)
     if center:
-        lift_per_row = torch.diagonal(kernel, dim1=-2, dim2=-1).sum(-1)[:, None, None] * layout.inv_counts.square()
-        system = torch.baddbmm(system, layout.row_mask * lift_per_row, layout.row_mask.transpose(-1, -2))
+        lift = torch.diagonal(kernel, dim1=-2, dim2=-1).sum(-1)[:, None, None] * layout.inv_counts  # c = tr K / n
+        # + (c/n)·11ᵀ on the group's real rows
+        system = torch.baddbmm(system, layout.row_mask * (lift * layout.inv_counts), layout.row_mask.transpose(-1, -2))
     factor = _cholesky(system, check)
     factor_inv = torch.linalg.solve_triangular(factor, eye, upper=False)
     inverse = factor_inv.transpose(-1, -2) @ factor_inv
@@ -439,7 +437,6 @@ def _leverage_kernel_form(
         one_minus = lamb * factor_inv.square().sum(-2)
         if center:
             # the lifted direction's share of λ·diag((K + λI)⁻¹): (1/n)·c/(c + λ) on real rows
-            lift = lift_per_row / layout.inv_counts.clamp_min(torch.finfo(_WORK_DTYPE).tiny)  # c = tr K / n
             one_minus = one_minus + (layout.row_mask * layout.inv_counts * lift / (lift + lamb))[..., 0]
     return leverage, one_minus
 

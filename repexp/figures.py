@@ -306,6 +306,32 @@ def _log2_axis(ax, k_max: int) -> None:
     ax.set_xlim(2 ** -0.2, 2 ** (math.log2(max(1, k_max)) + 0.2))
 
 
+def _curve_panels(found: Sequence[RunSpec], tasks: Sequence[str], expected: Sequence[RunSpec] | None,
+                  max_repexp_lines: int) -> tuple[list[dict], list[str], list[str]]:
+    """Which series each task panel draws, plus the notes and missing runs of the figure."""
+    panels: list[dict] = []
+    notes: list[str] = []
+    missing: list[str] = []
+    for task in tasks:
+        title = TASK_TITLES.get(task, task)
+        task_missing, task_notes = completeness_notes(task, found, expected)
+        missing += task_missing
+        notes += [f"{title}: {n}" for n in task_notes]
+        series_set = sorted({series_of(s) for s in found if s.task == task}, key=_series_sort_key)
+        shown: list[Series] = [s for s in series_set if s.method != "repexp"]
+        for backend in sorted({s.backend for s in series_set if s.method == "repexp"}):
+            points = [(s.sparse_dim, s.beta) for s in series_set if s.method == "repexp" and s.backend == backend]
+            keep = set(select_repexp_points(task, points, max_repexp_lines))
+            dropped = [p for p in sorted(set(points)) if p not in keep]
+            if dropped:
+                notes.append(f"{title}: {len(dropped)} further RepExp sweep points are in the heatmap "
+                             f"({', '.join(f'dim={k} β={canonical(b)}' for k, b in dropped)})")
+            shown += [s for s in series_set if s.method == "repexp" and s.backend == backend
+                      and (s.sparse_dim, s.beta) in keep]
+        panels.append({"task": task, "series": sorted(shown, key=_series_sort_key)})
+    return panels, notes, missing
+
+
 def plot_pass_at_k(table, *, tasks: Sequence[str] | None = None, expected: Sequence[RunSpec] | None = None,
                    max_repexp_lines: int = MAX_REPEXP_LINES):
     """The pass@k figure. Returns (figure, record) where record holds caption, notes and plotted data."""
@@ -313,30 +339,8 @@ def plot_pass_at_k(table, *, tasks: Sequence[str] | None = None, expected: Seque
     tasks = list(tasks) if tasks else list(dict.fromkeys(s.task for s in found))
     if not tasks:
         raise ValueError("no tasks to plot")
-    panels: list[dict] = []
-    notes: list[str] = []
-    missing: list[str] = []
-    all_series: list[Series] = []
-    for task in tasks:
-        task_specs = [s for s in found if s.task == task]
-        task_missing, task_notes = completeness_notes(task, found, expected)
-        missing += task_missing
-        notes += [f"{TASK_TITLES.get(task, task)}: {n}" for n in task_notes]
-        series_set = sorted({series_of(s) for s in task_specs}, key=_series_sort_key)
-        backends = sorted({s.backend for s in series_set if s.backend})
-        shown: list[Series] = []
-        for backend in backends or [None]:
-            points = [(s.sparse_dim, s.beta) for s in series_set if s.method == "repexp" and s.backend == backend]
-            keep = set(select_repexp_points(task, points, max_repexp_lines))
-            dropped = [p for p in sorted(set(points)) if p not in keep]
-            if dropped:
-                notes.append(f"{TASK_TITLES.get(task, task)}: {len(dropped)} further RepExp sweep points are in the "
-                             f"heatmap ({', '.join(f'dim={k} β={canonical(b)}' for k, b in dropped)})")
-            shown += [s for s in series_set if s.backend == backend and (s.method != "repexp" or (s.sparse_dim, s.beta) in keep)]
-        shown += [s for s in series_set if s.method == "base" and s not in shown]
-        panels.append({"task": task, "series": sorted(shown, key=_series_sort_key), "backends": backends})
-        all_series += shown
-
+    panels, notes, missing = _curve_panels(found, tasks, expected, max_repexp_lines)
+    all_series = [s for panel in panels for s in panel["series"]]
     repexp_points = {(s.sparse_dim, s.beta) for s in all_series if s.method == "repexp"}
     show_point = len(repexp_points) > 1
     show_backend = len({s.backend for s in all_series if s.backend}) > 1
@@ -401,7 +405,7 @@ def plot_pass_at_k(table, *, tasks: Sequence[str] | None = None, expected: Seque
         "pass@k on the test split over k (log2 axis) per task: mean over seeds "
         + ("with a ±1 SEM band across seeds (ddof 1)" if not single_seed else "(±1 SEM band across seeds where ≥ 2 seeds; one seed: no band)")
         + ". pass@k is the unbiased estimator from n samples per problem, averaged over problems. "
-        + ("RepExp lines are labelled by (sparse_dim k, β). " if show_point else "")
+        + ("RepExp lines are labelled by their sweep point (dim = sparse_dim, β). " if show_point else "")
         + "The base model is evaluated once (no band)."
     )
     record = {"id": "pass_at_k", "kind": "pass_at_k", "caption": caption, "notes": notes, "missing_runs": missing,
@@ -916,7 +920,7 @@ def run(args: argparse.Namespace) -> int:
                 raise FileNotFoundError(f"{args.train_dir}: training directory not found")
             curves, curves_source = training_curves_from_jsonl(args.train_dir, specs), "metrics.jsonl"
         elif source == "mlflow":
-            target = aggregate.mlflow_target(args.tracking_uri, args.experiment)
+            target = aggregate.mlflow_target(args.tracking_uri, args.experiment, args.config)
             if target is None:
                 raise ValueError("--curves-from mlflow needs --experiment (or a `repexp mlflow node` run)")
             curves, curves_source = training_curves_from_mlflow(target, specs), "MLflow"
@@ -933,7 +937,7 @@ def run(args: argparse.Namespace) -> int:
         for note in figure["notes"]:
             print(f"figures: {figure['id']}: {note}", file=sys.stderr)
     print(f"figures: {len(index['figures'])} figures → {args.out_dir}")
-    target = aggregate.mlflow_target(args.tracking_uri, args.experiment)
+    target = aggregate.mlflow_target(args.tracking_uri, args.experiment, args.config)
     if target is not None:
         figure_paths = [args.out_dir / name for f in index["figures"] for name in f["files"]] + [args.out_dir / "index.json"]
         table_files = [p for p in sorted(args.table.parent.iterdir())

@@ -25,16 +25,23 @@ Routing by `data_source` (unknown sources raise ValueError):
   (`verify(gold, prediction)` is not symmetric).
 
 Timeout guard (Math-Verify's own one uses SIGALRM, which only works in the main
-thread, so it is switched off here): every Math-Verify call runs under a deadline
-enforced by one watchdog thread per process, which raises an exception *in the
-thread that overran* (`PyThreadState_SetAsyncExc`). That works in any thread of
-any process, main or not, and costs a few microseconds per call. Like a signal, it
-is delivered between bytecodes, so it stops runaway sympy work (the pathological
-case: `\\boxed{9^{9^{9^9}}}`) but cannot interrupt one long C call. For that case
-the process pool adds a hard limit: a worker that makes no progress for
-`hard_timeout` seconds is killed and replaced, the item it was stuck on scores 0,
-and the rest of its chunk is re-queued. A timed-out comparison scores 0 and is
-logged once (results are cached per (gold, answer) pair).
+thread, so it is switched off here), in three layers:
+
+1. A size guard: answers longer than MAX_ANSWER_CHARS are wrong, and expressions whose
+   exact value would exceed MAX_RESULT_DIGITS digits (`9^{9^{9^9}}`, `(10^{10})!`) are
+   refused before sympy evaluates them, because that evaluation is one CPython
+   big-integer C call that nothing in-process can interrupt.
+2. A soft limit per Math-Verify comparison (`time_limit`, default 5 s of the thread's
+   CPU time, so a loaded machine does not turn slow answers into timeouts): one
+   watchdog thread per process raises VerifyTimeout *in the thread that overran*
+   (`PyThreadState_SetAsyncExc`). It works in any thread of any process (main or not,
+   pool workers, verl/TRL reward threads) and costs microseconds per call; like a
+   signal it is delivered between bytecodes, so it stops runaway sympy loops
+   (`\\prod_{k=1}^{10^9} k`). The comparison then scores 0, logged once per
+   (gold, answer) pair (results are cached).
+3. A hard limit in the process pool: a worker that makes no progress for
+   `hard_timeout` wall-clock seconds is killed and replaced; its current item scores
+   0 and the rest of its chunk is re-queued.
 
 The pool uses the `spawn` start method by default (safe next to torch/CUDA threads),
 so scripts that call `score_batch` with workers > 1 need an
@@ -413,9 +420,17 @@ def clear_caches() -> None:
     _gold_key.cache_clear()
 
 
+@functools.lru_cache(maxsize=1)
+def warm_up() -> None:
+    """Import Math-Verify and run one comparison (~1 s the first time), outside any time limit."""
+    _mv()
+    _math_verify_equal("\\frac{1}{2}", "0.5")
+
+
 def _verify_key(key: tuple) -> float:
     """Math-Verify comparison of one (gold, answer, timeout) key under the soft deadline."""
     gold, answer, timeout = key
+    warm_up()  # a cold process's first parse must not count against the first answer's limit
     try:
         with time_limit(timeout):
             equal = _math_verify_equal(gold, answer)
@@ -469,27 +484,52 @@ _set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
 _set_async_exc.restype = ctypes.c_int
 
 
-class _Deadline:
-    __slots__ = ("when", "thread_id", "done", "fired", "processed", "seq")
+def _thread_cpu_clock(thread_id: int) -> Optional[int]:
+    """The CPU-time clock of a thread (Linux), so limits measure work rather than machine load."""
+    try:
+        return time.pthread_getcpuclockid(thread_id)
+    except (AttributeError, OSError):
+        return None
 
-    def __init__(self, when: float, thread_id: int, seq: int) -> None:
-        self.when = when
+
+class _Deadline:
+    __slots__ = ("limit", "thread_id", "clock", "cpu_start", "wall_start", "when", "seq", "done", "fired", "deciding")
+
+    def __init__(self, limit: float, thread_id: int, seq: int) -> None:
+        self.limit = limit
         self.thread_id = thread_id
+        self.clock = _thread_cpu_clock(thread_id)
+        self.cpu_start = time.clock_gettime(self.clock) if self.clock is not None else 0.0
+        self.wall_start = time.monotonic()
+        self.when = self.wall_start + limit  # CPU time never runs ahead of wall time: first check then
         self.seq = seq
         self.done = False
         self.fired = False
-        # Held until the watchdog has decided about this deadline (fire or skip).
-        self.processed = threading.Lock()
-        self.processed.acquire()
+        self.deciding = threading.Lock()  # held by the watchdog while it decides; by the owner once done
+
+    def used(self) -> float:
+        if self.clock is not None:
+            try:
+                return time.clock_gettime(self.clock) - self.cpu_start
+            except OSError:
+                pass
+        return time.monotonic() - self.wall_start
 
     def __lt__(self, other: "_Deadline") -> bool:
         return (self.when, self.seq) < (other.when, other.seq)
 
 
 class _Watchdog:
-    """One daemon thread per process that fires expired deadlines into their threads."""
+    """One daemon thread per process that raises VerifyTimeout in threads that overran their limit.
 
-    TICK_S = 0.05  # wake-ups are rounded to this grid so a busy verifier costs few context switches
+    Protocol with the guarded thread (`disarm`): the owner sets `done` and then takes the
+    deadline's `deciding` lock for good; the watchdog only fires while holding that lock
+    (taken without blocking) and only if `done` is unset. So once `disarm` has the lock,
+    no exception can be fired any more, and one fired earlier but not yet raised is
+    cleared, so a timeout never escapes the guarded block.
+    """
+
+    TICK_S = 0.05  # checks are rounded to this grid: few wake-ups however many calls are made
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
@@ -498,7 +538,7 @@ class _Watchdog:
         self._thread: Optional[threading.Thread] = None
 
     def arm(self, seconds: float) -> _Deadline:
-        deadline = _Deadline(time.monotonic() + seconds, threading.get_ident(), next(self._seq))
+        deadline = _Deadline(seconds, threading.get_ident(), next(self._seq))
         with self._cond:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="repexp-verify-watchdog", daemon=True)
@@ -510,13 +550,27 @@ class _Watchdog:
         return deadline
 
     def disarm(self, deadline: _Deadline) -> None:
-        deadline.done = True  # an atomic store: the watchdog skips done deadlines
-        if time.monotonic() >= deadline.when - 0.5 * self.TICK_S:
-            # The watchdog may be deciding right now: wait for its decision, then drop an
-            # exception it fired but the thread has not raised yet, so it cannot escape later.
-            deadline.processed.acquire(timeout=10.0)
-            if deadline.fired:
-                _set_async_exc(deadline.thread_id, ctypes.py_object())  # NULL: clear a pending exception
+        deadline.done = True
+        deadline.deciding.acquire()  # waits only while the watchdog is mid-decision (microseconds)
+        if deadline.fired:
+            _set_async_exc(deadline.thread_id, ctypes.py_object())  # NULL: drop a not-yet-raised timeout
+
+    def _decide(self, deadline: _Deadline) -> Optional[_Deadline]:
+        """Fire, drop, or return the deadline to check again later."""
+        if not deadline.deciding.acquire(blocking=False):
+            return None  # its owner is disarming it
+        try:
+            if deadline.done:
+                return None
+            used = deadline.used()
+            if used >= deadline.limit:
+                deadline.fired = True
+                _set_async_exc(deadline.thread_id, ctypes.py_object(VerifyTimeout))
+                return None
+            deadline.when = time.monotonic() + (deadline.limit - used)
+            return deadline
+        finally:
+            deadline.deciding.release()
 
     def _loop(self) -> None:
         while True:
@@ -529,14 +583,13 @@ class _Watchdog:
                     wake = math.ceil(head / self.TICK_S) * self.TICK_S
                     self._cond.wait(timeout=max(wake - now, 0.0))
                     continue
-                expired = []
+                due = []
                 while self._heap and self._heap[0].when <= now:
-                    expired.append(heapq.heappop(self._heap))
-                for deadline in expired:
-                    if not deadline.done:
-                        deadline.fired = True
-                        _set_async_exc(deadline.thread_id, ctypes.py_object(VerifyTimeout))
-                    deadline.processed.release()
+                    due.append(heapq.heappop(self._heap))
+                for deadline in due:
+                    again = self._decide(deadline)
+                    if again is not None:
+                        heapq.heappush(self._heap, again)
 
     def reset_after_fork(self) -> None:
         self.__init__()
@@ -548,11 +601,13 @@ if hasattr(os, "register_at_fork"):
 
 
 class time_limit:
-    """`with time_limit(seconds):` raises VerifyTimeout in this thread once `seconds` have passed.
+    """`with time_limit(seconds):` raises VerifyTimeout in this thread after `seconds` of its CPU time.
 
-    Works in any thread. Python-level work is interrupted between bytecodes; a single
-    long C call is only interrupted when it returns (the process pool's hard limit
-    covers that). `seconds=None` or <= 0 disables the guard.
+    Works in any thread. CPU time (not wall time) so a busy machine does not turn slow
+    but legitimate comparisons into timeouts; where a thread CPU clock is unavailable,
+    wall time is used. Python-level work is interrupted between bytecodes; a single long
+    C call only when it returns (the process pool's wall-clock hard limit covers that).
+    `seconds=None` or <= 0 disables the guard.
     """
 
     def __init__(self, seconds: Optional[float]) -> None:
@@ -581,11 +636,13 @@ class _Worker:
         self.last_progress = time.monotonic()
 
 
-def _worker_loop(conn: Any, fn: Callable[[Any], Any]) -> None:
+def _worker_loop(conn: Any, fn: Callable[[Any], Any], initializer: Optional[Callable[[], Any]]) -> None:
     # Pool workers must not inherit the parent's SIGINT handling of a Ctrl-C: the parent cleans up.
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if initializer is not None:
+        initializer()
     conn.send(("ready", None, None))
     while True:
         try:
@@ -618,6 +675,7 @@ class _ProcessPool:
         stuck_value: Any = 0.0,
         start_timeout: float = 120.0,
         mp_context: str = "spawn",
+        initializer: Optional[Callable[[], Any]] = None,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
@@ -626,13 +684,14 @@ class _ProcessPool:
         self.hard_timeout = hard_timeout
         self.stuck_value = stuck_value
         self.start_timeout = start_timeout
+        self.initializer = initializer
         self._ctx = multiprocessing.get_context(mp_context)
         self._pool: list[_Worker] = []
         self.killed = 0  # workers killed for being stuck (reported by benchmarks/tests)
 
     def _spawn(self) -> _Worker:
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
-        process = self._ctx.Process(target=_worker_loop, args=(child_conn, self.fn), daemon=True, name="repexp-verify-worker")
+        process = self._ctx.Process(target=_worker_loop, args=(child_conn, self.fn, self.initializer), daemon=True, name="repexp-verify-worker")
         process.start()
         child_conn.close()
         return _Worker(process, parent_conn)
@@ -745,9 +804,12 @@ class VerifierPool:
     ) -> None:
         self.workers = default_workers() if workers is None else int(workers)
         self.timeout = float(timeout)
-        # Soft timeouts fire first; the hard limit only catches a worker stuck in C code.
-        self.hard_timeout = float(hard_timeout) if hard_timeout is not None else 2 * self.timeout + 5.0
-        self._pool = _ProcessPool(_verify_key, self.workers, hard_timeout=self.hard_timeout, mp_context=mp_context)
+        # Soft (CPU-time) limits fire first; this wall-clock limit only catches a worker stuck in
+        # one C call, with slack for a loaded machine.
+        self.hard_timeout = float(hard_timeout) if hard_timeout is not None else 3 * self.timeout + 10.0
+        self._pool = _ProcessPool(
+            _verify_key, self.workers, hard_timeout=self.hard_timeout, mp_context=mp_context, initializer=warm_up
+        )
 
     def map_keys(self, keys: Sequence[tuple]) -> list[float]:
         chunk = max(1, min(256, math.ceil(len(keys) / (4 * self.workers))))

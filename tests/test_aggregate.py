@@ -208,8 +208,10 @@ def test_sweep_points_carry_test_pass_at_k_in_mlflow(sweep, tmp_path, tmp_path_f
         assert node.online
     existing_parent = node.record.parent_run_id
     paths = [str(p) for p in aggregate.find_eval_files(sweep)]
+    # as the workflow rule calls it: inside the node run, naming the experiment but not the store
     code = cli.main(["mlflow", "node", "--config", str(config), "--rule", "aggregate", "--",
-                     "repexp", "aggregate", "--inputs", *paths, "--out-dir", str(tmp_path / "out")])
+                     "repexp", "aggregate", "--inputs", *paths, "--out-dir", str(tmp_path / "out"),
+                     "--config", str(config), "--experiment", "agg-test"])
     assert code == 0
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name("agg-test")
@@ -223,3 +225,11 @@ def test_sweep_points_carry_test_pass_at_k_in_mlflow(sweep, tmp_path, tmp_path_f
     assert metrics["test/pass_at_256"] == pytest.approx(1.0)
     assert by_point["point:math/base"].data.metrics["test/pass_at_256"] == pytest.approx(0.8)
     assert by_point["point:math/verl_repexp_k32_b0.1_s41"].data.params["sparse_dim"] == "32"
+
+
+def test_tracking_off_disables_mlflow_logging(monkeypatch):
+    monkeypatch.setenv("REPEXP_TRACKING", "off")
+    assert aggregate.mlflow_target("sqlite:///x.db", "exp") is None
+    monkeypatch.setenv("REPEXP_TRACKING", "on")
+    assert aggregate.mlflow_target("sqlite:///x.db", "exp") == aggregate.MlflowTarget("sqlite:///x.db", "exp")
+    assert aggregate.mlflow_target(None, None) is None  # no flags, no enclosing node run: nothing to log

@@ -468,3 +468,110 @@ def test_32_concurrent_jobs_lose_nothing_in_sqlite_or_server(tmp_path, mlflow_se
         assert set(counts["metrics"].values()) == {JOB_METRIC_POINTS}, (name, counts["metrics"])
         assert counts["unfinished"] == [], name
         assert not (results / "mlflow" / "outbox").exists() or not any((results / "mlflow" / "outbox").glob("*/record.json"))
+
+
+# --------------------------------------------------------------------------- bad data files
+
+SHARED_DATA = (REPO / ".." / "shared" / "data").resolve()
+PREPARE_LIMITS = ["--limit-train", "8", "--limit-dev", "4", "--limit-test", "4"]  # configs/test.yaml's
+
+
+def gsm8k_source_copy(root: Path) -> Path:
+    """A writable copy of the offline GSM8K source files (without MANIFEST.json, so edits are allowed)."""
+    source = root / "source"
+    (source / "gsm8k").mkdir(parents=True)
+    for name in ("train.jsonl", "test.jsonl"):
+        shutil.copy(SHARED_DATA / "gsm8k" / name, source / "gsm8k" / name)
+    return source
+
+
+def corrupt_line(path: Path, lineno: int, text: str) -> None:
+    lines = path.read_text().splitlines(keepends=True)
+    lines[lineno - 1] = text
+    path.write_text("".join(lines))
+
+
+def truncate(path: Path, fraction: float = 0.5) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * fraction)])
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("bad_json_line", "train.jsonl:3: not valid JSON"),
+    ("truncated_file", "test.jsonl:"),
+    ("not_an_object", "train.jsonl:5: expected a JSON object"),
+    ("missing_directory", "data source directory not found"),
+])
+def test_corrupt_jsonl_source_fails_data_prepare_cleanly(tmp_path, damage, message):
+    source = gsm8k_source_copy(tmp_path)
+    if damage == "bad_json_line":
+        corrupt_line(source / "gsm8k" / "train.jsonl", 3, '{"question": "cut off mid-reco\n')
+    elif damage == "truncated_file":  # an interrupted copy: the last line stops mid-record
+        text = (source / "gsm8k" / "test.jsonl").read_text()
+        (source / "gsm8k" / "test.jsonl").write_text(text[: len(text) // 2])
+    elif damage == "not_an_object":
+        corrupt_line(source / "gsm8k" / "train.jsonl", 5, "[1, 2, 3]\n")
+    else:
+        shutil.rmtree(source)
+    out = tmp_path / "out"
+    proc = run([REPEXP, "data", "prepare", "gsm8k", "--source", str(source), "--out", str(out), *PREPARE_LIMITS])
+    assert_clear_failure(proc, message)
+    assert "Traceback" not in proc.stderr
+    assert not out.exists() or not any(out.iterdir()), "a failed prepare left outputs behind"
+
+
+@pytest.fixture(scope="module")
+def tiny_assets(tmp_path_factory):
+    """The offline tiny model and prepared GSM8K splits, made by the pipeline's own commands."""
+    root = tmp_path_factory.mktemp("tiny_assets")
+    model = run([REPEXP, "model", "tiny", "--out", str(root / "model")])
+    assert model.returncode == 0, model.stderr[-3000:]
+    data = run([REPEXP, "data", "prepare", "gsm8k", "--source", str(SHARED_DATA), "--out", str(root / "data"),
+                *PREPARE_LIMITS])
+    assert data.returncode == 0, data.stderr[-3000:]
+    return root
+
+
+def eval_cmd(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
+    return [REPEXP, "eval", "--model", str(model), "--data", str(data), "--out", str(out), "--engine", "hf",
+            "--n-samples", "2", "--max-new-tokens", "4", "--batch-size", "4", "--shard-size", "2", "--no-progress",
+            *extra]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "wrong_columns"])
+def test_corrupt_parquet_split_fails_eval_cleanly(tmp_path, tiny_assets, damage):
+    split = tmp_path / "test.parquet"
+    if damage == "truncated":
+        shutil.copy(tiny_assets / "data" / "test.parquet", split)
+        truncate(split)
+    elif damage == "garbage":
+        split.write_bytes(b"PAR1" + os.urandom(512))
+    else:  # a valid parquet file, but not verl's row format
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"question": ["1+1?"], "answer": ["2"]}), split)
+    proc = run(eval_cmd(tiny_assets / "model", split, tmp_path / "eval"))
+    assert_clear_failure(proc, str(split))
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert not (tmp_path / "eval" / "eval.json").exists()
+
+
+def test_truncated_model_weights_fail_eval_naming_the_checkpoint(tmp_path, tiny_assets):
+    model = tmp_path / "global_step_2"
+    shutil.copytree(tiny_assets / "model", model)
+    (weights,) = model.glob("*.safetensors")
+    truncate(weights)
+    proc = run(eval_cmd(model, tiny_assets / "data" / "test.parquet", tmp_path / "eval"))
+    assert_clear_failure(proc, str(model))
+    assert not (tmp_path / "eval" / "eval.json").exists()
+
+
+def test_corrupt_best_dev_json_fails_select_naming_the_file(tmp_path):
+    run_dir = tmp_path / "trl_grpo_s42"
+    finished_training_run(run_dir)
+    (run_dir / "best_dev.json").write_text('{"metric": "dev/pass@1", "history": [{"step": 1, ')  # cut off
+    proc = run([REPEXP, "select", "--run-dir", str(run_dir), "--backend", "trl", "--out", str(tmp_path / "select.json")])
+    assert_clear_failure(proc, "best_dev.json")
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "select.json").exists()

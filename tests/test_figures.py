@@ -297,13 +297,19 @@ def test_mlflow_curves_and_figures_run(workspace, tmp_path, tmp_path_factory, mo
     from_jsonl = figures.training_curves_from_jsonl(workspace / "train", math_runs)
     assert from_mlflow == from_jsonl and len(from_mlflow) == 6
 
-    # the CLI on MATH alone (fewer figures): curves from MLflow, artifacts into a 'figures' run
+    # the pipeline's way: `repexp mlflow node --rule figures ... -- repexp figures ...` (MATH alone: fewer
+    # figures); curves from MLflow; the node run is the 'figures' run, the tables are added to it
     math_only = workspace / "math_only"
     aggregate.aggregate(aggregate.find_eval_files(workspace / "eval"), math_only,
                         expected=[s for s in sweep_runs(config) if s.task == "math"], drop_unexpected=True)
     out = tmp_path / "figs"
-    code = cli.main(["figures", "--table", str(math_only / "pass_at_k.csv"), "--out-dir", str(out),
-                     "--tracking-uri", uri, "--experiment", "fig-test"])
+    outputs = [str(out / name) for group in figures.figure_files(math_runs).values() for name in group]
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(json.dumps({**CONFIG, "name": "fig-test", "results_dir": str(tmp_path),
+                                       "tracking": {"tracking_uri": uri}}))
+    code = cli.main(["mlflow", "node", "--config", str(config_file), "--rule", "figures", "--output", *outputs, "--",
+                     "repexp", "figures", "--table", str(math_only / "pass_at_k.csv"), "--out-dir", str(out),
+                     "--curves-from", "mlflow"])
     assert code == 0, capsys.readouterr().err
     index = json.loads((out / "index.json").read_text())
     assert index["training_curves"] == "MLflow"
@@ -312,9 +318,18 @@ def test_mlflow_curves_and_figures_run(workspace, tmp_path, tmp_path_factory, mo
     experiment = client.get_experiment_by_name("fig-test")
     (run,) = client.search_runs([experiment.experiment_id], filter_string="attributes.run_name = 'figures'")
     assert run.info.status == "FINISHED"
-    artifacts = {a.path for d in ("figures", "table") for a in client.list_artifacts(run.info.run_id, d)}
-    assert {"figures/pass_at_k.png", "figures/pass_at_k.pdf", "figures/index.json", "table/pass_at_k.csv",
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    artifacts |= {a.path for a in client.list_artifacts(run.info.run_id, "table")}
+    assert {"pass_at_k.png", "pass_at_k.pdf", "index.json", "heatmap_math_verl.png", "table/pass_at_k.csv",
             "table/k_efficiency.csv", "table/pass_at_k.html"} <= artifacts
+
+    # standalone (`--experiment`, no node): a run named 'figures' under the experiment's parent run
+    standalone = figures.log_figures_run(target, [out / "pass_at_k.png", out / "index.json"], [math_only / "pass_at_k.csv"])
+    logged = client.get_run(standalone)
+    assert logged.info.run_name == "figures" and logged.info.status == "FINISHED"
+    assert logged.data.tags["mlflow.parentRunId"] == run.data.tags["mlflow.parentRunId"]
+    assert {a.path for d in ("figures", "table") for a in client.list_artifacts(standalone, d)} == {
+        "figures/pass_at_k.png", "figures/index.json", "table/pass_at_k.csv"}
 
 
 # --------------------------------------------------------------------------- real evaluations

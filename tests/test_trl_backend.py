@@ -139,6 +139,23 @@ def test_missing_data_is_a_clear_error(tmp_path, tiny_model):
     assert main(["--config", str(job)]) == 2
 
 
+def test_pruning_keeps_newest_and_best_checkpoints(tmp_path):
+    from repexp.checkpoints import BestDevTracker, mark_complete
+    from repexp.trl.train import prune_checkpoints
+
+    for step in (2, 4, 6, 8):
+        directory = checkpoint_dir(tmp_path, step)
+        directory.mkdir(parents=True)
+        mark_complete(directory)
+    tracker = BestDevTracker(tmp_path)
+    for step, value in ((2, 0.1), (4, 0.5), (6, 0.2), (8, 0.3)):
+        tracker.record_validation(step, {"dev/pass@1": value})
+    prune_checkpoints(tmp_path, 2, tracker)
+    assert complete_steps(tmp_path) == [4, 6, 8]  # newest two plus the best (step 4)
+    prune_checkpoints(tmp_path, None, tracker)  # null keeps everything
+    assert complete_steps(tmp_path) == [4, 6, 8]
+
+
 # --------------------------------------------------------------------------- features and reward
 
 

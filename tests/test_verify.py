@@ -289,7 +289,7 @@ def test_process_pool_scores_like_in_process():
     sources, responses, truths = (list(x) for x in zip(*[(s, r, g) for s, r, g, _, _ in batch]))
     expected = np.array([score(s, r, g) for s, r, g in zip(sources, responses, truths)])
     verify.clear_caches()
-    with verify.VerifierPool(workers=2, timeout=2.0) as pool:
+    with verify.VerifierPool(workers=2, timeout=1.0) as pool:
         got = pool.score_batch(sources, responses, truths)
         # a pathological answer inside a pooled batch is timed out / refused, the rest are scored
         odd = pool.score_batch([MATH] * 3, ["\\boxed{\\prod_{k=1}^{10^{9}} k}", "\\boxed{1/2}", "\\boxed{9^{9^{9^9}}}"], ["\\frac12"] * 3)

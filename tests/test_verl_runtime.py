@@ -528,11 +528,15 @@ def test_checkpoints_resume_and_merge(runtime, tmp_path):
     assert merged_pointer["checkpoint_step"] == 2
     assert merged_pointer["model_path"] == str(checkpoint_dir(run_dir, 2) / "actor" / "hf")
     merged = AutoModelForCausalLM.from_pretrained(merged_pointer["model_path"]).eval()
-    reference = AutoModelForCausalLM.from_pretrained(runtime["model"]).eval()
+    # verl's merger writes bfloat16 weights: the reference is step 2's weights in bfloat16
+    reference = AutoModelForCausalLM.from_pretrained(runtime["model"], dtype=torch.bfloat16).eval()
     reference.load_state_dict(states[2])
+    assert merged.dtype == torch.bfloat16
+    for name, value in merged.state_dict().items():
+        assert torch.equal(value, states[2][name].bfloat16()), name
     ids = torch.randint(3, 4000, (2, 12), generator=gen)
     with torch.no_grad():
-        torch.testing.assert_close(merged(ids).logits, reference(ids).logits, rtol=0, atol=1e-6)
+        torch.testing.assert_close(merged(ids).logits, reference(ids).logits, rtol=0, atol=0)
     assert merge_checkpoint(checkpoint_dir(run_dir, 2)) == Path(merged_pointer["model_path"]), "idempotent"
     (checkpoint_dir(run_dir, 6) / "COMPLETE").unlink()
     with pytest.raises(ValueError, match="not marked complete"):

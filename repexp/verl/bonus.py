@@ -2,7 +2,8 @@
 
 Inputs are what the trainer reads from TransferQueue after the representation forward: the
 response-mean hidden states (B, H), the prompt uid of each row, its verifier score and which rows
-take no part (verl's padding rows, empty responses). The maths is `repexp.elliptical`:
+take no part (verl's padding rows, empty responses). The maths is `repexp.elliptical`; everything stays on the device of ``hidden`` (the
+trainer passes CPU tensors):
 
 1. project with `sparse_projection(H, sparse_dim, seed=projection_seed(seed, step))`: a fresh
    projection every step when ``randomize_projection`` (upstream drew it from an unseeded RNG),
@@ -110,7 +111,7 @@ def group_metrics(
 ) -> dict[str, float]:
     """Verifier/shaped means and none/some/all-correct group fractions over the rows that take part."""
     _validate_inputs(uids, scores, excluded, len(uids))
-    keep = (~excluded).nonzero().squeeze(1)
+    keep = (~excluded.to(scores.device).bool()).nonzero().squeeze(1)
     if keep.numel() == 0:
         return {}
     kept_scores = scores[keep].double()
@@ -137,22 +138,23 @@ def compute_step_bonus(
     """The bonus of every row of one training batch (see the module docstring)."""
     if hidden.dim() != 2:
         raise ValueError(f"hidden states must be (rows, hidden), got shape {tuple(hidden.shape)}")
-    rows = hidden.shape[0]
-    scores = scores.double()
-    excluded = excluded.bool()
+    rows, device = hidden.shape[0], hidden.device
+    scores = scores.to(device=device, dtype=torch.float64)
+    excluded = excluded.to(device).bool()
     _validate_inputs(uids, scores, excluded, rows)
     if settings.persist_covariance and (prompt_keys is None or len(prompt_keys) != rows):
         raise ValueError("persist_covariance needs one prompt key per row")
     keep = (~excluded).nonzero().squeeze(1)
-    bonus_raw = torch.zeros(rows, dtype=torch.float64)
-    kept_bonus = torch.zeros(rows, dtype=torch.float64)
+    kept_rows = keep.tolist()
+    bonus_raw = torch.zeros(rows, dtype=torch.float64, device=device)
+    kept_bonus = torch.zeros(rows, dtype=torch.float64, device=device)
     metrics: dict[str, float] = {}
-    if keep.numel():
-        kept_uids = [uids[i] for i in keep.tolist()]
-        projection = state.projection(hidden.shape[1], step)
-        features = (hidden[keep].float() @ projection.to(torch.float32)).double()
+    if kept_rows:
+        kept_uids = [uids[i] for i in kept_rows]
+        projection = state.projection(hidden.shape[1], step).to(device=device, dtype=torch.float32)
+        features = (hidden[keep].float() @ projection).double()
         if settings.persist_covariance:
-            raw = state.covariance.update_and_score(features, [prompt_keys[i] for i in keep.tolist()])
+            raw = state.covariance.update_and_score(features, [prompt_keys[i] for i in kept_rows])
         else:
             raw = bonuses(
                 features, kept_uids, lamb=settings.lamb, reward_type=settings.reward_type,

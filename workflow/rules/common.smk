@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import os
 import shlex
+import sys
 from pathlib import Path
 
 from repexp import config as C
@@ -69,6 +70,9 @@ CONFIG_SNAPSHOT = WORKDIR / RESULTS / "config" / f"{CFG.name}-{CONFIG_HASH}.yaml
 # Every job's shell reads "$REPEXP_CONFIG"; local jobs inherit it, SLURM jobs get it through
 # sbatch --export=ALL and set it again when their jobstep parses this file.
 os.environ.update(
+    # `repexp` from the environment that runs Snakemake (works without an activated venv;
+    # with --sdm conda the rule's env is activated in front of it)
+    PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
     REPEXP_CONFIG=str(CONFIG_SNAPSHOT),
     REPEXP_ROOT=str(REPO_ROOT),  # also expanded by pip in workflow/envs/*.yaml
     REPEXP_WORKFLOW_DIR=str(REPO_ROOT / "workflow"),

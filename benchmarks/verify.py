@@ -1,0 +1,308 @@
+"""Verifier throughput (sequential vs process pool) and full-data agreement rates.
+
+    .venv/bin/python benchmarks/verify.py throughput [--problems 150 --samples 32 --workers 2]
+    .venv/bin/python benchmarks/verify.py agreement
+
+`throughput` synthesises model-like responses from the shipped reference solutions
+(MATH test, GSM8K test, AIME 2024): the solution text with its final answer replaced
+by a correct answer in an equivalent form, a wrong answer (a few distinct ones per
+problem, as samples of one prompt repeat answers), an earlier box later corrected, or
+a truncated solution with no answer. All methods score the same responses in the same
+run, after warming the LaTeX parser on other problems, with result caches cleared:
+
+- baseline: every response's answer through Math-Verify, nothing reused (what a
+  per-response scorer such as verl's does);
+- `score()` in a loop (string/integer fast paths and the result cache);
+- `score_batch` in-process (extract all, compare each distinct (gold, answer) once);
+- `score_batch` on a new process pool (pays the worker start) and on a warm one.
+
+A worst-case set gives every response a different answer, so nothing deduplicates.
+The table reports responses/s and the ratio to the baseline, plus the projected cost
+of the paper sweep's test evaluation.
+
+`agreement` scores every reference solution against its own ground truth, with the
+production scorer and with Math-Verify alone (no string/integer fast path); the
+numbers in docs/data.md come from here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from repexp import verify
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / ".." / "shared" / "data"
+MATH, GSM8K, AIME = "DigitalLearningGmbH/MATH-lighteval", "openai/gsm8k", "aime24"
+# Paper sweep: test problems per task, 256 samples, 3 seeds x (RepExp + GRPO) + the base model.
+SWEEP = {"math": 4500, "gsm8k": 807, "aime24": 30}
+SAMPLES, EVALS_PER_TASK = 256, 3 * 2 + 1
+
+
+def load(name: str) -> list[dict]:
+    return [json.loads(line) for line in (DATA / name).read_text().splitlines() if line.strip()]
+
+
+# --------------------------------------------------------------------------- synthetic responses
+
+
+def _strip_final_box(solution: str) -> str:
+    start = max(solution.rfind("\\boxed"), solution.rfind("\\fbox"))
+    return solution[:start] if start >= 0 else solution
+
+
+def _math_forms(gold: str) -> list[str]:
+    forms = [gold, gold.replace(",", ", "), gold.replace("\\frac", "\\dfrac")]
+    if "=" not in gold and not gold.startswith("\\text"):
+        forms.append(f"x = {gold}")
+    if gold.lstrip("-").isdigit():
+        forms.append(f"{gold}.0")
+    return forms
+
+
+def _wrong_answers(gold: str, rng: np.random.Generator, pool: list[str]) -> list[str]:
+    if gold.lstrip("-").isdigit():
+        value = int(gold)
+        return [str(value + 1), str(value - 1), str(2 * value + 3), str(-value - 2)]
+    digits = [i for i, ch in enumerate(gold) if ch.isdigit()]
+    wrong = []
+    for shift in (1, 3, 7):
+        if digits:
+            i = digits[int(rng.integers(len(digits)))]
+            wrong.append(gold[:i] + str((int(gold[i]) + shift) % 10) + gold[i + 1 :])
+    wrong.append(pool[int(rng.integers(len(pool)))])
+    return [w for w in wrong if w != gold] or ["\\text{no}"]
+
+
+def realistic_math(problems: int, samples: int, rng: np.random.Generator, source: str = MATH, rows=None):
+    rows = rows if rows is not None else load("math/test.jsonl")
+    chosen = [rows[i] for i in sorted(rng.choice(len(rows), size=min(problems, len(rows)), replace=False))]
+    answers = [r["answer"].strip() for r in rows if r["answer"].strip()]
+    out = []
+    for row in chosen:
+        gold = str(row["answer"]).strip()
+        body = _strip_final_box(row.get("solution") or row["problem"])
+        forms, wrong = _math_forms(gold), _wrong_answers(gold, rng, answers)
+        for _ in range(samples):
+            kind = rng.random()
+            if kind < 0.55:
+                final = f"The final answer is $\\boxed{{{forms[0] if rng.random() < 0.6 else forms[int(rng.integers(len(forms)))]}}}$."
+            elif kind < 0.90:
+                final = f"The final answer is $\\boxed{{{wrong[int(rng.integers(len(wrong)))]}}}$."
+            elif kind < 0.95:  # an early box, then a corrected final one
+                final = f"So $\\boxed{{{wrong[0]}}}$? Checking again, the answer is $\\boxed{{{forms[0]}}}$."
+            else:  # cut off by the length limit: no final answer
+                body, final = body[: int(len(body) * 0.7)], ""
+            out.append((source, body + final, gold))
+    return out
+
+
+def realistic_gsm8k(problems: int, samples: int, rng: np.random.Generator):
+    rows = load("gsm8k/test.jsonl")
+    chosen = [rows[i] for i in sorted(rng.choice(len(rows), size=min(problems, len(rows)), replace=False))]
+    out = []
+    for row in chosen:
+        body, _, tail = row["answer"].rpartition("####")
+        gold = tail.strip().replace(",", "")
+        value = int(gold)
+        forms = [f"#### {gold}", f"#### ${value:,}", f"#### {gold}.00", f"The answer is $\\boxed{{{gold}}}$."]
+        wrong = [f"#### {value + 1}", f"#### {value * 2}", f"#### {max(value - 3, 0)}"]
+        for _ in range(samples):
+            kind = rng.random()
+            if kind < 0.6:
+                final = forms[0] if rng.random() < 0.7 else forms[int(rng.integers(len(forms)))]
+            elif kind < 0.93:
+                final = wrong[int(rng.integers(len(wrong)))]
+            else:
+                final = ""
+            out.append((GSM8K, body + final, gold))
+    return out
+
+
+def realistic_aime(samples: int, rng: np.random.Generator):
+    rows = [{"answer": r["answer"], "solution": r["solution"], "problem": r["problem"]} for r in load("aime24/test.jsonl")]
+    out = []
+    for row in rows:
+        gold = row["answer"]
+        body = _strip_final_box(row["solution"])
+        wrong = [f"{(int(gold) + d) % 1000:03d}" for d in (1, 17, 250, 511)]
+        for _ in range(samples):
+            kind = rng.random()
+            if kind < 0.3:
+                final = f"$\\boxed{{{gold if rng.random() < 0.5 else int(gold)}}}$"
+            elif kind < 0.92:
+                final = f"$\\boxed{{{wrong[int(rng.integers(len(wrong)))]}}}$"
+            else:
+                final = ""
+            out.append((AIME, body + final, gold))
+    return out
+
+
+def all_distinct(count: int, rng: np.random.Generator):
+    """Worst case: every response a different fraction, nothing to deduplicate."""
+    out, seen = [], set()
+    while len(out) < count:
+        a, b = int(rng.integers(1, 5000)), int(rng.integers(2, 5000))
+        if (a, b) in seen:
+            continue
+        seen.add((a, b))
+        out.append((MATH, f"... so the answer is $\\boxed{{\\frac{{{a}}}{{{b}}}}}$.", "\\frac{3}{7}"))
+    return out
+
+
+# --------------------------------------------------------------------------- measurement
+
+
+def _time(fn) -> tuple[float, np.ndarray]:
+    verify.clear_caches()
+    started = time.perf_counter()
+    scores = fn()
+    return time.perf_counter() - started, np.asarray(scores, dtype=np.float64)
+
+
+def _uncached(batch) -> list[float]:
+    """Upstream-style baseline: every response's answer goes through Math-Verify, nothing is reused."""
+    scores = []
+    for source, response, truth in batch:
+        answer = verify.extract_answer(source, response)
+        if answer is None:
+            scores.append(0.0)
+        elif verify.family(source) == verify.GSM8K:
+            scores.append(verify.score_answer(source, answer, truth))
+        else:
+            verify._parse_boxed.cache_clear()
+            scores.append(verify._verify_key((verify.normalize_answer(truth), answer, verify.DEFAULT_TIMEOUT_S)))
+    return scores
+
+
+def measure(name: str, batch, warm_batch, workers: int) -> list[dict]:
+    """All methods on the same responses; ANTLR/sympy warmed on a disjoint batch first, result caches cold."""
+    sources, responses, truths = (list(x) for x in zip(*batch))
+    verify.warm_up()
+    verify.score_batch(*zip(*warm_batch), workers=1)  # warm the parser in this process
+    timings = {}
+    timings["baseline: Math-Verify per response, no reuse"] = _time(lambda: _uncached(batch))
+    timings["score() loop (fast paths + cache)"] = _time(lambda: [verify.score(s, r, g) for s, r, g in batch])
+    timings["score_batch, in-process"] = _time(lambda: verify.score_batch(sources, responses, truths, workers=1))
+    with verify.VerifierPool(workers=workers) as cold_pool:  # what a one-off score_batch(workers=N) pays
+        timings[f"score_batch, new pool of {workers} (incl. start)"] = _time(lambda: cold_pool.score_batch(sources, responses, truths))
+    with verify.VerifierPool(workers=workers) as pool:
+        pool.score_batch(*zip(*warm_batch))  # start and warm the workers on other problems
+        timings[f"score_batch, warm pool of {workers}"] = _time(lambda: pool.score_batch(sources, responses, truths))
+    expected = np.asarray([verify.score(s, r, g) for s, r, g in batch])
+    base_s = timings["baseline: Math-Verify per response, no reuse"][0]
+    distinct = len({(s, verify.extract_answer(s, r), g) for s, r, g in batch})
+    rows = []
+    for method, (seconds, scores) in timings.items():
+        if not np.array_equal(scores, expected):
+            raise SystemExit(f"{name} / {method}: scores differ from score()")
+        rows.append({"set": name, "method": method, "seconds": seconds, "n": len(batch), "rate": len(batch) / seconds,
+                     "ratio": base_s / seconds, "accuracy": float(expected.mean()), "distinct": distinct})
+    return rows
+
+
+def throughput(args: argparse.Namespace) -> None:
+    rng = np.random.default_rng(args.seed)
+    math_rows, warm_rows = load("math/test.jsonl"), None
+    order = rng.permutation(len(math_rows))
+    measured_math = [math_rows[i] for i in order[: args.problems]]
+    warm_rows = [math_rows[i] for i in order[args.problems : args.problems + args.warm_problems]]
+    sets = {
+        f"MATH test ({args.problems}x{args.samples})": (
+            realistic_math(args.problems, args.samples, rng, rows=measured_math),
+            realistic_math(args.warm_problems, 8, rng, rows=warm_rows),
+        ),
+        f"GSM8K test ({args.problems}x{args.samples})": (realistic_gsm8k(args.problems, args.samples, rng), realistic_gsm8k(20, 8, rng)),
+        f"AIME 2024 (30x{args.samples})": (realistic_aime(args.samples, rng), realistic_aime(4, rng)),
+        f"worst case: {args.distinct} distinct answers": (all_distinct(args.distinct, rng), realistic_math(args.warm_problems, 8, rng, rows=warm_rows)),
+    }
+    load_before = os.getloadavg()
+    rows = []
+    for name, (batch, warm_batch) in sets.items():
+        rows += measure(name, batch, warm_batch, args.workers)
+        print(f"measured {name}", file=sys.stderr, flush=True)
+    load_after = os.getloadavg()
+    print(f"\nmachine: {os.cpu_count()} CPUs (affinity {verify.default_workers()}), load average "
+          f"{load_before[0]:.1f} before / {load_after[0]:.1f} after; pool workers: {args.workers}\n")
+    print("| responses | n | distinct (gold, answer) | accuracy | method | seconds | responses/s | vs baseline |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['set']} | {r['n']} | {r['distinct']} | {r['accuracy']:.2f} | {r['method']} | {r['seconds']:.2f} "
+              f"| {r['rate']:,.0f} | {r['ratio']:.2f}x |")
+    print("\nprojected verifier cost of the paper sweep's test evaluation "
+          f"({SAMPLES} samples x {EVALS_PER_TASK} evaluations per task), warm pool of {args.workers}:")
+    warm = {r["set"].split(" (")[0]: r["rate"] for r in rows if "warm pool" in r["method"]}
+    seq = {r["set"].split(" (")[0]: r["rate"] for r in rows if "in-process" in r["method"]}
+    total_pool = total_seq = 0.0
+    for task, key in (("math", "MATH test"), ("gsm8k", "GSM8K test"), ("aime24", "AIME 2024")):
+        responses = SWEEP[task] * SAMPLES * EVALS_PER_TASK
+        pool_h, seq_h = responses / warm[key] / 3600, responses / seq[key] / 3600
+        total_pool, total_seq = total_pool + pool_h, total_seq + seq_h
+        print(f"| {task} | {SWEEP[task]} problems | {responses:,} responses | warm pool {pool_h:.2f} h | in-process {seq_h:.2f} h |")
+    print(f"| total | | | warm pool {total_pool:.2f} h | in-process {total_seq:.2f} h |")
+
+
+# --------------------------------------------------------------------------- agreement
+
+
+def agreement(args: argparse.Namespace) -> None:
+    def gsm8k(rows):
+        return [(i, r["answer"], r["answer"].split("####")[-1].strip().replace(",", "")) for i, r in enumerate(rows)]
+
+    sets = [
+        ("MATH train", MATH, [(r["unique_id"], r["solution"], r["answer"]) for r in load("math/train.jsonl")]),
+        ("MATH test", MATH, [(r["unique_id"], r["solution"], r["answer"]) for r in load("math/test.jsonl")]),
+        ("MATH-500", "HuggingFaceH4/MATH-500", [(r["unique_id"], r["solution"], r["answer"]) for r in load("math500/test.jsonl")]),
+        ("GSM8K train", GSM8K, gsm8k(load("gsm8k/train.jsonl"))),
+        ("GSM8K test", GSM8K, gsm8k(load("gsm8k/test.jsonl"))),
+        ("AIME 2024", AIME, [(r["id"], r["solution"], r["answer"]) for r in load("aime24/test.jsonl")]),
+    ]
+    print("| dataset | rows | score() agrees | Math-Verify alone agrees | seconds (MV alone) | failures |")
+    print("|---|---|---|---|---|---|")
+    for name, source, rows in sets:
+        prod_fail, mv_fail = Counter(), Counter()
+        started = time.perf_counter()
+        for row_id, solution, truth in rows:
+            if not truth.strip():
+                prod_fail[f"{row_id}: empty gold"] += 1
+                mv_fail[f"{row_id}: empty gold"] += 1
+                continue
+            if verify.score(source, solution, truth) != 1.0:
+                prod_fail[f"{row_id}: {verify.extract_answer(source, solution)!r} vs {truth!r}"] += 1
+            if verify.family(source) == verify.MATH:
+                answer = verify.extract_answer(source, solution)
+                key = (verify.normalize_answer(truth), answer, verify.DEFAULT_TIMEOUT_S)
+                if answer is None or verify._verify_key(key) != 1.0:
+                    mv_fail[f"{row_id}: {answer!r}"] += 1
+        seconds = time.perf_counter() - started
+        n = len(rows)
+        mv = f"{100 * (1 - sum(mv_fail.values()) / n):.2f}%" if verify.family(source) == verify.MATH else "n/a (no Math-Verify)"
+        failures = "; ".join(sorted(set(prod_fail) | set(mv_fail))) or "-"
+        print(f"| {name} | {n} | {100 * (1 - sum(prod_fail.values()) / n):.2f}% | {mv} | {seconds:.1f} | {failures} |", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="mode", required=True)
+    t = sub.add_parser("throughput")
+    t.add_argument("--problems", type=int, default=40)
+    t.add_argument("--samples", type=int, default=256)
+    t.add_argument("--warm-problems", type=int, default=100)
+    t.add_argument("--distinct", type=int, default=1500)
+    t.add_argument("--workers", type=int, default=2)
+    t.add_argument("--seed", type=int, default=0)
+    sub.add_parser("agreement")
+    args = parser.parse_args()
+    throughput(args) if args.mode == "throughput" else agreement(args)
+
+
+if __name__ == "__main__":
+    main()
