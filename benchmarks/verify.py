@@ -161,11 +161,34 @@ def all_distinct(count: int, rng: np.random.Generator):
 # --------------------------------------------------------------------------- measurement
 
 
-def _time(fn) -> tuple[float, np.ndarray]:
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pids) -> float:
+    """user+system CPU seconds of running processes (Linux /proc), to report load-independent cost."""
+    total = 0.0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / _TICK
+    return total
+
+
+def _worker_pids(pool) -> list[int]:
+    return [w.process.pid for w in pool._pool._pool] if pool is not None else []
+
+
+def _time(fn, pool=None) -> tuple[float, float, np.ndarray]:
+    """(wall seconds, CPU seconds of this process + the pool's workers, scores) with cold caches."""
+    from sympy.core.cache import clear_cache
+
     verify.clear_caches()
+    clear_cache()  # sympy's own memo: otherwise later methods reuse work done by earlier ones
+    before = _cpu_seconds([os.getpid()] + _worker_pids(pool))
     started = time.perf_counter()
     scores = fn()
-    return time.perf_counter() - started, np.asarray(scores, dtype=np.float64)
+    wall = time.perf_counter() - started
+    cpu = _cpu_seconds([os.getpid()] + _worker_pids(pool)) - before  # workers started inside fn count from zero
+    return wall, cpu, np.asarray(scores, dtype=np.float64)
 
 
 def _uncached(batch) -> list[float]:
@@ -193,19 +216,22 @@ def measure(name: str, batch, warm_batch, workers: int) -> list[dict]:
     timings["score() loop (fast paths + cache)"] = _time(lambda: [verify.score(s, r, g) for s, r, g in batch])
     timings["score_batch, in-process"] = _time(lambda: verify.score_batch(sources, responses, truths, workers=1))
     with verify.VerifierPool(workers=workers) as cold_pool:  # what a one-off score_batch(workers=N) pays
-        timings[f"score_batch, new pool of {workers} (incl. start)"] = _time(lambda: cold_pool.score_batch(sources, responses, truths))
+        timings[f"score_batch, new pool of {workers} (incl. start)"] = _time(
+            lambda: cold_pool.score_batch(sources, responses, truths), pool=cold_pool)
     with verify.VerifierPool(workers=workers) as pool:
         pool.score_batch(*zip(*warm_batch))  # start and warm the workers on other problems
-        timings[f"score_batch, warm pool of {workers}"] = _time(lambda: pool.score_batch(sources, responses, truths))
+        timings[f"score_batch, warm pool of {workers}"] = _time(lambda: pool.score_batch(sources, responses, truths), pool=pool)
     expected = np.asarray([verify.score(s, r, g) for s, r, g in batch])
-    base_s = timings["baseline: Math-Verify per response, no reuse"][0]
+    base_wall, base_cpu, _ = timings["baseline: Math-Verify per response, no reuse"]
     distinct = len({(s, verify.extract_answer(s, r), g) for s, r, g in batch})
     rows = []
-    for method, (seconds, scores) in timings.items():
+    for method, (wall, cpu, scores) in timings.items():
         if not np.array_equal(scores, expected):
             raise SystemExit(f"{name} / {method}: scores differ from score()")
-        rows.append({"set": name, "method": method, "seconds": seconds, "n": len(batch), "rate": len(batch) / seconds,
-                     "ratio": base_s / seconds, "accuracy": float(expected.mean()), "distinct": distinct})
+        rows.append({"set": name, "method": method, "seconds": wall, "cpu": cpu, "n": len(batch),
+                     "rate": len(batch) / wall, "cpu_rate": len(batch) / max(cpu, 1e-9),
+                     "ratio": base_wall / wall, "cpu_ratio": base_cpu / max(cpu, 1e-9),
+                     "accuracy": float(expected.mean()), "distinct": distinct})
     return rows
 
 
@@ -232,22 +258,28 @@ def throughput(args: argparse.Namespace) -> None:
     load_after = os.getloadavg()
     print(f"\nmachine: {os.cpu_count()} CPUs (affinity {verify.default_workers()}), load average "
           f"{load_before[0]:.1f} before / {load_after[0]:.1f} after; pool workers: {args.workers}\n")
-    print("| responses | n | distinct (gold, answer) | accuracy | method | seconds | responses/s | vs baseline |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| responses | n | distinct (gold, answer) | accuracy | method | wall s | responses/s | vs baseline (wall) "
+          "| CPU s | responses/CPU-s | vs baseline (CPU) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['set']} | {r['n']} | {r['distinct']} | {r['accuracy']:.2f} | {r['method']} | {r['seconds']:.2f} "
-              f"| {r['rate']:,.0f} | {r['ratio']:.2f}x |")
+              f"| {r['rate']:,.0f} | {r['ratio']:.2f}x | {r['cpu']:.2f} | {r['cpu_rate']:,.0f} | {r['cpu_ratio']:.2f}x |")
     print("\nprojected verifier cost of the paper sweep's test evaluation "
-          f"({SAMPLES} samples x {EVALS_PER_TASK} evaluations per task), warm pool of {args.workers}:")
-    warm = {r["set"].split(" (")[0]: r["rate"] for r in rows if "warm pool" in r["method"]}
-    seq = {r["set"].split(" (")[0]: r["rate"] for r in rows if "in-process" in r["method"]}
-    total_pool = total_seq = 0.0
+          f"({SAMPLES} samples x {EVALS_PER_TASK} evaluations per task): CPU-hours (load-independent), "
+          f"and wall hours on {args.workers} idle cores with the pool (CPU-hours / {args.workers}):")
+    print("| task | problems | responses | baseline CPU-h | score_batch CPU-h (warm pool) | wall h, pool of "
+          f"{args.workers} |")
+    print("|---|---|---|---|---|---|")
+    base = {r["set"].split(" (")[0]: r["cpu_rate"] for r in rows if r["method"].startswith("baseline")}
+    warm = {r["set"].split(" (")[0]: r["cpu_rate"] for r in rows if "warm pool" in r["method"]}
+    totals = [0.0, 0.0]
     for task, key in (("math", "MATH test"), ("gsm8k", "GSM8K test"), ("aime24", "AIME 2024")):
         responses = SWEEP[task] * SAMPLES * EVALS_PER_TASK
-        pool_h, seq_h = responses / warm[key] / 3600, responses / seq[key] / 3600
-        total_pool, total_seq = total_pool + pool_h, total_seq + seq_h
-        print(f"| {task} | {SWEEP[task]} problems | {responses:,} responses | warm pool {pool_h:.2f} h | in-process {seq_h:.2f} h |")
-    print(f"| total | | | warm pool {total_pool:.2f} h | in-process {total_seq:.2f} h |")
+        base_h, pool_h = responses / base[key] / 3600, responses / warm[key] / 3600
+        totals[0] += base_h
+        totals[1] += pool_h
+        print(f"| {task} | {SWEEP[task]} | {responses:,} | {base_h:.2f} | {pool_h:.2f} | {pool_h / args.workers:.2f} |")
+    print(f"| total | | | {totals[0]:.2f} | {totals[1]:.2f} | {totals[1] / args.workers:.2f} |")
 
 
 # --------------------------------------------------------------------------- agreement

@@ -61,6 +61,7 @@ STATUS_REACHED_FIRST = "reached at the smallest k"
 STATUS_NOT_REACHED = "not reached"
 STATUS_NO_GRPO = "no GRPO baseline"
 STATUS_UNDEFINED = "undefined: GRPO solves nothing"
+STATUS_NO_COMMON_K = "no common k"  # RepExp and GRPO seeds share no evaluated k ≤ 256
 
 K_EFFICIENCY_NOTE = (
     "k-efficiency: per task, backend, sparse_dim and β, on pass@k curves averaged over seeds. "
@@ -313,7 +314,7 @@ def k_efficiency(table):
         grid = sorted(set(repexp_curve) & set(grpo_curve)) if grpo_curve else []
         grid = [k for k in grid if k <= HEADLINE_K]
         if not grid:
-            row["status"] = STATUS_NO_GRPO if not grpo_curve else "no common k"
+            row["status"] = STATUS_NO_GRPO if not grpo_curve else STATUS_NO_COMMON_K
             rows.append(row)
             continue
         ref = grid[-1]

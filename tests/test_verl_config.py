@@ -172,3 +172,13 @@ def test_the_entry_point_composes_the_same_config(run_configs, tmp_path):
     assert printed["data"]["max_response_length"] == 8192
     assert printed["actor_rollout_ref"]["rollout"]["response_length"] == 8192
     assert printed["trainer"]["v1"]["trainer_mode"] == "repexp"
+
+
+def test_verls_reward_loader_finds_the_project_verifier(run_configs):
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    rc = next(rc for rc in run_configs if rc.task == "gsm8k")
+    score = get_custom_reward_fn(_compose(build_overrides(rc)))
+    kwargs = {"data_source": "openai/gsm8k", "ground_truth": "42", "extra_info": {"index": 0}}
+    assert score(solution_str="6 * 7 = 42.\n#### 42", **kwargs) == 1.0
+    assert score(solution_str="#### 41", **kwargs) == 0.0

