@@ -95,6 +95,10 @@ def cpu_benchmark(args) -> dict:
 
     from repexp.models import build_tiny_qwen2
 
+    # One thread by default: on a shared 2-core machine two OpenMP threads wait on each other
+    # whenever the other core is busy (measured: 15-60x slower per step under load 2-3).
+    torch.set_num_threads(args.threads)
+
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model or build_tiny_qwen2(Path(tmp) / "tiny", seed=0)
         engine = HFEngine.load(str(model_dir), EngineOptions(batch_size=args.batch_size, dtype="float32"))
@@ -166,6 +170,7 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=None, help="samples per prompt")
     parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=64, help="CPU: engine batch size")
+    parser.add_argument("--threads", type=int, default=1, help="CPU: torch threads")
     parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[64, 128, 256, 512])
     parser.add_argument("--naive-samples", type=int, default=4, help="GPU: baseline samples (rate per sample)")
     args = parser.parse_args()

@@ -8,7 +8,8 @@
 by a correct answer in an equivalent form, a wrong answer (a few distinct ones per
 problem, as samples of one prompt repeat answers), an earlier box later corrected, or
 a truncated solution with no answer. All methods score the same responses in the same
-run, after warming the LaTeX parser on other problems, with result caches cleared:
+run, each method in a fresh process warmed identically on other problems (the LaTeX
+parser and sympy get much faster after their first few hundred inputs), caches cold:
 
 - baseline: every response's answer through Math-Verify, nothing reused (what a
   per-response scorer such as verl's does);
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import sys
 import time
 from collections import Counter
@@ -69,17 +71,21 @@ def _math_forms(gold: str) -> list[str]:
 
 
 def _wrong_answers(gold: str, rng: np.random.Generator, pool: list[str]) -> list[str]:
+    """A few popular wrong answers for one problem."""
     if gold.lstrip("-").isdigit():
         value = int(gold)
         return [str(value + 1), str(value - 1), str(2 * value + 3), str(-value - 2)]
-    digits = [i for i, ch in enumerate(gold) if ch.isdigit()]
-    wrong = []
-    for shift in (1, 3, 7):
-        if digits:
-            i = digits[int(rng.integers(len(digits)))]
-            wrong.append(gold[:i] + str((int(gold[i]) + shift) % 10) + gold[i + 1 :])
-    wrong.append(pool[int(rng.integers(len(pool)))])
+    wrong = [_perturb(gold, rng) for _ in range(3)] + [pool[int(rng.integers(len(pool)))]]
     return [w for w in wrong if w != gold] or ["\\text{no}"]
+
+
+def _perturb(gold: str, rng: np.random.Generator) -> str:
+    """A one-off wrong answer: one digit changed (or a random integer when the gold has none)."""
+    digits = [i for i, ch in enumerate(gold) if ch.isdigit()]
+    if not digits:
+        return str(int(rng.integers(2, 10_000)))
+    i = digits[int(rng.integers(len(digits)))]
+    return gold[:i] + str((int(gold[i]) + int(rng.integers(1, 10))) % 10) + gold[i + 1 :] + ("" if rng.random() < 0.5 else str(int(rng.integers(10))))
 
 
 def realistic_math(problems: int, samples: int, rng: np.random.Generator, source: str = MATH, rows=None):
@@ -95,8 +101,9 @@ def realistic_math(problems: int, samples: int, rng: np.random.Generator, source
             kind = rng.random()
             if kind < 0.55:
                 final = f"The final answer is $\\boxed{{{forms[0] if rng.random() < 0.6 else forms[int(rng.integers(len(forms)))]}}}$."
-            elif kind < 0.90:
-                final = f"The final answer is $\\boxed{{{wrong[int(rng.integers(len(wrong)))]}}}$."
+            elif kind < 0.90:  # wrong: half a popular wrong answer, half a one-off (a long tail, as at T = 1)
+                answer = wrong[int(rng.integers(len(wrong)))] if rng.random() < 0.5 else _perturb(gold, rng)
+                final = f"The final answer is $\\boxed{{{answer}}}$."
             elif kind < 0.95:  # an early box, then a corrected final one
                 final = f"So $\\boxed{{{wrong[0]}}}$? Checking again, the answer is $\\boxed{{{forms[0]}}}$."
             else:  # cut off by the length limit: no final answer
@@ -114,7 +121,7 @@ def realistic_gsm8k(problems: int, samples: int, rng: np.random.Generator):
         gold = tail.strip().replace(",", "")
         value = int(gold)
         forms = [f"#### {gold}", f"#### ${value:,}", f"#### {gold}.00", f"The answer is $\\boxed{{{gold}}}$."]
-        wrong = [f"#### {value + 1}", f"#### {value * 2}", f"#### {max(value - 3, 0)}"]
+        wrong = [f"#### {value + 1}", f"#### {value * 2}", f"#### {max(value - 3, 0)}", f"#### {int(rng.integers(1, 2 * value + 10))}"]
         for _ in range(samples):
             kind = rng.random()
             if kind < 0.6:
@@ -139,7 +146,8 @@ def realistic_aime(samples: int, rng: np.random.Generator):
             if kind < 0.3:
                 final = f"$\\boxed{{{gold if rng.random() < 0.5 else int(gold)}}}$"
             elif kind < 0.92:
-                final = f"$\\boxed{{{wrong[int(rng.integers(len(wrong)))]}}}$"
+                answer = wrong[int(rng.integers(len(wrong)))] if rng.random() < 0.5 else f"{int(rng.integers(1000)):03d}"
+                final = f"$\\boxed{{{answer}}}$"
             else:
                 final = ""
             out.append((AIME, body + final, gold))
@@ -183,11 +191,12 @@ def _time(fn, pool=None) -> tuple[float, float, np.ndarray]:
 
     verify.clear_caches()
     clear_cache()  # sympy's own memo: otherwise later methods reuse work done by earlier ones
-    before = _cpu_seconds([os.getpid()] + _worker_pids(pool))
-    started = time.perf_counter()
+    workers_before = _cpu_seconds(_worker_pids(pool))
+    cpu_started, started = time.process_time(), time.perf_counter()
     scores = fn()
     wall = time.perf_counter() - started
-    cpu = _cpu_seconds([os.getpid()] + _worker_pids(pool)) - before  # workers started inside fn count from zero
+    # this process exactly, workers from /proc (10 ms ticks; workers started inside fn count from zero)
+    cpu = time.process_time() - cpu_started + _cpu_seconds(_worker_pids(pool)) - workers_before
     return wall, cpu, np.asarray(scores, dtype=np.float64)
 
 
@@ -206,23 +215,67 @@ def _uncached(batch) -> list[float]:
     return scores
 
 
-def measure(name: str, batch, warm_batch, workers: int) -> list[dict]:
-    """All methods on the same responses; ANTLR/sympy warmed on a disjoint batch first, result caches cold."""
+METHODS = ("baseline", "score_loop", "batch_inprocess", "new_pool", "warm_pool")
+
+
+def _method_label(method: str, workers: int) -> str:
+    return {
+        "baseline": "baseline: Math-Verify per response, no reuse",
+        "score_loop": "score() loop (fast paths + cache)",
+        "batch_inprocess": "score_batch, in-process",
+        "new_pool": f"score_batch, new pool of {workers} (incl. start)",
+        "warm_pool": f"score_batch, warm pool of {workers}",
+    }[method]
+
+
+def _run_method(method: str, batch, warm_batch, workers: int, results) -> None:
+    """One method in a fresh process: parser caches warmed the same way for every method."""
     sources, responses, truths = (list(x) for x in zip(*batch))
     verify.warm_up()
-    verify.score_batch(*zip(*warm_batch), workers=1)  # warm the parser in this process
+    verify.score_batch(*zip(*warm_batch), workers=1)  # warm LaTeX parser + sympy on other problems
+    pool = None
+    if method == "new_pool":  # what a one-off score_batch(workers=N) pays: start and cold workers
+        pool = verify.VerifierPool(workers=workers)
+    elif method == "warm_pool":
+        pool = verify.VerifierPool(workers=workers)
+        verify.clear_caches()  # else the warm batch is answered from this process's cache, never reaching the pool
+        pool.score_batch(*zip(*warm_batch))  # start and warm the workers (GSM8K never needs them)
+    runners = {
+        "baseline": lambda: _uncached(batch),
+        "score_loop": lambda: [verify.score(s, r, g) for s, r, g in batch],
+        "batch_inprocess": lambda: verify.score_batch(sources, responses, truths, workers=1),
+        "new_pool": lambda: pool.score_batch(sources, responses, truths),
+        "warm_pool": lambda: pool.score_batch(sources, responses, truths),
+    }
+    try:
+        wall, cpu, scores = _time(runners[method], pool=pool)
+    finally:
+        if pool is not None:
+            pool.close()
+    results.put((wall, cpu, scores.tolist()))
+
+
+def measure(name: str, batch, warm_batch, workers: int) -> list[dict]:
+    """Every method on the same responses, each in a fresh, identically warmed process; result caches cold."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
     timings = {}
-    timings["baseline: Math-Verify per response, no reuse"] = _time(lambda: _uncached(batch))
-    timings["score() loop (fast paths + cache)"] = _time(lambda: [verify.score(s, r, g) for s, r, g in batch])
-    timings["score_batch, in-process"] = _time(lambda: verify.score_batch(sources, responses, truths, workers=1))
-    with verify.VerifierPool(workers=workers) as cold_pool:  # what a one-off score_batch(workers=N) pays
-        timings[f"score_batch, new pool of {workers} (incl. start)"] = _time(
-            lambda: cold_pool.score_batch(sources, responses, truths), pool=cold_pool)
-    with verify.VerifierPool(workers=workers) as pool:
-        pool.score_batch(*zip(*warm_batch))  # start and warm the workers on other problems
-        timings[f"score_batch, warm pool of {workers}"] = _time(lambda: pool.score_batch(sources, responses, truths), pool=pool)
+    for method in METHODS:
+        results = ctx.Queue()
+        process = ctx.Process(target=_run_method, args=(method, batch, warm_batch, workers, results))
+        process.start()
+        while True:
+            try:
+                wall, cpu, scores = results.get(timeout=5)
+                break
+            except queue.Empty:
+                if not process.is_alive():
+                    raise SystemExit(f"{name} / {method}: the measuring process died (exit code {process.exitcode})") from None
+        process.join()
+        timings[_method_label(method, workers)] = (wall, cpu, np.asarray(scores))
     expected = np.asarray([verify.score(s, r, g) for s, r, g in batch])
-    base_wall, base_cpu, _ = timings["baseline: Math-Verify per response, no reuse"]
+    base_wall, base_cpu, _ = timings[_method_label("baseline", workers)]
     distinct = len({(s, verify.extract_answer(s, r), g) for s, r, g in batch})
     rows = []
     for method, (wall, cpu, scores) in timings.items():
@@ -237,7 +290,7 @@ def measure(name: str, batch, warm_batch, workers: int) -> list[dict]:
 
 def throughput(args: argparse.Namespace) -> None:
     rng = np.random.default_rng(args.seed)
-    math_rows, warm_rows = load("math/test.jsonl"), None
+    math_rows = load("math/test.jsonl")
     order = rng.permutation(len(math_rows))
     measured_math = [math_rows[i] for i in order[: args.problems]]
     warm_rows = [math_rows[i] for i in order[args.problems : args.problems + args.warm_problems]]
@@ -248,7 +301,10 @@ def throughput(args: argparse.Namespace) -> None:
         ),
         f"GSM8K test ({args.problems}x{args.samples})": (realistic_gsm8k(args.problems, args.samples, rng), realistic_gsm8k(20, 8, rng)),
         f"AIME 2024 (30x{args.samples})": (realistic_aime(args.samples, rng), realistic_aime(4, rng)),
-        f"worst case: {args.distinct} distinct answers": (all_distinct(args.distinct, rng), realistic_math(args.warm_problems, 8, rng, rows=warm_rows)),
+        f"worst case: {args.distinct} distinct answers": (
+            all_distinct(args.distinct, rng),
+            all_distinct(200, np.random.default_rng(args.seed + 1)) + realistic_math(args.warm_problems, 8, rng, rows=warm_rows),
+        ),
     }
     load_before = os.getloadavg()
     rows = []

@@ -466,11 +466,16 @@ def sweep_runs(cfg: PipelineConfig) -> list[RunSpec]:
 
 
 # Wildcard regexes for Snakemake (no named groups: Snakemake wraps each in its own group).
+# Numbers only in their canonical spelling (no leading/trailing zeros), so a path such as
+# .../trl_repexp_k8_b0.010_s42/... matches no rule instead of naming a duplicate run.
 TASK_PATTERN = "|".join(re.escape(t) for t in TASKS)
-_TRAINED_SUFFIX = r"_(?:grpo_s\d+|repexp_k\d+_b[0-9.]+_s\d+)"
+_INT = r"(?:0|[1-9]\d*)"
+_DECIMAL = _INT + r"(?:\.\d*[1-9])?"
+_TRAINED_SUFFIX = rf"_(?:grpo_s{_INT}|repexp_k[1-9]\d*_b{_DECIMAL}_s{_INT})"
 TRAINED_RUN_PATTERN = r"(?:trl|verl)" + _TRAINED_SUFFIX
 VERL_RUN_PATTERN = r"verl" + _TRAINED_SUFFIX
 RUN_PATTERN = r"base|" + TRAINED_RUN_PATTERN
+MODEL_ALIASES = _MODEL_ALIASES  # `model:` values built offline by `repexp model`
 MODEL_ALIAS_PATTERN = "|".join(_MODEL_ALIASES)
 
 

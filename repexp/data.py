@@ -413,11 +413,10 @@ def build(task: str, tables: dict[str, RawTable], options: Options) -> Prepared:
         aime = aime_problems(tables["aime24"])
         dev, test = list(aime), list(aime)
         dev_equals_test = True
-        if "dapo" in tables:
-            pool = dapo_problems(tables["dapo"])
-        else:
-            pool = math_problems(tables["math_train"], "train")
-        train = pool
+        wants_dapo = task == "dapo-with-aime24" or options.aime_train == "dapo"
+        if wants_dapo and "dapo" not in tables:
+            _missing_dapo()
+        train = dapo_problems(tables["dapo"]) if wants_dapo else math_problems(tables["math_train"], "train")
     else:
         raise DataError(f"unknown task {task!r} (choose from {', '.join(TASKS)})")
 

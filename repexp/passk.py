@@ -149,8 +149,8 @@ def _vote(subsets: np.ndarray, class_correct: np.ndarray) -> np.ndarray:
     rows = np.repeat(np.arange(len(subsets)), subsets.shape[1])
     flat = subsets.ravel()
     keep = flat >= 0
-    votes = np.zeros((len(subsets), num_classes), dtype=np.int64)
-    np.add.at(votes, (rows[keep], flat[keep]), 1)
+    votes = np.bincount(rows[keep] * num_classes + flat[keep], minlength=len(subsets) * num_classes)
+    votes = votes.reshape(len(subsets), num_classes)
     top = votes.max(axis=1, keepdims=True)
     winners = (votes == top) & (top > 0)
     num_winners = winners.sum(axis=1)

@@ -32,7 +32,9 @@ import fcntl
 import json
 import logging
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -87,11 +89,12 @@ def resolve_tracking_uri(results_dir: str | os.PathLike, configured: Optional[st
     return configured or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(results_dir)
 
 
-def artifact_location(results_dir: str | os.PathLike, tracking_uri: str) -> Optional[str]:
-    """Local stores keep artifacts under results/mlflow/artifacts; a server decides for itself."""
-    if tracking_uri.startswith(("http://", "https://", "databricks")):
+def artifact_location(tracking_uri: str) -> Optional[str]:
+    """A SQLite store keeps artifacts in `artifacts/` next to its database (results/mlflow/artifacts
+    for the default store), never in MLflow's cwd-relative ./mlruns; other stores decide themselves."""
+    if not tracking_uri.startswith("sqlite:///"):
         return None
-    return (Path(results_dir).resolve() / "mlflow" / "artifacts").as_uri()
+    return (Path(tracking_uri[len("sqlite:///"):]).resolve().parent / "artifacts").as_uri()
 
 
 def outbox_dir(results_dir: str | os.PathLike) -> Path:
@@ -156,6 +159,14 @@ def flatten(obj: Any, prefix: str = "", sep: str = ".") -> dict[str, str]:
         return out
     out[prefix[: -len(sep)] if prefix else "value"] = str(obj)
     return out
+
+
+_INVALID_METRIC_CHARS = re.compile(r"[^/\w.\- :]")
+
+
+def metric_name(key: str) -> str:
+    """An MLflow-valid metric name, mapped as verl and repexp.trl do (`@` -> `_at_`)."""
+    return _INVALID_METRIC_CHARS.sub("_", re.sub(r"/+", "/", str(key).replace("@", "_at_")))
 
 
 def _now_ms() -> int:
@@ -312,6 +323,9 @@ class _Store:
             self.client.delete_run(duplicate)
 
 
+Store = _Store  # public name (repexp.aggregate and repexp.figures open the store through it)
+
+
 def _reachable(tracking_uri: str) -> Optional[str]:
     """None if the store looks usable, else why not (seconds at most, no MLflow import)."""
     if tracking_uri.startswith(("http://", "https://")):
@@ -406,7 +420,7 @@ class NodeRun:
             self.set_tags({"repexp.error": error[-4000:]})
         if self.online:
             self._try("finish", self._store.finish, self.record, self._parent_created, self._experiment_id, self.scope)
-        if not self.online:
+        if not self.online:  # offline from the start, or since any call failed (finish included)
             self._write_outbox()
         shutil.rmtree(self._staging, ignore_errors=True)
 
@@ -439,7 +453,7 @@ class NodeRun:
         if not self.enabled or not metrics:
             return
         ts = _now_ms()
-        rows = [[str(k), float(v), int(step), ts] for k, v in metrics.items()]
+        rows = [[metric_name(k), float(v), int(step), ts] for k, v in metrics.items()]
         self.record.metrics.extend(rows)
         self._try("log_metrics", lambda: self._store.log_metrics(self.run_id, rows))
 
@@ -447,7 +461,7 @@ class NodeRun:
         """[[key, value, step, timestamp_ms], ...]: whole curves in a few batched calls."""
         if not self.enabled or not rows:
             return
-        rows = [[str(k), float(v), int(s), int(t)] for k, v, s, t in rows]
+        rows = [[metric_name(k), float(v), int(s), int(t)] for k, v, s, t in rows]
         self.record.metrics.extend(rows)
         self._try("log_metrics", lambda: self._store.log_metrics(self.run_id, rows))
 
@@ -512,6 +526,7 @@ def start_node(
     params: Optional[Mapping[str, Any]] = None,
     tags: Optional[Mapping[str, Any]] = None,
     attempt: Optional[int] = None,
+    wildcards: Optional[Mapping[str, str]] = None,
 ) -> NodeRun:
     """Start a node run (see `node_run`); the caller must call `.end(status)`."""
     from repexp import config as C
@@ -519,7 +534,7 @@ def start_node(
     cfg = _load_config(config)
     uri = resolve_tracking_uri(cfg.results_dir, cfg.tracking.tracking_uri)
     scope = scope_for_rule(rule, task, run)
-    wildcards = {k: v for k, v in (("task", task), ("run", run)) if v is not None}
+    wildcards = {**{k: v for k, v in (("task", task), ("run", run)) if v is not None}, **(wildcards or {})}
     commit = git_commit()
     base_tags = {
         "snakemake.rule": rule,
@@ -542,7 +557,7 @@ def start_node(
         record_id=uuid.uuid4().hex,
         tracking_uri=uri,
         experiment=cfg.tracking.experiment or cfg.name,
-        artifact_location=artifact_location(cfg.results_dir, uri),
+        artifact_location=artifact_location(uri),
         scope=dataclasses.asdict(scope),
         run_name=name,
         tags=base_tags,
@@ -675,7 +690,7 @@ def sync_record(directory: Path, tracking_uri: Optional[str] = None) -> str:
         raise ConnectionError(reason)
     store = _Store(uri)
     with store.lock():
-        experiment_id = store.experiment_id(record.experiment, record.artifact_location)
+        experiment_id = store.experiment_id(record.experiment, artifact_location(uri))
         parent_id, created = store.parent(experiment_id, scope)
     record.parent_run_id = parent_id if record.run_id is None else (record.parent_run_id or parent_id)
     if record.run_id is None:
@@ -727,6 +742,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     n.add_argument("--rule", required=True)
     n.add_argument("--task")
     n.add_argument("--run")
+    n.add_argument("--wildcard", action="append", default=[], metavar="KEY=VALUE", help="other wildcards (tags)")
     n.add_argument("--attempt", type=int, default=1)
     n.add_argument("--output", nargs="*", default=[], help="the rule's declared outputs")
     n.add_argument("command", nargs=argparse.REMAINDER, help="-- repexp COMMAND [ARGS]")
@@ -756,6 +772,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
+def _exit_on_signal(signum, _frame):
+    raise SystemExit(128 + signum)
+
+
 @contextlib.contextmanager
 def _environ(values: Mapping[str, str]) -> Iterator[None]:
     saved = {key: os.environ.get(key) for key in values}
@@ -781,8 +801,13 @@ def _run_node(args: argparse.Namespace) -> int:
     if not command or command[0] not in cli.COMMANDS or command[0] == "mlflow":
         raise ValueError(f"expected `-- repexp COMMAND ...` after the node options, got {command}")
     config = args.config if args.config else None
+    wildcards = dict(item.split("=", 1) for item in args.wildcard if "=" in item)
+    # SLURM (walltime, preemption, scancel) and Snakemake (Ctrl-C) stop a job with SIGTERM: end
+    # the node run as FAILED instead of leaving it RUNNING forever.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     with node_run(args.rule, args.task, args.run, config=config, params=flag_params(command),
-                  tags={"repexp.command": " ".join(["repexp", *command])[:5000]}, attempt=args.attempt) as node:
+                  tags={"repexp.command": " ".join(["repexp", *command])[:5000]}, attempt=args.attempt,
+                  wildcards=wildcards) as node:
         # Commands that log to MLflow themselves (aggregate) use the node's store and run.
         env = {"MLFLOW_TRACKING_URI": node.tracking_uri}
         if node.online and node.run_id:

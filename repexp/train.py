@@ -180,7 +180,8 @@ def run_trainer(command: list[str], env: dict) -> int:
 
 def ensure_metrics(node, run_dir: Path) -> int:
     """Log the metrics.jsonl points MLflow lacks (all of them when offline). Returns how many."""
-    from repexp.trl.runlog import MetricsLog, mlflow_metric_name
+    from repexp.tracking import metric_name
+    from repexp.trl.runlog import MetricsLog
 
     if not node.enabled:
         return 0
@@ -190,7 +191,7 @@ def ensure_metrics(node, run_dir: Path) -> int:
         for key, value in record.items():
             if key == "step" or isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
-            rows.append([mlflow_metric_name(key), float(value), record["step"], now])
+            rows.append([metric_name(key), float(value), record["step"], now])
     if not rows:
         return 0
     stored = node.metric_history()

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import decimal
 import functools
 import heapq
 import itertools
@@ -175,7 +176,7 @@ def normalize_answer(answer: str) -> str:
 
     # Drop whitespace except where it ends a control word ("\pi r" must not become "\pir").
     def _space(match: re.Match) -> str:
-        before = s[: match.start()]
+        before = s[max(0, match.start() - 64) : match.start()]  # a bounded window: linear, not quadratic
         after = s[match.end() : match.end() + 1]
         return " " if re.search(r"\\[a-zA-Z]+$", before) and after.isalpha() else ""
 
@@ -209,9 +210,11 @@ def _canonical_number(value: Fraction) -> str:
         den //= 2
     while den % 5 == 0:
         den //= 5
-    if den == 1:  # a terminating decimal
-        text = f"{float(value):.15f}" if abs(value) < 10**15 else str(value)
-        return text.rstrip("0").rstrip(".") if "." in text else text
+    if den == 1:  # a terminating decimal: written exactly
+        with decimal.localcontext() as ctx:
+            ctx.prec = len(str(value.numerator)) + len(str(value.denominator)) + 5
+            text = format((decimal.Decimal(value.numerator) / decimal.Decimal(value.denominator)).normalize(), "f")
+        return text
     return f"{value.numerator}/{value.denominator}"
 
 
@@ -251,6 +254,8 @@ def _extract_math(response: str) -> Optional[str]:
     boxed = last_boxed(response)
     if boxed is None:
         return None
+    if len(boxed) > MAX_ANSWER_CHARS:
+        return boxed  # scored 0 by its length; not worth normalising
     answer = normalize_answer(boxed)
     return answer or None
 
@@ -292,7 +297,7 @@ def _as_integer(answer: str) -> Optional[int]:
     """The integer an answer states once formatting is peeled off (`\\textbf{(073)}` → 73), else None."""
     for _ in range(4):
         if _INTEGER.fullmatch(answer):
-            return int(answer)
+            return int(answer) if len(answer) <= 4_000 else None  # CPython refuses longer int strings
         match = _WRAPPED.fullmatch(answer)
         if not match:
             return None
@@ -302,7 +307,7 @@ def _as_integer(answer: str) -> Optional[int]:
 
 def _fast_decision(fam: str, gold: str, answer: Optional[str]) -> Optional[float]:
     """The score when no Math-Verify call is needed, else None."""
-    if answer is None:
+    if answer is None or len(answer) > MAX_ANSWER_CHARS:
         return 0.0
     if fam == GSM8K:
         return 1.0 if _parse_number(answer) == _parse_number(gold) else 0.0
@@ -312,13 +317,11 @@ def _fast_decision(fam: str, gold: str, answer: Optional[str]) -> Optional[float
         value = _as_integer(answer)
         if value is not None:  # integer golds (all of AIME): exact, so "033" equals "33"
             return 1.0 if value == int(gold) else 0.0
-    if len(answer) > MAX_ANSWER_CHARS:
-        return 0.0
     return None
 
 
 def _math_verify_imports():
-    import math_verify  # noqa: F401  (import errors surface here, not at module import)
+    # imported on first use: `import repexp.verify` stays cheap for GSM8K-only callers
     from math_verify import LatexExtractionConfig, parse, verify
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled" notices: we guard it
@@ -451,8 +454,14 @@ def score_answer(data_source: str, answer: Optional[str], ground_truth: str, *, 
         ground_truth = str(ground_truth)
     _check_str("ground_truth", ground_truth)
     gold = _gold_key(fam, ground_truth)
-    if fam == MATH and answer is not None:
-        answer = normalize_answer(answer) or None  # idempotent; accepts raw answers too
+    if answer is not None:  # canonicalisation is idempotent, so raw answers work too
+        if len(answer) > MAX_ANSWER_CHARS:
+            return 0.0
+        if fam == MATH:
+            answer = normalize_answer(answer) or None
+        else:
+            value = _number_in(answer)
+            answer = None if value is None else _canonical_number(value)
     decided = _fast_decision(fam, gold, answer)
     if decided is not None:
         return decided

@@ -18,7 +18,6 @@ SNAKEMAKE = str(VENV_BIN / "snakemake")
 REPEXP = str(VENV_BIN / "repexp")
 TEST_CONFIG = REPO / "configs" / "test.yaml"
 TEST_TASK = "gsm8k"  # configs/test.yaml
-TEST_RESULTS = Path("results") / "test"  # its results_dir, relative to the Snakemake workdir
 
 _reference: dict[str, Path] = {}
 
@@ -41,9 +40,30 @@ def run(cmd: list[str], *, cwd: Path | None = None, env: dict | None = None, tim
     return subprocess.run(cmd, cwd=cwd, env=env or quiet_env(), capture_output=True, text=True, timeout=timeout)
 
 
-def snakemake_cmd(workdir: Path, *args: str, profile: str = "local", config: Path = TEST_CONFIG) -> list[str]:
-    """`snakemake --profile <profile> --configfile <config> --directory <workdir> ...` (run with cwd=REPO,
-    where the profile symlinks live)."""
+def isolated_config(workdir: Path, **overrides) -> Path:
+    """configs/test.yaml with results_dir inside `workdir` (written there as config.yaml).
+
+    The Snakefile resolves a relative results_dir against the repository root, not the
+    Snakemake workdir, so every test run gets an absolute one of its own."""
+    import yaml
+
+    config = yaml.safe_load(TEST_CONFIG.read_text())
+    config["results_dir"] = str(workdir / "results")
+    for key, value in overrides.items():
+        config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
+    path = workdir / "config.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def results(workdir: Path) -> Path:
+    return workdir / "results"
+
+
+def snakemake_cmd(workdir: Path, *args: str, profile: str = "local", config: Path | None = None) -> list[str]:
+    """`snakemake --profile <profile> --configfile <config> --directory <workdir> ...`, run with cwd=REPO
+    (where the profile symlinks live); the config defaults to `isolated_config(workdir)`."""
+    config = config or workdir / "config.yaml"
     return [SNAKEMAKE, "--profile", profile, "--configfile", str(config), "--directory", str(workdir), *args]
 
 
@@ -55,12 +75,10 @@ def reference_run(tmp_path_factory) -> Path:
     """The workdir of one uninterrupted `snakemake --profile local --configfile configs/test.yaml all`."""
     if "local" not in _reference:
         workdir = tmp_path_factory.mktemp("reference_local_run")
+        isolated_config(workdir)
         proc = run(snakemake_cmd(workdir, "--cores", "2", "all"), cwd=REPO, timeout=1800)
         if proc.returncode != 0:
             raise AssertionError(f"the reference local run failed (exit {proc.returncode}):\n{output_tail(proc)}")
         _reference["local"] = workdir
     return _reference["local"]
 
-
-def results(workdir: Path) -> Path:
-    return workdir / TEST_RESULTS

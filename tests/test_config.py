@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from pathlib import Path
 
@@ -262,3 +263,19 @@ def test_rule_resources_fill_defaults():
     assert C.rule_resources(cfg, "figures") == C.RuleResources()
     with pytest.raises(C.ConfigError, match="resources.plot"):
         C.rule_resources(cfg, "plot")
+
+
+def test_every_config_key_is_documented():
+    doc = (REPO / "docs" / "configuration.md").read_text()
+
+    def keys(schema, prefix=""):
+        for name, sub in schema.get("properties", {}).items():
+            if "properties" in sub:
+                yield from keys(sub, f"{prefix}{name}.")
+            else:
+                yield f"{prefix}{name}"
+
+    missing = [key for key in keys(C.json_schema()) if f"`{key}`" not in doc]
+    missing += [f"resources.<rule>.{f.name}" for f in dataclasses.fields(C.RuleResources)
+                if f"`resources.<rule>.{f.name}`" not in doc]
+    assert not missing, f"docs/configuration.md lacks {missing}"

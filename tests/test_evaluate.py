@@ -40,6 +40,18 @@ def write_split(path, problems=PROBLEMS, *, drop=None):
     return path
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """The tiny model is overhead-bound; on a shared 2-core machine two OpenMP threads stall each
+    other whenever the other core is busy (15-60x slower per step, docs/_perf_eval.md)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     return build_tiny_qwen2(tmp_path_factory.mktemp("models") / "tiny", seed=0)
@@ -121,7 +133,10 @@ def test_resume_after_interruption_equals_uninterrupted_run(reference_run, tiny_
     assert cli.main(eval_args(tiny_model, data_file, out, "--max-shards", "1")) == 0
     assert [p.name for p in sorted((out / "samples").glob("shard-*"))] == ["shard-00000.parquet"]
     assert not (out / "eval.json").exists()
-    assert cli.main(eval_args(tiny_model, data_file, out)) == 0
+    first_shard = (out / "samples" / "shard-00000.parquet").stat().st_mtime_ns
+    # --overwrite (which the Snakemake rule always passes) keeps samples made with the same settings
+    assert cli.main(eval_args(tiny_model, data_file, out, "--overwrite")) == 0
+    assert (out / "samples" / "shard-00000.parquet").stat().st_mtime_ns == first_shard
     # a killed shard (file absent) is regenerated on the next run
     (out / "samples" / "shard-00001.parquet").unlink()
     assert cli.main(eval_args(tiny_model, data_file, out)) == 0
@@ -245,7 +260,8 @@ def test_mlflow_metrics_shape(reference_run):
 
 
 @pytest.mark.slow
-def test_data_parallel_processes_match_one_process(reference_run, tiny_model, data_file, tmp_path):
+def test_data_parallel_processes_match_one_process(reference_run, tiny_model, data_file, tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the spawned workers, like this process
     out = tmp_path / "dp"
     assert cli.main(eval_args(tiny_model, data_file, out, "--data-parallel-size", "2")) == 0
     for name in ("shard-00000.parquet", "shard-00001.parquet", "shard-00002.parquet"):

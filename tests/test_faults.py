@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import math
 import os
 import shutil
 import signal
@@ -90,7 +91,7 @@ def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def test_config() -> dict:
+def load_test_config() -> dict:
     if not TEST_CONFIG.exists():
         pytest.fail(f"{TEST_CONFIG} missing (written by the workflow engineer)")
     return yaml.safe_load(TEST_CONFIG.read_text())
@@ -165,19 +166,20 @@ def _snakemake_dry_run(config: Path, workdir: Path) -> subprocess.CompletedProce
 @pytest.fixture(scope="module")
 def broken_config_results(tmp_path_factory):
     """Dry-run every broken config (two at a time: each is a fresh Snakemake process)."""
-    base = test_config()
+    base = load_test_config()
     root = tmp_path_factory.mktemp("broken_configs")
     cases = {}
     for name, (patch, _) in BROKEN_CONFIGS.items():
         workdir = root / name
         workdir.mkdir()
         config = workdir / "broken.yaml"
-        config.write_text(yaml.safe_dump(deep_update(base, patch), sort_keys=False))
+        isolated = deep_update(base, {"results_dir": str(workdir / "results")})
+        config.write_text(yaml.safe_dump(deep_update(isolated, patch), sort_keys=False))
         cases[name] = (config, workdir)
     # YAML that does not parse at all
     workdir = root / "invalid_yaml"
     workdir.mkdir()
-    (workdir / "broken.yaml").write_text(TEST_CONFIG.read_text() + "\ntrain: [unclosed\n")
+    (workdir / "broken.yaml").write_text(f"results_dir: {workdir / 'results'}\n" + "train: [unclosed\n")
     cases["invalid_yaml"] = (workdir / "broken.yaml", workdir)
     snakefile()
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -185,7 +187,17 @@ def broken_config_results(tmp_path_factory):
         return {name: (future.result(), cases[name][1]) for name, future in futures.items()}
 
 
-@pytest.mark.parametrize("name", [*BROKEN_CONFIGS, "invalid_yaml"])
+# Gaps found by this corpus, reported to their owners; strict, so the test fails once they are fixed.
+KNOWN_GAPS = {
+    "missing_data_dir": "the Snakefile does not check that data.source exists; the preprocess job fails at run "
+                        "time instead (workflow/rules/common.smk)",
+}
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_GAPS[name])) if name in KNOWN_GAPS else name
+    for name in [*BROKEN_CONFIGS, "invalid_yaml"]
+])
 def test_broken_config_fails_at_parse_time_naming_the_problem(broken_config_results, name):
     proc, workdir = broken_config_results[name]
     output = proc.stdout + proc.stderr
@@ -201,13 +213,14 @@ def test_broken_config_fails_at_parse_time_naming_the_problem(broken_config_resu
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     # nothing was scheduled: no job list, no job output
     assert "Job stats:" not in proc.stdout + proc.stderr
-    assert not (workdir / "results" / "test" / "data").exists()
+    assert not (workdir / "results" / "data").exists()
 
 
 def test_broken_config_starts_no_job_in_a_real_run(tmp_path):
     """Not a dry run: the scheduler must never get to start the model or data jobs."""
     config = tmp_path / "broken.yaml"
-    config.write_text(yaml.safe_dump(deep_update(test_config(), {"train": {"ppo_mini_batch_size": 3}})))
+    config.write_text(yaml.safe_dump(deep_update(load_test_config(), {"results_dir": str(tmp_path / "results"),
+                                                                 "train": {"ppo_mini_batch_size": 3}})))
     proc = run([SNAKEMAKE, "--snakefile", str(snakefile()), "--directory", str(tmp_path),
                 "--configfile", str(config), "--cores", "1", "all"], cwd=tmp_path, timeout=300)
     assert_clear_failure(proc, "train.ppo_mini_batch_size")
@@ -303,7 +316,7 @@ def metric_history(server: MlflowServer, run_id: str, key: str) -> list[dict]:
 
 
 def write_pipeline_config(path: Path, results_dir: Path, **patch) -> Path:
-    config = deep_update(test_config(), {"results_dir": str(results_dir), **patch})
+    config = deep_update(load_test_config(), {"results_dir": str(results_dir), **patch})
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
 
@@ -557,6 +570,8 @@ def test_corrupt_parquet_split_fails_eval_cleanly(tmp_path, tiny_assets, damage)
     assert not (tmp_path / "eval" / "eval.json").exists()
 
 
+@pytest.mark.xfail(strict=True, reason="reported: repexp eval lets safetensors' SafetensorError escape as a traceback "
+                   "without the checkpoint path (repexp/evaluate/engines.py HFEngine.load)")
 def test_truncated_model_weights_fail_eval_naming_the_checkpoint(tmp_path, tiny_assets):
     model = tmp_path / "global_step_2"
     shutil.copytree(tiny_assets / "model", model)
@@ -575,3 +590,245 @@ def test_corrupt_best_dev_json_fails_select_naming_the_file(tmp_path):
     assert_clear_failure(proc, "best_dev.json")
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "select.json").exists()
+
+
+# --------------------------------------------------------------------------- killed nodes
+
+
+def job_processes(root_pid: int, marker: str | None) -> list[psutil.Process]:
+    """The processes of the running job whose command line contains `marker` (the rule's shell and
+    everything below it), or, with no marker, `root_pid` and all its descendants."""
+    try:
+        root = psutil.Process(root_pid)
+        descendants = root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    if marker is None:
+        return [root, *descendants]
+    found: list[psutil.Process] = []
+    for proc in descendants:
+        try:
+            if marker in " ".join(proc.cmdline()) and proc not in found:
+                found += [proc, *(c for c in proc.children(recursive=True) if c not in found)]
+        except psutil.Error:
+            continue
+    return found
+
+
+def kill_when(ready, snakemake: subprocess.Popen, marker: str | None, sig: int, what: str, timeout: float = 600) -> int:
+    """Signal a job's processes (or, marker None, Snakemake and all jobs) the moment `ready()` holds.
+
+    The process list is refreshed while waiting, so the signal lands within a poll interval of the
+    event (SLURM's time limit or the OOM killer signal every process of the job at once)."""
+    targets: list[psutil.Process] = []
+    deadline = time.monotonic() + timeout
+    refreshed = 0.0
+    while not ready():
+        if snakemake.poll() is not None:
+            raise AssertionError(f"snakemake exited ({snakemake.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        if time.monotonic() - refreshed > 0.25:
+            targets, refreshed = job_processes(snakemake.pid, marker), time.monotonic()
+        time.sleep(0.005)
+    signalled = 0
+    for batch in (targets, job_processes(snakemake.pid, marker)):  # cached first: no lookup delay
+        for proc in batch:
+            try:
+                proc.send_signal(sig)
+                signalled += 1
+            except psutil.NoSuchProcess:
+                pass
+    return signalled
+
+
+class SnakemakeRun:
+    """A `snakemake --profile local` invocation in the background (its own session), output to a log file."""
+
+    def __init__(self, workdir: Path, *targets: str):
+        self.log = workdir / f"snakemake-{time.time_ns()}.log"
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen(fx.snakemake_cmd(workdir, "--cores", "2", *targets), cwd=REPO,
+                                         env=quiet_env(), stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait(self, timeout: float = 900) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            signal_tree(self.proc, signal.SIGKILL)
+            raise AssertionError(f"snakemake still running after {timeout:.0f} s:\n{self.output()[-4000:]}") from None
+
+
+TRAIN_RUN = "trl_repexp_k8_b0.01_s42"  # a RepExp point of configs/test.yaml (bonus state is resumed too)
+TOTAL_STEPS = 2  # configs/test.yaml: train.total_steps, saved every step
+
+
+def read_metrics(run_dir: Path) -> dict[int, dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    by_step: dict[int, dict] = {}
+    for row in rows:
+        by_step.setdefault(int(row["step"]), {}).update(row)
+    return by_step
+
+
+def deterministic(metrics: dict) -> dict:
+    """Drop wall-clock quantities; everything else is seeded and must match an uninterrupted run."""
+    return {k: v for k, v in metrics.items() if not any(t in k for t in ("time", "timing", "runtime", "per_second"))}
+
+
+def assert_same_metrics(resumed: dict[int, dict], reference: dict[int, dict]) -> None:
+    assert sorted(resumed) == sorted(reference)
+    for step in reference:
+        want, got = deterministic(reference[step]), deterministic(resumed[step])
+        assert sorted(got) == sorted(want), (step, set(got) ^ set(want))
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-7), (step, key, got[key], value)
+
+
+@pytest.fixture(scope="module")
+def kill_workdir(tmp_path_factory):
+    """A workdir whose model and data jobs have run (the fault tests kill later nodes)."""
+    workdir = tmp_path_factory.mktemp("killed_nodes")
+    fx.isolated_config(workdir)
+    prep = SnakemakeRun(workdir, "results/models/tiny", "results/data/gsm8k/manifest.json")
+    assert prep.wait() == 0, prep.output()[-4000:]
+    return workdir
+
+
+@pytest.mark.slow
+def test_training_killed_by_sigterm_then_sigkill_resumes_and_matches(kill_workdir, tmp_path_factory):
+    workdir = kill_workdir
+    run_dir = fx.results(workdir) / "train" / "gsm8k" / TRAIN_RUN
+    from repexp.checkpoints import checkpoint_dir
+
+    step_done = lambda step: (checkpoint_dir(run_dir, step) / "COMPLETE").exists()  # noqa: E731
+    target = f"results/train/gsm8k/{TRAIN_RUN}/DONE"
+
+    # 1. SIGTERM to the training job's processes right after checkpoint 1 is complete, as SLURM does
+    #    at a time limit; Snakemake (alive) retries the job (`retries:` in train.smk).
+    first = SnakemakeRun(workdir, target)
+    assert kill_when(lambda: step_done(1), first.proc, "repexp train", signal.SIGTERM, "checkpoint 1") > 0
+    assert not step_done(TOTAL_STEPS), "step 2 finished before the kill; the test lost its window"
+
+    # 2. The retry resumes and saves step 2: SIGKILL Snakemake and every job at once while that
+    #    checkpoint is being written (TRL stages it under trl_staging/ before it is renamed into
+    #    place and marked COMPLETE), as when the whole allocation or the login shell dies.
+    def saving_step_2():
+        staging = run_dir / "trl_staging"
+        return (staging.exists() and any(staging.glob("checkpoint-*"))) or checkpoint_dir(run_dir, TOTAL_STEPS).exists()
+
+    wait_for(lambda: job_processes(first.proc.pid, "repexp train"), 120, "the retry of the train job", proc=first.proc)
+    kill_when(saving_step_2, first.proc, None, signal.SIGKILL, "the retry saving step 2")
+    first.proc.wait(timeout=60)
+    assert not (run_dir / "DONE").exists(), "the retry finished before the kill; the test lost its window"
+
+    # 3. Rerun the target (after `--unlock`: a SIGKILLed Snakemake leaves its lock behind).
+    unlock = run(fx.snakemake_cmd(workdir, "--unlock"), cwd=REPO)
+    assert unlock.returncode == 0, unlock.stderr[-2000:]
+    rerun = SnakemakeRun(workdir, target)
+    assert rerun.wait() == 0, rerun.output()[-5000:]
+
+    done = json.loads((run_dir / "DONE").read_text())
+    assert done["final_step"] == TOTAL_STEPS
+    assert done["resumed_from_step"] in (1, TOTAL_STEPS), done  # never from scratch
+    # every checkpoint left is complete; the partial one of the SIGKILL was discarded
+    ckpts = sorted((run_dir / "checkpoints").iterdir())
+    assert [c.name for c in ckpts] == [f"global_step_{s}" for s in range(1, TOTAL_STEPS + 1)]
+    assert all((c / "COMPLETE").exists() for c in ckpts)
+
+    reference = fx.results(fx.reference_run(tmp_path_factory)) / "train" / "gsm8k" / TRAIN_RUN
+    assert_same_metrics(read_metrics(run_dir), read_metrics(reference))
+    ours, theirs = (json.loads((d / "best_dev.json").read_text()) for d in (run_dir, reference))
+    assert ours["best_step"] == theirs["best_step"]
+    assert [deterministic(h) for h in ours["history"]] == [deterministic(h) for h in theirs["history"]]
+
+
+def test_select_ignores_a_checkpoint_without_complete_marker(tmp_path_factory, tmp_path):
+    """A later, better-scoring checkpoint directory that lacks COMPLETE (killed mid-save) is never selected."""
+    from repexp.checkpoints import BestDevTracker, checkpoint_dir
+
+    source = fx.results(fx.reference_run(tmp_path_factory)) / "train" / "gsm8k" / TRAIN_RUN
+    run_dir = tmp_path / TRAIN_RUN
+    shutil.copytree(source, run_dir)
+    partial = checkpoint_dir(run_dir, TOTAL_STEPS + 1)
+    shutil.copytree(checkpoint_dir(run_dir, TOTAL_STEPS), partial)
+    (partial / "COMPLETE").unlink()
+    (partial / "model.safetensors").write_bytes((partial / "model.safetensors").read_bytes()[:1000])
+    tracker = BestDevTracker.load(run_dir)
+    tracker.record_validation(TOTAL_STEPS + 1, {"dev/pass@1": 1.0, "dev/pass@2": 1.0})  # the best score of all
+    proc = run([REPEXP, "select", "--run-dir", str(run_dir), "--backend", "trl", "--out", str(tmp_path / "select.json")])
+    assert proc.returncode == 0, proc.stderr
+    pointer = json.loads((tmp_path / "select.json").read_text())
+    assert pointer["checkpoint_step"] <= TOTAL_STEPS
+    assert (Path(pointer["model_path"]) / "COMPLETE").exists()
+
+
+@pytest.mark.slow
+def test_eval_killed_mid_generation_resumes_from_complete_shards(kill_workdir, tmp_path_factory):
+    workdir = kill_workdir
+    out = fx.results(workdir) / "eval" / "gsm8k" / "base"
+    first_shard = out / "samples" / "shard-00000.parquet"
+    snake = SnakemakeRun(workdir, "results/eval/gsm8k/base/eval.json")
+    # SIGKILL (the OOM killer, a node failure) of the eval job as soon as shard 0 is complete
+    assert kill_when(first_shard.exists, snake.proc, "repexp eval", signal.SIGKILL, "the first sample shard") > 0
+    kept = first_shard.stat()
+    shards_at_kill = sorted(p.name for p in (out / "samples").glob("shard-*.parquet"))
+    assert not (out / "eval.json").exists()
+    meta = json.loads((out / "samples" / "meta.json").read_text())
+    assert len(shards_at_kill) < meta["num_shards"], "every shard finished before the kill; the test lost its window"
+
+    # Snakemake's retry (`retries:` in eval.smk) must continue from the complete shards, not regenerate them.
+    assert snake.wait() == 0, snake.output()[-5000:]
+    log = (fx.results(workdir) / "logs" / "eval" / "gsm8k" / "base.log").read_text()
+    assert f"eval: {len(shards_at_kill)}/{meta['num_shards']} shards complete" in log, log[-3000:]
+    again = first_shard.stat()
+    assert (again.st_ino, again.st_mtime_ns) == (kept.st_ino, kept.st_mtime_ns), "a complete shard was regenerated"
+
+    resumed = json.loads((out / "eval.json").read_text())
+    reference = json.loads((fx.results(fx.reference_run(tmp_path_factory)) / "eval" / "gsm8k" / "base" / "eval.json").read_text())
+    for key in ("pass_at_k", "per_problem", "num_problems", "n_samples", "data_hash"):
+        assert resumed[key] == reference[key], key
+
+
+# --------------------------------------------------------------------------- non-finite features
+
+POISON_NORM = """
+import sys
+from pathlib import Path
+import torch
+from safetensors.torch import load_file, save_file
+
+(weights,) = Path(sys.argv[1]).glob("*.safetensors")
+tensors = load_file(weights)
+norm = tensors["model.norm.weight"]
+norm[: norm.numel() // 2] = float("nan")  # the final norm feeds last_hidden_state: NaN and inf features
+norm[norm.numel() // 2 :] = float("inf")
+save_file(tensors, weights, metadata={"format": "pt"})
+"""
+
+
+@pytest.mark.slow
+def test_non_finite_hidden_states_fail_the_training_step_loudly(tmp_path, tiny_assets):
+    """Chosen behaviour (docs/reliability.md): the step fails loudly; a NaN reward never reaches the optimizer."""
+    results = tmp_path / "results"
+    shutil.copytree(tiny_assets / "model", results / "models" / "tiny")
+    shutil.copytree(tiny_assets / "data", results / "data" / "gsm8k")
+    poisoned = tmp_path / "poisoned_representation_model"
+    shutil.copytree(tiny_assets / "model", poisoned)
+    poison = run([sys.executable, "-c", POISON_NORM, str(poisoned)])
+    assert poison.returncode == 0, poison.stderr
+    config = write_pipeline_config(tmp_path / "config.yaml", results,
+                                   bonus={"representation_model": str(poisoned)})
+    proc = run([REPEXP, "train", "--config", str(config), "--task", "gsm8k", "--run", TRAIN_RUN], timeout=900)
+    run_dir = results / "train" / "gsm8k" / TRAIN_RUN
+    assert_clear_failure(proc, "NaN or infinite")
+    assert not (run_dir / "DONE").exists()
+    assert not list((run_dir / "checkpoints").glob("global_step_*")) if (run_dir / "checkpoints").exists() else True
+    if (run_dir / "metrics.jsonl").exists():  # only the pre-training validation may have been logged
+        for row in read_metrics(run_dir).values():
+            assert all(math.isfinite(v) for v in row.values() if isinstance(v, float)), row
+            assert not any(k.startswith(("reward/", "repexp/bonus")) for k in row), row

@@ -7,10 +7,9 @@ only where SLURM cannot be installed or started here.
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import json
-import os
-import shutil
 import subprocess
 import sys
 import time
@@ -76,3 +75,70 @@ def test_no_accounting_database_so_status_comes_from_squeue(cluster):
     min_job_age = next(line for line in config.splitlines() if line.startswith("MinJobAge"))
     # Snakemake's plugin uses squeue only while MinJobAge >= 3 x the first status-check delay.
     assert int(min_job_age.split("=")[1].split()[0]) >= 3 * SLURM_STATUS_INIT_S
+
+
+def _load_shared(name):
+    key = f"repexp_tests_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, Path(__file__).with_name(f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return sys.modules[key]
+
+
+fx = _load_shared("_reliability_fixtures")
+# The rules of configs/test.yaml's DAG and how many jobs each has (1 task, 2 trained runs + base).
+EXPECTED_JOBS = {"model": 1, "preprocess": 1, "train": 2, "select": 2, "eval": 3, "aggregate": 1, "figures": 1}
+
+
+@pytest.mark.slow
+def test_pipeline_end_to_end_through_slurm_matches_the_local_run(cluster, tmp_path, tmp_path_factory):
+    workdir = tmp_path
+    fx.isolated_config(workdir)
+    # The slurm profile reads account and partitions from the environment (workflow/profiles/slurm).
+    env = cluster.env(fx.quiet_env(SLURM_ACCOUNT="", SLURM_PARTITION=harness.PARTITION,
+                                   SLURM_GPU_PARTITION=harness.PARTITION))
+    cmd = [
+        *fx.snakemake_cmd(workdir, "all", profile="slurm"),
+        # no slurmdbd on the test cluster: poll with squeue (docs/slurm.md), first poll after 5 s
+        "--slurm-status-command", "squeue",
+        "--slurm-init-seconds-before-status-checks", str(SLURM_STATUS_INIT_S),
+        "--slurm-keep-successful-logs",
+    ]
+    started = time.monotonic()
+    proc = subprocess.run(cmd, cwd=fx.REPO, env=env, capture_output=True, text=True, timeout=1500)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, f"{fx.output_tail(proc)}\n{cluster.diagnostics()}"
+    print(f"snakemake --profile slurm all: {elapsed:.0f} s")
+
+    # Every job went through sbatch: SLURM knows it, it completed, and it left its own log.
+    jobs = {job_id: job for job_id, job in cluster.squeue().items() if job["name"].startswith("repexp_")}
+    assert jobs and {job["state"] for job in jobs.values()} == {"COMPLETED"}, jobs
+    assert len(jobs) == sum(EXPECTED_JOBS.values()), jobs
+    records = {r["JobId"]: r for r in cluster.job_records()}
+    assert all(records[job_id]["ExitCode"] == "0:0" for job_id in jobs)
+    slurm_logs = workdir / ".snakemake" / "slurm_logs"
+    for rule, count in EXPECTED_JOBS.items():
+        logs = sorted((slurm_logs / f"rule_{rule}").rglob("*.log"))
+        assert len(logs) == count, (rule, logs)
+        assert {log.stem for log in logs} <= set(jobs)
+    submitted = [line for line in proc.stdout.splitlines() + proc.stderr.splitlines() if "submitted with SLURM jobid" in line]
+    assert len(submitted) == len(jobs)
+
+    # Same seeds, same numbers: every eval.json agrees with the local-profile run.
+    reference = fx.results(fx.reference_run(tmp_path_factory))
+    ours = fx.results(workdir)
+    evals = sorted(p.relative_to(reference) for p in (reference / "eval").rglob("eval.json"))
+    assert len(evals) == EXPECTED_JOBS["eval"]
+    for rel in evals:
+        mine, theirs = json.loads((ours / rel).read_text()), json.loads((reference / rel).read_text())
+        for key in ("pass_at_k", "per_problem", "num_problems", "n_samples", "checkpoint_step", "data_hash"):
+            assert mine[key] == theirs[key], (rel, key, mine[key], theirs[key])
+    assert _table_without_paths(ours / "aggregate" / "pass_at_k.csv") == _table_without_paths(reference / "aggregate" / "pass_at_k.csv")
+
+
+def _table_without_paths(path: Path) -> list[dict]:
+    """The aggregate table without `model_path` (absolute, so it differs between workdirs)."""
+    with open(path, newline="") as handle:
+        return [{k: v for k, v in row.items() if k != "model_path"} for row in csv.DictReader(handle)]

@@ -202,6 +202,9 @@ def test_unreachable_server_writes_the_outbox_and_sync_uploads_exactly_once(tmp_
     history = client.get_metric_history(eval_run.info.run_id, "pass_at_k")
     assert sorted((m.step, m.value) for m in history) == [(1, 0.5), (2, 0.75)]  # no duplicated points
     assert eval_run.data.params == {"cmd.n-samples": "4"}
+    # artifacts land next to the target store's database, never in the cwd's ./mlruns
+    location = client.get_experiment_by_name("track-test").artifact_location
+    assert location == (tmp_path / "store" / "mlflow" / "artifacts").resolve().as_uri()
     local = client.download_artifacts(eval_run.info.run_id, "eval.json", str(tmp_path / "dl"))
     assert Path(local).read_text() == '{"pass_at_k": {"1": 0.5}}\n'
 

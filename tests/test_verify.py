@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import json
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -108,6 +107,8 @@ def test_tricky_cases(data_source, response, ground_truth, expected, why):
 def test_extracted_answers_are_canonical_voting_keys():
     assert extract_answer(GSM8K, "#### 1,000") == extract_answer(GSM8K, "#### $1000.00") == "1000"
     assert extract_answer(GSM8K, "#### 18.50") == "18.5"
+    assert extract_answer(GSM8K, "#### 0.000000000000000000001") == "0.000000000000000000001"
+    assert extract_answer(GSM8K, "#### 3/4") == "0.75" and extract_answer(GSM8K, "#### 2/3") == "2/3"
     assert extract_answer(MATH, "\\boxed{\\dfrac{1}{2}}") == extract_answer(MATH, "\\boxed{ \\frac{1}{2} }") == "\\frac{1}{2}"
     assert extract_answer(MATH, "\\boxed{\\pi r^2}") == "\\pi r^2"  # the space ends a control word: kept
     assert extract_answer(MATH, "no box here") is None
@@ -141,6 +142,7 @@ def test_extremely_long_response_and_pathological_answers_do_not_hang():
     assert score(MATH, "\\boxed{(10^{10})!}", "5", timeout=0.5) == 0.0
     assert score(MATH, "\\boxed{2^{100}}", "1267650600228229401496703205376") == 1.0  # big but fine
     assert score(MATH, "\\boxed{" + "x+" * 2_000 + "x}", "5") == 0.0  # longer than any gold
+    assert score(MATH, "\\boxed{" + "1 " * 500_000 + "}", "1") == 0.0  # a 1 MB box: refused by length
 
 
 @pytest.mark.timeout(60)

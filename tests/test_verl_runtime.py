@@ -25,11 +25,11 @@ pytest.importorskip("transfer_queue")
 
 from hydra import compose, initialize_config_module  # noqa: E402
 from omegaconf import open_dict  # noqa: E402
-from tensordict import TensorDict  # noqa: E402
 
 from repexp.elliptical import sparse_projection  # noqa: E402
 from repexp.verl import platform_cpu  # noqa: E402
 from repexp.verl.bonus import projection_seed  # noqa: E402
+from repexp.verl.engine_check import hidden_means, nested, v0_batch, v1_batch  # noqa: E402
 
 TINY_OVERRIDES = [
     "actor_rollout_ref.rollout.n=4",
@@ -69,21 +69,12 @@ def runtime(tmp_path_factory):
     with contextlib.ExitStack() as stack:
         stack.enter_context(platform_cpu.cpu_platform())
         stack.enter_context(platform_cpu.single_process_group())
-        from repexp.verl.compat import patch_trl_value_head_import
-        from repexp.verl.worker import REPEXP_MESH, RepExpActorRolloutRefWorker, build_repexp_worker_config
+        from repexp.verl.engine_check import build_worker
 
-        from verl.single_controller.base.worker import Worker
-        from verl.workers.engine_workers import TrainingWorker
-
-        patch_trl_value_head_import()
         cfg = compose_config(model, root / "run")
-        # The worker object as verl's WorkerDict would hold it, with the representation engine that
+        # The worker object as verl's WorkerDict holds it, with the representation engine that
         # RepExpActorRolloutRefWorker.init_model builds (its actor and vLLM parts need a GPU).
-        worker = RepExpActorRolloutRefWorker.__new__(RepExpActorRolloutRefWorker)
-        Worker.__init__(worker)
-        worker.repexp = TrainingWorker(config=build_repexp_worker_config(cfg.actor_rollout_ref))
-        worker.repexp.reset()
-        worker.set_dispatch_collect(mesh_name=REPEXP_MESH, **worker.repexp.get_dispatch_collect())
+        worker = build_worker(cfg.actor_rollout_ref)
         yield {"root": root, "model": model, "cfg": cfg, "worker": worker}
 
 
@@ -107,51 +98,6 @@ def _reference_means(backbone, prompts, responses) -> torch.Tensor:
         return torch.stack([
             backbone(torch.cat([p, r])[None]).last_hidden_state[0, len(p):].mean(0) for p, r in zip(prompts, responses)
         ])
-
-
-def _nested(rows):
-    return torch.nested.as_nested_tensor(list(rows), layout=torch.jagged)
-
-
-def _v1_batch(prompts, responses) -> TensorDict:
-    """The V1 trainer's layout: every field jagged, one row per trajectory."""
-    ids = [torch.cat([p, r]) for p, r in zip(prompts, responses)]
-    return TensorDict({
-        "input_ids": _nested(ids),
-        "position_ids": _nested(torch.arange(len(x)) for x in ids),
-        "responses": _nested(responses),
-        "loss_mask": _nested(torch.ones(len(r), dtype=torch.long) for r in responses),
-    }, batch_size=len(ids))
-
-
-def _v0_batch(prompts, responses) -> TensorDict:
-    """The legacy trainer's layout: left-padded prompts + right-padded responses, then verl's left_right_2_no_padding."""
-    from verl.workers.utils.padding import left_right_2_no_padding
-
-    p_width, r_width = max(map(len, prompts)), max(map(len, responses))
-    rows = len(prompts)
-    input_ids = torch.zeros(rows, p_width + r_width, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    response_ids = torch.zeros(rows, r_width, dtype=torch.long)
-    for i, (p, r) in enumerate(zip(prompts, responses)):
-        input_ids[i, p_width - len(p): p_width] = p
-        input_ids[i, p_width: p_width + len(r)] = r
-        attention_mask[i, p_width - len(p): p_width + len(r)] = 1
-        response_ids[i, : len(r)] = r
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    batch = TensorDict({
-        "input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
-        "responses": response_ids, "response_mask": attention_mask[:, p_width:].clone(),
-    }, batch_size=rows)
-    return left_right_2_no_padding(batch)
-
-
-def _hidden_means(worker, batch: TensorDict, **flags) -> torch.Tensor:
-    from verl.utils import tensordict_utils as tu
-
-    tu.assign_non_tensor(batch, temperature=1.0, compute_loss=False, **flags)
-    output = worker.compute_repexp_hidden_mean(batch)
-    return output["repexp_hidden_mean"].to_padded_tensor(0.0)
 
 
 # --------------------------------------------------------------------------- engine and worker
@@ -178,13 +124,13 @@ def test_pooling_equals_transformers_in_every_layout(runtime, reference_backbone
     prompts, responses = _sequences(0, [5, 3, 7, 4, 6, 2], [4, 6, 1, 3, 5, 2])
     expected = _reference_means(reference_backbone, prompts, responses)
     layouts = {
-        "v1 packed (remove padding)": _hidden_means(worker, _v1_batch(prompts, responses), use_remove_padding=True),
-        "v1 padded": _hidden_means(worker, _v1_batch(prompts, responses), use_remove_padding=False),
-        "v0 packed": _hidden_means(worker, _v0_batch(prompts, responses), use_remove_padding=True),
-        "v0 padded": _hidden_means(worker, _v0_batch(prompts, responses), use_remove_padding=False),
+        "v1 packed (remove padding)": hidden_means(worker, v1_batch(prompts, responses), use_remove_padding=True),
+        "v1 padded": hidden_means(worker, v1_batch(prompts, responses), use_remove_padding=False),
+        "v0 packed": hidden_means(worker, v0_batch(prompts, responses), use_remove_padding=True),
+        "v0 padded": hidden_means(worker, v0_batch(prompts, responses), use_remove_padding=False),
         # token-budget micro-batches in verl's workload order, restored to the input order
-        "v1 packed, dynamic batch size": _hidden_means(
-            worker, _v1_batch(prompts, responses), use_remove_padding=True, use_dynamic_bsz=True, max_token_len_per_gpu=16
+        "v1 packed, dynamic batch size": hidden_means(
+            worker, v1_batch(prompts, responses), use_remove_padding=True, use_dynamic_bsz=True, max_token_len_per_gpu=16
         ),
     }
     for name, means in layouts.items():
@@ -277,12 +223,12 @@ def _put_rollouts(tq, tag: str, uids, prompts, responses, scores):
         row = torch.zeros(len(response))
         row[-1] = score
         rm_scores.append(row)
-    batch = _v1_batch(prompts, responses)
+    batch = v1_batch(prompts, responses)
     fields = tu.get_tensordict({
         **{name: batch[name] for name in batch.keys()},
-        "prompts": _nested(prompts),
-        "response_mask": _nested(torch.ones(len(r), dtype=torch.long) for r in responses),
-        "rm_scores": _nested(rm_scores),
+        "prompts": nested(prompts),
+        "response_mask": nested(torch.ones(len(r), dtype=torch.long) for r in responses),
+        "rm_scores": nested(rm_scores),
         "uid": np.array(uids, dtype=object),
     })
     tags = [{"global_steps": 3, "min_global_steps": 3, "max_global_steps": 3, "status": "finish",
@@ -538,6 +484,12 @@ def test_checkpoints_resume_and_merge(runtime, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(merged(ids).logits, reference(ids).logits, rtol=0, atol=0)
     assert merge_checkpoint(checkpoint_dir(run_dir, 2)) == Path(merged_pointer["model_path"]), "idempotent"
+
+    from repexp.verl.train import write_done
+
+    done = write_done(run_dir, 12.5)
+    assert json.loads((run_dir / "DONE").read_text()) == done
+    assert (done["final_step"], done["best_step"]) == (6, 2) and done["best_value"] == pytest.approx(0.75)
     (checkpoint_dir(run_dir, 6) / "COMPLETE").unlink()
     with pytest.raises(ValueError, match="not marked complete"):
         merge_checkpoint(checkpoint_dir(run_dir, 6))

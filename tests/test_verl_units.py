@@ -139,6 +139,7 @@ def test_projection_is_seeded_by_seed_and_step():
     assert not torch.equal(state.projection(64, 10), BonusState(RepExpSettings(sparse_dim=8, seed=4)).projection(64, 10))
     fixed = BonusState(RepExpSettings(sparse_dim=8, seed=3, randomize_projection=False))
     assert torch.equal(fixed.projection(64, 1), fixed.projection(64, 99))
+    assert torch.equal(fixed.projection(64, 1), sparse_projection(64, 8, seed=projection_seed(3, 0, randomize=False)))
 
 
 def test_persistent_covariance_state_round_trip_continues_identically():

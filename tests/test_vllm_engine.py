@@ -33,6 +33,18 @@ PROBLEMS = [("What is 2 + 3?", "5"), ("What is 10 - 4?", "6"), ("What is 3 * 3?"
             ("What is 1,000 + 1,125?", "2125")]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """The tiny model is overhead-bound; on a shared 2-core machine two OpenMP threads stall each
+    other whenever the other core is busy (15-60x slower per step, docs/_perf_eval.md)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def data_file(tmp_path_factory):
     rows = [{

@@ -74,7 +74,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     ev.add_argument("--verifier-workers", type=int, help="processes for the verifier (default: its own)")
     ev.add_argument("--rescore", action="store_true",
                     help="re-verify the stored samples of --out and rewrite eval.json (no generation)")
-    ev.add_argument("--overwrite", action="store_true", help="discard stored samples made with other settings")
+    ev.add_argument("--overwrite", action="store_true",
+                    help="discard stored samples made with other settings (matching ones are always resumed)")
     ev.add_argument("--max-shards", type=int, help="debug: stop once this many shards are complete")
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import os
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
@@ -63,6 +62,7 @@ ProgressCallback = Callable[[int], None]
 
 class Engine(Protocol):
     name: str
+    tokenizer: Any  # renders the prompts (encode_prompts) for this engine's model
 
     def generate(
         self,

@@ -63,25 +63,28 @@ class SampleStore:
     def open(self, meta: dict[str, Any], *, compare: Sequence[str] | None = None, overwrite: bool = False) -> list[int]:
         """Start or resume the store for `meta`; returns the indices of complete shards.
 
-        On resume the stored meta must equal `meta` on the keys in `compare` (all keys if None).
+        On resume the stored meta must equal `meta` on the keys in `compare` (all keys if None);
+        otherwise the store is refused, or with `overwrite` discarded and started afresh.
+        Matching samples are always kept, so `overwrite` never costs a resumable run its work.
         """
         existing = self.read_meta()
-        if existing is not None and overwrite:
+        if existing is not None:
+            keys = set(existing) | set(meta) if compare is None else set(compare)
+            diffs = _diff({k: existing.get(k) for k in keys}, {k: meta.get(k) for k in keys})
+            if not diffs:
+                return self.complete_shards()
+            if not overwrite:
+                raise ValueError(
+                    f"{self.meta_path}: the stored samples were generated with different settings "
+                    f"({'; '.join(diffs)}); use another --out or pass --overwrite to discard them"
+                )
             shutil.rmtree(self.dir)
-            existing = None
-        if existing is None:
-            if self.dir.exists() and any(self.dir.glob("shard-*.parquet")):
+        elif self.dir.exists() and any(self.dir.glob("shard-*.parquet")):
+            if not overwrite:
                 raise ValueError(f"{self.dir}: shard files without meta.json; pass --overwrite to start afresh")
-            write_json_atomic(self.meta_path, meta)
-            return []
-        keys = set(existing) | set(meta) if compare is None else set(compare)
-        diffs = _diff({k: existing.get(k) for k in keys}, {k: meta.get(k) for k in keys})
-        if diffs:
-            raise ValueError(
-                f"{self.meta_path}: the stored samples were generated with different settings "
-                f"({'; '.join(diffs)}); use another --out or pass --overwrite to discard them"
-            )
-        return self.complete_shards()
+            shutil.rmtree(self.dir)
+        write_json_atomic(self.meta_path, meta)
+        return []
 
     def complete_shards(self) -> list[int]:
         if not self.dir.exists():

@@ -7,7 +7,7 @@ trainer passes CPU tensors):
 
 1. project with `sparse_projection(H, sparse_dim, seed=projection_seed(seed, step))`: a fresh
    projection every step when ``randomize_projection`` (upstream drew it from an unseeded RNG),
-   else one projection from ``seed``; features are float32 @ float32, then float64 (as upstream);
+   else one projection from ``seed`` alone; features are float32 @ float32, then float64 (as upstream);
 2. per uid group: `bonuses` (centring, leverage or leave-one-out, normalization) or, with
    ``persist_covariance``, `PersistentCovariance.update_and_score` keyed by prompt;
 3. `combine_rewards`: the turn-off rules and ``alpha * score + beta * bonus``.
@@ -19,7 +19,7 @@ Metric names (shared with the TRL backend, docs/architecture.md):
 ``repexp/bonus_scaled/*`` is ``beta *`` the bonus after the turn-off rules (what is added to the
 reward), ``repexp/groups/{none,some,all}_correct_frac`` count uid groups,
 ``reward/verifier/mean`` and ``reward/shaped/mean`` average over the rows that take part.
-Standard deviations are population deviations (defined for a single row).
+Standard deviations are unbiased (0 for a single row), as in the TRL backend.
 """
 
 from __future__ import annotations
@@ -35,9 +35,13 @@ from repexp.elliptical import PersistentCovariance, bonuses, combine_rewards, sp
 from repexp.verl.settings import RepExpSettings
 
 
-def projection_seed(seed: int, step: int) -> int:
-    """A 64-bit seed derived from (seed, step); distinct pairs give independent projections."""
-    return int(np.random.SeedSequence([int(seed), int(step)]).generate_state(1, dtype=np.uint64)[0])
+def projection_seed(seed: int, step: int, randomize: bool = True) -> int:
+    """Seed of a step's projection: from (seed, step) when randomized, from seed alone otherwise.
+
+    The same derivation as the TRL backend (`repexp.trl.reward.projection_seed`), so both backends
+    draw the same projection for the same run seed and step."""
+    parts = [int(seed), int(step)] if randomize else [int(seed)]
+    return int(np.random.SeedSequence(parts).generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
 
 
 class BonusState:
@@ -53,7 +57,9 @@ class BonusState:
         if s.randomize_projection:
             return sparse_projection(hidden_dim, s.sparse_dim, seed=projection_seed(s.seed, step))
         if self._fixed_projection is None or self._fixed_projection.shape[0] != hidden_dim:
-            self._fixed_projection = sparse_projection(hidden_dim, s.sparse_dim, seed=projection_seed(s.seed, 0))
+            self._fixed_projection = sparse_projection(
+                hidden_dim, s.sparse_dim, seed=projection_seed(s.seed, step, randomize=False)
+            )
         return self._fixed_projection
 
     @property
@@ -92,7 +98,7 @@ def _stats(prefix: str, values: Tensor) -> dict[str, float]:
     values = values.double()
     return {
         f"{prefix}/mean": float(values.mean()),
-        f"{prefix}/std": float(values.std(unbiased=False)),
+        f"{prefix}/std": float(values.std()) if values.numel() > 1 else 0.0,
         f"{prefix}/min": float(values.min()),
         f"{prefix}/max": float(values.max()),
     }

@@ -67,8 +67,9 @@ def build_overrides(run_config: RunConfig, *, loggers: Optional[Sequence[str]] =
     """The verl Hydra overrides of one training run (RepExp for beta > 0, the GRPO baseline for beta = 0).
 
     ``loggers`` defaults to console (+ mlflow when ``tracking.tracking_uri`` is set). verl's MLflow
-    logger reads ``MLFLOW_TRACKING_URI`` and ``MLFLOW_RUN_ID`` from the environment of the
-    training process; the node wrapper sets them.
+    logger reads ``MLFLOW_TRACKING_URI`` and ``MLFLOW_RUN_ID`` from the environment; the entry
+    point exports ``repexp_run.mlflow_tracking_uri`` unless the environment already sets it, and
+    the node wrapper sets ``MLFLOW_RUN_ID`` to log into its own run.
     """
     rc = run_config
     if rc.backend != "verl":
@@ -167,6 +168,7 @@ def build_overrides(run_config: RunConfig, *, loggers: Optional[Sequence[str]] =
         ("trainer.max_actor_ckpt_to_keep", None),
         ("repexp_run.run_dir", str(run_dir)),
         ("repexp_run.max_checkpoints_to_keep", train.max_checkpoints_to_keep),
+        ("repexp_run.mlflow_tracking_uri", rc.tracking.tracking_uri),
         ("ray_kwargs.ray_init.num_cpus", verl.ray_num_cpus),
         ("hydra.run.dir", str(run_dir / HYDRA_SUBDIR)),
     ]

@@ -79,6 +79,7 @@ class RepExpSettings:
 class RunSettings:
     run_dir: Optional[str] = None
     max_checkpoints_to_keep: Optional[int] = None
+    mlflow_tracking_uri: Optional[str] = None
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any], where: str = RUN_NODE) -> "RunSettings":

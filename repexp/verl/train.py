@@ -5,19 +5,23 @@ A Hydra app composed on verl's own ``ppo_trainer`` config (``hydra.searchpath`` 
 RepExp checks below and hands it to verl's `run_ppo` with a TaskRunner whose only addition is
 importing `repexp.verl.trainer`, which registers `RepExpTrainer` as trainer mode ``repexp``.
 Nothing of verl is copied. `repexp.verl.overrides.build_overrides` turns a pipeline `RunConfig`
-into the overrides.
+into the overrides. When verl returns, ``<run_dir>/DONE`` is written last (JSON: final step,
+best-dev step and value, wall time), as the training-run contract asks.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import time
 from pathlib import Path
 
 import hydra
 import ray
 from omegaconf import DictConfig, OmegaConf
 
+from repexp.checkpoints import BestDevTracker, complete_steps
+from repexp.io import write_json_atomic
 from repexp.verl.settings import RUN_NODE, RepExpSettings, RunSettings
 
 from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
@@ -26,6 +30,7 @@ from verl.utils.config import validate_config
 from verl.utils.device import auto_set_device
 
 TRAINER_MODE = "repexp"
+DONE_FILE = "DONE"
 
 
 def run_dir_of(config: DictConfig) -> Path:
@@ -85,11 +90,38 @@ class _RepExpTaskRunner(TaskRunnerV1.__ray_actor_class__):
 RepExpTaskRunner = ray.remote(_RepExpTaskRunner)
 
 
+def write_done(run_dir: Path, wall_time_s: float) -> dict:
+    """The run's `DONE` marker (the Snakemake output), written last, once training returned."""
+    steps = complete_steps(run_dir)
+    if not steps:
+        raise RuntimeError(f"{run_dir}: verl returned without a complete checkpoint; not writing {DONE_FILE}")
+    tracker = BestDevTracker.load(run_dir)
+    tracker.write()
+    best = tracker.best()
+    done = {
+        "backend": "verl",
+        "final_step": steps[-1],
+        "best_step": None if best is None else best["step"],
+        "best_value": None if best is None else best[tracker.metric],
+        "metric": tracker.metric,
+        "wall_time_s": wall_time_s,
+    }
+    write_json_atomic(Path(run_dir) / DONE_FILE, done)
+    return done
+
+
 def launch(config: DictConfig) -> None:
+    started = time.time()
     auto_set_device(config)
     check_config(config)
-    os.makedirs(run_dir_of(config), exist_ok=True)
+    run_dir = run_dir_of(config)
+    os.makedirs(run_dir, exist_ok=True)
+    run = RunSettings.from_mapping(OmegaConf.to_container(config.get(RUN_NODE, {}), resolve=True))
+    if run.mlflow_tracking_uri:
+        # before ray.init: the TaskRunner (where verl's Tracking lives) inherits this environment
+        os.environ.setdefault("MLFLOW_TRACKING_URI", run.mlflow_tracking_uri)
     run_ppo(config, task_runner_class=RepExpTaskRunner)
+    write_done(run_dir, time.time() - started)
 
 
 @hydra.main(config_path="config", config_name="repexp_trainer", version_base="1.3")

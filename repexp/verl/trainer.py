@@ -25,10 +25,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import shutil
 from pathlib import Path
-from typing import Any, Optional
 
 import numpy as np
 import ray
@@ -155,8 +153,12 @@ class RepExpTrainer(PPOTrainerSync):
             shaped = dataplane.add_at_last_token(rm_scores, self.repexp.alpha, result.bonus_scaled.float())
             dataplane.write_fields(batch, {"rm_scores": shaped})
         batch = super()._compute_advantage(batch, metrics)
-        # verifier scores back for verl's critic/score; the shaped reward for critic/rewards
-        batch = dataplane.write_fields(batch, {"rm_scores": rm_scores, "token_level_rewards": shaped})
+        # verifier scores back for verl's critic/score; the shaped reward for critic/rewards (with a KL
+        # reward verl wrote its own token_level_rewards = shaped - KL)
+        restore = {"rm_scores": rm_scores}
+        if not self.config.algorithm.use_kl_in_reward:
+            restore["token_level_rewards"] = shaped
+        batch = dataplane.write_fields(batch, restore)
         metrics.update(result.metrics)
         return batch
 

@@ -41,7 +41,7 @@ def _source_for_jobs(source):
 
 def _model_for_jobs(model):
     """Aliases and hub ids stay; an existing repo-relative directory becomes job-relative."""
-    if model in ("tiny", "smollm2") or Path(model).is_absolute():
+    if model in C.MODEL_ALIASES or Path(model).is_absolute():
         return model
     local = REPO_ROOT / model
     return os.path.relpath(local, WORKDIR) if local.exists() else model
@@ -79,21 +79,19 @@ os.environ.update(
 )
 
 
-
 def write_config_snapshot():
     """Content-addressed, so writing it never changes a file that another invocation uses."""
     if not CONFIG_SNAPSHOT.exists():
         write_text_atomic(CONFIG_SNAPSHOT, C.dump_yaml(CFG))
 
 
-# Before the first job of a real run (not on dry runs, not in SLURM jobsteps).
+# Before the first job of a real run (not on dry runs).
 onstart:
     write_config_snapshot()
 
 
 RUNS = C.sweep_runs(CFG)
-TASKS = list(CFG.sweep.tasks)
-MODEL_ALIAS = CFG.model if CFG.model in ("tiny", "smollm2") else None
+MODEL_ALIAS = CFG.model if CFG.model in C.MODEL_ALIASES else None
 EXPERIMENT = CFG.tracking.experiment or CFG.name  # one MLflow experiment per config
 
 

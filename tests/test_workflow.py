@@ -1,0 +1,271 @@
+"""The Snakemake DAG: dry runs of the paper sweep (local and slurm profiles), lint, config errors,
+wildcard round trips, rerun semantics, and the whole pipeline on configs/test.yaml with MLflow.
+
+Every invocation runs from the repository root (so `--profile slurm` resolves the way the README
+command does) with `--directory <tmp>` and an absolute `results_dir`, so tests never touch the
+checkout's `.snakemake/` or `results/`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from repexp import config as C
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+PAPER = REPO / "configs" / "paper.yaml"
+TEST = REPO / "configs" / "test.yaml"
+PAPER_JOBS = {"preprocess": 3, "train": 18, "select": 18, "merge": 18, "eval": 21, "aggregate": 1, "figures": 1,
+              "all": 1}
+
+
+def snakemake(*args: str, workdir: Path, check: bool = True, timeout: int = 900) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.run([SNAKEMAKE, "--directory", str(workdir), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n"
+                             f"{proc.stderr[-6000:]}")
+    return proc
+
+
+def job_counts(proc: subprocess.CompletedProcess) -> dict[str, int]:
+    """The 'Job stats' table of a (dry) run; {} when there is nothing to do."""
+    text = proc.stdout + proc.stderr
+    if "Job stats:" not in text:
+        return {}
+    table = text.split("Job stats:", 1)[1].split("total", 1)[0]
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.MULTILINE)}
+
+
+def dry_run(workdir: Path, results: Path, *args: str, configfile: Path = TEST) -> dict[str, int]:
+    proc = snakemake("-n", "--profile", "local", "--configfile", str(configfile), *args,
+                     "--config", f"results_dir={results}", workdir=workdir)
+    return job_counts(proc)
+
+
+# --------------------------------------------------------------------------- dry runs, lint, errors
+
+
+@pytest.mark.parametrize("profile", ["local", "slurm"])
+def test_paper_dry_run_lists_exactly_the_expected_jobs(profile, tmp_path):
+    # the literal README/paper command (paper.yaml is the Snakefile's default config), dry
+    proc = snakemake("-n", "--profile", profile, "all", "--config", f"results_dir={tmp_path / 'results'}",
+                     workdir=tmp_path)
+    assert job_counts(proc) == PAPER_JOBS
+    text = proc.stdout + proc.stderr
+    assert "dapo-with-aime24/verl_repexp_k128_b0.01_s43" in text and "math/verl_repexp_k32_b0.01_s41" in text
+    if profile == "slurm":  # GPU requests from config resources, partitions from the profile
+        assert re.search(r"rule train:.*?resources: [^\n]*slurm_partition=\$SLURM_GPU_PARTITION[^\n]*gpu=8", text, re.S)
+    assert not (tmp_path / "results").exists()  # a dry run writes nothing
+
+
+def test_lint_is_clean(tmp_path):
+    proc = snakemake("--lint", workdir=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Congratulations, your workflow is in a good condition" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("patch, key", [
+    ({"sweep": {"betas": [-0.1]}}, "betas"),  # caught by the JSON schema (validate)
+    ({"sweep": {"tasks": ["gsm8k", "math"], "backends": ["trl"]}, "task_overrides": {"math": {"train": {
+        "train_batch_size": 6, "ppo_mini_batch_size": 4}}}}, "task_overrides.math.train.ppo_mini_batch_size"),
+])
+def test_broken_configs_fail_before_any_job_naming_the_key(tmp_path, patch, key):
+    raw = yaml.safe_load(TEST.read_text())
+    for section, values in patch.items():
+        raw.setdefault(section, {}).update(values)
+    raw["results_dir"] = str(tmp_path / "results")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump(raw))
+    proc = snakemake("all", "-n", "--configfile", str(broken), workdir=tmp_path, check=False)
+    assert proc.returncode != 0
+    assert key in proc.stdout + proc.stderr
+    assert "Job stats" not in proc.stdout + proc.stderr
+
+
+def test_non_canonical_run_names_are_rejected(tmp_path):
+    results = tmp_path / "results"
+    # (targets before --configfile/--config, which take several values)
+    # targets as users type them: relative to the working directory (results_dir lies inside it)
+    proc = snakemake("results/eval/gsm8k/trl_repexp_k8_b0.010_s42/eval.json", "-n", "--configfile", str(TEST),
+                     "--config", f"results_dir={results}", workdir=tmp_path, check=False)
+    assert proc.returncode != 0 and "MissingRuleException" in proc.stdout + proc.stderr  # b0.010 is no run
+    ok = snakemake("results/eval/gsm8k/trl_repexp_k8_b0.01_s42/eval.json", "-n", "--configfile", str(TEST),
+                   "--config", f"results_dir={results}", workdir=tmp_path)
+    assert job_counts(ok) == {"model": 1, "preprocess": 1, "train": 1, "select": 1, "eval": 1}
+
+
+# --------------------------------------------------------------------------- the whole DAG
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    """configs/test.yaml end to end with the local profile on 2 cores (the CI run)."""
+    workdir = tmp_path_factory.mktemp("pipeline")
+    results = workdir / "results"
+    proc = snakemake("all", "--profile", "local", "--cores", "2", "--configfile", str(TEST),
+                     "--config", f"results_dir={results}", workdir=workdir, timeout=1500)
+    return workdir, results, proc
+
+
+def _mlflow_runs(results: Path) -> list:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{results / 'mlflow' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("repexp-test")
+    return client, client.search_runs([exp.experiment_id], max_results=1000)
+
+
+@pytest.mark.slow
+def test_pipeline_produces_evals_table_and_figures(pipeline):
+    _, results, proc = pipeline
+    assert job_counts(proc) == {"model": 1, "preprocess": 1, "train": 2, "select": 2, "eval": 3, "aggregate": 1,
+                                "figures": 1, "all": 1}
+    runs = [s.name for s in C.sweep_runs(C.load(TEST))]
+    for run in runs:
+        result = json.loads((results / "eval" / "gsm8k" / run / "eval.json").read_text())
+        assert result["n_samples"] == 4 and result["num_problems"] == 4 and set(result["pass_at_k"]) == {"1", "2", "4"}
+    table = (results / "aggregate" / "pass_at_k.csv").read_text().splitlines()
+    assert len(table) == 1 + 3 * 3  # header + 3 runs x k in {1, 2, 4}
+    index = json.loads((results / "figures" / "index.json").read_text())
+    assert {f["id"] for f in index["figures"]} == {"pass_at_k", "heatmap_gsm8k_trl", "training_gsm8k_trl"}
+    for figure in index["figures"]:
+        assert all((results / "figures" / name).stat().st_size > 0 for name in figure["files"])
+    # every job left its log and benchmark
+    assert len(list((results / "logs").rglob("*.log"))) == 11
+    assert len(list((results / "benchmarks").rglob("*.tsv"))) == 11
+
+
+@pytest.mark.slow
+def test_every_node_has_its_mlflow_run(pipeline):
+    _, results, _ = pipeline
+    client, runs = _mlflow_runs(results)
+    nodes = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    parents = {r.info.run_id: r for r in runs if "mlflow.parentRunId" not in r.data.tags}
+    assert sorted(r.data.tags["snakemake.rule"] for r in nodes) == sorted(
+        ["model", "preprocess", "train", "train", "select", "select", "eval", "eval", "eval", "aggregate", "figures"])
+    assert all(r.info.status == "FINISHED" for r in runs)
+    assert sorted(p.data.tags["repexp.parent_key"] for p in parents.values()) == sorted(
+        ["experiment", "task:gsm8k", "point:gsm8k/base", "point:gsm8k/trl_grpo_s42", "point:gsm8k/trl_repexp_k8_b0.01_s42"])
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    for node in nodes:
+        tags = node.data.tags
+        parent = parents[tags["mlflow.parentRunId"]]
+        assert tags["repexp.scope_key"] == parent.data.tags["repexp.parent_key"]
+        expected_wildcards = {"model": {"alias": "tiny"}, "preprocess": {"task": "gsm8k"}, "aggregate": {},
+                              "figures": {}}.get(tags["snakemake.rule"], {"task": "gsm8k", "run": tags.get("repexp.run")})
+        assert json.loads(tags["snakemake.wildcards"]) == expected_wildcards
+        assert len(tags["repexp.config_hash"]) == 12 and tags["snakemake.attempt"] == "1"
+        if commit:
+            assert tags["git.commit"] == commit
+        artifacts = {a.path for a in client.list_artifacts(node.info.run_id)}
+        rule = tags["snakemake.rule"]
+        if rule == "train":
+            assert {"job.yaml", "best_dev.json", "metrics.jsonl"} <= artifacts
+            assert node.data.params["train.total_steps"] == "2" and node.data.params["sparse_dim"] in ("8", "None")
+            steps = {m.step for m in client.get_metric_history(node.info.run_id, "dev/pass_at_1")}
+            assert steps == {0, 1, 2}  # validation before training and after each step
+            assert {m.step for m in client.get_metric_history(node.info.run_id, "reward/verifier/mean")} == {1, 2}
+        elif rule == "eval":
+            assert artifacts == {"eval.json"} and node.data.params["cmd.n-samples"] == "4"
+            run = tags["repexp.run"]
+            result = json.loads((results / "eval" / "gsm8k" / run / "eval.json").read_text())
+            history = {m.step: m.value for m in client.get_metric_history(node.info.run_id, "pass_at_k")}
+            assert history == {int(k): v for k, v in result["pass_at_k"].items()}  # pass@k with step = k
+        elif rule == "select":
+            assert artifacts == {"select.json"} and "select.checkpoint_step" in node.data.params
+        elif rule == "preprocess":
+            assert "manifest.json" in artifacts and node.data.params["cmd.limit-test"] == "4"
+        elif rule == "model":
+            assert "tiny" in artifacts
+        elif rule == "aggregate":
+            assert {"pass_at_k.csv", "k_efficiency.csv"} <= artifacts
+        elif rule == "figures":
+            assert {"index.json", "pass_at_k.png", "pass_at_k.pdf"} <= artifacts
+    assert not (results / "mlflow" / "outbox").exists() or not any(
+        (d / "record.json").exists() for d in (results / "mlflow" / "outbox").iterdir())
+
+
+@pytest.mark.slow
+def test_reruns_are_targeted(pipeline, tmp_path):
+    workdir, results, _ = pipeline
+    again = snakemake("all", "--profile", "local", "--cores", "2", "--configfile", str(TEST),
+                      "--config", f"results_dir={results}", workdir=workdir)
+    assert "Nothing to be done" in again.stdout + again.stderr and job_counts(again) == {}
+
+    # one eval output gone: that eval reruns (and the table and figures made from it), nothing upstream
+    removed = results / "eval" / "gsm8k" / "base" / "eval.json"
+    saved = removed.read_bytes()
+    removed.unlink()
+    try:
+        assert dry_run(workdir, results) == {"eval": 1, "aggregate": 1, "figures": 1, "all": 1}
+    finally:
+        removed.write_bytes(saved)
+        os.utime(removed, (removed.stat().st_atime, (results / "aggregate" / "pass_at_k.csv").stat().st_mtime - 1))
+    assert dry_run(workdir, results) == {}
+
+    # deliberate reruns of one layer
+    assert dry_run(workdir, results, "--forcerun", "train", "--until", "eval") == {"train": 2, "select": 2, "eval": 2}
+
+    # a config change reruns exactly the jobs whose resolved config changed (params = the job's config)
+    raw = yaml.safe_load(TEST.read_text())
+    raw["eval"]["n_samples"] = 2
+    changed_eval = tmp_path / "eval_changed.yaml"
+    changed_eval.write_text(yaml.safe_dump(raw))
+    assert dry_run(workdir, results, configfile=changed_eval) == {"eval": 3, "aggregate": 1, "figures": 1, "all": 1}
+    raw = yaml.safe_load(TEST.read_text())
+    raw["train"]["lr"] = 3.0e-5
+    changed_train = tmp_path / "train_changed.yaml"
+    changed_train.write_text(yaml.safe_dump(raw))
+    assert dry_run(workdir, results, configfile=changed_train) == {
+        "train": 2, "select": 2, "eval": 2, "aggregate": 1, "figures": 1, "all": 1}
+
+
+# --------------------------------------------------------------------------- the train node's run directory
+
+
+def test_train_node_resumes_an_interrupted_run_and_sets_aside_stale_ones(tmp_path):
+    from repexp import train
+    from repexp.io import write_json_atomic
+
+    run_dir = tmp_path / "train" / "gsm8k" / "trl_grpo_s42"
+    assert train.prepare_run_dir(run_dir, "hash-a") is None  # nothing there yet
+    (run_dir / "checkpoints" / "global_step_1").mkdir(parents=True)
+    write_json_atomic(run_dir / train.STATE_FILE, {"training_hash": "hash-a", "status": "failed"})
+    assert train.prepare_run_dir(run_dir, "hash-a") is None  # same config, unfinished: the trainer resumes
+    assert (run_dir / "checkpoints" / "global_step_1").is_dir()
+
+    moved = train.prepare_run_dir(run_dir, "hash-b")  # config changed: never resume its checkpoints
+    assert moved is not None and not run_dir.exists()
+    assert moved.parent == run_dir.parent / ".superseded" and moved.name.startswith("trl_grpo_s42-hash-a-")
+    assert (moved / "checkpoints" / "global_step_1").is_dir()
+
+    run_dir.mkdir(parents=True)
+    write_json_atomic(run_dir / train.STATE_FILE, {"training_hash": "hash-b", "status": "done"})
+    assert train.prepare_run_dir(run_dir, "hash-b") is not None  # finished before: a deliberate rerun starts over
+
+
+def test_train_node_refuses_a_config_that_changed_after_scheduling(tmp_path):
+    raw = yaml.safe_load(TEST.read_text())
+    raw["results_dir"] = str(tmp_path / "results")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    proc = subprocess.run([str(Path(sys.executable).parent / "repexp"), "train", "--config", str(cfg), "--task", "gsm8k",
+                           "--run", "trl_grpo_s42", "--expect-hash", "0123456789ab"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "scheduled with 0123456789ab" in proc.stderr
+    assert not (tmp_path / "results").exists()
+    base = subprocess.run([str(Path(sys.executable).parent / "repexp"), "train", "--config", str(cfg), "--task", "gsm8k",
+                           "--run", "base"], capture_output=True, text=True)
+    assert base.returncode == 2 and "base does not train" in base.stderr
