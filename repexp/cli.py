@@ -16,7 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("repexp.config_cli", "validate a pipeline config, print run names or a job's trainer config"),
     "model": ("repexp.models", "build the offline tiny test model or convert SmolLM2-135M-Instruct"),
     "data": ("repexp.data", "prepare a task's train/dev/test parquet splits"),
-    "train": ("repexp.train", "train one sweep point (--backend trl|verl)"),
+    "train": ("repexp.train", "train one sweep point with the backend its run name names (trl or verl)"),
     "select": ("repexp.checkpoints", "pick the best-dev checkpoint of a training run"),
     "merge": ("repexp.verl.merge", "merge a verl FSDP checkpoint into a Hugging Face directory"),
     "eval": ("repexp.evaluate", "sample a model on a split and compute pass@k"),
