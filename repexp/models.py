@@ -117,7 +117,13 @@ def convert_smollm2(out_dir: str | Path, *, dtype: str = "float32") -> Path:
     tokenizer = AutoTokenizer.from_pretrained(pkg_dir, gguf_file=SMOLLM2_GGUF)
     model = AutoModelForCausalLM.from_pretrained(pkg_dir, gguf_file=SMOLLM2_GGUF, dtype=getattr(torch, dtype))
     tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
+    # The GGUF metadata maps eos/pad to <|im_start|>; turns end with <|im_end|> (as generation_config says).
+    if "<|im_end|>" in tokenizer.get_vocab():
+        tokenizer.eos_token = "<|im_end|>"
+        tokenizer.pad_token = "<|im_end|>"
+        model.config.eos_token_id = model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model.config.pad_token_id = model.generation_config.pad_token_id = tokenizer.pad_token_id
+    elif tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     out_dir = Path(out_dir)
     with atomic_path(out_dir) as tmp:
