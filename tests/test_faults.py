@@ -188,10 +188,7 @@ def broken_config_results(tmp_path_factory):
 
 
 # Gaps found by this corpus, reported to their owners; strict, so the test fails once they are fixed.
-KNOWN_GAPS = {
-    "missing_data_dir": "the Snakefile does not check that data.source exists; the preprocess job fails at run "
-                        "time instead (workflow/rules/common.smk)",
-}
+KNOWN_GAPS: dict[str, str] = {}  # broken configs we knowingly accept (none now)
 
 
 @pytest.mark.parametrize("name", [
@@ -570,8 +567,6 @@ def test_corrupt_parquet_split_fails_eval_cleanly(tmp_path, tiny_assets, damage)
     assert not (tmp_path / "eval" / "eval.json").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="reported: repexp eval lets safetensors' SafetensorError escape as a traceback "
-                   "without the checkpoint path (repexp/evaluate/engines.py HFEngine.load)")
 def test_truncated_model_weights_fail_eval_naming_the_checkpoint(tmp_path, tiny_assets):
     model = tmp_path / "global_step_2"
     shutil.copytree(tiny_assets / "model", model)

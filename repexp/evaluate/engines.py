@@ -188,7 +188,11 @@ class HFEngine:
         if dtype == "auto":
             dtype = "bfloat16" if device.type == "cuda" else "float32"
         tokenizer = load_tokenizer(model_path)
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(device)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(device)
+        except Exception as err:  # noqa: BLE001
+            # safetensors/torch errors on truncated or corrupt weights do not name the checkpoint
+            raise ValueError(f"{model_path}: cannot load model weights ({type(err).__name__}: {err})") from None
         return cls(model, tokenizer, stop_token_ids(model_path, tokenizer), options)
 
     def _generation_config(self, settings: SamplingSettings, num_return_sequences: int):

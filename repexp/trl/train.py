@@ -72,7 +72,10 @@ def read_split(data_dir: str | Path, split: str) -> list[dict]:
     path = Path(data_dir) / f"{split}.parquet"
     if not path.exists():
         raise FileNotFoundError(f"{path}: not found (run `repexp data prepare` for this task first)")
-    table = pq.read_table(path)
+    try:
+        table = pq.read_table(path)
+    except Exception as err:  # noqa: BLE001 - pyarrow raises ArrowInvalid/OSError for corrupt files
+        raise ValueError(f"{path}: not a readable parquet file ({err})") from None
     missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
     if missing:
         raise ValueError(f"{path}: missing column(s) {', '.join(missing)} (expected verl's row format)")
@@ -404,6 +407,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (ConfigError, FileNotFoundError) as err:
         print(f"repexp.trl.train: {err}", file=sys.stderr)
         return 2
+    except ValueError as err:  # bad input data, non-finite features: say what, not where
+        print(f"repexp.trl.train: failed: {err}", file=sys.stderr)
+        return 1
     print(f"repexp.trl.train: done at step {result.done['final_step']} (best dev step {result.done['best_step']})",
           file=sys.stderr)
     return 0

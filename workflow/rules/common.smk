@@ -49,6 +49,10 @@ def _model_for_jobs(model):
 
 try:
     _loaded = C.load(config)
+    # Local sources must exist before any job is scheduled (a cluster's hf source is checked by the job).
+    for _key, _source in (("data.source", _loaded.data.source), ("data.dapo_source", _loaded.data.dapo_source)):
+        if _source not in (None, "hf") and not _from_root(_source).exists():
+            raise C.ConfigError(f"{_key}: {_from_root(_source)} does not exist")
 except C.ConfigError as err:
     raise ValueError(f"config error: {err}") from None
 
