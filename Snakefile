@@ -24,6 +24,9 @@ if not workflow.overwrite_configfiles:
 validate(config, "configs/schema.yaml")
 
 
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/model.smk"
 include: "workflow/rules/preprocess.smk"

@@ -558,7 +558,7 @@ def mlflow_store(target: MlflowTarget):
 
     import mlflow
 
-    store = tracking._Store(target.tracking_uri or mlflow.get_tracking_uri())
+    store = tracking.Store(target.tracking_uri or mlflow.get_tracking_uri())
     with store.lock():
         experiment_id = store.experiment_id(target.experiment, target.artifact_location)
     return store, experiment_id

@@ -7,9 +7,11 @@ rule aggregate:
         evals=all_eval_files(),
     output:
         table=f"{RESULTS}/aggregate/pass_at_k.csv",
-        k_efficiency=f"{RESULTS}/aggregate/k_efficiency.csv",
+        k_efficiency=report(f"{RESULTS}/aggregate/k_efficiency.csv", caption="../report/k_efficiency.rst",
+                            category="Results", subcategory="Tables", labels={"table": "k-efficiency"}),
         markdown=f"{RESULTS}/aggregate/pass_at_k.md",
-        html=f"{RESULTS}/aggregate/pass_at_k.html",
+        html=report(f"{RESULTS}/aggregate/pass_at_k.html", caption="../report/pass_at_k_table.rst",
+                    category="Results", subcategory="Tables", labels={"table": "pass@k"}),
     params:
         experiment=EXPERIMENT,
     log:

@@ -146,7 +146,22 @@ def figure_files():
     stems = ["pass_at_k"]
     for task, backend in dict.fromkeys((s.task, s.backend) for s in RUNS if s.trains):
         stems += [f"heatmap_{task}_{backend}", f"training_{task}_{backend}"]
-    return [f"{RESULTS}/figures/{stem}.{ext}" for stem in stems for ext in ("pdf", "png")]
+    files = []
+    for stem in stems:
+        files.append(f"{RESULTS}/figures/{stem}.pdf")
+        files.append(_figure_report(stem))
+    return files
+
+
+def _figure_report(stem):
+    """The PNG of a figure, registered for `snakemake --report` with its caption."""
+    kind, caption = ("pass@k curves", "pass_at_k.rst")
+    if stem.startswith("heatmap_"):
+        kind, caption = ("sweep heatmaps", "heatmap.rst")
+    elif stem.startswith("training_"):
+        kind, caption = ("training curves", "training.rst")
+    return report(f"{RESULTS}/figures/{stem}.png", caption=f"../report/{caption}", category="Figures",
+                  subcategory=kind, labels={"figure": stem})
 
 
 def training_curve_flags(wildcards):
