@@ -149,6 +149,19 @@ def test_pipeline_produces_evals_table_and_figures(pipeline):
 
 
 @pytest.mark.slow
+def test_report_embeds_figures_and_tables(pipeline):
+    workdir, results, _ = pipeline
+    report = workdir / "report.html"
+    snakemake("--report", str(report), "--configfile", str(TEST), "--config", f"results_dir={results}",
+              workdir=workdir)
+    html = report.read_text(errors="ignore")
+    assert report.stat().st_size > 10_000
+    for name in ("pass_at_k.png", "heatmap_gsm8k_trl.png", "training_gsm8k_trl.png", "pass_at_k.html",
+                 "k_efficiency.csv"):
+        assert name in html, name
+
+
+@pytest.mark.slow
 def test_every_node_has_its_mlflow_run(pipeline):
     _, results, _ = pipeline
     client, runs = _mlflow_runs(results)
