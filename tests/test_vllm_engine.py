@@ -36,7 +36,7 @@ PROBLEMS = [("What is 2 + 3?", "5"), ("What is 10 - 4?", "6"), ("What is 3 * 3?"
 @pytest.fixture(autouse=True, scope="module")
 def one_torch_thread():
     """The tiny model is overhead-bound; on a shared 2-core machine two OpenMP threads stall each
-    other whenever the other core is busy (15-60x slower per step, docs/_perf_eval.md)."""
+    other whenever the other core is busy (15-60x slower per step, docs/performance.md)."""
     import torch
 
     before = torch.get_num_threads()
