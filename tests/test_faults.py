@@ -827,3 +827,11 @@ def test_non_finite_hidden_states_fail_the_training_step_loudly(tmp_path, tiny_a
         for row in read_metrics(run_dir).values():
             assert all(math.isfinite(v) for v in row.values() if isinstance(v, float)), row
             assert not any(k.startswith(("reward/", "repexp/bonus")) for k in row), row
+
+
+def test_corrupt_training_parquet_is_named_not_a_pyarrow_traceback(tmp_path):
+    from repexp.trl.train import read_split
+
+    (tmp_path / "train.parquet").write_bytes(b"PAR1 this is not a parquet file")
+    with pytest.raises(ValueError, match=r"train\.parquet: not a readable parquet file"):
+        read_split(tmp_path, "train")
