@@ -126,6 +126,16 @@ def _raise_if_not_finite(values: Tensor, name: str) -> None:
 # --------------------------------------------------------------------------- projection
 
 
+
+def projection_seed(seed: int, step: int, randomize: bool = True) -> int:
+    """Seed of a training step's projection: from (seed, step) when randomized, from seed alone otherwise.
+
+    Both trainer backends use this, so a run seed and step give the same projection on either."""
+    import numpy as np
+
+    parts = [int(seed), int(step)] if randomize else [int(seed)]
+    return int(np.random.SeedSequence(parts).generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+
 def sparse_projection(
     in_dim: int,
     out_dim: int,

@@ -619,3 +619,12 @@ def test_cuda_fast_path_never_synchronises_with_the_host(solver):
         torch.cuda.set_sync_debug_mode("default")
     torch.testing.assert_close(from_layout, expected, rtol=0, atol=0)
     torch.testing.assert_close(from_ids, expected, rtol=0, atol=0)
+
+
+def test_projection_seed_is_shared_by_both_backends_and_depends_on_step_only_when_randomized():
+    from repexp.elliptical import projection_seed
+
+    assert projection_seed(42, 3) == projection_seed(42, 3)
+    assert projection_seed(42, 3) != projection_seed(42, 4) != projection_seed(43, 4)
+    assert projection_seed(42, 3, randomize=False) == projection_seed(42, 99, randomize=False)
+    assert 0 <= projection_seed(2**40, 7) < 2**63  # fits torch.Generator.manual_seed

@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-import numpy as np
 import torch
 
 from repexp import elliptical, verify
@@ -48,11 +47,6 @@ def group_normalized(rewards: torch.Tensor, group_size: int, epsilon: float = GR
     normalized = (grouped - grouped.mean(dim=1, keepdim=True)) / (grouped.std(dim=1, keepdim=True) + epsilon)
     return normalized.view(-1).float()
 
-
-def projection_seed(seed: int, step: int, randomize: bool) -> int:
-    """Seed of a step's sparse projection: from (seed, step) when randomized, from seed alone otherwise."""
-    parts = [int(seed), int(step)] if randomize else [int(seed)]
-    return int(np.random.SeedSequence(parts).generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
 
 
 def summary(prefix: str, values: torch.Tensor) -> dict[str, float]:
@@ -266,7 +260,7 @@ class RepExpReward:
         prompt_keys: Optional[Sequence[int]],
     ) -> torch.Tensor:
         bonus = self.cfg.bonus
-        seed = projection_seed(self.cfg.seed, step, bonus.randomize_projection)
+        seed = elliptical.projection_seed(self.cfg.seed, step, bonus.randomize_projection)
         projection = elliptical.sparse_projection(
             features.shape[1], int(self.cfg.sparse_dim), seed=seed, dtype=features.dtype, device=features.device
         )

@@ -27,21 +27,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from repexp.elliptical import PersistentCovariance, bonuses, combine_rewards, sparse_projection
+from repexp.elliptical import PersistentCovariance, bonuses, combine_rewards, projection_seed, sparse_projection
 from repexp.verl.settings import RepExpSettings
 
-
-def projection_seed(seed: int, step: int, randomize: bool = True) -> int:
-    """Seed of a step's projection: from (seed, step) when randomized, from seed alone otherwise.
-
-    The same derivation as the TRL backend (`repexp.trl.reward.projection_seed`), so both backends
-    draw the same projection for the same run seed and step."""
-    parts = [int(seed), int(step)] if randomize else [int(seed)]
-    return int(np.random.SeedSequence(parts).generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
 
 
 class BonusState:
