@@ -38,6 +38,15 @@ include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/figures.smk"
 
 
+# MLflow records that nodes left for a later upload are in MLflow when the workflow returns.
+onsuccess:
+    upload_tracking_records()
+
+
+onerror:
+    upload_tracking_records()
+
+
 rule all:
     default_target: True
     input:

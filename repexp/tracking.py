@@ -38,6 +38,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import urllib.error
@@ -52,6 +53,11 @@ log = logging.getLogger("repexp.tracking")
 
 ENV_CONFIG = "REPEXP_CONFIG"  # the pipeline config snapshot (set by workflow/rules/common.smk)
 ENV_TRACKING = "REPEXP_TRACKING"  # "off" disables tracking (nothing logged, no outbox)
+# "remote" inside a SLURM jobstep's own Snakemake, whose job ids are not the scheduler's (workflow/rules/common.smk)
+ENV_SNAKEMAKE_EXEC = "REPEXP_SNAKEMAKE_EXEC"
+# Rules pass `{{{jobid}}}` (the id in literal braces): a bare `{jobid}` fails `snakemake --lint`, and
+# as a param it would make every job outdated whenever the numbering changes.
+SNAKEMAKE_JOBID_HELP = "the scheduling Snakemake's job id, tagged snakemake.jobid (braces are stripped)"
 PARENT_KEY_TAG = "repexp.parent_key"  # on parent runs: what they group
 SCOPE_KEY_TAG = "repexp.scope_key"  # on node runs: the parent key they belong to
 SWEEP_POINT_TAG = "repexp.sweep_point"  # "<task>/<run>" on a point's parent and node runs (repexp.aggregate reads it)
@@ -363,6 +369,9 @@ class NodeRun:
         self._parent_created = False
         self.offline_reason: Optional[str] = None
         self._staging = outbox / ".staging" / record.record_id  # log_dict files until the run ends
+        self._gate = threading.Lock()  # `start` (maybe on another thread) vs `defer`
+        self._deferred = False
+        self._checked = False
 
     # ---- state
     @property
@@ -394,21 +403,57 @@ class NodeRun:
 
     # ---- lifecycle
     def start(self) -> "NodeRun":
-        if not self.enabled:
-            return self
-        reason = _reachable(self.record.tracking_uri)
-        if reason:
-            self._go_offline(reason)
+        """Open the run in the store: its parent (created if needed), then the node run with the
+        record's params. The MLflow import comes first and takes seconds; nothing is written to the
+        store if `defer` was called meanwhile."""
+        if not self.check_store():
             return self
         try:
-            self._store = _Store(self.record.tracking_uri)
-            with self._store.lock():
-                self._experiment_id = self._store.experiment_id(self.record.experiment, self.record.artifact_location)
-                self.record.parent_run_id, self._parent_created = self._store.parent(self._experiment_id, self.scope)
-            self.record.run_id = self._store.create_child(self._experiment_id, self.record)
+            store = _Store(self.record.tracking_uri)
+            with self._gate:
+                if self._deferred:
+                    return self
+                self._store = store
+                with store.lock():
+                    self._experiment_id = store.experiment_id(self.record.experiment, self.record.artifact_location)
+                    self.record.parent_run_id, self._parent_created = store.parent(self._experiment_id, self.scope)
+                self.record.run_id = store.create_child(self._experiment_id, self.record)
+                if self.record.params:
+                    store.log_params(self.record.run_id, self.record.params)
         except Exception as err:  # noqa: BLE001
             self._go_offline(f"start: {type(err).__name__}: {err}")
         return self
+
+    def check_store(self) -> bool:
+        """Whether the store looks usable (once; no MLflow import, a dead server costs at most
+        HEALTH_TIMEOUT_S). If not, the node is offline from here on."""
+        if not self.enabled or self.offline_reason is not None:
+            return False
+        if not self._checked:
+            self._checked = True
+            reason = _reachable(self.record.tracking_uri)
+            if reason:
+                self._go_offline(reason)
+        return self.offline_reason is None
+
+    def defer(self) -> bool:
+        """Called while `start` still runs on another thread: if the run has not been opened yet,
+        keep it from being opened here; everything goes to the outbox at `end`, for an upload
+        after this process (`upload_in_background`). True if deferred."""
+        with self._gate:
+            if not self.enabled or self._store is not None or self.offline_reason is not None:
+                return False
+            self._deferred = True
+            self.offline_reason = "deferred to a background upload"
+            return True
+
+    @property
+    def deferred(self) -> bool:
+        return self._deferred
+
+    @property
+    def outbox_record(self) -> Path:
+        return self.outbox / self.record.record_id
 
     def end(self, status: str = "FINISHED", error: Optional[str] = None) -> None:
         if not self.enabled:
@@ -426,7 +471,7 @@ class NodeRun:
 
     def _write_outbox(self) -> None:
         """Copy artifacts next to the record so later changes to the outputs cannot alter it."""
-        directory = self.outbox / self.record.record_id
+        directory = self.outbox_record
         files = directory / "artifacts"
         kept = []
         for i, (path, artifact_path) in enumerate(self.record.artifacts):
@@ -445,7 +490,7 @@ class NodeRun:
     def log_params(self, params: Mapping[str, Any]) -> None:
         if not self.enabled or not params:
             return
-        clean = {str(k): str(v)[:PARAM_MAX_CHARS] for k, v in params.items()}
+        clean = _param_values(params)
         self.record.params.update(clean)
         self._try("log_params", lambda: self._store.log_params(self.run_id, clean))
 
@@ -500,6 +545,10 @@ class NodeRun:
             return None
 
 
+def _param_values(params: Mapping[str, Any]) -> dict[str, str]:
+    return {str(k): str(v)[:PARAM_MAX_CHARS] for k, v in params.items()}
+
+
 def _yaml(obj: Any) -> str:
     import yaml
 
@@ -527,8 +576,30 @@ def start_node(
     tags: Optional[Mapping[str, Any]] = None,
     attempt: Optional[int] = None,
     wildcards: Optional[Mapping[str, str]] = None,
+    snakemake_jobid: Optional[str] = None,
 ) -> NodeRun:
     """Start a node run (see `node_run`); the caller must call `.end(status)`."""
+    return prepare_node(rule, task, run, config=config, params=params, tags=tags, attempt=attempt,
+                        wildcards=wildcards, snakemake_jobid=snakemake_jobid).start()
+
+
+def prepare_node(
+    rule: str,
+    task: Optional[str] = None,
+    run: Optional[str] = None,
+    *,
+    config: Any = None,
+    params: Optional[Mapping[str, Any]] = None,
+    tags: Optional[Mapping[str, Any]] = None,
+    attempt: Optional[int] = None,
+    wildcards: Optional[Mapping[str, str]] = None,
+    snakemake_jobid: Optional[str] = None,
+) -> NodeRun:
+    """A node run's record, not yet in the store (no MLflow import): `.start()` opens it.
+
+    `snakemake_jobid` is the rule's ``{{{jobid}}}`` (the id in braces, which are stripped); it is
+    tagged only when the scheduling Snakemake formatted it, not a SLURM jobstep's own Snakemake.
+    """
     from repexp import config as C
 
     cfg = _load_config(config)
@@ -550,6 +621,8 @@ def start_node(
         "host": socket.gethostname(),
         **({"git.commit": commit, "mlflow.source.git.commit": commit} if commit else {}),
         **({"slurm.job_id": os.environ["SLURM_JOB_ID"]} if os.environ.get("SLURM_JOB_ID") else {}),
+        **({"snakemake.jobid": snakemake_jobid.strip("{}")}
+           if snakemake_jobid and os.environ.get(ENV_SNAKEMAKE_EXEC) != "remote" else {}),
         **{k: str(v) for k, v in (tags or {}).items()},
     }
     name = rule if scope.kind == "experiment" else f"{rule} {scope.name}"
@@ -562,9 +635,8 @@ def start_node(
         run_name=name,
         tags=base_tags,
     )
-    node = NodeRun(record, scope, outbox_dir(cfg.results_dir), enabled=tracking_enabled()).start()
-    node.log_params(params or {})
-    return node
+    record.params.update(_param_values(params or {}))
+    return NodeRun(record, scope, outbox_dir(cfg.results_dir), enabled=tracking_enabled())
 
 
 @contextlib.contextmanager
@@ -574,8 +646,14 @@ def node_run(rule: str, task: Optional[str] = None, run: Optional[str] = None, *
     `config` is a PipelineConfig or a config path (default: $REPEXP_CONFIG). The run ends
     FINISHED, or FAILED (and the exception propagates) if the body raises, or exits non-zero.
     """
+    with node_scope(start_node(rule, task, run, **kwargs)) as node:
+        yield node
+
+
+@contextlib.contextmanager
+def node_scope(node: NodeRun) -> Iterator[NodeRun]:
+    """The current node while inside; ends it FINISHED, or FAILED if the body raises or exits non-zero."""
     global _CURRENT
-    node = start_node(rule, task, run, **kwargs)
     previous, _CURRENT = _CURRENT, node
     try:
         yield node
@@ -593,6 +671,47 @@ def node_run(rule: str, task: Optional[str] = None, run: Optional[str] = None, *
 
 
 _CURRENT: Optional[NodeRun] = None
+
+
+# --------------------------------------------------------------------------- a trainer's run id
+
+ENV_RUN_FILE = "REPEXP_MLFLOW_RUN_FILE"  # set for a trainer whose node run opens while it starts up
+RUN_FILE_WAIT_S = 600.0
+
+
+def open_in_background(node: NodeRun, run_file: Path) -> threading.Thread:
+    """Open `node` on a thread and then write `run_file` (the run id, or null when MLflow could
+    not take it), so a trainer started meanwhile finds its run when it first needs it."""
+    Path(run_file).unlink(missing_ok=True)  # never a previous attempt's run
+
+    def open_and_publish():
+        try:
+            node.start()
+        finally:
+            write_json_atomic(run_file, {"run_id": node.run_id if node.online else None,
+                                         "tracking_uri": node.tracking_uri,
+                                         "experiment": node.record.experiment,
+                                         "offline_reason": node.offline_reason})
+
+    opener = threading.Thread(target=open_and_publish, name="mlflow-node-start", daemon=True)
+    opener.start()
+    return opener
+
+
+def await_node_run(timeout_s: float = RUN_FILE_WAIT_S) -> Optional[dict]:
+    """In a trainer: the node run published by `open_in_background` ({"run_id", "tracking_uri",
+    "experiment", "offline_reason"}), waiting for it; None when no node run was announced
+    (no $REPEXP_MLFLOW_RUN_FILE). After `timeout_s` without it, a run id of None."""
+    path = os.environ.get(ENV_RUN_FILE)
+    if not path:
+        return None
+    deadline = time.monotonic() + timeout_s
+    while not Path(path).exists():
+        if time.monotonic() > deadline:
+            return {"run_id": None, "tracking_uri": None, "experiment": None,
+                    "offline_reason": f"{path} did not appear within {timeout_s:.0f} s"}
+        time.sleep(0.1)
+    return read_json(path)
 
 
 def current_node() -> Optional[NodeRun]:
@@ -680,14 +799,20 @@ def pending_records(results_dir: str | os.PathLike) -> list[Path]:
     return sorted(d for d in root.iterdir() if (d / RECORD_FILE).exists() and not (d / SYNCED_FILE).exists())
 
 
-def sync_record(directory: Path, tracking_uri: Optional[str] = None) -> str:
-    """Replay one outbox record into MLflow; idempotent. Returns the run id."""
+def sync_record(directory: Path, tracking_uri: Optional[str] = None,
+                unreachable: Optional[dict[str, Optional[str]]] = None) -> str:
+    """Replay one outbox record into MLflow; idempotent. Returns the run id.
+
+    `unreachable` caches the store check per URI within one sync (a dead server costs one timeout).
+    """
     record = Record(**read_json(directory / RECORD_FILE))
     scope = Scope(**record.scope)
     uri = tracking_uri or record.tracking_uri
-    reason = _reachable(uri)
-    if reason:
-        raise ConnectionError(reason)
+    checked = unreachable if unreachable is not None else {}
+    if uri not in checked:
+        checked[uri] = _reachable(uri)
+    if checked[uri]:
+        raise ConnectionError(checked[uri])
     store = _Store(uri)
     with store.lock():
         experiment_id = store.experiment_id(record.experiment, artifact_location(uri))
@@ -710,15 +835,31 @@ def sync_record(directory: Path, tracking_uri: Optional[str] = None) -> str:
 def sync(results_dir: str | os.PathLike, tracking_uri: Optional[str] = None) -> tuple[int, list[str]]:
     """Upload every pending outbox record. Returns (synced count, errors)."""
     root = outbox_dir(results_dir)
+    if not root.exists():
+        return 0, []
+    return _sync_locked(root, lambda: pending_records(results_dir), tracking_uri)
+
+
+def sync_one(record_dir: str | os.PathLike, tracking_uri: Optional[str] = None) -> tuple[int, list[str]]:
+    """Upload one outbox record unless it was uploaded already. Returns (synced count, errors)."""
+    record_dir = Path(record_dir)
+    if not (record_dir / RECORD_FILE).exists():
+        raise FileNotFoundError(f"{record_dir}: no {RECORD_FILE} (not an outbox record)")
+    return _sync_locked(record_dir.parent, lambda: [] if (record_dir / SYNCED_FILE).exists() else [record_dir],
+                        tracking_uri)
+
+
+def _sync_locked(root: Path, pending, tracking_uri: Optional[str]) -> tuple[int, list[str]]:
+    """One sync at a time per outbox; what is pending is decided under the lock, so no record is
+    uploaded twice by concurrent syncs."""
     errors: list[str] = []
     synced = 0
-    if not root.exists():
-        return 0, errors
-    with open(root / ".sync.lock", "a") as handle:  # one sync at a time per outbox
+    unreachable: dict[str, Optional[str]] = {}
+    with open(root / ".sync.lock", "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
-        for directory in pending_records(results_dir):
+        for directory in pending():
             try:
-                sync_record(directory, tracking_uri)
+                sync_record(directory, tracking_uri, unreachable)
                 synced += 1
             except Exception as err:  # noqa: BLE001 - report and keep the record for next time
                 errors.append(f"{directory.name}: {type(err).__name__}: {err}")
@@ -734,6 +875,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     src = s.add_mutually_exclusive_group()
     src.add_argument("--config", type=Path, help="pipeline config (default: $REPEXP_CONFIG)")
     src.add_argument("--results-dir", type=Path, help="results directory holding mlflow/outbox")
+    src.add_argument("--record", type=Path, help="only this record directory (<results>/mlflow/outbox/<id>)")
     s.add_argument("--tracking-uri", help="upload here instead of each record's own URI")
 
     n = sub.add_parser("node", help="run `repexp <command>` in-process inside a node run, then log its outputs",
@@ -744,6 +886,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     n.add_argument("--run")
     n.add_argument("--wildcard", action="append", default=[], metavar="KEY=VALUE", help="other wildcards (tags)")
     n.add_argument("--attempt", type=int, default=1)
+    n.add_argument("--snakemake-jobid", help=SNAKEMAKE_JOBID_HELP)
     n.add_argument("--output", nargs="*", default=[], help="the rule's declared outputs")
     n.add_argument("command", nargs=argparse.REMAINDER, help="-- repexp COMMAND [ARGS]")
 
@@ -760,8 +903,10 @@ def run(args: argparse.Namespace) -> int:
             print(resolve_tracking_uri(cfg.results_dir, cfg.tracking.tracking_uri))
             return 0
         if args.action == "sync":
-            results = args.results_dir or _load_config(args.config).results_dir
-            synced, errors = sync(results, args.tracking_uri)
+            if args.record:
+                synced, errors = sync_one(args.record, args.tracking_uri)
+            else:
+                synced, errors = sync(args.results_dir or _load_config(args.config).results_dir, args.tracking_uri)
             for line in errors:
                 print(f"mlflow sync: kept {line}", file=sys.stderr)
             print(f"mlflow sync: {synced} record(s) uploaded, {len(errors)} still pending", file=sys.stderr)
@@ -790,6 +935,10 @@ def _environ(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
+# Commands that log into the node's own run while they work, so they run in-process after it exists.
+IN_RUN_COMMANDS = ("aggregate", "figures")
+
+
 def _run_node(args: argparse.Namespace) -> int:
     from repexp import cli
 
@@ -800,15 +949,20 @@ def _run_node(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command or command[0] not in cli.COMMANDS or command[0] == "mlflow":
         raise ValueError(f"expected `-- repexp COMMAND ...` after the node options, got {command}")
-    config = args.config if args.config else None
     wildcards = dict(item.split("=", 1) for item in args.wildcard if "=" in item)
-    # SLURM (walltime, preemption, scancel) and Snakemake (Ctrl-C) stop a job with SIGTERM: end
-    # the node run as FAILED instead of leaving it RUNNING forever.
+    tags = {"repexp.command": " ".join(["repexp", *command])[:5000]}
+    node_args = dict(config=args.config, params=flag_params(command), tags=tags, attempt=args.attempt,
+                     wildcards=wildcards, snakemake_jobid=args.snakemake_jobid)
+    # SLURM (walltime, preemption, scancel) and Snakemake stop a job with SIGTERM: end the node run
+    # as FAILED instead of leaving it RUNNING forever (a running child gets the signal forwarded).
     signal.signal(signal.SIGTERM, _exit_on_signal)
-    with node_run(args.rule, args.task, args.run, config=config, params=flag_params(command),
-                  tags={"repexp.command": " ".join(["repexp", *command])[:5000]}, attempt=args.attempt,
-                  wildcards=wildcards) as node:
-        # Commands that log to MLflow themselves (aggregate) use the node's store and run.
+    if command[0] in IN_RUN_COMMANDS:
+        return _run_in_node(cli, command, args, node_args)
+    return _run_beside_node(command, args, node_args)
+
+
+def _run_in_node(cli, command: list[str], args: argparse.Namespace, node_args: dict) -> int:
+    with node_run(args.rule, args.task, args.run, **node_args) as node:
         env = {"MLFLOW_TRACKING_URI": node.tracking_uri}
         if node.online and node.run_id:
             env.update(MLFLOW_RUN_ID=node.run_id, MLFLOW_EXPERIMENT_NAME=node.record.experiment)
@@ -818,3 +972,41 @@ def _run_node(args: argparse.Namespace) -> int:
             raise SystemExit(code)
         log_outputs(node, args.output)
     return 0
+
+
+def _run_beside_node(command: list[str], args: argparse.Namespace, node_args: dict) -> int:
+    """Run the command in a child process from the start and open the node run beside it.
+
+    The MLflow import and run creation (seconds) overlap the command instead of delaying it. A
+    command that ends before its run is open does not wait either: the node's record goes to the
+    outbox and a detached `repexp mlflow sync --record` uploads it (the workflow's end syncs
+    whatever is left, see the Snakefile's onsuccess/onerror).
+    """
+    from repexp.processes import exit_status, forwarding_signals
+
+    node = prepare_node(args.rule, args.task, args.run, **node_args)
+    node.check_store()  # an unreachable store is known (and warned about) before the command starts
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with forwarding_signals(subprocess.Popen([sys.executable, "-m", "repexp", *command], env=env)) as proc:
+        opener = threading.Thread(target=node.start, name="mlflow-node-start", daemon=True)
+        opener.start()
+        code = exit_status(proc.wait())
+    if not node.defer():
+        opener.join()
+    error = f"`repexp {command[0]}` exited with status {code}" if code else None
+    if not code:
+        try:
+            log_outputs(node, args.output)
+        except SystemExit as stop:  # SIGTERM while logging
+            code, error = stop.code, f"stopped while logging the outputs (status {stop.code})"
+    node.end("FAILED" if code else "FINISHED", error=error)
+    if node.deferred:  # the opener thread (a daemon) stops at its gate, writing nothing
+        upload_in_background(node.outbox_record)
+    return code
+
+
+def upload_in_background(record_dir: Path) -> None:
+    """Start `repexp mlflow sync --record DIR` in its own session (it outlives this job's process group)."""
+    with open(record_dir / "sync.log", "ab") as log_file:
+        subprocess.Popen([sys.executable, "-m", "repexp", "mlflow", "sync", "--record", str(record_dir)],
+                         stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, start_new_session=True)

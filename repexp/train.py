@@ -7,8 +7,9 @@
    with the same training config is resumed by the trainer (from its latest complete
    checkpoint); one whose config changed, or one that had finished (a deliberate rerun), is
    moved to `<results>/train/<task>/.superseded/` first, so stale checkpoints are never resumed.
-3. Pre-creates the node's MLflow child run and runs the backend trainer in a subprocess with
-   `MLFLOW_TRACKING_URI`/`MLFLOW_RUN_ID` set in that subprocess only:
+3. Starts the backend trainer in a subprocess and opens the node's MLflow child run meanwhile;
+   the trainer finds the run id in `<run_dir>/mlflow_run.json` (named by
+   `$REPEXP_MLFLOW_RUN_FILE`, set in that subprocess only) when it first logs:
    TRL: ``python -m repexp.trl.train --config <run_dir>/job.yaml``;
    verl: ``python -m repexp.verl.train <overrides>`` (`repexp.verl.overrides.build_overrides`).
 4. A non-zero exit marks the run FAILED and is returned. After success it checks that the
@@ -23,17 +24,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Optional
 
+from repexp import tracking
 from repexp.io import read_json, write_json_atomic, write_text_atomic
+from repexp.processes import forwarding_signals
 
 STATE_FILE = "train_node.json"  # {"training_hash", "status": running|failed|done}
 DONE_FILE = "DONE"
+RUN_FILE = "mlflow_run.json"  # the node's MLflow run id, for the trainer (tracking.open_in_background)
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +47,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--expect-hash", help="fail unless the composed training config has this hash "
                         "(Snakemake passes the hash it scheduled the job with)")
     parser.add_argument("--attempt", type=int, default=1, help="Snakemake attempt number (an MLflow tag)")
+    parser.add_argument("--snakemake-jobid", help=tracking.SNAKEMAKE_JOBID_HELP)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     except (C.ConfigError, ValueError) as err:
         print(f"train: {err}", file=sys.stderr)
         return 2
-    return _train(cfg, run_config, training_hash, args.attempt)
+    return _train(cfg, run_config, training_hash, args.attempt, args.snakemake_jobid)
 
 
 def trainer_command(run_config, job_yaml: Path, *, mlflow: bool) -> list[str]:
@@ -114,25 +118,33 @@ def _job_yaml_hash(path: Path) -> Optional[str]:
         return None
 
 
-def _train(cfg, run_config, training_hash: str, attempt: int) -> int:
+def _train(cfg, run_config, training_hash: str, attempt: int, snakemake_jobid: Optional[str] = None) -> int:
     from repexp import config as C
-    from repexp import tracking
 
     run_dir = Path(run_config.run_dir)
     prepare_run_dir(run_dir, training_hash)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / DONE_FILE).unlink(missing_ok=True)
+    (run_dir / RUN_FILE).unlink(missing_ok=True)
     job_yaml = write_text_atomic(run_dir / "job.yaml", C.dump_yaml(run_config))
     state = {"training_hash": training_hash, "status": "running", "attempt": attempt}
     write_json_atomic(run_dir / STATE_FILE, state)
 
     params = tracking.flatten({k: v for k, v in run_config.to_dict().items() if k != "config_hash"})
-    with tracking.node_run("train", run_config.task, run_config.run, config=cfg, params=params,
-                           tags={"repexp.training_hash": training_hash, "repexp.backend": run_config.backend},
-                           attempt=attempt) as node:
+    node = tracking.prepare_node("train", run_config.task, run_config.run, config=cfg, params=params,
+                                 tags={"repexp.training_hash": training_hash, "repexp.backend": run_config.backend},
+                                 attempt=attempt, snakemake_jobid=snakemake_jobid)
+    with tracking.node_scope(node):
+        # The run opens while the trainer starts up (imports, model load); the trainer reads its id
+        # from RUN_FILE when it first logs, so the MLflow import never delays training.
+        live = node.check_store()
+        opener = tracking.open_in_background(node, run_dir / RUN_FILE) if live else None
+        try:
+            code = run_trainer(trainer_command(run_config, job_yaml, mlflow=live), trainer_env(node, run_dir, live))
+        finally:
+            if opener is not None:
+                opener.join()  # the run is open (or known refused) before it is ended
         node.log_artifact(job_yaml)
-        live = bool(node.online and node.run_id)
-        code = run_trainer(trainer_command(run_config, job_yaml, mlflow=live), trainer_env(node, live))
         if code:
             write_json_atomic(run_dir / STATE_FILE, {**state, "status": "failed", "exit_code": code})
             print(f"train: the {run_config.backend} trainer exited with {code}", file=sys.stderr)
@@ -150,14 +162,13 @@ def _train(cfg, run_config, training_hash: str, attempt: int) -> int:
     return 0
 
 
-def trainer_env(node, live: bool) -> dict:
-    """The trainer's environment: the node's run id only when the store answered."""
-    env = dict(os.environ)
-    env.pop("MLFLOW_RUN_ID", None)
+def trainer_env(node, run_dir: Path, live: bool) -> dict:
+    """The trainer's environment: where its node run's id will appear, only when the store answered."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_RUN_ID", tracking.ENV_RUN_FILE)}
     if live:
         env["MLFLOW_TRACKING_URI"] = node.tracking_uri
-        env["MLFLOW_RUN_ID"] = node.run_id
         env["MLFLOW_EXPERIMENT_NAME"] = node.record.experiment
+        env[tracking.ENV_RUN_FILE] = str(Path(run_dir, RUN_FILE).resolve())
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
@@ -165,17 +176,8 @@ def trainer_env(node, live: bool) -> dict:
 def run_trainer(command: list[str], env: dict) -> int:
     """Run the trainer, forwarding SIGTERM/SIGINT (walltime, preemption, Ctrl-C) so it can stop cleanly."""
     print("train: " + " ".join(command), file=sys.stderr, flush=True)
-    proc = subprocess.Popen(command, env=env)
-
-    def forward(signum, _frame):
-        proc.send_signal(signum)
-
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with forwarding_signals(subprocess.Popen(command, env=env)) as proc:
         return proc.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def ensure_metrics(node, run_dir: Path) -> int:

@@ -27,7 +27,8 @@ def quiet_env(**extra: str) -> dict:
     offline Hugging Face, and no MLflow settings inherited from the caller's shell."""
     env = dict(os.environ)
     for key in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID",
-                "REPEXP_CONFIG", "REPEXP_TRACKING", "SLURM_JOB_ID", "SLURM_JOBID"):
+                "REPEXP_CONFIG", "REPEXP_TRACKING", "REPEXP_MLFLOW_RUN_FILE", "REPEXP_SNAKEMAKE_EXEC",
+                "SLURM_JOB_ID", "SLURM_JOBID"):
         env.pop(key, None)
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",

@@ -137,6 +137,20 @@ def test_pipeline_end_to_end_through_slurm_matches_the_local_run(cluster, tmp_pa
             assert mine[key] == theirs[key], (rel, key, mine[key], theirs[key])
     assert _table_without_paths(ours / "aggregate" / "pass_at_k.csv") == _table_without_paths(reference / "aggregate" / "pass_at_k.csv")
 
+    # MLflow: every node run names its SLURM job; the jobstep's own Snakemake renumbers its jobs,
+    # so no `snakemake.jobid` tag there (the main log's "submitted with SLURM jobid" line links them)
+    from mlflow import MlflowClient
+
+    from repexp.tracking import default_tracking_uri, pending_records
+
+    assert pending_records(ours) == []
+    client = MlflowClient(tracking_uri=default_tracking_uri(ours))
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    nodes = [r for r in client.search_runs(experiments, max_results=1000) if "mlflow.parentRunId" in r.data.tags]
+    assert len(nodes) == len(jobs)
+    assert {r.data.tags["slurm.job_id"] for r in nodes} == set(jobs)
+    assert not [r for r in nodes if "snakemake.jobid" in r.data.tags]
+
 
 def _table_without_paths(path: Path) -> list[dict]:
     """The aggregate table without `model_path` (absolute, so it differs between workdirs)."""

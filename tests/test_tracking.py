@@ -218,8 +218,9 @@ def test_tracking_off_logs_nothing(tmp_path, monkeypatch):
     assert not (tmp_path / "results" / "mlflow").exists()
 
 
-def test_node_wrapper_runs_the_command_and_logs_its_outputs(store, tmp_path, capsys):
+def test_node_wrapper_runs_the_command_and_logs_its_outputs(store, tmp_path, capfd, monkeypatch):
     cfg, uri = store
+    monkeypatch.setenv(T.ENV_SNAKEMAKE_EXEC, "main")
     run_dir = tmp_path / "results" / "train" / "gsm8k" / SPEC
     tracker = checkpoints.BestDevTracker(run_dir)
     for step in (1, 2):
@@ -228,27 +229,76 @@ def test_node_wrapper_runs_the_command_and_logs_its_outputs(store, tmp_path, cap
         checkpoints.mark_complete(ckpt)
         tracker.record_validation(step, {"dev/pass@1": 0.1 * step})
     pointer = run_dir / "select.json"
-    wrapper = ["mlflow", "node", "--config", str(cfg), "--rule", "select", "--task", "gsm8k", "--run", SPEC,
-               "--output", str(pointer), "--"]
-    # in-process, as `repexp mlflow node ... -- repexp select ...` runs it
+    wrapper = ["mlflow", "node", "--config", str(cfg), "--rule", "select", "--snakemake-jobid", "{12}",
+               "--task", "gsm8k", "--run", SPEC, "--output", str(pointer), "--"]
+    # as workflow/rules/select.smk runs it; the command's exit status is the node's
     assert cli.main([*wrapper, "repexp", "select", "--run-dir", str(run_dir), "--backend", "trl",
                      "--out", str(pointer)]) == 0
     assert json.loads(pointer.read_text())["checkpoint_step"] == 2
-    with pytest.raises(SystemExit) as failing:
-        cli.main([*wrapper, "repexp", "select", "--run-dir", str(tmp_path / "nowhere"), "--backend", "trl",
-                  "--out", str(pointer)])
-    assert failing.value.code == 1 and "best_dev.json: missing" in capsys.readouterr().err
+    assert cli.main([*wrapper, "repexp", "select", "--run-dir", str(tmp_path / "nowhere"), "--backend", "trl",
+                     "--out", str(pointer)]) == 1
+    assert "best_dev.json: missing" in capfd.readouterr().err
+    # a node whose command ended before its run was open left its record for an upload: wait for it
+    assert T.sync(tmp_path / "results")[1] == []
 
     client = _client(uri)
     nodes = sorted((r for r in _runs(uri) if r.data.tags.get("snakemake.rule") == "select"),
                    key=lambda r: r.info.start_time)
     assert [r.info.status for r in nodes] == ["FINISHED", "FAILED"]
+    assert "exited with status 1" in nodes[1].data.tags["repexp.error"]
     ok = nodes[0]
+    assert ok.data.tags["snakemake.jobid"] == "12"
     assert ok.data.params["cmd"] == "select" and ok.data.params["cmd.backend"] == "trl"
     assert ok.data.params["select.checkpoint_step"] == "2"
     assert [(m.step, m.value) for m in client.get_metric_history(ok.info.run_id, "best_dev_value")] == [(2, 0.2)]
     assert [a.path for a in client.list_artifacts(ok.info.run_id)] == ["select.json"]
     assert ok.data.tags["repexp.command"].startswith("repexp select --run-dir")
+
+
+def test_a_jobsteps_own_snakemake_jobid_is_not_tagged(store, monkeypatch):
+    cfg, _ = store
+    monkeypatch.setenv(T.ENV_SNAKEMAKE_EXEC, "remote")  # inside a SLURM job: Snakemake renumbers its jobs
+    assert "snakemake.jobid" not in T.prepare_node("eval", "gsm8k", SPEC, config=cfg, snakemake_jobid="{0}").record.tags
+    monkeypatch.setenv(T.ENV_SNAKEMAKE_EXEC, "main")
+    assert T.prepare_node("eval", "gsm8k", SPEC, config=cfg, snakemake_jobid="{5}").record.tags["snakemake.jobid"] == "5"
+
+
+def test_a_deferred_node_writes_nothing_itself_and_its_record_uploads_once(store, tmp_path):
+    cfg, uri = store
+    node = T.prepare_node("select", "gsm8k", SPEC, config=cfg, params={"cmd": "select"})
+    assert node.defer()  # the command finished before the run was open
+    node.start()  # the opener thread's work, arriving late: it must not open a run
+    assert node.run_id is None and _runs(uri) == []
+    node.log_metric_rows([["best_dev_value", 0.5, 2, 1]])
+    node.end("FINISHED")
+    assert (node.outbox_record / "record.json").exists()
+    assert T.sync_one(node.outbox_record) == (1, [])
+    assert T.sync_one(node.outbox_record) == (0, [])  # marked SYNCED: a second upload does nothing
+    (child,) = [r for r in _runs(uri) if r.data.tags.get("snakemake.rule") == "select"]
+    assert child.info.status == "FINISHED" and child.data.params == {"cmd": "select"}
+    assert child.data.metrics == {"best_dev_value": 0.5}
+
+    opened = T.prepare_node("select", "gsm8k", SPEC, config=cfg)
+    opened.start()
+    assert not opened.defer() and opened.online  # once open, the node finishes in the store directly
+    opened.end("FINISHED")
+    assert not opened.outbox_record.exists()
+
+
+def test_a_fresh_node_process_logs_its_run_with_the_snakemake_jobid(store, tmp_path):
+    """As a Snakemake job runs it: a short command usually ends before MLflow is imported."""
+    cfg, uri = store
+    env = {**os.environ, T.ENV_SNAKEMAKE_EXEC: "main"}
+    node = subprocess.run([REPEXP, "mlflow", "node", "--config", str(cfg), "--rule", "select", "--snakemake-jobid",
+                           "{3}", "--task", "gsm8k", "--run", SPEC, "--", "repexp", "config", "validate", str(cfg)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert node.returncode == 0 and "OK" in node.stdout, node.stderr
+    records = list((tmp_path / "results" / "mlflow" / "outbox").glob("*/record.json"))
+    if records:  # deferred (the usual case): uploaded by the detached sync or this one, exactly once
+        assert T.sync(tmp_path / "results")[1] == []
+    (child,) = [r for r in _runs(uri) if r.data.tags.get("snakemake.rule") == "select"]
+    assert child.info.status == "FINISHED" and child.data.tags["snakemake.jobid"] == "3"
+    assert child.data.params["cmd"] == "config" and child.data.params["cmd.arg0"] == "validate"
 
 
 def test_eval_outputs_log_pass_at_k_with_step_k(store, tmp_path):
@@ -282,3 +332,32 @@ def test_tracking_uri_resolution(tmp_path, monkeypatch):
     out = subprocess.run([REPEXP, "mlflow", "uri", "--config", str(cfg)], capture_output=True, text=True,
                          env={**os.environ, "MLFLOW_TRACKING_URI": ""})
     assert out.stdout.strip() == T.default_tracking_uri(tmp_path / "results")
+
+
+def test_a_trainer_finds_its_node_run_once_it_is_open(store, tmp_path, monkeypatch):
+    """`repexp train` starts the trainer first and opens the node run meanwhile (no MLflow wait)."""
+    from repexp.trl.runlog import MlflowSink
+
+    cfg, uri = store
+    run_file = tmp_path / "mlflow_run.json"
+    monkeypatch.setenv(T.ENV_RUN_FILE, str(run_file))
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    run_file.write_text("{}")  # a previous attempt's file is never read
+    node = T.prepare_node("train", "gsm8k", SPEC, config=cfg)
+    sink = MlflowSink()  # the trainer starts before the run exists
+    assert sink.enabled and sink.run_id is None
+    opener = T.open_in_background(node, run_file)
+    sink.log({"step": 1, "reward/verifier/mean": 0.5}, 1)  # waits for the run, then logs into it
+    opener.join()
+    node.end("FINISHED")
+    assert sink.run_id == node.run_id and sink.enabled
+    assert _client(uri).get_run(node.run_id).data.metrics == {"reward/verifier/mean": 0.5}
+
+    # the store refused the run: the trainer learns it and keeps its curves in metrics.jsonl only
+    offline = T.prepare_node("train", "gsm8k", SPEC, config=_config(tmp_path, tracking_uri=f"http://127.0.0.1:{_closed_port()}"))
+    T.open_in_background(offline, run_file).join()
+    with pytest.warns(RuntimeWarning, match="node's MLflow run is not available"):
+        late = MlflowSink()
+        late.log({"step": 1, "x": 1.0}, 1)
+    assert not late.enabled
+    assert T.await_node_run()["run_id"] is None

@@ -8,6 +8,7 @@ that verl silently ignores (or that lands on a dead key) fails here.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -182,3 +183,31 @@ def test_verls_reward_loader_finds_the_project_verifier(run_configs):
     kwargs = {"data_source": "openai/gsm8k", "ground_truth": "42", "extra_info": {"index": 0}}
     assert score(solution_str="6 * 7 = 42.\n#### 42", **kwargs) == 1.0
     assert score(solution_str="#### 41", **kwargs) == 0.0
+
+
+def test_the_verl_entry_logs_into_the_node_run_or_drops_its_mlflow_logger(run_configs, tmp_path, monkeypatch):
+    """`repexp train` publishes the node's run id while verl starts (repexp.tracking.open_in_background)."""
+    import json
+
+    from repexp import tracking
+    from repexp.verl.train import use_node_run
+
+    rc = next(r for r in run_configs if r.method == "repexp")
+    run_file = tmp_path / "mlflow_run.json"
+    monkeypatch.setenv(tracking.ENV_RUN_FILE, str(run_file))
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+
+    run_file.write_text(json.dumps({"run_id": "abc123", "tracking_uri": "sqlite:///x.db", "experiment": "e",
+                                    "offline_reason": None}))
+    cfg = _compose(build_overrides(rc, loggers=["console", "mlflow"]))
+    use_node_run(cfg)
+    assert os.environ["MLFLOW_RUN_ID"] == "abc123" and os.environ["MLFLOW_TRACKING_URI"] == "sqlite:///x.db"
+    assert list(cfg.trainer.logger) == ["console", "mlflow"]
+
+    monkeypatch.delenv("MLFLOW_RUN_ID")
+    run_file.write_text(json.dumps({"run_id": None, "tracking_uri": "http://127.0.0.1:9", "experiment": "e",
+                                    "offline_reason": "connection refused"}))
+    cfg = _compose(build_overrides(rc, loggers=["console", "mlflow"]))
+    use_node_run(cfg)
+    assert list(cfg.trainer.logger) == ["console"] and "MLFLOW_RUN_ID" not in os.environ
+    check_config(cfg)  # still a valid verl config

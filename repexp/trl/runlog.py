@@ -4,8 +4,9 @@
 On resume from step M the lines of steps > M (written after the checkpoint the run resumes
 from) are dropped, so the file of a resumed run equals that of an uninterrupted one.
 
-MLflow: only when `MLFLOW_RUN_ID` is set (the `repexp train` wrapper pre-creates the node's run
-and passes its id to this process only). Metric names are sanitised as verl's MLflow logger
+MLflow: only into the node's run: `MLFLOW_RUN_ID`, or the id that the `repexp train` wrapper
+publishes in `$REPEXP_MLFLOW_RUN_FILE` (set for this process only) while the trainer starts up,
+read at the first log. Metric names are sanitised as verl's MLflow logger
 does (`@` → `_at_`, other invalid characters → `_`). Any tracking failure is reported once as a
 warning and tracking is switched off; it never fails training.
 """
@@ -21,6 +22,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional
 
+from repexp import tracking
 from repexp.io import write_text_atomic
 
 METRICS_FILE = "metrics.jsonl"
@@ -86,15 +88,29 @@ class MlflowSink:
         self.run_id = run_id if run_id is not None else os.environ.get("MLFLOW_RUN_ID") or None
         self.tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or tracking_uri
         self._client = None
-        self.enabled = self.run_id is not None
-        if self.enabled and not self.tracking_uri:
+        # `repexp train` opens the node run while the trainer starts: its id is read at the first log
+        self._awaiting_run = self.run_id is None and bool(os.environ.get(tracking.ENV_RUN_FILE))
+        self.enabled = self.run_id is not None or self._awaiting_run
+        if self.run_id is not None and not self.tracking_uri:
             self._disable("MLFLOW_RUN_ID is set but no tracking URI (MLFLOW_TRACKING_URI or tracking.tracking_uri)")
+
+    def _resolve_run(self) -> None:
+        self._awaiting_run = False
+        node_run = tracking.await_node_run()
+        if not node_run or not node_run.get("run_id"):
+            reason = (node_run or {}).get("offline_reason") or "no node run"
+            self._disable(f"the node's MLflow run is not available ({reason}); metrics.jsonl keeps the curves")
+            return
+        self.run_id = node_run["run_id"]
+        self.tracking_uri = node_run["tracking_uri"] or self.tracking_uri
 
     def _disable(self, reason: str) -> None:
         self.enabled = False
         warnings.warn(f"MLflow tracking switched off for this training run: {reason}", RuntimeWarning, stacklevel=3)
 
     def log(self, metrics: dict, step: int) -> None:
+        if self._awaiting_run:
+            self._resolve_run()
         if not self.enabled:
             return
         try:

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import hydra
 import ray
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+from repexp import tracking
 from repexp.checkpoints import BestDevTracker, complete_steps
 from repexp.io import write_json_atomic
 from repexp.verl.settings import RUN_NODE, RepExpSettings, RunSettings
@@ -110,6 +111,22 @@ def write_done(run_dir: Path, wall_time_s: float) -> dict:
     return done
 
 
+def use_node_run(config: DictConfig) -> None:
+    """Log into the node's MLflow run that `repexp train` opened while this process imported verl
+    and Ray: its id goes into the environment the TaskRunner inherits; without one (MLflow
+    unreachable) verl's mlflow logger is dropped and metrics.jsonl keeps the curves."""
+    node_run = tracking.await_node_run()
+    if node_run is None:
+        return
+    if node_run.get("run_id"):
+        os.environ["MLFLOW_RUN_ID"] = node_run["run_id"]
+        os.environ["MLFLOW_TRACKING_URI"] = node_run["tracking_uri"]
+        return
+    print(f"repexp.verl.train: MLflow off for this run ({node_run.get('offline_reason')})", flush=True)
+    with open_dict(config):
+        config.trainer.logger = [name for name in config.trainer.logger if name != "mlflow"]
+
+
 def launch(config: DictConfig) -> None:
     started = time.time()
     auto_set_device(config)
@@ -120,6 +137,7 @@ def launch(config: DictConfig) -> None:
     if run.mlflow_tracking_uri:
         # before ray.init: the TaskRunner (where verl's Tracking lives) inherits this environment
         os.environ.setdefault("MLFLOW_TRACKING_URI", run.mlflow_tracking_uri)
+    use_node_run(config)
     run_ppo(config, task_runner_class=RepExpTaskRunner)
     write_done(run_dir, time.time() - started)
 

@@ -24,6 +24,6 @@ rule aggregate:
     conda:
         "../envs/report.yaml"
     shell:
-        'repexp mlflow node --config "$REPEXP_CONFIG" --rule aggregate --attempt {resources.attempt} --output {output} --'
+        'repexp mlflow node --config "$REPEXP_CONFIG" --rule aggregate --snakemake-jobid {{{jobid}}} --attempt {resources.attempt} --output {output} --'
         ' repexp aggregate --inputs {input.evals} --out-dir $(dirname {output.table}) --config "$REPEXP_CONFIG"'
         " --experiment {params.experiment} > {log} 2>&1"

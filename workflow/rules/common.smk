@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import os
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -80,7 +81,19 @@ os.environ.update(
     REPEXP_CONFIG=str(CONFIG_SNAPSHOT),
     REPEXP_ROOT=str(REPO_ROOT),  # also expanded by pip in workflow/envs/*.yaml
     REPEXP_WORKFLOW_DIR=str(REPO_ROOT / "workflow"),
+    # A SLURM jobstep's own Snakemake numbers its jobs afresh: its {jobid} is not the scheduler's.
+    REPEXP_SNAKEMAKE_EXEC="remote" if workflow.remote_exec else "main",
 )
+
+
+def upload_tracking_records():
+    """At the workflow's end: nodes that finished before their MLflow run was open left records
+    in the outbox for a detached upload, and nodes that ran while MLflow was down kept theirs
+    there. Wait for the uploads under way and retry the rest once (`repexp mlflow sync`)."""
+    from repexp.tracking import pending_records
+
+    if pending_records(RESULTS):
+        subprocess.run([sys.executable, "-m", "repexp", "mlflow", "sync", "--config", str(CONFIG_SNAPSHOT)], check=False)
 
 
 def write_config_snapshot():

@@ -21,7 +21,7 @@ rule eval:
     conda:
         "../envs/eval.yaml"
     shell:
-        'repexp mlflow node --config "$REPEXP_CONFIG" --rule eval --task {wildcards.task} --run {wildcards.run}'
+        'repexp mlflow node --config "$REPEXP_CONFIG" --rule eval --snakemake-jobid {{{jobid}}} --task {wildcards.task} --run {wildcards.run}'
         " --attempt {resources.attempt} --output {output} --"
         " repexp eval {params.model} --data {input.data} --out $(dirname {output.eval}) {params.flags}"
         " --overwrite --no-progress > {log} 2>&1"

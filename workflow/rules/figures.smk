@@ -20,6 +20,6 @@ rule figures:
     conda:
         "../envs/report.yaml"
     shell:
-        'repexp mlflow node --config "$REPEXP_CONFIG" --rule figures --attempt {resources.attempt} --output {output} --'
+        'repexp mlflow node --config "$REPEXP_CONFIG" --rule figures --snakemake-jobid {{{jobid}}} --attempt {resources.attempt} --output {output} --'
         ' repexp figures --table {input.table} --out-dir $(dirname {output.index}) --config "$REPEXP_CONFIG"'
         " {params.curves} > {log} 2>&1"

@@ -19,6 +19,6 @@ rule merge:
     conda:
         "../envs/train.yaml"
     shell:
-        'repexp mlflow node --config "$REPEXP_CONFIG" --rule merge --task {wildcards.task} --run {wildcards.run}'
+        'repexp mlflow node --config "$REPEXP_CONFIG" --rule merge --snakemake-jobid {{{jobid}}} --task {wildcards.task} --run {wildcards.run}'
         " --attempt {resources.attempt} --output {output} --"
         " repexp merge --pointer {input.pointer} --out {output.merged} > {log} 2>&1"

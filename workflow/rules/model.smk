@@ -14,6 +14,6 @@ rule model:
     conda:
         "../envs/hf.yaml"
     shell:
-        'repexp mlflow node --config "$REPEXP_CONFIG" --rule model --wildcard alias={wildcards.alias}'
+        'repexp mlflow node --config "$REPEXP_CONFIG" --rule model --snakemake-jobid {{{jobid}}} --wildcard alias={wildcards.alias}'
         " --attempt {resources.attempt} --output {output} --"
         " repexp model {wildcards.alias} --out {output} > {log} 2>&1"

@@ -20,7 +20,7 @@ rule preprocess:
     conda:
         "../envs/core.yaml"
     shell:
-        'repexp mlflow node --config "$REPEXP_CONFIG" --rule preprocess --task {wildcards.task}'
+        'repexp mlflow node --config "$REPEXP_CONFIG" --rule preprocess --snakemake-jobid {{{jobid}}} --task {wildcards.task}'
         " --attempt {resources.attempt} --output {output} --"
         " repexp data prepare {wildcards.task} --out $(dirname {output.manifest}) {params.flags}"
         " > {log} 2>&1"

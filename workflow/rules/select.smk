@@ -20,7 +20,7 @@ rule select:
     conda:
         "../envs/core.yaml"
     shell:
-        'repexp mlflow node --config "$REPEXP_CONFIG" --rule select --task {wildcards.task} --run {wildcards.run}'
+        'repexp mlflow node --config "$REPEXP_CONFIG" --rule select --snakemake-jobid {{{jobid}}} --task {wildcards.task} --run {wildcards.run}'
         " --attempt {resources.attempt} --output {output} --"
         " repexp select --run-dir $(dirname {input.done}) --backend {params.backend} --out {output.pointer}"
         " > {log} 2>&1"

@@ -24,5 +24,5 @@ rule train:
         "../envs/train.yaml"
     shell:
         'bash "$REPEXP_WORKFLOW_DIR/scripts/ray_slurm.sh" {resources.nodes} {resources.gpus_per_node} {threads}'
-        ' repexp train --config "$REPEXP_CONFIG" --task {wildcards.task} --run {wildcards.run}'
+        ' repexp train --config "$REPEXP_CONFIG" --snakemake-jobid {{{jobid}}} --task {wildcards.task} --run {wildcards.run}'
         " --expect-hash {params.training_hash} --attempt {resources.attempt} > {log} 2>&1"

@@ -1,0 +1,32 @@
+"""Child processes that stop when their job is stopped."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+from typing import Iterator
+
+# SLURM (walltime, preemption, scancel) and Snakemake stop a job with SIGTERM; Ctrl-C sends SIGINT.
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def forwarding_signals(proc: subprocess.Popen) -> Iterator[subprocess.Popen]:
+    """While inside, SIGTERM/SIGINT sent to this process go to `proc` instead (it decides how to stop)."""
+
+    def forward(signum, _frame):
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    try:
+        yield proc
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def exit_status(returncode: int) -> int:
+    """A shell-style exit status: a child killed by signal N reports 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
