@@ -566,21 +566,9 @@ def _load_config(config: Any):
     return config if isinstance(config, C.PipelineConfig) else C.load(config)
 
 
-def start_node(
-    rule: str,
-    task: Optional[str] = None,
-    run: Optional[str] = None,
-    *,
-    config: Any = None,
-    params: Optional[Mapping[str, Any]] = None,
-    tags: Optional[Mapping[str, Any]] = None,
-    attempt: Optional[int] = None,
-    wildcards: Optional[Mapping[str, str]] = None,
-    snakemake_jobid: Optional[str] = None,
-) -> NodeRun:
-    """Start a node run (see `node_run`); the caller must call `.end(status)`."""
-    return prepare_node(rule, task, run, config=config, params=params, tags=tags, attempt=attempt,
-                        wildcards=wildcards, snakemake_jobid=snakemake_jobid).start()
+def start_node(rule: str, task: Optional[str] = None, run: Optional[str] = None, **kwargs: Any) -> NodeRun:
+    """Start a node run (`prepare_node`'s arguments; see `node_run`); the caller must call `.end(status)`."""
+    return prepare_node(rule, task, run, **kwargs).start()
 
 
 def prepare_node(
