@@ -17,6 +17,8 @@ from typing import Optional
 
 from repexp.io import read_json, write_json_atomic
 
+DONE_FILE = "DONE"  # a training run's Snakemake output (write_done)
+
 BEST_DEV_FILE = "best_dev.json"
 COMPLETE_MARKER = "COMPLETE"  # written last inside a checkpoint directory
 
@@ -92,6 +94,25 @@ class BestDevTracker:
             "initial_value": None if initial is None else initial[self.metric],
             "history": self.history,
         })
+
+
+def write_done(run_dir: str | Path, *, backend: str, final_step: int, tracker: "BestDevTracker",
+               wall_time_s: float, **extra) -> dict:
+    """A training run's `DONE` marker (its Snakemake output), written last by either trainer:
+    final step, best dev step and value (the tracker's JSON is written first), wall time."""
+    tracker.write()
+    best = tracker.best()
+    done = {
+        "backend": backend,
+        "final_step": final_step,
+        "best_step": None if best is None else best["step"],
+        "best_value": None if best is None else best[tracker.metric],
+        "metric": tracker.metric,
+        **extra,
+        "wall_time_s": wall_time_s,
+    }
+    write_json_atomic(Path(run_dir) / DONE_FILE, done)
+    return done
 
 
 def select(run_dir: str | Path, backend: str) -> dict:

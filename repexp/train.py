@@ -30,12 +30,12 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from repexp import tracking
+from repexp import checkpoints, tracking
 from repexp.io import read_json, write_json_atomic, write_text_atomic
 from repexp.processes import forwarding_signals
 
 STATE_FILE = "train_node.json"  # {"training_hash", "status": running|failed|done}
-DONE_FILE = "DONE"
+DONE_FILE = checkpoints.DONE_FILE
 RUN_FILE = "mlflow_run.json"  # the node's MLflow run id, for the trainer (tracking.open_in_background)
 
 

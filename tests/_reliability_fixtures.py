@@ -1,8 +1,6 @@
-"""Shared by tests/test_faults.py and tests/test_slurm.py (no conftest): the uninterrupted
-reference run of the test config, made once per pytest session.
-
-Load it with `load_helper("_reliability_fixtures")` (below, copied into each test module), which
-registers the module under one name so both test modules share its cache.
+"""Shared by tests/test_faults.py and tests/test_slurm.py: the uninterrupted reference run of the
+test config, made once per pytest session (`import _reliability_fixtures`; tests/conftest.py puts
+tests/ on sys.path, so both modules share this one module and its cache).
 """
 
 from __future__ import annotations

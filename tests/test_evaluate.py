@@ -17,6 +17,8 @@ from repexp.evaluate.engines import plan_batches
 from repexp.evaluate.store import SampleStore
 from repexp.models import build_tiny_qwen2
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
+
 SUFFIX = ' Let\'s think step by step and output the final answer after "####".'
 PROBLEMS = [("What is 2 + 3?", "5"), ("What is 10 - 4?", "6"), ("What is 3 * 3?", "9"),
             ("Tom has 7 apples and eats 2. How many are left?", "5"), ("What is 1 + 1?", "2"),
@@ -40,16 +42,6 @@ def write_split(path, problems=PROBLEMS, *, drop=None):
     return path
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The tiny model is overhead-bound; on a shared 2-core machine two OpenMP threads stall each
-    other whenever the other core is busy (15-60x slower per step, docs/performance.md)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

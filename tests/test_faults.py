@@ -10,7 +10,6 @@ components' own unit tests cover their internals; these tests go through `snakem
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import math
 import os
@@ -30,18 +29,7 @@ import pytest
 import yaml
 
 
-def load_helper(name: str):
-    """Import tests/<name>.py once per session under a fixed name (tests/ is not a package)."""
-    key = f"repexp_tests_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, Path(__file__).with_name(f"{name}.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return sys.modules[key]
-
-
-fx = load_helper("_reliability_fixtures")
+import _reliability_fixtures as fx  # noqa: E402 (tests/ is on sys.path: tests/conftest.py)
 REPO, VENV_BIN, SNAKEMAKE, REPEXP, TEST_CONFIG = fx.REPO, fx.VENV_BIN, fx.SNAKEMAKE, fx.REPEXP, fx.TEST_CONFIG
 quiet_env, run = fx.quiet_env, fx.run
 

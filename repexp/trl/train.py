@@ -28,13 +28,20 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from repexp.checkpoints import BestDevTracker, checkpoint_dir, complete_steps, is_complete, mark_complete
+from repexp.checkpoints import (
+    DONE_FILE,
+    BestDevTracker,
+    checkpoint_dir,
+    complete_steps,
+    is_complete,
+    mark_complete,
+    write_done,
+)
 from repexp.config import ConfigError, RunConfig, load_run_config
 from repexp.io import read_json, write_json_atomic
 from repexp.trl import settings as trl_settings
 from repexp.trl.runlog import MetricsLog, MlflowSink
 
-DONE_FILE = "DONE"
 STAGING_DIR = "trl_staging"
 SETTINGS_FILE = "trl_settings.json"
 CHECKPOINT_INFO_FILE = "repexp_checkpoint.json"
@@ -376,18 +383,8 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
     final = complete_steps(run_dir)
     if not final or final[-1] != plan.total_steps:
         raise RuntimeError(f"{run_dir}: training ended without a checkpoint of the last step {plan.total_steps}")
-    tracker.write()
-    best = tracker.best()
-    done = {
-        "backend": "trl",
-        "final_step": final[-1],
-        "best_step": None if best is None else best["step"],
-        "best_value": None if best is None else best[tracker.metric],
-        "metric": tracker.metric,
-        "resumed_from_step": resume_step,
-        "wall_time_s": time.time() - started,
-    }
-    write_json_atomic(run_dir / DONE_FILE, done)
+    done = write_done(run_dir, backend="trl", final_step=final[-1], tracker=tracker,
+                      wall_time_s=time.time() - started, resumed_from_step=resume_step)
     return TrainResult(run_dir, done, reward, trainer)
 
 

@@ -21,8 +21,8 @@ import ray
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from repexp import tracking
-from repexp.checkpoints import BestDevTracker, complete_steps
-from repexp.io import write_json_atomic
+from repexp import checkpoints
+from repexp.checkpoints import DONE_FILE, BestDevTracker, complete_steps
 from repexp.verl.settings import RUN_NODE, RepExpSettings, RunSettings
 
 from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
@@ -31,7 +31,6 @@ from verl.utils.config import validate_config
 from verl.utils.device import auto_set_device
 
 TRAINER_MODE = "repexp"
-DONE_FILE = "DONE"
 
 
 def run_dir_of(config: DictConfig) -> Path:
@@ -96,19 +95,8 @@ def write_done(run_dir: Path, wall_time_s: float) -> dict:
     steps = complete_steps(run_dir)
     if not steps:
         raise RuntimeError(f"{run_dir}: verl returned without a complete checkpoint; not writing {DONE_FILE}")
-    tracker = BestDevTracker.load(run_dir)
-    tracker.write()
-    best = tracker.best()
-    done = {
-        "backend": "verl",
-        "final_step": steps[-1],
-        "best_step": None if best is None else best["step"],
-        "best_value": None if best is None else best[tracker.metric],
-        "metric": tracker.metric,
-        "wall_time_s": wall_time_s,
-    }
-    write_json_atomic(Path(run_dir) / DONE_FILE, done)
-    return done
+    return checkpoints.write_done(run_dir, backend="verl", final_step=steps[-1],
+                                  tracker=BestDevTracker.load(run_dir), wall_time_s=wall_time_s)
 
 
 def use_node_run(config: DictConfig) -> None:
