@@ -99,7 +99,7 @@ setup_slurm() {
 }
 
 # Rules call `repexp ...` and tests call `snakemake ...`: both come from the venv.
-export PATH="$VENV/bin:$PATH"
+export PATH="$VENV/bin:$PATH:/usr/sbin:/sbin"  # slurmd, munged: shells without sbin on PATH
 
 case "$ACTION" in
 run)
