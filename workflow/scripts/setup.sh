@@ -104,8 +104,10 @@ export PATH="$VENV/bin:$PATH:/usr/sbin:/sbin"  # slurmd, munged: shells without 
 case "$ACTION" in
 run)
     setup_main_venv
-    log "running the local pipeline: snakemake --profile local all (configs/local.yaml)"
-    exec "$VENV/bin/snakemake" --profile local --configfile configs/local.yaml "$@" all
+    log "running the local pipeline: snakemake all --profile local --configfile configs/local.yaml"
+    # The target comes first and extra arguments before --configfile: --configfile takes several
+    # values, so anything after it would be read as another config file.
+    exec "$VENV/bin/snakemake" all --profile local "$@" --configfile configs/local.yaml
     ;;
 test)
     setup_main_venv

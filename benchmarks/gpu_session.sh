@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Every GPU measurement of docs/gpu-validation.md and docs/performance.md in one unattended session
+# on one GPU node (the verl + vLLM stack installed, `repexp`, `snakemake`, `mlflow` on PATH):
+#
+#   bash benchmarks/gpu_session.sh OUT_DIR [STAGE...]     # stages: dag verl_step eval_engine testtime
+#
+# Stages run in order and are independent: a failed stage is recorded and the next one starts.
+#   dag          snakemake all --configfile configs/gpu.yaml (the whole DAG, then benchmarks/dag_report.py)
+#   verl_step    benchmarks/verl_step.py: RepExp vs GRPO s/step on Qwen2.5-1.5B shapes
+#   eval_engine  repexp eval --engine vllm vs --engine hf on the DAG's SmolLM2, same problems and n
+#   testtime     benchmarks/testtime.py on the GPU (if present)
+# OUT_DIR/progress.log says which stage runs (one line per start and end, with exit codes);
+# OUT_DIR/<stage>.log holds each stage's output; results go to OUT_DIR/<stage>/.
+set -uo pipefail
+OUT="$(mkdir -p "$1" && cd "$1" && pwd)"; shift
+STAGES=("${@:-dag verl_step eval_engine testtime}")
+read -r -a STAGES <<<"${STAGES[*]}"
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+RESULTS=results/gpu
+GPU_ARGS=(--cores "$(nproc)" --resources gpu=1)
+
+mark() { printf '%s %s\n' "$(date -u +%H:%M:%S)" "$*" >>"$OUT/progress.log"; }
+
+stage_dag() {
+    /usr/bin/time -v snakemake all --configfile configs/gpu.yaml "${GPU_ARGS[@]}" --keep-going
+    local code=$?
+    python3 benchmarks/dag_report.py --results "$RESULTS" --point gsm8k/verl_repexp_k32_b0.01_s42 \
+        --out "$OUT/dag/dag_report.json" >/dev/null
+    return $code
+}
+
+stage_verl_step() {
+    python3 benchmarks/verl_step.py --out /tmp/verl-step --steps 3 --prompts 32 --response-length 512 &&
+        cp /tmp/verl-step/verl_step.json "$OUT/verl_step/"
+}
+
+stage_eval_engine() {
+    local model="$RESULTS/models/smollm2" data="$RESULTS/data/gsm8k/test.parquet" engine
+    for engine in vllm hf; do
+        local started=$SECONDS
+        repexp eval --model "$model" --data "$data" --out "/tmp/eval-$engine" --engine "$engine" --limit 32 \
+            --n-samples 32 --max-new-tokens 256 --dtype bfloat16 --batch-size 256 --gpu-memory-utilization 0.4 \
+            --seed 7 --overwrite --no-progress || return 1
+        python3 - "$engine" "$((SECONDS - started))" "/tmp/eval-$engine/eval.json" >>"$OUT/eval_engine/engines.jsonl" <<'PY'
+import json, sys
+engine, wall, path = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+data = json.load(open(path))
+samples = data["num_problems"] * data["n_samples"]
+print(json.dumps({"engine": engine, "wall_s": wall, "samples": samples, "samples_per_s": samples / wall,
+                  "pass_at_1": data["pass_at_k"]["1"], "pass_at_32": data["pass_at_k"].get("32")}))
+PY
+    done
+}
+
+stage_testtime() {
+    [ -f benchmarks/testtime.py ] || { echo "no benchmarks/testtime.py"; return 0; }
+    python3 benchmarks/testtime.py --device cuda --out "$OUT/testtime/testtime_benchmark.json"
+}
+
+mark "start ${STAGES[*]}"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/gpu.txt" 2>&1
+for stage in "${STAGES[@]}"; do
+    mkdir -p "$OUT/$stage"
+    mark "begin $stage"
+    "stage_$stage" >"$OUT/$stage.log" 2>&1
+    mark "end $stage exit=$?"
+done
+mark "done"
