@@ -44,7 +44,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     defaults, bonus = TesttimeConfig(), BonusConfig()
     parser.add_argument("--eval-dir", type=Path, required=True,
                         help="an evaluation's output directory (samples/ and eval.json of `repexp eval`)")
-    parser.add_argument("--model", required=True, help="the frozen feature model (the initial policy), HF directory")
+    parser.add_argument("--model", required=True, help="the frozen feature model (the initial policy): HF directory or hub id")
     parser.add_argument("--out", type=Path, required=True, help="output directory (testtime.json, order, features)")
     parser.add_argument("--data", type=Path, help="the evaluated split (default: the path recorded in samples/meta.json)")
     parser.add_argument("--sparse-dim", type=int, default=defaults.sparse_dim)
@@ -123,12 +123,12 @@ def testtime(args: argparse.Namespace) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / TESTTIME_JSON).unlink(missing_ok=True)  # never a testtime.json that does not match what follows
-    model_path = Path(args.model)
-    if not (model_path / "config.json").is_file():
-        raise FileNotFoundError(f"{model_path}: not a Hugging Face model directory (no config.json)")
+    from repexp.evaluate.runner import resolve_model
+
+    model, _ = resolve_model(args.model, None)  # a local directory (checked) or a hub id, as for `repexp eval`
     store, meta, problems, plan = _load_evaluation(Path(args.eval_dir), args.data)
     device = resolve_device(args.device)
-    settings = FeatureSettings(model=str(model_path.resolve()), sparse_dim=args.sparse_dim,
+    settings = FeatureSettings(model=model, sparse_dim=args.sparse_dim,
                                projection_seed=args.projection_seed, batch_size=args.batch_size,
                                dtype=resolve_dtype(args.dtype, device), device=device)
     started = time.perf_counter()
