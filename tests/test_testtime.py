@@ -117,6 +117,11 @@ def evaluation(tmp_path_factory):
         rows["score"] = [1.0 if int(p.rsplit("/", 1)[1]) == s and s < 5 else 0.0
                          for p, s in zip(rows["problem_id"], rows["sample_index"])]
         pq.write_table(pa.Table.from_pydict(rows, schema=table.schema), shard)
+    result = json.loads((out / "eval.json").read_text())  # eval.json's pass@k of the planted scores
+    counts = [1] * 5 + [0]
+    result["pass_at_k"] = {str(k): float(v) for k, v in
+                           zip(result["ks"], passk.pass_at_k([8] * 6, counts, result["ks"]).mean(0))}
+    (out / "eval.json").write_text(json.dumps(result))
     return model, out
 
 
@@ -203,3 +208,39 @@ def test_incomplete_evaluation_and_bad_settings_are_refused(evaluation, tmp_path
     assert cli.main(cmd_args(model, eval_dir, tmp_path / "b", "--lamb", "0")) == 2
     assert cli.main(cmd_args(tmp_path, eval_dir, tmp_path / "c")) == 2
     assert "no config.json" in capsys.readouterr().err
+
+
+def test_aggregate_column_and_figure_from_testtime_results(evaluation, tmp_path):
+    """`repexp aggregate --testtime` puts the RepExp-order curve beside pass@k; `repexp figures` draws both."""
+    model, eval_dir = evaluation
+    eval_json = tmp_path / "eval" / "gsm8k" / "base" / "eval.json"
+    eval_json.parent.mkdir(parents=True)
+    eval_json.write_text(json.dumps({**json.loads((eval_dir / "eval.json").read_text()), "task": "gsm8k"}))
+    tt_dir = tmp_path / "testtime" / "gsm8k" / "base"
+    assert cli.main(cmd_args(model, eval_dir, tt_dir, "--bootstrap", "20")) == 0
+    result = json.loads((tt_dir / "testtime.json").read_text())
+    agg = tmp_path / "aggregate"
+    assert cli.main(["aggregate", "--inputs", str(eval_json), "--testtime", str(tt_dir / "testtime.json"),
+                     "--out-dir", str(agg)]) == 0
+    import pandas as pd
+
+    table = pd.read_csv(agg / "pass_at_k.csv")
+    for row in table.itertuples():
+        assert row.testtime_pass_at_k == pytest.approx(result["pass_at_k_repexp"][row.k - 1])
+    assert "Test-time RepExp" in (agg / "pass_at_k.md").read_text()
+    assert "test-time efficiency" in (agg / "pass_at_k.html").read_text()
+    figs = tmp_path / "figures"
+    assert cli.main(["figures", "--table", str(agg / "pass_at_k.csv"), "--out-dir", str(figs)]) == 0
+    index = json.loads((figs / "index.json").read_text())
+    record = next(f for f in index["figures"] if f["id"] == "testtime_pass_at_k")
+    curves = {s["order"]: s for s in record["panels"][0]["series"]}
+    assert curves["RepExp order"]["k"] == [1, 2, 4, 8]
+    assert curves["RepExp order"]["mean"] == pytest.approx([result["pass_at_k_repexp"][k - 1] for k in (1, 2, 4, 8)])
+    assert curves["random order"]["mean"] == pytest.approx([result["pass_at_k_random"][k - 1] for k in (1, 2, 4, 8)])
+    assert (figs / "testtime_pass_at_k.png").stat().st_size > 0
+    # a testtime.json of a run that was not evaluated is refused
+    other = tmp_path / "testtime" / "gsm8k" / "trl_grpo_s1" / "testtime.json"
+    other.parent.mkdir(parents=True)
+    other.write_text((tt_dir / "testtime.json").read_text())
+    assert cli.main(["aggregate", "--inputs", str(eval_json), "--testtime", str(other), "--out-dir",
+                     str(tmp_path / "agg2")]) == 1

@@ -1,4 +1,4 @@
-"""`repexp figures`: pass@k curves, sweep heatmaps and training curves, plus `index.json`.
+"""`repexp figures`: pass@k curves, test-time curves, sweep heatmaps and training curves, plus `index.json`.
 
 Input: the tidy table of `repexp aggregate` (`pass_at_k.csv`), optionally the pipeline config (the
 expected runs: anything missing is named on the figure, in `index.json` and on stderr) and the
@@ -9,12 +9,19 @@ Outputs in `--out-dir` (each written atomically; `index.json` last):
 * `pass_at_k.{pdf,png}` — one panel per task (the paper's Figure 2 layout): pass@k over k on a log2
   axis, one line per method — RepExp (one line per (sparse_dim, β) point, see `select_repexp_points`),
   GRPO, base model — the mean over seeds with a ±SEM-over-seeds band (none with one seed);
+* `testtime_pass_at_k.{pdf,png}` — per task, pass@k of each run's samples taken in RepExp order (the
+  paper's inference-time exploration, `repexp testtime`) and in random order (the table's
+  `testtime_pass_at_k` and `pass_at_k` columns), log2 k;
 * `heatmap_<task>_<backend>.{pdf,png}` — pass@1, pass@K (K = the largest k ≤ 256 every run has) and
   the k-efficiency over sparse_dim × β;
 * `training_<task>_<backend>.{pdf,png}` — dev pass@1, raw and scaled bonus means, verifier vs shaped
   reward over training steps (mean over seeds ± SEM);
 * `index.json` — every figure: files, caption, notes (missing runs), pixel size and the plotted data,
   so tests and readers can check numbers without looking at pixels.
+
+Modules: `style` (look and scaffolding), `series` (what a line is, seed means, missing-run notes),
+`curves`, `testtime`, `heatmaps`, `training` (one figure kind each), `publish` (MLflow artifacts);
+the CLI and `make_figures` are here.
 
 Figures are never skipped silently: a figure without data is drawn as a panel that says what is
 missing, so every declared output exists and shows why it is empty.
@@ -37,6 +44,8 @@ from repexp.figures.publish import log_figures_run  # noqa: F401
 from repexp.figures.series import (Series, compact_runs, completeness_notes, expected_from_config,  # noqa: F401
                                    seed_curve, select_repexp_points, series_of, table_specs)
 from repexp.figures.style import DPI, MAX_REPEXP_LINES, _save  # noqa: F401
+from repexp.figures.testtime import STEM as TESTTIME_STEM
+from repexp.figures.testtime import plot_testtime
 from repexp.figures.training import (plot_training, read_metrics_jsonl, training_curves_from_jsonl,  # noqa: F401
                                      training_curves_from_mlflow)
 
@@ -68,13 +77,15 @@ def figure_pairs(specs: Sequence[RunSpec]) -> list[tuple[str, str]]:
 def figure_files(specs: Sequence[RunSpec], *, training: bool = True) -> dict[str, list[str]]:
     """File names `repexp figures` writes for these runs (for the Snakemake rule's outputs).
 
-    {"pass_at_k": [...], "heatmaps": [...], "training": [...], "index": ["index.json"]}, PNG before PDF.
+    {"pass_at_k": [...], "testtime": [...], "heatmaps": [...], "training": [...], "index": ["index.json"]},
+    PNG before PDF.
     Cheap: the workflow imports it at parse time.
     """
     pairs = figure_pairs(specs)
     both = lambda stem: [f"{stem}.png", f"{stem}.pdf"]  # noqa: E731
     return {
         "pass_at_k": both("pass_at_k"),
+        "testtime": both(TESTTIME_STEM),
         "heatmaps": [name for t, b in pairs for name in both(f"heatmap_{t}_{b}")],
         "training": [name for t, b in pairs for name in both(f"training_{t}_{b}")] if training else [],
         "index": ["index.json"],
@@ -96,6 +107,9 @@ def make_figures(table, out_dir: Path, *, expected: Sequence[RunSpec] | None = N
 
     fig, record = plot_pass_at_k(table, tasks=tasks, expected=expected, max_repexp_lines=max_repexp_lines)
     record["files"] = _save(fig, out_dir, "pass_at_k")
+    figures.append(record)
+    fig, record = plot_testtime(table, tasks=tasks, expected=expected)
+    record["files"] = _save(fig, out_dir, TESTTIME_STEM)
     figures.append(record)
     pairs = figure_pairs(specs)
     for task, backend in pairs:

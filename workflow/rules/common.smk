@@ -180,7 +180,7 @@ def all_train_markers():
 
 def figure_files():
     """What `repexp figures` draws: pass@k over tasks, a heatmap and training curves per (task, backend)."""
-    stems = ["pass_at_k"]
+    stems = ["pass_at_k", "testtime_pass_at_k"]
     for task, backend in dict.fromkeys((s.task, s.backend) for s in RUNS if s.trains):
         stems += [f"heatmap_{task}_{backend}", f"training_{task}_{backend}"]
     files = []
@@ -193,7 +193,9 @@ def figure_files():
 def _figure_report(stem):
     """The PNG of a figure, registered for `snakemake --report` with its caption."""
     kind, caption = ("pass@k curves", "pass_at_k.rst")
-    if stem.startswith("heatmap_"):
+    if stem.startswith("testtime_"):
+        kind, caption = ("test-time RepExp", "testtime.rst")
+    elif stem.startswith("heatmap_"):
         kind, caption = ("sweep heatmaps", "heatmap.rst")
     elif stem.startswith("training_"):
         kind, caption = ("training curves", "training.rst")
