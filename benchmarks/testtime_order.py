@@ -80,13 +80,16 @@ def bench(config: str, devices: list[str], repeats: int, reference_pools: int) -
 
 
 def markdown(rows: list[dict], env: dict) -> str:
-    lines = [f"# test-time ordering benchmark ({env['device_name']}, torch {env['torch']}, {env['threads']} threads)", "",
+    title = f"# test-time ordering benchmark ({env['device_name']}, torch {env['torch']}, {env['threads']} threads)"
+    lines = [title, "",
              "| G × n × d | variant | seconds | vs reference | orders = reference |", "|---|---|---|---|---|"]
     for row in rows:
         for name, v in row["variants"].items():
-            scaled = f" (×{row['groups']}/{v['measured_pools']})" if v.get("measured_pools", row["groups"]) < row["groups"] else ""
+            measured = v.get("measured_pools", row["groups"])
+            scaled = f" (×{row['groups']}/{measured})" if measured < row["groups"] else ""
             match = {True: "yes", False: "NO"}.get(v.get("orders_match_reference"), "–")
-            lines.append(f"| {row['config']} | {name}{scaled} | {v['seconds']:.4f} | {v['speedup_vs_reference']:.1f}× | {match} |")
+            lines.append(f"| {row['config']} | {name}{scaled} | {v['seconds']:.4f} | "
+                         f"{v['speedup_vs_reference']:.1f}× | {match} |")
     return "\n".join(lines) + "\n"
 
 
@@ -102,7 +105,8 @@ def main() -> int:
         torch.set_num_threads(args.threads)
     cuda = torch.cuda.is_available()
     configs = args.configs or (list(dict.fromkeys(CPU_CONFIGS + (GPU_CONFIGS if cuda else ()))))
-    env = {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
+    env = {"torch": torch.__version__, "threads": torch.get_num_threads(),
+           "cpu": platform.processor() or platform.machine(),
            "device_name": torch.cuda.get_device_name(0) if cuda else "CPU only", "load": os.getloadavg()[0]}
     rows = []
     for config in configs:

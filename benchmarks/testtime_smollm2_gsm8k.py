@@ -95,7 +95,8 @@ def main() -> int:
     summary = {"timings_s": timings, "num_problems": result["num_problems"], "n_samples": result["n_samples"],
                "settings": result["settings"], "efficiency": result["efficiency"],
                "samples_to_correct": result["samples_to_correct"],
-               "pass_at_k": {"k": result["k"], "random": result["pass_at_k_random"], "repexp": result["pass_at_k_repexp"]},
+               "pass_at_k": {"k": result["k"], "random": result["pass_at_k_random"],
+                             "repexp": result["pass_at_k_repexp"]},
                "eval": {key: eval_result.get(key) for key in ("pass_at_k", "mean_response_tokens", "truncated_fraction",
                                                                "engine", "sampling")}}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -13,7 +13,7 @@ import torch
 from repexp.elliptical_order import TIE_RTOL, greedy_order, greedy_order_reference, pad_pools
 
 CUDA = pytest.param(
-    "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (runs on the GPU machine)")
+    "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the GPU machine)")
 )
 DEVICES = ["cpu", CUDA]
 

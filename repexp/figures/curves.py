@@ -9,8 +9,8 @@ from repexp.config import RunSpec, canonical
 from repexp.figures.series import Series, _series_sort_key, completeness_notes, seed_curve, select_repexp_points, \
     series_of, table_specs
 from repexp.figures.style import (BACKEND_LINESTYLES, BASE_COLOR, FONT, GRPO_COLOR, LINE_STYLE, MAX_REPEXP_LINES,
-                                  REPEXP_COLORS, REPEXP_MARKERS, TASK_TITLES, _adaptive_ylim, _figure_with_footer,
-                                  _log2_axis, _no_data, _size_px, _style)
+                                  REPEXP_COLORS, REPEXP_MARKERS, TASK_TITLES, _figure_with_footer, _finish_curve_panel,
+                                  _size_px, _style)
 
 
 def _curve_panels(found: Sequence[RunSpec], tasks: Sequence[str], expected: Sequence[RunSpec] | None,
@@ -91,17 +91,8 @@ def plot_pass_at_k(table, *, tasks: Sequence[str] | None = None, expected: Seque
                 highs += curve["mean"]
                 k_max = max(k_max, max(curve["k"]))
                 data_series.append({**series.to_dict(), "label": style["label"], **curve, "band": band})
-            if not data_series:
-                _no_data(ax, f"no evaluated runs for {task}")
-                ylim = None
-            else:
-                _log2_axis(ax, k_max)
-                ylim = _adaptive_ylim(lows, highs)
-                ax.set_ylim(*ylim)
-                ax.set_xlabel("k")
-                ax.tick_params(axis="both", labelsize=FONT["tick"])
-            if j == 0:
-                ax.set_ylabel("pass@k")
+            ylim = _finish_curve_panel(ax, plotted=bool(data_series), empty_message=f"no evaluated runs for {task}",
+                                       k_max=k_max, lows=lows, highs=highs, xlabel="k", first=j == 0)
             record_panels.append({"task": task, "title": TASK_TITLES.get(task, task), "ylim": list(ylim) if ylim else None,
                                   "series": data_series})
         if handles:

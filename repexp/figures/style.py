@@ -131,3 +131,20 @@ def _log2_axis(ax, k_max: int) -> None:
     ax.set_xticklabels([f"$2^{{{i}}}$" for i in range(top + 1)])
     ax.minorticks_off()
     ax.set_xlim(2 ** -0.2, 2 ** (math.log2(max(1, k_max)) + 0.2))
+
+
+def _finish_curve_panel(ax, *, plotted: bool, empty_message: str, k_max: int, lows, highs, xlabel: str,
+                        first: bool) -> tuple[float, float] | None:
+    """A pass@k-over-k panel's axes: log2 k, limits around every plotted value; a message when empty."""
+    ylim = None
+    if not plotted:
+        _no_data(ax, empty_message)
+    else:
+        _log2_axis(ax, k_max)
+        ylim = _adaptive_ylim(lows, highs)
+        ax.set_ylim(*ylim)
+        ax.set_xlabel(xlabel)
+        ax.tick_params(axis="both", labelsize=FONT["tick"])
+    if first:
+        ax.set_ylabel("pass@k")
+    return ylim

@@ -14,8 +14,8 @@ from typing import Any, Sequence
 from repexp.config import RunSpec
 from repexp.figures.curves import _series_styles
 from repexp.figures.series import Series, _series_sort_key, series_of, table_specs
-from repexp.figures.style import (FONT, LINE_STYLE, TASK_TITLES, _adaptive_ylim, _figure_with_footer, _log2_axis,
-                                  _no_data, _size_px, _style)
+from repexp.figures.style import (FONT, LINE_STYLE, TASK_TITLES, _figure_with_footer, _finish_curve_panel, _size_px,
+                                  _style)
 
 STEM = "testtime_pass_at_k"
 ORDERS = (("testtime_pass_at_k", "RepExp order", "-"), ("pass_at_k", "random order", "--"))
@@ -55,7 +55,8 @@ def plot_testtime(table, *, tasks: Sequence[str] | None = None, expected: Sequen
     styles = _series_styles(all_series, show_point=show_point, show_backend=show_backend)
     notes: list[str] = []
     if expected is not None:
-        have = {(t, r) for t, r in table.loc[table["testtime_pass_at_k"].notna(), ["task", "run"]].itertuples(index=False)}
+        done = table.loc[table["testtime_pass_at_k"].notna(), ["task", "run"]]
+        have = {(t, r) for t, r in done.itertuples(index=False)}
         lacking = [s.path for s in expected if s.task in tasks and (s.task, s.name) not in have]
         if lacking:
             notes.append(f"no test-time result for: {', '.join(lacking)}")
@@ -86,17 +87,8 @@ def plot_testtime(table, *, tasks: Sequence[str] | None = None, expected: Sequen
                     highs += curve["mean"]
                     k_max = max(k_max, max(curve["k"]))
                     plotted.append({**series.to_dict(), "label": style["label"], "order": order_name, **curve})
-            if not plotted:
-                _no_data(ax, f"no test-time results for {task}")
-                ylim = None
-            else:
-                _log2_axis(ax, k_max)
-                ylim = _adaptive_ylim(lows, highs)
-                ax.set_ylim(*ylim)
-                ax.set_xlabel("k (verifier calls)")
-                ax.tick_params(axis="both", labelsize=FONT["tick"])
-            if j == 0:
-                ax.set_ylabel("pass@k")
+            ylim = _finish_curve_panel(ax, plotted=bool(plotted), empty_message=f"no test-time results for {task}",
+                                       k_max=k_max, lows=lows, highs=highs, xlabel="k (verifier calls)", first=j == 0)
             record_panels.append({"task": task, "title": TASK_TITLES.get(task, task),
                                   "ylim": list(ylim) if ylim else None, "series": plotted})
         order_handles = [ax.plot([], [], color="#444444", linestyle=ls, linewidth=1.275)[0] for _, _, ls in ORDERS]

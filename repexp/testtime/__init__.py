@@ -44,9 +44,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     defaults, bonus = TesttimeConfig(), BonusConfig()
     parser.add_argument("--eval-dir", type=Path, required=True,
                         help="an evaluation's output directory (samples/ and eval.json of `repexp eval`)")
-    parser.add_argument("--model", required=True, help="the frozen feature model (the initial policy): HF directory or hub id")
+    parser.add_argument("--model", required=True,
+                        help="the frozen feature model (the initial policy): HF directory or hub id")
     parser.add_argument("--out", type=Path, required=True, help="output directory (testtime.json, order, features)")
-    parser.add_argument("--data", type=Path, help="the evaluated split (default: the path recorded in samples/meta.json)")
+    parser.add_argument("--data", type=Path,
+                        help="the evaluated split (default: the path recorded in samples/meta.json)")
     parser.add_argument("--sparse-dim", type=int, default=defaults.sparse_dim)
     parser.add_argument("--projection-seed", type=int, default=defaults.projection_seed)
     parser.add_argument("--lamb", type=float, default=bonus.lamb, help="ridge λ (default: the training bonus's)")
