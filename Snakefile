@@ -34,6 +34,7 @@ include: "workflow/rules/train.smk"
 include: "workflow/rules/select.smk"
 include: "workflow/rules/merge.smk"
 include: "workflow/rules/eval.smk"
+include: "workflow/rules/testtime.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/figures.smk"
 

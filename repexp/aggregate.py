@@ -10,6 +10,11 @@ Outputs (each written atomically) in `--out-dir`:
 * `pass_at_k.md`, `pass_at_k.html` — the same for people (seed means, per-run values, k-efficiency,
   definitions and the list of missing runs); the HTML is what the Snakemake report embeds.
 
+With `--testtime` (the `testtime.json` files of `repexp testtime`), the tidy table's
+`testtime_pass_at_k` column holds pass@k when the verifier takes the run's samples in RepExp order
+(its `pass_at_k` is the random order of the same samples), and the per-run tables gain the test-time
+verifier efficiency (samples-to-correct, random / RepExp, with its bootstrap interval).
+
 k-efficiency (the paper's headline "RepExp reaches GRPO's pass@256 at pass@80"), per task, backend,
 sparse_dim and β, on seed-mean curves:
 
@@ -49,7 +54,7 @@ MLFLOW_KS = (1, 16, 256)
 TIDY_COLUMNS = (
     "task", "run", "method", "backend", "sparse_dim", "beta", "seed", "k", "pass_at_k", "sem",
     "n_samples", "num_problems", "mean_at_n", "checkpoint_step", "split", "engine", "eval_seed",
-    "data_hash", "model_path", "source",
+    "data_hash", "model_path", "source", "testtime_pass_at_k",
 )
 K_EFFICIENCY_COLUMNS = (
     "task", "backend", "sparse_dim", "beta", "n_repexp_seeds", "n_grpo_seeds", "reference_k",
@@ -91,6 +96,27 @@ class EvalRun:
     n_samples: int
     num_problems: int
     meta: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class TesttimeRun:
+    """One loaded `testtime.json` (repexp testtime)."""
+
+    spec: RunSpec
+    path: Path
+    pass_at_k_repexp: dict[int, float]
+    efficiency: dict[int, float | None]  # reference k -> k / k_RepExp
+    stc: dict[str, Any]  # samples_to_correct: repexp, random, ratio, ratio_ci95, num_solved
+    data_hash: str | None
+
+
+TESTTIME_NOTE = (
+    "Test-time RepExp: each run's stored samples are handed to the verifier in RepExp order (greedy elliptical "
+    "bonus w.r.t. the samples already taken, features of the frozen initial policy). samples-to-correct = mean "
+    "position of the first correct sample over solved problems (random: (n+1)/(c+1)); ratio = random / RepExp "
+    "(> 1: fewer verifier calls), 95% bootstrap interval over problems. eff@k = k / (the smallest k' at which "
+    "RepExp-order pass@k' reaches random-order pass@k)."
+)
 
 
 # --------------------------------------------------------------------------- loading
@@ -167,6 +193,46 @@ def load_eval(path: str | Path) -> EvalRun:
                    n_samples=n_samples, num_problems=num_problems, meta=meta)
 
 
+def load_testtime(path: str | Path) -> TesttimeRun:
+    """Read one `<task>/<run>/testtime.json`; errors name the file and the key."""
+    path = Path(path)
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    for key in ("k", "pass_at_k_repexp", "efficiency", "samples_to_correct"):
+        if key not in data:
+            raise ValueError(f"{path}: missing key {key!r}")
+    try:
+        spec = parse_run(path.parent.parent.name, path.parent.name)
+    except ConfigError as err:
+        raise ValueError(f"{path}: expected results/testtime/<task>/<run>/testtime.json ({err})") from None
+    if len(data["k"]) != len(data["pass_at_k_repexp"]):
+        raise ValueError(f"{path}: k and pass_at_k_repexp differ in length")
+    eff = data["efficiency"]
+    return TesttimeRun(spec=spec, path=path,
+                       pass_at_k_repexp={int(k): float(v) for k, v in zip(data["k"], data["pass_at_k_repexp"])},
+                       efficiency=dict(zip((int(k) for k in eff["reference_k"]), eff["ratio"])),
+                       stc=data["samples_to_correct"], data_hash=data.get("data_hash"))
+
+
+def attach_testtime(runs: Sequence[EvalRun], paths: Iterable[str | Path]) -> dict[tuple[str, str], TesttimeRun]:
+    """{(task, run): TesttimeRun} for `paths`, each checked against its evaluation (same run, same problems)."""
+    by_run = {(r.spec.task, r.spec.name): r for r in runs}
+    out: dict[tuple[str, str], TesttimeRun] = {}
+    for path in paths:
+        tt = load_testtime(path)
+        key = (tt.spec.task, tt.spec.name)
+        run = by_run.get(key)
+        if run is None:
+            raise ValueError(f"{tt.path}: no evaluation of {tt.spec.path} among the inputs")
+        if key in out:
+            raise ValueError(f"{tt.path}: duplicate test-time result for {tt.spec.path} (also {out[key].path})")
+        if tt.data_hash and run.meta["data_hash"] and tt.data_hash != run.meta["data_hash"]:
+            raise ValueError(f"{tt.path}: data_hash differs from {run.path}; it orders another evaluation's samples")
+        out[key] = tt
+    return out
+
+
 def load_evals(paths: Iterable[str | Path]) -> list[EvalRun]:
     """Load every file; refuse duplicates and runs of one task evaluated on different problem sets."""
     runs = [load_eval(p) for p in paths]
@@ -197,13 +263,14 @@ def run_sort_key(spec: RunSpec) -> tuple:
 # --------------------------------------------------------------------------- tables
 
 
-def tidy_table(runs: Sequence[EvalRun]):
-    """One row per (run, k), columns `TIDY_COLUMNS`."""
+def tidy_table(runs: Sequence[EvalRun], testtime: dict[tuple[str, str], TesttimeRun] | None = None):
+    """One row per (run, k), columns `TIDY_COLUMNS` (`testtime_pass_at_k` empty without a test-time result)."""
     import pandas as pd
 
     rows = []
     for run in runs:
         s = run.spec
+        tt = (testtime or {}).get((s.task, s.name))
         for k, value in run.pass_at_k.items():
             rows.append({
                 "task": s.task, "run": s.name, "method": s.method, "backend": s.backend,
@@ -214,6 +281,7 @@ def tidy_table(runs: Sequence[EvalRun]):
                 "split": run.meta["split"], "engine": run.meta["engine"], "eval_seed": run.meta["seed"],
                 "data_hash": run.meta["data_hash"], "model_path": run.meta["model_path"],
                 "source": str(run.path),
+                "testtime_pass_at_k": tt.pass_at_k_repexp.get(k, math.nan) if tt else math.nan,
             })
     table = pd.DataFrame(rows, columns=list(TIDY_COLUMNS))
     for column in ("sparse_dim", "seed", "checkpoint_step", "eval_seed"):
@@ -404,7 +472,16 @@ def summary_wide(table):
     return pd.DataFrame(rows)
 
 
-def per_run_wide(table):
+def _stc_text(tt: TesttimeRun | None) -> str:
+    if tt is None:
+        return "–"
+    ratio, ci = tt.stc.get("ratio"), tt.stc.get("ratio_ci95")
+    if ratio is None:
+        return "undefined"
+    return f"{ratio:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+
+
+def per_run_wide(table, testtime: dict[tuple[str, str], TesttimeRun] | None = None):
     import pandas as pd
 
     ks = sorted(table["k"].unique())
@@ -413,6 +490,8 @@ def per_run_wide(table):
         first = group.iloc[0]
         row = {"task": run_key[0], "run": run_key[1], "checkpoint": _fmt(first["checkpoint_step"]),
                "n": int(first["n_samples"]), "problems": int(first["num_problems"])}
+        if testtime:
+            row["test-time efficiency"] = _stc_text(testtime.get(tuple(run_key)))
         by_k = dict(zip(group["k"].astype(int), group["pass_at_k"]))
         for k in ks:
             row[f"pass@{k}"] = _fmt(by_k.get(int(k)))
@@ -436,6 +515,21 @@ def k_efficiency_display(keff):
     return pd.DataFrame(rows)
 
 
+def testtime_display(testtime: dict[tuple[str, str], TesttimeRun]):
+    """Per run: samples-to-correct of both orders, their ratio with its interval, eff@k at the reference ks."""
+    import pandas as pd
+
+    rows = []
+    for (task, run), tt in sorted(testtime.items(), key=lambda kv: run_sort_key(kv[1].spec)):
+        row = {"task": task, "run": run, "solved": tt.stc.get("num_solved"),
+               "samples-to-correct random": _fmt(tt.stc.get("random"), 2),
+               "samples-to-correct RepExp": _fmt(tt.stc.get("repexp"), 2), "ratio [95% CI]": _stc_text(tt)}
+        for k, ratio in tt.efficiency.items():
+            row[f"eff@{k}"] = "–" if ratio is None else f"{ratio:.2f}×"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def markdown_table(df) -> str:
     """A GitHub-flavoured Markdown table (no tabulate dependency)."""
     if df.empty:
@@ -447,13 +541,18 @@ def markdown_table(df) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_markdown(table, keff, *, missing: Sequence[str], ignored: Sequence[str]) -> str:
+def render_markdown(table, keff, *, missing: Sequence[str], ignored: Sequence[str],
+                    testtime: dict[tuple[str, str], TesttimeRun] | None = None) -> str:
     parts = ["# pass@k", "", f"{table['run'].nunique()} evaluated runs over tasks "
              f"{', '.join(dict.fromkeys(table['task']))}. {SEM_NOTE}", ""]
     parts += _missing_lines(missing, ignored, bullet="- ")
     parts += ["## Mean over seeds", "", markdown_table(summary_wide(table)),
               "## k-efficiency (RepExp vs GRPO)", "", markdown_table(k_efficiency_display(keff)),
-              f"_{K_EFFICIENCY_NOTE}_", "", "## Per run", "", markdown_table(per_run_wide(table))]
+              f"_{K_EFFICIENCY_NOTE}_", ""]
+    if testtime:
+        parts += ["## Test-time RepExp (verifier efficiency)", "", markdown_table(testtime_display(testtime)),
+                  f"_{TESTTIME_NOTE}_", ""]
+    parts += ["## Per run", "", markdown_table(per_run_wide(table, testtime))]
     return "\n".join(parts)
 
 
@@ -478,7 +577,8 @@ p.note { max-width: 60em; color: #444; }
 """
 
 
-def render_html(table, keff, *, missing: Sequence[str], ignored: Sequence[str]) -> str:
+def render_html(table, keff, *, missing: Sequence[str], ignored: Sequence[str],
+                testtime: dict[tuple[str, str], TesttimeRun] | None = None) -> str:
     import html
 
     def frame(df) -> str:
@@ -497,7 +597,9 @@ def render_html(table, keff, *, missing: Sequence[str], ignored: Sequence[str]) 
         f"{frame(summary_wide(table))}"
         f"<h2>k-efficiency (RepExp vs GRPO)</h2>{frame(k_efficiency_display(keff))}"
         f"<p class='note'>{html.escape(K_EFFICIENCY_NOTE)}</p>"
-        f"<h2>Per run</h2>{frame(per_run_wide(table))}</body></html>\n"
+        + (f"<h2>Test-time RepExp (verifier efficiency)</h2>{frame(testtime_display(testtime))}"
+           f"<p class='note'>{html.escape(TESTTIME_NOTE)}</p>" if testtime else "")
+        + f"<h2>Per run</h2>{frame(per_run_wide(table, testtime))}</body></html>\n"
     )
 
 
@@ -564,7 +666,8 @@ def mlflow_store(target: MlflowTarget):
     return store, experiment_id
 
 
-def log_sweep_point_metrics(runs: Sequence[EvalRun], target: MlflowTarget) -> dict[str, str]:
+def log_sweep_point_metrics(runs: Sequence[EvalRun], target: MlflowTarget,
+                            testtime: dict[tuple[str, str], TesttimeRun] | None = None) -> dict[str, str]:
     """Log `sweep_point_metrics` on every sweep point's MLflow parent run (created if absent).
 
     Parents are those of repexp.tracking (tag `repexp.parent_key` = 'point:<task>/<run>'), so the MLflow
@@ -579,7 +682,13 @@ def log_sweep_point_metrics(runs: Sequence[EvalRun], target: MlflowTarget) -> di
     for run in runs:
         with store.lock():
             parent_id, _ = store.parent(experiment_id, tracking.scope_for(run.spec.task, run.spec.name))
-        store.log_metrics(parent_id, [[key, value, 0, now] for key, value in sweep_point_metrics(run).items()])
+        metrics = sweep_point_metrics(run)
+        tt = (testtime or {}).get((run.spec.task, run.spec.name))
+        if tt is not None:
+            from repexp.testtime.core import mlflow_metrics as testtime_metrics
+
+            metrics.update(testtime_metrics(read_json(tt.path)))
+        store.log_metrics(parent_id, [[key, value, 0, now] for key, value in metrics.items()])
         logged[run.spec.path] = parent_id
     return logged
 
@@ -592,6 +701,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--eval-dir", type=Path, help="collect every <task>/<run>/eval.json below this directory")
     source.add_argument("--inputs", type=Path, nargs="+", metavar="EVAL_JSON",
                         help="explicit eval.json files (each at <task>/<run>/eval.json)")
+    parser.add_argument("--testtime", type=Path, nargs="*", default=[], metavar="TESTTIME_JSON",
+                        help="testtime.json files of `repexp testtime` (at <task>/<run>/testtime.json): the test-time "
+                             "column and table")
     parser.add_argument("--out-dir", type=Path, required=True, help="where the tables go")
     parser.add_argument("--config", type=Path,
                         help="pipeline config: list its runs without an eval.json as missing (and, with --eval-dir, "
@@ -603,7 +715,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def aggregate(paths: Sequence[Path], out_dir: Path, *, expected: Sequence[RunSpec] | None = None,
-              drop_unexpected: bool = False) -> dict[str, Any]:
+              drop_unexpected: bool = False, testtime_paths: Sequence[Path] = ()) -> dict[str, Any]:
     """Load, tabulate and write every output. Returns {runs, table, k_efficiency, missing, ignored}."""
     runs = load_evals(paths)
     ignored: list[str] = []
@@ -616,18 +728,20 @@ def aggregate(paths: Sequence[Path], out_dir: Path, *, expected: Sequence[RunSpe
         missing = missing_runs(expected, runs)
     if not runs:
         raise ValueError("no eval.json to aggregate" + (f" (missing: {', '.join(missing)})" if missing else ""))
-    table = tidy_table(runs)
+    testtime = attach_testtime(runs, testtime_paths)
+    table = tidy_table(runs, testtime)
     keff = k_efficiency(table)
     out_dir.mkdir(parents=True, exist_ok=True)
     with atomic_path(out_dir / "k_efficiency.csv") as tmp:
         keff.to_csv(tmp, index=False)
     with atomic_path(out_dir / "pass_at_k.md") as tmp:
-        tmp.write_text(render_markdown(table, keff, missing=missing, ignored=ignored))
+        tmp.write_text(render_markdown(table, keff, missing=missing, ignored=ignored, testtime=testtime))
     with atomic_path(out_dir / "pass_at_k.html") as tmp:
-        tmp.write_text(render_html(table, keff, missing=missing, ignored=ignored))
+        tmp.write_text(render_html(table, keff, missing=missing, ignored=ignored, testtime=testtime))
     with atomic_path(out_dir / "pass_at_k.csv") as tmp:
         table.to_csv(tmp, index=False)
-    return {"runs": runs, "table": table, "k_efficiency": keff, "missing": missing, "ignored": ignored}
+    return {"runs": runs, "table": table, "k_efficiency": keff, "missing": missing, "ignored": ignored,
+            "testtime": testtime}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -637,7 +751,11 @@ def run(args: argparse.Namespace) -> int:
             if not Path(path).is_file():
                 raise FileNotFoundError(f"{path}: eval.json not found")
         expected = expected_runs(args.config) if args.config else None
-        result = aggregate(paths, args.out_dir, expected=expected, drop_unexpected=bool(args.eval_dir))
+        for path in args.testtime:
+            if not Path(path).is_file():
+                raise FileNotFoundError(f"{path}: testtime.json not found")
+        result = aggregate(paths, args.out_dir, expected=expected, drop_unexpected=bool(args.eval_dir),
+                           testtime_paths=args.testtime)
     except (ValueError, FileNotFoundError) as err:  # ConfigError is a ValueError
         print(f"aggregate: error: {err}", file=sys.stderr)
         return 1
@@ -652,7 +770,7 @@ def run(args: argparse.Namespace) -> int:
               "pass@k not logged: rerun `repexp aggregate` after `repexp mlflow sync`", file=sys.stderr)
     elif target is not None:
         try:
-            logged = log_sweep_point_metrics(result["runs"], target)
+            logged = log_sweep_point_metrics(result["runs"], target, result["testtime"])
             print(f"aggregate: logged test pass@k on {len(logged)} MLflow sweep-point runs ({target.experiment})")
         except Exception as err:  # the tables are written and valid; tracking failures are reported, not fatal
             print(f"aggregate: warning: MLflow logging failed ({type(err).__name__}: {err}); "

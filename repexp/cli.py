@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "select": ("repexp.checkpoints", "pick the best-dev checkpoint of a training run"),
     "merge": ("repexp.verl.merge", "merge a verl FSDP checkpoint into a Hugging Face directory"),
     "eval": ("repexp.evaluate", "sample a model on a split and compute pass@k"),
+    "testtime": ("repexp.testtime", "order an evaluation's samples by the elliptical bonus (test-time RepExp)"),
     "aggregate": ("repexp.aggregate", "collect eval.json files into one tidy pass@k table"),
     "figures": ("repexp.figures", "plot pass@k curves, sweep heatmaps and training curves"),
     "mlflow": ("repexp.tracking", "MLflow helpers: sync records kept locally, create sweep runs"),

@@ -118,6 +118,19 @@ class EvalConfig:
 
 
 @dataclass
+class TesttimeConfig:
+    # The test-time RepExp stage (repexp testtime): λ and centring are the training bonus's (`bonus.lamb`,
+    # `bonus.center`) and the feature model is `bonus.representation_model` or the initial policy.
+    enabled: bool = _f(True, help="order every evaluated run's samples by the elliptical bonus (testtime rule)")
+    sparse_dim: int = _f(32, help="projection dimension of the test-time features (the same for every run)", minimum=1)
+    projection_seed: int = _f(0, help="seed of the test-time sparse projection", minimum=0)
+    batch_size: int = _f(64, help="sequences per feature-model forward", minimum=1)
+    dtype: str = _f("auto", help="feature-model dtype (auto: bfloat16 on GPU, float32 on CPU)",
+                    enum=("auto", "float32", "bfloat16", "float16"))
+    bootstrap: int = _f(1000, help="bootstrap replicates over problems for the efficiency intervals", minimum=0)
+
+
+@dataclass
 class VerlConfig:
     n_gpus_per_node: int = _f(8, help="GPUs per node", minimum=1)
     nnodes: int = _f(1, help="nodes per training job", minimum=1)
@@ -164,7 +177,7 @@ class RuleResources:
 def _default_resources() -> dict:
     return {
         name: dataclasses.asdict(RuleResources())
-        for name in ("model", "preprocess", "train", "select", "merge", "eval", "aggregate", "figures")
+        for name in ("model", "preprocess", "train", "select", "merge", "eval", "testtime", "aggregate", "figures")
     }
 
 
@@ -193,6 +206,7 @@ class PipelineConfig:
     bonus: BonusConfig = field(default_factory=BonusConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    testtime: TesttimeConfig = field(default_factory=TesttimeConfig)
     verl: VerlConfig = field(default_factory=VerlConfig)
     trl: TrlConfig = field(default_factory=TrlConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)

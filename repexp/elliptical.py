@@ -14,6 +14,8 @@ What lives here (the maths and the choices are in docs/bonus.md):
 - `PersistentCovariance`: upstream's `persist_covariance` semantics (state keyed by
   prompt across steps), batched over prompts, with a torch.save-able state.
 - `combine_rewards`: α·verifier + β·bonus with upstream's turn-off rules, vectorised.
+- Beside it, `repexp/elliptical_order.py`: the test-time use of the same bonus (the paper's
+  inference-time exploration), `greedy_order` of response pools batched over problems.
 
 No framework imports: this module runs with torch and numpy alone.
 """

@@ -236,7 +236,7 @@ def test_every_file_exists_and_pngs_have_the_recorded_size(rendered):
     out, index = rendered
     listed = [name for f in index["figures"] for name in f["files"]]
     spec = figures.figure_files(sweep_runs(load_config(CONFIG)))
-    assert sorted(listed) == sorted(spec["pass_at_k"] + spec["heatmaps"] + spec["training"])
+    assert sorted(listed) == sorted(spec["pass_at_k"] + spec["testtime"] + spec["heatmaps"] + spec["training"])
     for figure in index["figures"]:
         png, pdf = (out / name for name in figure["files"])
         assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > 5000

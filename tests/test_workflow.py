@@ -25,8 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 PAPER = REPO / "configs" / "paper.yaml"
 TEST = REPO / "configs" / "test.yaml"
-PAPER_JOBS = {"preprocess": 3, "train": 18, "select": 18, "merge": 18, "eval": 21, "aggregate": 1, "figures": 1,
-              "all": 1}
+PAPER_JOBS = {"preprocess": 3, "train": 18, "select": 18, "merge": 18, "eval": 21, "testtime": 21, "aggregate": 1,
+              "figures": 1, "all": 1}
 
 
 def snakemake(*args: str, workdir: Path, check: bool = True, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -131,21 +131,26 @@ def _mlflow_runs(results: Path) -> list:
 @pytest.mark.slow
 def test_pipeline_produces_evals_table_and_figures(pipeline):
     _, results, proc = pipeline
-    assert job_counts(proc) == {"model": 1, "preprocess": 1, "train": 2, "select": 2, "eval": 3, "aggregate": 1,
-                                "figures": 1, "all": 1}
+    assert job_counts(proc) == {"model": 1, "preprocess": 1, "train": 2, "select": 2, "eval": 3, "testtime": 3,
+                                "aggregate": 1, "figures": 1, "all": 1}
     runs = [s.name for s in C.sweep_runs(C.load(TEST))]
     for run in runs:
         result = json.loads((results / "eval" / "gsm8k" / run / "eval.json").read_text())
         assert result["n_samples"] == 4 and result["num_problems"] == 4 and set(result["pass_at_k"]) == {"1", "2", "4"}
     table = (results / "aggregate" / "pass_at_k.csv").read_text().splitlines()
     assert len(table) == 1 + 3 * 3  # header + 3 runs x k in {1, 2, 4}
+    for run in runs:  # test-time RepExp: both curves meet at k = n; the table's column is the RepExp curve
+        testtime = json.loads((results / "testtime" / "gsm8k" / run / "testtime.json").read_text())
+        assert testtime["k"] == [1, 2, 3, 4] and testtime["pass_at_k_repexp"][-1] == testtime["pass_at_k_random"][-1]
+    assert table[0].split(",")[-1] == "testtime_pass_at_k" and all(line.split(",")[-1] for line in table[1:])
     index = json.loads((results / "figures" / "index.json").read_text())
-    assert {f["id"] for f in index["figures"]} == {"pass_at_k", "heatmap_gsm8k_trl", "training_gsm8k_trl"}
+    assert {f["id"] for f in index["figures"]} == {"pass_at_k", "testtime_pass_at_k", "heatmap_gsm8k_trl",
+                                                   "training_gsm8k_trl"}
     for figure in index["figures"]:
         assert all((results / "figures" / name).stat().st_size > 0 for name in figure["files"])
     # every job left its log and benchmark
-    assert len(list((results / "logs").rglob("*.log"))) == 11
-    assert len(list((results / "benchmarks").rglob("*.tsv"))) == 11
+    assert len(list((results / "logs").rglob("*.log"))) == 14
+    assert len(list((results / "benchmarks").rglob("*.tsv"))) == 14
 
 
 @pytest.mark.slow
@@ -156,7 +161,7 @@ def test_report_embeds_figures_and_tables(pipeline):
               workdir=workdir)
     html = report.read_text(errors="ignore")
     assert report.stat().st_size > 10_000
-    for name in ("pass_at_k.png", "heatmap_gsm8k_trl.png", "training_gsm8k_trl.png", "pass_at_k.html",
+    for name in ("pass_at_k.png", "testtime_pass_at_k.png", "heatmap_gsm8k_trl.png", "training_gsm8k_trl.png", "pass_at_k.html",
                  "k_efficiency.csv"):
         assert name in html, name
 
@@ -168,7 +173,8 @@ def test_every_node_has_its_mlflow_run(pipeline):
     nodes = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     parents = {r.info.run_id: r for r in runs if "mlflow.parentRunId" not in r.data.tags}
     assert sorted(r.data.tags["snakemake.rule"] for r in nodes) == sorted(
-        ["model", "preprocess", "train", "train", "select", "select", "eval", "eval", "eval", "aggregate", "figures"])
+        ["model", "preprocess", "train", "train", "select", "select", "eval", "eval", "eval", "testtime", "testtime",
+         "testtime", "aggregate", "figures"])
     assert all(r.info.status == "FINISHED" for r in runs)
     assert sorted(p.data.tags["repexp.parent_key"] for p in parents.values()) == sorted(
         ["experiment", "task:gsm8k", "point:gsm8k/base", "point:gsm8k/trl_grpo_s42", "point:gsm8k/trl_repexp_k8_b0.01_s42"])
@@ -198,6 +204,8 @@ def test_every_node_has_its_mlflow_run(pipeline):
             result = json.loads((results / "eval" / "gsm8k" / run / "eval.json").read_text())
             history = {m.step: m.value for m in client.get_metric_history(node.info.run_id, "pass_at_k")}
             assert history == {int(k): v for k, v in result["pass_at_k"].items()}  # pass@k with step = k
+        elif rule == "testtime":
+            assert artifacts == {"testtime.json"} and node.data.params["cmd.sparse-dim"] == "32"
         elif rule == "select":
             assert artifacts == {"select.json"} and "select.checkpoint_step" in node.data.params
         elif rule == "preprocess":
@@ -226,7 +234,7 @@ def test_reruns_are_targeted(pipeline, tmp_path):
     saved = removed.read_bytes()
     removed.unlink()
     try:
-        assert dry_run(workdir, results) == {"eval": 1, "aggregate": 1, "figures": 1, "all": 1}
+        assert dry_run(workdir, results) == {"eval": 1, "testtime": 1, "aggregate": 1, "figures": 1, "all": 1}
     finally:
         removed.write_bytes(saved)
         os.utime(removed, (removed.stat().st_atime, (results / "aggregate" / "pass_at_k.csv").stat().st_mtime - 1))
@@ -240,13 +248,14 @@ def test_reruns_are_targeted(pipeline, tmp_path):
     raw["eval"]["n_samples"] = 2
     changed_eval = tmp_path / "eval_changed.yaml"
     changed_eval.write_text(yaml.safe_dump(raw))
-    assert dry_run(workdir, results, configfile=changed_eval) == {"eval": 3, "aggregate": 1, "figures": 1, "all": 1}
+    assert dry_run(workdir, results, configfile=changed_eval) == {"eval": 3, "testtime": 3, "aggregate": 1,
+                                                                  "figures": 1, "all": 1}
     raw = yaml.safe_load(TEST.read_text())
     raw["train"]["lr"] = 3.0e-5
     changed_train = tmp_path / "train_changed.yaml"
     changed_train.write_text(yaml.safe_dump(raw))
     assert dry_run(workdir, results, configfile=changed_train) == {
-        "train": 2, "select": 2, "eval": 2, "aggregate": 1, "figures": 1, "all": 1}
+        "train": 2, "select": 2, "eval": 2, "testtime": 2, "aggregate": 1, "figures": 1, "all": 1}
 
 
 # --------------------------------------------------------------------------- the train node's run directory

@@ -5,6 +5,7 @@
 rule aggregate:
     input:
         evals=all_eval_files(),
+        testtime=all_testtime_files(),
     output:
         table=f"{RESULTS}/aggregate/pass_at_k.csv",
         k_efficiency=report(f"{RESULTS}/aggregate/k_efficiency.csv", caption="../report/k_efficiency.rst",
@@ -25,5 +26,5 @@ rule aggregate:
         "../envs/report.yaml"
     shell:
         'repexp mlflow node --config "$REPEXP_CONFIG" --rule aggregate --snakemake-jobid {{{jobid}}} --attempt {resources.attempt} --output {output} --'
-        ' repexp aggregate --inputs {input.evals} --out-dir $(dirname {output.table}) --config "$REPEXP_CONFIG"'
+        ' repexp aggregate --inputs {input.evals} --testtime {input.testtime} --out-dir $(dirname {output.table}) --config "$REPEXP_CONFIG"'
         " --experiment {params.experiment} > {log} 2>&1"

@@ -150,13 +150,37 @@ def all_eval_files():
     return [eval_file(spec.task, spec.name) for spec in RUNS]
 
 
+def testtime_file(task, run):
+    return f"{RESULTS}/testtime/{task}/{run}/testtime.json"
+
+
+def all_testtime_files():
+    """The test-time ordering of every evaluated run (`testtime.enabled`)."""
+    return [testtime_file(spec.task, spec.name) for spec in RUNS] if CFG.testtime.enabled else []
+
+
+def testtime_model(wildcards):
+    """The frozen feature model: `bonus.representation_model`, else the initial policy (as in training)."""
+    model = CFG.bonus.representation_model or (model_dir()[0] if MODEL_ALIAS else CFG.model)
+    return shlex.quote(model)
+
+
+def testtime_flags(wildcards):
+    tt, bonus = CFG.testtime, CFG.bonus
+    flags = ["--sparse-dim", tt.sparse_dim, "--projection-seed", tt.projection_seed, "--batch-size", tt.batch_size,
+             "--dtype", tt.dtype, "--bootstrap", tt.bootstrap, "--lamb", C.canonical(bonus.lamb)]
+    if not bonus.center:
+        flags.append("--no-center")
+    return shlex.join(map(str, flags))
+
+
 def all_train_markers():
     return [f"{RESULTS}/train/{spec.task}/{spec.name}/DONE" for spec in RUNS if spec.trains]
 
 
 def figure_files():
     """What `repexp figures` draws: pass@k over tasks, a heatmap and training curves per (task, backend)."""
-    stems = ["pass_at_k"]
+    stems = ["pass_at_k", "testtime_pass_at_k"]
     for task, backend in dict.fromkeys((s.task, s.backend) for s in RUNS if s.trains):
         stems += [f"heatmap_{task}_{backend}", f"training_{task}_{backend}"]
     files = []
@@ -169,7 +193,9 @@ def figure_files():
 def _figure_report(stem):
     """The PNG of a figure, registered for `snakemake --report` with its caption."""
     kind, caption = ("pass@k curves", "pass_at_k.rst")
-    if stem.startswith("heatmap_"):
+    if stem.startswith("testtime_"):
+        kind, caption = ("test-time RepExp", "testtime.rst")
+    elif stem.startswith("heatmap_"):
         kind, caption = ("sweep heatmaps", "heatmap.rst")
     elif stem.startswith("training_"):
         kind, caption = ("training curves", "training.rst")
@@ -299,4 +325,5 @@ def rule_threads(rule):
 
 
 def final_targets():
-    return [*all_eval_files(), f"{RESULTS}/aggregate/pass_at_k.csv", f"{RESULTS}/figures/index.json"]
+    return [*all_eval_files(), *all_testtime_files(), f"{RESULTS}/aggregate/pass_at_k.csv",
+            f"{RESULTS}/figures/index.json"]

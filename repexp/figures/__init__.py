@@ -1,0 +1,194 @@
+"""`repexp figures`: pass@k curves, test-time curves, sweep heatmaps and training curves, plus `index.json`.
+
+Input: the tidy table of `repexp aggregate` (`pass_at_k.csv`), optionally the pipeline config (the
+expected runs: anything missing is named on the figure, in `index.json` and on stderr) and the
+training metrics (`results/train/<task>/<run>/metrics.jsonl`, or the MLflow store).
+
+Outputs in `--out-dir` (each written atomically; `index.json` last):
+
+* `pass_at_k.{pdf,png}` — one panel per task (the paper's Figure 2 layout): pass@k over k on a log2
+  axis, one line per method — RepExp (one line per (sparse_dim, β) point, see `select_repexp_points`),
+  GRPO, base model — the mean over seeds with a ±SEM-over-seeds band (none with one seed);
+* `testtime_pass_at_k.{pdf,png}` — per task, pass@k of each run's samples taken in RepExp order (the
+  paper's inference-time exploration, `repexp testtime`) and in random order (the table's
+  `testtime_pass_at_k` and `pass_at_k` columns), log2 k;
+* `heatmap_<task>_<backend>.{pdf,png}` — pass@1, pass@K (K = the largest k ≤ 256 every run has) and
+  the k-efficiency over sparse_dim × β;
+* `training_<task>_<backend>.{pdf,png}` — dev pass@1, raw and scaled bonus means, verifier vs shaped
+  reward over training steps (mean over seeds ± SEM);
+* `index.json` — every figure: files, caption, notes (missing runs), pixel size and the plotted data,
+  so tests and readers can check numbers without looking at pixels.
+
+Modules: `style` (look and scaffolding), `series` (what a line is, seed means, missing-run notes),
+`curves`, `testtime`, `heatmaps`, `training` (one figure kind each), `publish` (MLflow artifacts);
+the CLI and `make_figures` are here.
+
+Figures are never skipped silently: a figure without data is drawn as a panel that says what is
+missing, so every declared output exists and shows why it is empty.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from repexp.config import RunSpec
+from repexp.io import write_json_atomic
+# the package's public names, importable from `repexp.figures` as before the split
+from repexp.figures.curves import plot_pass_at_k  # noqa: F401
+from repexp.figures.heatmaps import heatmap_grid, plot_heatmap  # noqa: F401
+from repexp.figures.publish import log_figures_run  # noqa: F401
+from repexp.figures.series import (Series, compact_runs, completeness_notes, expected_from_config,  # noqa: F401
+                                   seed_curve, select_repexp_points, series_of, table_specs)
+from repexp.figures.style import DPI, MAX_REPEXP_LINES, _save  # noqa: F401
+from repexp.figures.testtime import STEM as TESTTIME_STEM
+from repexp.figures.testtime import plot_testtime
+from repexp.figures.training import (plot_training, read_metrics_jsonl, training_curves_from_jsonl,  # noqa: F401
+                                     training_curves_from_mlflow)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--table", type=Path, required=True, help="pass_at_k.csv written by `repexp aggregate`")
+    parser.add_argument("--out-dir", type=Path, required=True, help="where figures and index.json go")
+    parser.add_argument("--config", type=Path, help="pipeline config: its runs are expected (missing ones are named)")
+    parser.add_argument("--train-dir", type=Path, help="results/train: training curves from <task>/<run>/metrics.jsonl")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI)")
+    parser.add_argument("--experiment",
+                        help="MLflow experiment: log the figures and tables as a 'figures' run (default: the enclosing "
+                             "`repexp mlflow node` run, if any) and, with --curves-from auto, read training curves from it")
+    parser.add_argument("--curves-from", choices=("auto", "mlflow", "jsonl", "none"), default="auto",
+                        help="training-curve source (auto: MLflow with --experiment, else metrics.jsonl with --train-dir, "
+                             "else none)")
+    parser.add_argument("--max-repexp-lines", type=int, default=MAX_REPEXP_LINES,
+                        help="RepExp sweep points drawn in the pass@k figure before only the main one is kept")
+
+
+def figure_pairs(specs: Sequence[RunSpec]) -> list[tuple[str, str]]:
+    """(task, backend) pairs that get a heatmap and a training figure: those with trained runs, in sweep order."""
+    return list(dict.fromkeys((s.task, s.backend) for s in specs if s.trains))
+
+
+def figure_files(specs: Sequence[RunSpec], *, training: bool = True) -> dict[str, list[str]]:
+    """File names `repexp figures` writes for these runs (for the Snakemake rule's outputs).
+
+    {"pass_at_k": [...], "testtime": [...], "heatmaps": [...], "training": [...], "index": ["index.json"]},
+    PNG before PDF.
+    Cheap: the workflow imports it at parse time.
+    """
+    pairs = figure_pairs(specs)
+    both = lambda stem: [f"{stem}.png", f"{stem}.pdf"]  # noqa: E731
+    return {
+        "pass_at_k": both("pass_at_k"),
+        "testtime": both(TESTTIME_STEM),
+        "heatmaps": [name for t, b in pairs for name in both(f"heatmap_{t}_{b}")],
+        "training": [name for t, b in pairs for name in both(f"training_{t}_{b}")] if training else [],
+        "index": ["index.json"],
+    }
+
+
+def make_figures(table, out_dir: Path, *, expected: Sequence[RunSpec] | None = None,
+                 curves: dict | None = None, curves_source: str = "",
+                 max_repexp_lines: int = MAX_REPEXP_LINES, table_path: str | None = None) -> dict:
+    """Draw and save every figure; write `index.json` last. Returns the index."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    found = table_specs(table)
+    specs = list(expected) if expected is not None else found
+    tasks = list(dict.fromkeys(s.task for s in specs))
+    figures = []
+
+    fig, record = plot_pass_at_k(table, tasks=tasks, expected=expected, max_repexp_lines=max_repexp_lines)
+    record["files"] = _save(fig, out_dir, "pass_at_k")
+    figures.append(record)
+    fig, record = plot_testtime(table, tasks=tasks, expected=expected)
+    record["files"] = _save(fig, out_dir, TESTTIME_STEM)
+    figures.append(record)
+    pairs = figure_pairs(specs)
+    for task, backend in pairs:
+        fig, record = plot_heatmap(table, task, backend, expected=expected)
+        record["files"] = _save(fig, out_dir, record["id"])
+        figures.append(record)
+    if curves is not None:
+        for task, backend in pairs:
+            fig, record = plot_training(curves, task, backend, specs=specs, source=curves_source)
+            record["files"] = _save(fig, out_dir, record["id"])
+            figures.append(record)
+    index = {"generated_by": "repexp figures", "table": table_path, "dpi": DPI,
+             "expected_from_config": expected is not None,
+             "missing_evaluations": sorted({m for f in figures if f["kind"] != "training" for m in f["missing_runs"]}),
+             "missing_training_metrics": sorted({m for f in figures if f["kind"] == "training" for m in f["missing_runs"]}),
+             "training_curves": curves_source or None, "figures": figures}
+    write_json_atomic(out_dir / "index.json", _json_safe(index))
+    return index
+
+
+def _json_safe(obj: Any) -> Any:
+    """NaN/inf → None and numpy scalars → Python, so index.json is strict JSON."""
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def run(args: argparse.Namespace) -> int:
+    from repexp import aggregate
+
+    try:
+        table = aggregate.read_table(args.table)
+        if table.empty:
+            raise ValueError(f"{args.table}: the table has no rows")
+        expected = expected_from_config(args.config) if args.config else None
+        source = args.curves_from
+        if source == "auto":
+            source = "mlflow" if args.experiment else ("jsonl" if args.train_dir else "none")
+        specs = list(expected) if expected is not None else table_specs(table)
+        curves, curves_source = None, ""
+        if source == "jsonl":
+            if args.train_dir is None:
+                raise ValueError("--curves-from jsonl needs --train-dir")
+            if not args.train_dir.is_dir():
+                raise FileNotFoundError(f"{args.train_dir}: training directory not found")
+            curves, curves_source = training_curves_from_jsonl(args.train_dir, specs), "metrics.jsonl"
+        elif source == "mlflow":
+            target = aggregate.mlflow_target(args.tracking_uri, args.experiment, args.config)
+            if target is None:
+                raise ValueError("--curves-from mlflow needs --experiment (or a `repexp mlflow node` run)")
+            curves, curves_source = training_curves_from_mlflow(target, specs), "MLflow"
+        index = make_figures(table, args.out_dir, expected=expected, curves=curves, curves_source=curves_source,
+                             max_repexp_lines=args.max_repexp_lines, table_path=str(args.table))
+    except (ValueError, FileNotFoundError) as err:
+        print(f"figures: error: {err}", file=sys.stderr)
+        return 1
+    for name in index["missing_evaluations"]:
+        print(f"figures: missing evaluation: {name}", file=sys.stderr)
+    for name in index["missing_training_metrics"]:
+        print(f"figures: missing training metrics: {name}", file=sys.stderr)
+    for figure in index["figures"]:
+        for note in figure["notes"]:
+            print(f"figures: {figure['id']}: {note}", file=sys.stderr)
+    print(f"figures: {len(index['figures'])} figures → {args.out_dir}")
+    target = aggregate.mlflow_target(args.tracking_uri, args.experiment, args.config)
+    if target is not None:
+        figure_paths = [args.out_dir / name for f in index["figures"] for name in f["files"]] + [args.out_dir / "index.json"]
+        table_files = [p for p in sorted(args.table.parent.iterdir())
+                       if p.is_file() and p.suffix in (".csv", ".md", ".html") and not p.name.startswith(".")]
+        try:
+            run_id = log_figures_run(target, figure_paths, table_files)
+            print(f"figures: figures and tables logged to MLflow run {run_id} ({target.experiment})")
+        except Exception as err:  # the figures are written and valid; tracking failures are reported, not fatal
+            print(f"figures: warning: MLflow logging failed ({type(err).__name__}: {err}); "
+                  "the figures are complete, rerun with the same flags to log", file=sys.stderr)
+    return 0

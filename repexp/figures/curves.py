@@ -1,0 +1,127 @@
+"""The pass@k figure: one panel per task, pass@k over log2 k, one line per method/point (mean over seeds)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from repexp.config import RunSpec, canonical
+from repexp.figures.series import Series, _series_sort_key, completeness_notes, seed_curve, select_repexp_points, \
+    series_of, table_specs
+from repexp.figures.style import (BACKEND_LINESTYLES, BASE_COLOR, FONT, GRPO_COLOR, LINE_STYLE, MAX_REPEXP_LINES,
+                                  REPEXP_COLORS, REPEXP_MARKERS, TASK_TITLES, _figure_with_footer, _finish_curve_panel,
+                                  _size_px, _style)
+
+
+def _curve_panels(found: Sequence[RunSpec], tasks: Sequence[str], expected: Sequence[RunSpec] | None,
+                  max_repexp_lines: int) -> tuple[list[dict], list[str], list[str]]:
+    """Which series each task panel draws, plus the notes and missing runs of the figure."""
+    panels: list[dict] = []
+    notes: list[str] = []
+    missing: list[str] = []
+    for task in tasks:
+        title = TASK_TITLES.get(task, task)
+        task_missing, task_notes = completeness_notes(task, found, expected)
+        missing += task_missing
+        notes += [f"{title}: {n}" for n in task_notes]
+        series_set = sorted({series_of(s) for s in found if s.task == task}, key=_series_sort_key)
+        shown: list[Series] = [s for s in series_set if s.method != "repexp"]
+        for backend in sorted({s.backend for s in series_set if s.method == "repexp"}):
+            points = [(s.sparse_dim, s.beta) for s in series_set if s.method == "repexp" and s.backend == backend]
+            keep = set(select_repexp_points(task, points, max_repexp_lines))
+            dropped = [p for p in sorted(set(points)) if p not in keep]
+            if dropped:
+                notes.append(f"{title}: {len(dropped)} further RepExp sweep points are in the heatmap "
+                             f"({', '.join(f'dim={k} β={canonical(b)}' for k, b in dropped)})")
+            shown += [s for s in series_set if s.method == "repexp" and s.backend == backend
+                      and (s.sparse_dim, s.beta) in keep]
+        panels.append({"task": task, "series": sorted(shown, key=_series_sort_key)})
+    return panels, notes, missing
+
+
+def plot_pass_at_k(table, *, tasks: Sequence[str] | None = None, expected: Sequence[RunSpec] | None = None,
+                   max_repexp_lines: int = MAX_REPEXP_LINES):
+    """The pass@k figure. Returns (figure, record) where record holds caption, notes and plotted data."""
+    found = table_specs(table)
+    tasks = list(tasks) if tasks else list(dict.fromkeys(s.task for s in found))
+    if not tasks:
+        raise ValueError("no tasks to plot")
+    panels, notes, missing = _curve_panels(found, tasks, expected, max_repexp_lines)
+    all_series = [s for panel in panels for s in panel["series"]]
+    repexp_points = {(s.sparse_dim, s.beta) for s in all_series if s.method == "repexp"}
+    show_point = len(repexp_points) > 1
+    show_backend = len({s.backend for s in all_series if s.backend}) > 1
+    styles = _series_styles(all_series, show_point=show_point, show_backend=show_backend)
+    single_seed = any((seed_curve(table, s) or {}).get("n_seeds") == 1 for s in all_series if s.method != "base")
+    if single_seed:
+        notes.append("Lines with one seed have no band.")
+
+    labels = list(dict.fromkeys(styles[s]["label"] for s in sorted(all_series, key=_series_sort_key)))
+    ncol = min(max(1, len(labels)), 4)
+    width = max(5.0, 3.2 * len(tasks))
+    with _style():
+        fig, axes, footer = _figure_with_footer(width, 2.9, legend_rows=math.ceil(len(labels) / ncol), notes=notes,
+                                                ncols=len(tasks))
+        record_panels = []
+        handles: dict[str, Any] = {}
+        for j, panel in enumerate(panels):
+            ax = axes[0][j]
+            task = panel["task"]
+            ax.set_title(TASK_TITLES.get(task, task))
+            data_series = []
+            lows, highs, k_max = [], [], 1
+            for series in panel["series"]:
+                curve = seed_curve(table, series)
+                if curve is None:
+                    continue
+                style = styles[series]
+                line, = ax.plot(curve["k"], curve["mean"], label=style["label"], color=style["color"],
+                                linestyle=style["linestyle"], alpha=0.8 if series.method == "base" else 1.0,
+                                **{**LINE_STYLE, "marker": style["marker"]})
+                handles.setdefault(style["label"], line)
+                band = None
+                if curve["sem"] is not None:
+                    lo = [m - s for m, s in zip(curve["mean"], curve["sem"])]
+                    hi = [m + s for m, s in zip(curve["mean"], curve["sem"])]
+                    ax.fill_between(curve["k"], lo, hi, color=style["color"], alpha=0.2, linewidth=0)
+                    band = {"lower": lo, "upper": hi}
+                    lows += lo
+                    highs += hi
+                lows += curve["mean"]
+                highs += curve["mean"]
+                k_max = max(k_max, max(curve["k"]))
+                data_series.append({**series.to_dict(), "label": style["label"], **curve, "band": band})
+            ylim = _finish_curve_panel(ax, plotted=bool(data_series), empty_message=f"no evaluated runs for {task}",
+                                       k_max=k_max, lows=lows, highs=highs, xlabel="k", first=j == 0)
+            record_panels.append({"task": task, "title": TASK_TITLES.get(task, task), "ylim": list(ylim) if ylim else None,
+                                  "series": data_series})
+        if handles:
+            footer.legend([handles[l] for l in labels if l in handles], [l for l in labels if l in handles],
+                          loc="upper center", ncol=ncol, frameon=False, fontsize=FONT["legend"],
+                          bbox_to_anchor=(0.5, 1.0))
+    caption = (
+        "pass@k on the test split over k (log2 axis) per task: mean over seeds "
+        + ("with a ±1 SEM band across seeds (ddof 1)" if not single_seed else "(±1 SEM band across seeds where ≥ 2 seeds; one seed: no band)")
+        + ". pass@k is the unbiased estimator from n samples per problem, averaged over problems. "
+        + ("RepExp lines are labelled by their sweep point (dim = sparse_dim, β). " if show_point else "")
+        + "The base model is evaluated once (no band)."
+    )
+    record = {"id": "pass_at_k", "kind": "pass_at_k", "caption": caption, "notes": notes, "missing_runs": missing,
+              "size_px": _size_px(fig), "panels": record_panels}
+    return fig, record
+
+
+def _series_styles(series: Sequence[Series], *, show_point: bool, show_backend: bool) -> dict[Series, dict]:
+    points = sorted({(s.sparse_dim, s.beta) for s in series if s.method == "repexp"})
+    backends = sorted({s.backend for s in series if s.backend})
+    styles = {}
+    for s in series:
+        linestyle = BACKEND_LINESTYLES[backends.index(s.backend) % len(BACKEND_LINESTYLES)] if s.backend and show_backend else "-"
+        if s.method == "repexp":
+            i = points.index((s.sparse_dim, s.beta))
+            color, marker = REPEXP_COLORS[i % len(REPEXP_COLORS)], REPEXP_MARKERS[i % len(REPEXP_MARKERS)]
+        else:
+            color, marker = (GRPO_COLOR, "o") if s.method == "grpo" else (BASE_COLOR, "o")
+        styles[s] = {"label": s.label(show_point=show_point, show_backend=show_backend), "color": color,
+                     "marker": marker, "linestyle": linestyle}
+    return styles

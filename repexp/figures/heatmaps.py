@@ -1,0 +1,186 @@
+"""Sweep heatmaps: pass@1, pass@K and k-efficiency over sparse_dim × β for one task and backend."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Sequence
+
+from repexp.config import RunSpec, canonical
+from repexp.figures.series import Series, completeness_notes, seed_curve, table_specs
+from repexp.figures.style import FONT, HEADLINE_K, TASK_TITLES, _figure_with_footer, _no_data, _size_px, _style
+
+
+
+
+def heatmap_grid(table, task: str, backend: str, expected: Sequence[RunSpec] | None) -> tuple[list[int], list[float]]:
+    """sparse_dims (rows) and βs (columns): the config's sweep if given, else what was evaluated."""
+    specs = list(expected) if expected is not None else table_specs(table)
+    points = {(s.sparse_dim, float(s.beta)) for s in specs
+              if s.task == task and s.method == "repexp" and s.backend == backend}
+    return sorted({p[0] for p in points}), sorted({p[1] for p in points})
+
+
+def _pass_cells(table, task: str, backend: str, sparse_dims, betas, k: int | None, n_full_seeds: int):
+    """(values, annotations, cell records) of one pass@k panel: seed means per (sparse_dim, β)."""
+    import numpy as np
+
+    values = np.full((len(sparse_dims), len(betas)), np.nan)
+    text = np.full(values.shape, "", dtype=object)
+    cells = []
+    for i, d in enumerate(sparse_dims):
+        for j, b in enumerate(betas):
+            curve = seed_curve(table, Series(task, "repexp", backend, d, b))
+            if k is None or curve is None or k not in curve["k"]:
+                text[i, j] = "missing"
+                cells.append({"sparse_dim": d, "beta": b, "value": None, "n_seeds": 0 if curve is None else curve["n_seeds"]})
+                continue
+            at = curve["k"].index(k)
+            values[i, j] = curve["mean"][at]
+            text[i, j] = f"{values[i, j]:.3f}"
+            if n_full_seeds and curve["n_seeds"] < n_full_seeds:
+                text[i, j] += f"\n({curve['n_seeds']}/{n_full_seeds} seeds)"
+            cells.append({"sparse_dim": d, "beta": b, "value": curve["mean"][at],
+                          "sem": None if curve["sem"] is None else curve["sem"][at],
+                          "n_seeds": curve["n_seeds"], "seeds": curve["seeds"]})
+    return values, text, cells
+
+
+def _efficiency_cells(keff, backend: str, sparse_dims, betas):
+    """(log2 efficiency, annotations, cell records) from the k-efficiency table."""
+    import numpy as np
+
+    values = np.full((len(sparse_dims), len(betas)), np.nan)
+    text = np.full(values.shape, "", dtype=object)
+    cells = []
+    for i, d in enumerate(sparse_dims):
+        for j, b in enumerate(betas):
+            match = keff[(keff["backend"] == backend) & (keff["sparse_dim"] == d) & np.isclose(keff["beta"], b)]
+            if match.empty:
+                text[i, j] = "missing"
+                cells.append({"sparse_dim": d, "beta": b, "value": None, "status": "missing"})
+                continue
+            row = match.iloc[0]
+            efficiency = None if pd_isna(row["efficiency"]) else float(row["efficiency"])
+            if efficiency:
+                values[i, j] = math.log2(efficiency)
+                text[i, j] = f"{efficiency:.2f}×"
+            else:
+                text[i, j] = str(row["status"]).replace(" ", "\n", 1)
+            cells.append({"sparse_dim": d, "beta": b, "value": efficiency, "status": row["status"],
+                          "k_star": None if pd_isna(row["k_star"]) else float(row["k_star"]),
+                          "reference_k": None if pd_isna(row["reference_k"]) else int(row["reference_k"])})
+    return values, text, cells
+
+
+def _pass_norm(values, grpo: float | None, name: str):
+    """Colour scale of a pass@k panel: diverging around GRPO's value when it lies inside (0, 1)."""
+    import matplotlib.colors as mcolors
+    import numpy as np
+
+    finite = values[np.isfinite(values)]
+    if grpo is not None and 0.0 < grpo < 1.0:
+        spread = max(float(np.abs(finite - grpo).max()) if finite.size else 0.0, 0.005)
+        norm = mcolors.TwoSlopeNorm(vcenter=grpo, vmin=max(0.0, grpo - spread), vmax=min(1.0, grpo + spread))
+        return norm, "vlag", f"{name} (centre: GRPO {grpo:.3f})", [norm.vmin, grpo, norm.vmax]
+    lo = float(finite.min()) if finite.size else 0.0
+    hi = float(finite.max()) if finite.size else 1.0
+    if hi - lo < 0.01:  # (nearly) constant: a readable 0.01 range inside [0, 1]
+        lo = min(max(0.0, (lo + hi) / 2 - 0.005), 0.99)
+        hi = lo + 0.01
+    label = f"{name} (no GRPO run)" if grpo is None else f"{name} (GRPO {grpo:.3f})"
+    return mcolors.Normalize(vmin=lo, vmax=hi), "crest", label, [lo, (lo + hi) / 2, hi]
+
+
+def _draw_heatmap(ax, values, text, sparse_dims, betas, *, norm, cmap: str, label: str, ticks, tick_labels) -> None:
+    import numpy as np
+    import seaborn as sns
+
+    ax.set_facecolor("#eeeeee")  # missing cells
+    ax.grid(False)
+    with warnings.catch_warnings():  # an all-missing panel makes seaborn warn about NaN min/max
+        warnings.simplefilter("ignore", RuntimeWarning)
+        sns.heatmap(values, ax=ax, cmap=cmap, norm=norm, annot=text, fmt="", mask=~np.isfinite(values),
+                    annot_kws={"fontsize": FONT["note"]}, linewidths=0.5, linecolor="white",
+                    xticklabels=[canonical(b) for b in betas], yticklabels=[str(d) for d in sparse_dims],
+                    cbar_kws={"label": label, "shrink": 0.9})
+    # seaborn does not annotate masked cells: say "missing" / "not reached" there
+    for i, j in zip(*np.nonzero(~np.isfinite(values))):
+        if text[i, j]:
+            ax.text(j + 0.5, i + 0.5, text[i, j], ha="center", va="center", fontsize=FONT["note"], color="#555555")
+    colorbar = ax.collections[0].colorbar
+    colorbar.ax.yaxis.label.set_size(FONT["note"])
+    colorbar.ax.tick_params(labelsize=FONT["note"])
+    colorbar.set_ticks(ticks, labels=tick_labels)
+    ax.set_xlabel("β")
+    ax.tick_params(axis="y", rotation=0)
+
+
+def plot_heatmap(table, task: str, backend: str, *, expected: Sequence[RunSpec] | None = None):
+    """pass@1, pass@K and k-efficiency over sparse_dim × β for one task and backend."""
+    import matplotlib.colors as mcolors
+    import numpy as np
+
+    from repexp import aggregate
+
+    sparse_dims, betas = heatmap_grid(table, task, backend, expected)
+    found = table_specs(table)
+    trained_here = lambda specs: [s for s in specs if s.trains and s.backend == backend]  # noqa: E731
+    missing, notes = completeness_notes(task, trained_here(found), None if expected is None else trained_here(expected))
+    notes = [n for n in notes if "base-model" not in n]
+    rows = table[(table["task"] == task) & (table["backend"] == backend) & table["method"].isin(["repexp", "grpo"])]
+    ks_per_run = [set(g["k"].astype(int)) for _, g in rows.groupby("run")]
+    common = set.intersection(*ks_per_run) if ks_per_run else set()
+    k_ref = max((k for k in common if k <= HEADLINE_K), default=None)
+    keff = aggregate.k_efficiency(table[table["task"] == task])
+    n_full_seeds = len({s.seed for s in trained_here(expected if expected is not None else found) if s.task == task})
+    grpo_curve = seed_curve(table, Series(task, "grpo", backend, None, 0.0))
+
+    width = max(7.5, 7.8 + 1.35 * max(0, len(betas) - 2))
+    height = 1.7 + 0.45 * max(2, len(sparse_dims))
+    panels = []
+    with _style():
+        fig, axes, _ = _figure_with_footer(width, height, legend_rows=0, notes=notes, ncols=3)
+        fig.suptitle(f"{TASK_TITLES.get(task, task)} [{backend}]: RepExp sweep", fontsize=FONT["title"])
+        for ax, (name, k) in zip(axes[0], [("pass@1", 1), (f"pass@{k_ref}" if k_ref else "pass@K", k_ref),
+                                          ("k-efficiency", None)]):
+            ax.set_title(name, fontsize=FONT["label"])
+            if not sparse_dims:
+                _no_data(ax, f"no RepExp runs for {task} [{backend}]")
+                panels.append({"metric": name, "k": k, "grpo": None, "cells": []})
+                continue
+            grpo = None
+            if name == "k-efficiency":
+                values, text, cells = _efficiency_cells(keff, backend, sparse_dims, betas)
+                finite = values[np.isfinite(values)]  # log2 efficiency: the scale is symmetric around 1×
+                bound = max(1, math.ceil(float(np.abs(finite).max()))) if finite.size else 1
+                ticks = list(range(-bound, bound + 1))
+                _draw_heatmap(ax, values, text, sparse_dims, betas, cmap="vlag", label="efficiency (1×: as GRPO)",
+                              norm=mcolors.TwoSlopeNorm(vcenter=0.0, vmin=-bound, vmax=bound),
+                              ticks=ticks, tick_labels=[f"{2.0 ** t:g}×" for t in ticks])
+            else:
+                values, text, cells = _pass_cells(table, task, backend, sparse_dims, betas, k, n_full_seeds)
+                if grpo_curve and k in grpo_curve["k"]:
+                    grpo = grpo_curve["mean"][grpo_curve["k"].index(k)]
+                norm, cmap, label, ticks = _pass_norm(values, grpo, name)
+                _draw_heatmap(ax, values, text, sparse_dims, betas, norm=norm, cmap=cmap, label=label,
+                              ticks=ticks, tick_labels=[f"{t:.3f}" for t in ticks])
+            ax.set_ylabel("sparse_dim" if name == "pass@1" else "")
+            panels.append({"metric": name, "k": k, "grpo": grpo, "cells": cells})
+    caption = (
+        f"RepExp sweep on {TASK_TITLES.get(task, task)} ({backend}): rows sparse_dim, columns β; cells are means over "
+        "seeds. pass@1 and pass@K (K: the largest k ≤ 256 every run evaluated) are coloured around GRPO's value "
+        "(blue: below, red: above). k-efficiency = k_GRPO / k*: k* is the (log2-interpolated) smallest k at which "
+        "RepExp's pass@k reaches GRPO's pass@K, k_GRPO the same for GRPO's own curve (K unless GRPO saturates); "
+        "\"not reached\" when RepExp never does."
+    )
+    record = {"id": f"heatmap_{task}_{backend}", "kind": "heatmap", "task": task, "backend": backend,
+              "caption": caption, "notes": notes, "missing_runs": missing, "size_px": _size_px(fig),
+              "sparse_dims": sparse_dims, "betas": betas, "panels": panels}
+    return fig, record
+
+
+def pd_isna(value) -> bool:
+    import pandas as pd
+
+    return value is None or bool(pd.isna(value))

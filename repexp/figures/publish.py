@@ -1,0 +1,41 @@
+"""The figures and tables as MLflow artifacts of the `figures` node run (or a standalone 'figures' run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+
+
+
+def log_figures_run(target, figure_paths: Sequence[Path], table_files: Sequence[Path]) -> str | None:
+    """Make the figures and the tables artifacts of the 'figures' run; returns its id (None if offline).
+
+    Inside `repexp mlflow node --rule figures` that is the node run (its wrapper logs the declared
+    outputs, so only the tables, which are inputs, are added here, under `table/`; offline they go
+    to the outbox with the rest of the record). Standalone (`--experiment`), a run named 'figures'
+    is created under the experiment's parent run with everything under `figures/` and `table/`.
+    """
+    from repexp import aggregate, tracking
+
+    node = tracking.current_node()
+    if node is not None and node.enabled and target.experiment == node.record.experiment:
+        for path in table_files:
+            node.log_artifact(path, "table")
+        return node.run_id
+    store, experiment_id = aggregate.mlflow_store(target)
+    with store.lock():
+        parent_id, _ = store.parent(experiment_id, tracking.scope_for())
+    run = store.client.create_run(experiment_id, run_name="figures",
+                                  tags={"mlflow.parentRunId": parent_id, "repexp.rule": "figures",
+                                        tracking.SCOPE_KEY_TAG: tracking.scope_for().key})
+    status = "FAILED"
+    try:
+        for path in figure_paths:
+            store.client.log_artifact(run.info.run_id, str(path), "figures")
+        for path in table_files:
+            store.client.log_artifact(run.info.run_id, str(path), "table")
+        status = "FINISHED"
+    finally:
+        store.client.set_terminated(run.info.run_id, status)
+    return run.info.run_id

@@ -1,0 +1,159 @@
+"""What a figure plots: one `Series` per method and config point, seed means, and the notes on missing runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+from repexp.config import METHODS, TASKS, RunSpec, canonical, parse_run
+from repexp.figures.style import PAPER_POINTS
+
+
+# --------------------------------------------------------------------------- series
+
+
+@dataclasses.dataclass(frozen=True)
+class Series:
+    """One plotted line: a method at one config point, averaged over its seeds."""
+
+    task: str
+    method: str
+    backend: str | None
+    sparse_dim: int | None
+    beta: float
+
+    def label(self, *, show_point: bool, show_backend: bool) -> str:
+        if self.method == "repexp":
+            text = "RepExp"
+            if show_point:
+                text += f" (dim={self.sparse_dim}, β={canonical(self.beta)})"
+        else:
+            text = {"grpo": "GRPO", "base": "Base model"}[self.method]
+        if show_backend and self.backend:
+            text += f" [{self.backend}]"
+        return text
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def series_of(spec: RunSpec) -> Series:
+    if spec.method == "repexp":
+        return Series(spec.task, "repexp", spec.backend, spec.sparse_dim, float(spec.beta))
+    return Series(spec.task, spec.method, spec.backend, None, 0.0)
+
+
+def _series_sort_key(s: Series) -> tuple:
+    return (METHODS.index(s.method), s.backend or "", s.sparse_dim or 0, s.beta)
+
+
+def select_repexp_points(task: str, points: Sequence[tuple[int, float]], max_lines: int) -> list[tuple[int, float]]:
+    """RepExp (sparse_dim, β) points drawn in the pass@k figure.
+
+    All points when there are at most `max_lines`; otherwise the paper's setting for the task if it
+    was evaluated, else the first point in sweep order. The others are in the heatmaps (and the note).
+    """
+    points = sorted(set(points))
+    if len(points) <= max_lines:
+        return points
+    paper = PAPER_POINTS.get(task)
+    for point in points:
+        if paper and point[0] == paper[0] and math.isclose(point[1], paper[1]):
+            return [point]
+    return points[:1]
+
+
+def seed_curve(table, series: Series) -> dict[str, Any] | None:
+    """pass@k of one series: mean over its seeds and SEM over seeds (ddof 1) on the ks all seeds have."""
+    import numpy as np
+
+    mask = (table["task"] == series.task) & (table["method"] == series.method)
+    if series.method != "base":
+        mask &= table["backend"] == series.backend
+    if series.method == "repexp":
+        mask &= (table["sparse_dim"] == series.sparse_dim) & np.isclose(table["beta"].astype(float), series.beta)
+    rows = table[mask]
+    if rows.empty:
+        return None
+    per_run = {run: dict(zip(g["k"].astype(int), g["pass_at_k"].astype(float))) for run, g in rows.groupby("run", sort=True)}
+    ks = sorted(set.intersection(*(set(c) for c in per_run.values())))
+    values = np.array([[curve[k] for k in ks] for curve in per_run.values()])
+    n = len(per_run)
+    sem = (values.std(axis=0, ddof=1) / math.sqrt(n)).tolist() if n >= 2 else None
+    seeds = sorted({int(s) for s in rows["seed"].dropna()})
+    return {"k": ks, "mean": values.mean(axis=0).tolist(), "sem": sem, "n_seeds": n, "seeds": seeds,
+            "runs": sorted(per_run)}
+
+
+# --------------------------------------------------------------------------- expectations / notes
+
+
+def expected_from_config(config_path: str | Path) -> list[RunSpec]:
+    from repexp.config import load, sweep_runs
+
+    return sweep_runs(load(config_path))
+
+
+def table_specs(table) -> list[RunSpec]:
+    return sorted({parse_run(t, r) for t, r in table[["task", "run"]].drop_duplicates().itertuples(index=False)},
+                  key=lambda s: (TASKS.index(s.task), METHODS.index(s.method), s.backend or "", s.sparse_dim or 0,
+                                 s.beta, s.seed or 0))
+
+
+def completeness_notes(task: str, found: Sequence[RunSpec], expected: Sequence[RunSpec] | None) -> tuple[list[str], list[str]]:
+    """(missing run paths, human notes) for one task.
+
+    With a config, missing = expected runs without an evaluation. Without one, a series with fewer
+    seeds than the task's other series and a missing GRPO or base-model run are reported.
+    """
+    found_names = {s.name for s in found if s.task == task}
+    notes: list[str] = []
+    missing: list[str] = []
+    if expected is not None:
+        missing = [s.path for s in expected if s.task == task and s.name not in found_names]
+        if missing:
+            notes.append(f"missing runs: {compact_runs([s.split('/', 1)[1] for s in missing])}")
+        return missing, notes
+    task_runs = [s for s in found if s.task == task]
+    all_seeds = sorted({s.seed for s in task_runs if s.seed is not None})
+    by_series: dict[Series, set[int]] = {}
+    for s in task_runs:
+        if s.method != "base":
+            by_series.setdefault(series_of(s), set()).add(s.seed)
+    several_backends = len({s.backend for s in by_series}) > 1
+    for series, seeds in sorted(by_series.items(), key=lambda kv: _series_sort_key(kv[0])):
+        lacking = [x for x in all_seeds if x not in seeds]
+        if lacking:
+            label = series.label(show_point=series.method == "repexp", show_backend=several_backends)
+            notes.append(f"{label}: no seed {', '.join(map(str, lacking))}")
+            missing += [f"{task}/{_run_name(series, x)}" for x in lacking]
+    methods = {s.method for s in task_runs}
+    for method, text in (("grpo", "no GRPO run"), ("base", "no base-model run"), ("repexp", "no RepExp run")):
+        if method not in methods:
+            notes.append(text)
+    return missing, notes
+
+
+def compact_runs(names: Sequence[str]) -> str:
+    """'verl_grpo_s41', 'verl_grpo_s42', 'base' → 'verl_grpo_s{41,42}, base' (order of first appearance)."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        stem, sep, seed = name.rpartition("_s")
+        key = stem if sep and seed.isdigit() else name
+        groups.setdefault(key, []).append(seed if key == stem else "")
+    parts = []
+    for key, seeds in groups.items():
+        seeds = [s for s in seeds if s]
+        if not seeds:
+            parts.append(key)
+        elif len(seeds) == 1:
+            parts.append(f"{key}_s{seeds[0]}")
+        else:
+            parts.append(f"{key}_s{{{','.join(seeds)}}}")
+    return ", ".join(parts)
+
+
+def _run_name(series: Series, seed: int) -> str:
+    return RunSpec(series.task, series.method, series.backend, series.sparse_dim, series.beta, seed).name

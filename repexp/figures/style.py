@@ -1,0 +1,150 @@
+"""Shared look of every figure: constants (colours, fonts, the paper's points) and the scaffolding
+(fixed-size figure with a footer for legend and notes, empty panels, limits, log2 axis, saving)."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from repexp.io import atomic_path
+
+
+HEADLINE_K = 256
+DPI = 200
+TASK_TITLES = {"math": "MATH", "gsm8k": "GSM8K", "aime24": "AIME 2024", "dapo-with-aime24": "AIME 2024 (DAPO train)"}
+# upstream plot_pass_at_k.py: GRPO = deep[-1], base = deep[7], RepExp = colorblind[2]; further RepExp
+# points take other colourblind-safe colours (and markers) so they stay distinguishable
+GRPO_COLOR = "#64b5cd"
+BASE_COLOR = "#8c8c8c"
+REPEXP_COLORS = ("#029e73", "#de8f05", "#cc78bc", "#d55e00", "#0173b2", "#ca9161")
+REPEXP_MARKERS = ("o", "s", "^", "D", "v", "P")
+BACKEND_LINESTYLES = ("-", "--", ":")
+# the paper's main setting (upstream §14): β = 0.01, sparse_dim 32 (MATH, GSM8K) or 128 (AIME via DAPO)
+PAPER_POINTS = {"math": (32, 0.01), "gsm8k": (32, 0.01), "aime24": (128, 0.01), "dapo-with-aime24": (128, 0.01)}
+MAX_REPEXP_LINES = 4
+TRAINING_METRICS = ("dev/pass@1", "repexp/bonus_raw/mean", "repexp/bonus_scaled/mean",
+                    "reward/verifier/mean", "reward/shaped/mean")
+LINE_STYLE = dict(marker="o", linewidth=1.275, markersize=6, markeredgewidth=0.9, markeredgecolor="#F7F7FF")
+FONT = {"label": 10, "title": 11, "tick": 8, "legend": 8, "note": 7}
+
+
+# --------------------------------------------------------------------------- figure scaffolding
+
+
+def _style():
+    """seaborn whitegrid + upstream font sizes, scoped to a `with` block."""
+    import contextlib
+
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(sns.axes_style("whitegrid"))
+    stack.enter_context(plt.rc_context({
+        "axes.labelsize": FONT["label"], "axes.titlesize": FONT["title"], "xtick.labelsize": FONT["tick"],
+        "ytick.labelsize": FONT["tick"], "legend.fontsize": FONT["legend"], "pdf.fonttype": 42,
+        "font.family": "DejaVu Sans",
+    }))
+    return stack
+
+
+def _wrap(text: str, width_in: float, fontsize: float) -> list[str]:
+    chars = max(30, int(width_in * 72 / (fontsize * 0.56)))
+    return textwrap.wrap(text, chars) or [""]
+
+
+def _figure_with_footer(width: float, plot_height: float, *, legend_rows: int, notes: Sequence[str], ncols: int = 1,
+                        nrows: int = 1, sharey: bool = False):
+    """A figure of fixed size: a plot area on top, legend and wrapped notes below (never over the data)."""
+    import matplotlib.pyplot as plt
+
+    note_lines = [line for note in notes for line in _wrap(note, width - 0.3, FONT["note"])]
+    footer = 0.12 + 0.2 * legend_rows + 0.13 * len(note_lines)
+    fig = plt.figure(figsize=(width, plot_height + footer), dpi=DPI, layout="constrained")
+    top, bottom = fig.subfigures(2, 1, height_ratios=[plot_height, footer], hspace=0.0)
+    axes = top.subplots(nrows, ncols, sharey=sharey, squeeze=False)
+    if note_lines:
+        bottom.text(0.5, 0.02, "\n".join(note_lines), ha="center", va="bottom", fontsize=FONT["note"],
+                    color="#444444", linespacing=1.25)
+    return fig, axes, bottom
+
+
+def _no_data(ax, message: str) -> None:
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.text(0.5, 0.5, "\n".join(textwrap.wrap(message, 28)), ha="center", va="center", fontsize=FONT["legend"],
+            color="#666666", transform=ax.transAxes)
+
+
+def _adaptive_ylim(lows: Iterable[float], highs: Iterable[float], *, floor: float = 0.0, ceil: float = 1.0,
+                   min_span: float = 0.05) -> tuple[float, float]:
+    """Limits that contain every plotted value (band included) with a margin, never cropping data.
+
+    Nearly flat data get at least `min_span` (so ticks stay readable); the limits stay within a
+    small margin of [floor, ceil], the range of a probability.
+    """
+    lows = [v for v in lows if v is not None and math.isfinite(v)]
+    highs = [v for v in highs if v is not None and math.isfinite(v)]
+    if not lows:
+        return floor, ceil
+    lo, hi = min(lows), max(highs)
+    pad = 0.08 * (hi - lo)
+    lo, hi = lo - pad, hi + pad
+    if hi - lo < min_span:
+        centre = (lo + hi) / 2
+        lo, hi = centre - min_span / 2, centre + min_span / 2
+    margin = 0.03 * (hi - lo)  # markers at exactly 0 or 1 must not be cut
+    if lo < floor - margin:
+        lo, hi = floor - margin, hi + (floor - margin - lo)
+    if hi > ceil + margin:
+        lo, hi = max(floor - margin, lo - (hi - ceil - margin)), ceil + margin
+    return lo, hi
+
+
+def _save(fig, out_dir: Path, stem: str) -> list[str]:
+    import matplotlib.pyplot as plt
+
+    files = []
+    for ext in ("png", "pdf"):
+        target = out_dir / f"{stem}.{ext}"
+        with atomic_path(target) as tmp:
+            fig.savefig(tmp, format=ext, dpi=DPI)
+        files.append(target.name)
+    plt.close(fig)
+    return files
+
+
+def _size_px(fig) -> list[int]:
+    w, h = fig.get_size_inches()
+    return [int(round(w * DPI)), int(round(h * DPI))]
+
+
+
+
+def _log2_axis(ax, k_max: int) -> None:
+    ax.set_xscale("log", base=2)
+    top = max(0, math.floor(math.log2(max(1, k_max))))
+    ticks = [2 ** i for i in range(top + 1)]
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([f"$2^{{{i}}}$" for i in range(top + 1)])
+    ax.minorticks_off()
+    ax.set_xlim(2 ** -0.2, 2 ** (math.log2(max(1, k_max)) + 0.2))
+
+
+def _finish_curve_panel(ax, *, plotted: bool, empty_message: str, k_max: int, lows, highs, xlabel: str,
+                        first: bool) -> tuple[float, float] | None:
+    """A pass@k-over-k panel's axes: log2 k, limits around every plotted value; a message when empty."""
+    ylim = None
+    if not plotted:
+        _no_data(ax, empty_message)
+    else:
+        _log2_axis(ax, k_max)
+        ylim = _adaptive_ylim(lows, highs)
+        ax.set_ylim(*ylim)
+        ax.set_xlabel(xlabel)
+        ax.tick_params(axis="both", labelsize=FONT["tick"])
+    if first:
+        ax.set_ylabel("pass@k")
+    return ylim

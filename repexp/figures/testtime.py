@@ -1,0 +1,108 @@
+"""The test-time RepExp figure: per task, pass@k of each run's samples in RepExp order and in random order.
+
+Both curves come from the tidy table: `pass_at_k` (the unbiased estimator: a random order of the n
+samples) and `testtime_pass_at_k` (the verifier takes the samples in the greedy elliptical order,
+`repexp testtime`). One colour per method/point (mean over seeds), solid = RepExp order, dashed =
+random order; they meet at k = n by construction.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from repexp.config import RunSpec
+from repexp.figures.curves import _series_styles
+from repexp.figures.series import Series, _series_sort_key, series_of, table_specs
+from repexp.figures.style import (FONT, LINE_STYLE, TASK_TITLES, _figure_with_footer, _finish_curve_panel, _size_px,
+                                  _style)
+
+STEM = "testtime_pass_at_k"
+ORDERS = (("testtime_pass_at_k", "RepExp order", "-"), ("pass_at_k", "random order", "--"))
+
+
+def testtime_curve(table, series: Series, column: str) -> dict[str, Any] | None:
+    """Seed-mean `column` over the ks every seed of the series has a value for (None without any)."""
+    import numpy as np
+
+    mask = (table["task"] == series.task) & (table["method"] == series.method)
+    if series.method != "base":
+        mask &= table["backend"] == series.backend
+    if series.method == "repexp":
+        mask &= (table["sparse_dim"] == series.sparse_dim) & np.isclose(table["beta"].astype(float), series.beta)
+    rows = table[mask & table["testtime_pass_at_k"].notna()]  # both curves on the runs that have the ordering
+    if rows.empty:
+        return None
+    per_run = {run: dict(zip(g["k"].astype(int), g[column].astype(float))) for run, g in rows.groupby("run", sort=True)}
+    ks = sorted(set.intersection(*(set(c) for c in per_run.values())))
+    values = np.array([[curve[k] for k in ks] for curve in per_run.values()])
+    return {"k": ks, "mean": values.mean(axis=0).tolist(), "n_seeds": len(per_run), "runs": sorted(per_run)}
+
+
+def plot_testtime(table, *, tasks: Sequence[str] | None = None, expected: Sequence[RunSpec] | None = None):
+    """The test-time figure. Returns (figure, record) like the other figures."""
+    found = table_specs(table)
+    tasks = list(tasks) if tasks else list(dict.fromkeys(s.task for s in found))
+    if "testtime_pass_at_k" not in table.columns:
+        table = table.assign(testtime_pass_at_k=math.nan)
+    panels = []
+    for task in tasks:
+        series = sorted({series_of(s) for s in found if s.task == task}, key=_series_sort_key)
+        panels.append({"task": task, "series": series})
+    all_series = [s for p in panels for s in p["series"]]
+    show_point = len({(s.sparse_dim, s.beta) for s in all_series if s.method == "repexp"}) > 1
+    show_backend = len({s.backend for s in all_series if s.backend}) > 1
+    styles = _series_styles(all_series, show_point=show_point, show_backend=show_backend)
+    notes: list[str] = []
+    if expected is not None:
+        done = table.loc[table["testtime_pass_at_k"].notna(), ["task", "run"]]
+        have = {(t, r) for t, r in done.itertuples(index=False)}
+        lacking = [s.path for s in expected if s.task in tasks and (s.task, s.name) not in have]
+        if lacking:
+            notes.append(f"no test-time result for: {', '.join(lacking)}")
+    labels = list(dict.fromkeys(styles[s]["label"] for s in sorted(all_series, key=_series_sort_key)))
+    ncol = min(max(1, len(labels) + 2), 4)
+    width = max(5.0, 3.2 * len(tasks))
+    record_panels = []
+    with _style():
+        fig, axes, footer = _figure_with_footer(width, 2.9, legend_rows=math.ceil((len(labels) + 2) / ncol),
+                                                notes=notes, ncols=len(tasks))
+        handles: dict[str, Any] = {}
+        for j, panel in enumerate(panels):
+            ax = axes[0][j]
+            task = panel["task"]
+            ax.set_title(TASK_TITLES.get(task, task))
+            plotted, lows, highs, k_max = [], [], [], 1
+            for series in panel["series"]:
+                style = styles[series]
+                for column, order_name, linestyle in ORDERS:
+                    curve = testtime_curve(table, series, column)
+                    if curve is None:
+                        continue
+                    line, = ax.plot(curve["k"], curve["mean"], color=style["color"], linestyle=linestyle,
+                                    **{**LINE_STYLE, "marker": style["marker"] if linestyle == "-" else None})
+                    if linestyle == "-":
+                        handles.setdefault(style["label"], line)
+                    lows += curve["mean"]
+                    highs += curve["mean"]
+                    k_max = max(k_max, max(curve["k"]))
+                    plotted.append({**series.to_dict(), "label": style["label"], "order": order_name, **curve})
+            ylim = _finish_curve_panel(ax, plotted=bool(plotted), empty_message=f"no test-time results for {task}",
+                                       k_max=k_max, lows=lows, highs=highs, xlabel="k (verifier calls)", first=j == 0)
+            record_panels.append({"task": task, "title": TASK_TITLES.get(task, task),
+                                  "ylim": list(ylim) if ylim else None, "series": plotted})
+        order_handles = [ax.plot([], [], color="#444444", linestyle=ls, linewidth=1.275)[0] for _, _, ls in ORDERS]
+        names = [l for l in labels if l in handles] + [name for _, name, _ in ORDERS]
+        footer.legend([handles[l] for l in labels if l in handles] + order_handles, names, loc="upper center",
+                      ncol=ncol, frameon=False, fontsize=FONT["legend"], bbox_to_anchor=(0.5, 1.0))
+    caption = (
+        "Test-time RepExp (the paper's inference-time exploration) on each run's test samples: pass@k when the "
+        "verifier is called on the samples in RepExp order (solid: each time the sample with the largest "
+        "elliptical bonus w.r.t. those already taken, features of the frozen initial policy) and in a uniformly "
+        "random order (dashed: the unbiased pass@k of the same samples), over k on a log2 axis; means over "
+        "seeds. Both meet at k = n by construction; a solid line above its dashed twin means fewer verifier "
+        "calls for the same pass@k."
+    )
+    record = {"id": STEM, "kind": "testtime", "caption": caption, "notes": notes, "missing_runs": [],
+              "size_px": _size_px(fig), "panels": record_panels}
+    return fig, record

@@ -1,0 +1,188 @@
+"""`repexp testtime`: the paper's inference-time exploration on an evaluation's stored samples.
+
+    repexp testtime --eval-dir results/eval/gsm8k/base --model results/models/smollm2 \\
+        --out results/testtime/gsm8k/base
+
+For every problem of the evaluation the verifier is called on its n samples in RepExp order: each
+time the sample with the largest elliptical bonus with respect to the samples already taken
+(`repexp.elliptical_order.greedy_order`; features of the frozen `--model`, mean-pooled over the
+response, sparse projection, the training bonus's λ and centring). `testtime.json` compares that
+order with a random order of the same samples: pass@k of both, verifier efficiency at reference ks,
+samples-to-correct (the paper's metric) and bootstrap intervals over problems (`core`).
+
+Outputs in `--out` (each written atomically; `testtime.json` last, so its presence means complete):
+`features/` (cached projected features per eval shard: an interrupted run resumes), `order.parquet`
+(each problem's order and the bonus of each sample when taken) and `testtime.json`.
+See docs/evaluation.md, "Test-time RepExp".
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from repexp.testtime.core import mlflow_metrics  # noqa: F401  (public: MLflow logging of testtime.json)
+
+__all__ = ["configure_parser", "run", "mlflow_metrics", "TESTTIME_JSON", "ORDER_FILE"]
+
+TESTTIME_JSON = "testtime.json"
+ORDER_FILE = "order.parquet"
+
+
+def _ks(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(k) for k in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--reference-ks must be comma-separated integers, got {text!r}") from None
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    from repexp.config import BonusConfig, TesttimeConfig
+
+    defaults, bonus = TesttimeConfig(), BonusConfig()
+    parser.add_argument("--eval-dir", type=Path, required=True,
+                        help="an evaluation's output directory (samples/ and eval.json of `repexp eval`)")
+    parser.add_argument("--model", required=True,
+                        help="the frozen feature model (the initial policy): HF directory or hub id")
+    parser.add_argument("--out", type=Path, required=True, help="output directory (testtime.json, order, features)")
+    parser.add_argument("--data", type=Path,
+                        help="the evaluated split (default: the path recorded in samples/meta.json)")
+    parser.add_argument("--sparse-dim", type=int, default=defaults.sparse_dim)
+    parser.add_argument("--projection-seed", type=int, default=defaults.projection_seed)
+    parser.add_argument("--lamb", type=float, default=bonus.lamb, help="ridge λ (default: the training bonus's)")
+    parser.add_argument("--no-center", action="store_true", help="do not centre each pool's features by its mean")
+    parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="sequences per forward")
+    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default=defaults.dtype)
+    parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
+    parser.add_argument("--reference-ks", type=_ks, help="ks for the efficiency (default 1, 2, 4, … below n, and n)")
+    parser.add_argument("--bootstrap", type=int, default=defaults.bootstrap, help="replicates over problems (0: none)")
+    parser.add_argument("--bootstrap-seed", type=int, default=0)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        result = testtime(args)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"testtime: {err}", file=sys.stderr)
+        return 2
+    stc = result["samples_to_correct"]
+    eff = result["efficiency"]
+    shown = ", ".join(f"k={k}: {r:.2f}x" for k, r in zip(eff["reference_k"], eff["ratio"]) if r is not None)
+    ratio = "undefined (nothing solved)" if stc["ratio"] is None else f"{stc['ratio']:.3f}"
+    print(f"testtime: {result['num_problems']} problems; samples-to-correct random/RepExp = {ratio}; "
+          f"efficiency {shown or 'undefined'}; wrote {args.out / TESTTIME_JSON}", file=sys.stderr)
+    return 0
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    for name in ("sparse_dim", "batch_size"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not args.lamb > 0:
+        raise ValueError(f"--lamb must be > 0, got {args.lamb}")
+    if args.bootstrap < 0 or args.projection_seed < 0:
+        raise ValueError("--bootstrap and --projection-seed must be >= 0")
+
+
+def _load_evaluation(eval_dir: Path, data: Path | None):
+    """(store, meta, problems, plan) of a complete evaluation, checked against its data file."""
+    from repexp.evaluate import core as eval_core
+    from repexp.evaluate.problems import load_problems
+    from repexp.evaluate.runner import EVAL_JSON
+    from repexp.evaluate.store import SampleStore
+
+    store = SampleStore(eval_dir)
+    meta = store.read_meta()
+    if meta is None:
+        raise FileNotFoundError(f"{store.meta_path}: no sample store (run `repexp eval` first)")
+    if meta.get("format") != eval_core.STORE_FORMAT:
+        raise ValueError(f"{store.meta_path}: store format {meta.get('format')} is not {eval_core.STORE_FORMAT}")
+    if not (eval_dir / EVAL_JSON).is_file():
+        raise FileNotFoundError(f"{eval_dir / EVAL_JSON}: the evaluation is not complete (no eval.json)")
+    gen = meta["generation"]
+    data_path = Path(data or meta.get("data_path") or "")
+    problems = load_problems(data_path, limit=gen["num_problems"])
+    if problems.data_hash != gen["data_hash"] or problems.problem_ids != meta["problem_ids"]:
+        raise ValueError(f"{data_path}: its problems differ from the ones {eval_dir} evaluated (data hash mismatch)")
+    plan = eval_core.shard_plan(len(problems), gen["shard_size"], gen["sampling"]["seed"])
+    missing = [i for i in range(len(plan)) if not store.shard_path(i).exists()]
+    if missing:
+        raise ValueError(f"{store.dir}: shards {missing[:10]} are missing")
+    return store, meta, problems, plan
+
+
+def testtime(args: argparse.Namespace) -> dict:
+    import torch
+
+    from repexp.elliptical_order import greedy_order, pad_pools
+    from repexp.io import write_json_atomic
+    from repexp.testtime import core
+    from repexp.testtime.features import FeatureSettings, resolve_device, resolve_dtype, shard_features
+
+    _check_args(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / TESTTIME_JSON).unlink(missing_ok=True)  # never a testtime.json that does not match what follows
+    from repexp.evaluate.runner import resolve_model
+
+    model, _ = resolve_model(args.model, None)  # a local directory (checked) or a hub id, as for `repexp eval`
+    store, meta, problems, plan = _load_evaluation(Path(args.eval_dir), args.data)
+    device = resolve_device(args.device)
+    settings = FeatureSettings(model=model, sparse_dim=args.sparse_dim,
+                               projection_seed=args.projection_seed, batch_size=args.batch_size,
+                               dtype=resolve_dtype(args.dtype, device), device=device)
+    started = time.perf_counter()
+    per_problem = shard_features(store, problems, plan, settings, out, meta["generation"])
+    feature_seconds = time.perf_counter() - started
+    entries = []
+    for pid in problems.problem_ids:
+        entry = per_problem.get(pid)
+        if entry is None or entry["index"] != list(range(len(entry["index"]))):
+            raise ValueError(f"{store.dir}: samples of problem {pid!r} are missing or incomplete")
+        entries.append(entry)
+
+    started = time.perf_counter()
+    padded, sizes = pad_pools([e["features"] for e in entries], device=device)
+    ordered = greedy_order(padded, sizes, lamb=args.lamb, center=not args.no_center)
+    orders = [ordered.order[g, : int(s)].tolist() for g, s in enumerate(sizes.cpu())]
+    taken_bonus = [ordered.bonus[g, : int(s)].tolist() for g, s in enumerate(sizes.cpu())]
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    order_seconds = time.perf_counter() - started
+
+    _write_orders(out / ORDER_FILE, problems.problem_ids, orders, taken_bonus)
+    gen = meta["generation"]
+    metadata = {
+        "task": meta.get("task"), "split": meta.get("split"), "eval_dir": str(args.eval_dir),
+        "model_path": gen.get("model_path"), "checkpoint_step": gen.get("checkpoint_step"),
+        "data_hash": gen.get("data_hash"), "sampling": gen.get("sampling"),
+        "settings": {"feature_model": settings.model, "sparse_dim": settings.sparse_dim,
+                     "projection_seed": settings.projection_seed, "lamb": float(args.lamb),
+                     "center": not args.no_center, "dtype": settings.dtype, "device": device,
+                     "order": "greedy elliptical (repexp.elliptical_order)"},
+        "timing_s": {"features": round(feature_seconds, 3), "order": round(order_seconds, 3)},
+    }
+    result = core.testtime_result(
+        problem_ids=problems.problem_ids, scores=[e["score"] for e in entries], orders=orders,
+        reference_ks=args.reference_ks, bootstrap=args.bootstrap, bootstrap_seed=args.bootstrap_seed,
+        metadata=metadata,
+    )
+    write_json_atomic(out / TESTTIME_JSON, result)
+    return result
+
+
+def _write_orders(path: Path, problem_ids, orders, bonuses) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from repexp.io import atomic_path
+
+    table = pa.table({
+        "problem_id": pa.array(problem_ids, pa.string()),
+        "order": pa.array(orders, pa.list_(pa.int32())),
+        "bonus": pa.array(bonuses, pa.list_(pa.float64())),
+    })
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)

@@ -1,0 +1,29 @@
+# testtime: the paper's inference-time exploration on every evaluated run's stored samples. The
+# samples are taken in RepExp order (features of the frozen initial policy) and compared with a random
+# order of the same samples: pass@k of both, verifier efficiency, samples-to-correct (testtime.json).
+
+
+rule testtime:
+    input:
+        eval=f"{RESULTS}/eval/{{task}}/{{run}}/eval.json",
+        model=model_dir(),
+    output:
+        result=f"{RESULTS}/testtime/{{task}}/{{run}}/testtime.json",
+    params:
+        model=testtime_model,
+        flags=testtime_flags,
+    log:
+        log_path("testtime", "{task}", "{run}"),
+    benchmark:
+        benchmark_path("testtime", "{task}", "{run}")
+    retries: 1  # resumes from its cached feature shards
+    threads: rule_threads("testtime")
+    resources:
+        **rule_resources("testtime"),
+    conda:
+        "../envs/eval.yaml"
+    shell:
+        'repexp mlflow node --config "$REPEXP_CONFIG" --rule testtime --snakemake-jobid {{{jobid}}} --task {wildcards.task} --run {wildcards.run}'
+        " --attempt {resources.attempt} --output {output} --"
+        " repexp testtime --eval-dir $(dirname {input.eval}) --model {params.model} --out $(dirname {output.result})"
+        " {params.flags} > {log} 2>&1"
