@@ -915,7 +915,7 @@ def test_training_killed_by_sigterm_then_sigkill_resumes_and_matches(kill_workdi
     assert sorted(by_execution) == ["1", "2", "3"], [(r.data.tags, r.info.status) for r in runs]
     assert [by_execution[e].info.status for e in ("1", "2", "3")] == ["FAILED", "KILLED", "FINISHED"]
     assert by_execution["2"].data.tags["repexp.superseded_by"] == by_execution["3"].info.run_id
-    assert by_execution["1"].data.tags["snakemake.attempt"] == "1" and by_execution["2"].data.tags["snakemake.attempt"] == "2"
+    assert [by_execution[e].data.tags["snakemake.attempt"] for e in ("1", "2", "3")] == ["1", "2", "1"]
     assert re.fullmatch(r"the trl trainer exited with status \d+( \(SIG[A-Z]+\))?",
                         by_execution["1"].data.tags["repexp.error"]), by_execution["1"].data.tags["repexp.error"]
 
