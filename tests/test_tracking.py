@@ -428,7 +428,8 @@ def test_a_rerun_ends_the_run_a_killed_execution_left_running(store):
         pass
     orphan, new = client.get_run(orphan_id), client.get_run(rerun.run_id)
     assert orphan.info.status == "KILLED" and new.info.status == "FINISHED"
-    assert orphan.data.tags[T.SUPERSEDED_TAG] == rerun.run_id and "no end was recorded" in orphan.data.tags["repexp.error"]
+    assert orphan.data.tags[T.SUPERSEDED_TAG] == rerun.run_id
+    assert "no end was recorded" in orphan.data.tags["repexp.error"]
     # attempts stay distinguishable although both say snakemake.attempt=1
     assert (orphan.data.tags[T.EXECUTION_TAG], new.data.tags[T.EXECUTION_TAG]) == ("1", "2")
     assert new.info.run_name == f"train gsm8k/{SPEC} #2"
@@ -482,3 +483,119 @@ def test_git_tags_come_from_an_mlflow_context_provider(store):
     assert provider.in_context() and provider.tags()["mlflow.source.git.commit"] == commit
     tags = resolve_run_tags({"mine": "1"})
     assert tags["git.commit"] == commit and tags["mine"] == "1" and tags["mlflow.user"]
+
+
+# --------------------------------------------------------------------------- the MLflow UI
+
+INSTALL_BROWSER = T.REPO_ROOT / "workflow" / "scripts" / "install_browser.sh"
+# Where the UI screenshot is copied for people to look at (docs/tracking.md, "Browsing the runs")
+ARTIFACTS_ENV = "REPEXP_TEST_ARTIFACTS"
+ARTIFACTS_DEFAULT = T.REPO_ROOT / "test-artifacts"
+UI_SCREENSHOT = "mlflow_ui_eval_runs_by_pass_at_n.png"
+
+
+def _browser() -> tuple[str, str]:
+    """chromium and chromedriver (Debian's packages), installed with install_browser.sh when missing;
+    the test skips, saying why, only where that cannot be done."""
+    found = shutil.which("chromium"), shutil.which("chromedriver")
+    if all(found):
+        return found
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.skip("chromium/chromium-driver are missing and this is not root with apt-get to install them")
+    proc = subprocess.run(["bash", str(INSTALL_BROWSER)], capture_output=True, text=True, timeout=1800)
+    found = shutil.which("chromium"), shutil.which("chromedriver")
+    if not all(found):
+        pytest.skip(f"{INSTALL_BROWSER.name} could not install chromium (exit {proc.returncode}): "
+                    + " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:]))
+    return found
+
+
+def _ui_table(driver, metric: str, columns: list[str]) -> list[dict]:
+    """Add `columns` with the UI's column selector, then read the runs table top to bottom."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(driver, 120)
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ag-pinned-left-cols-container [role='row']")) >= 3)
+    driver.find_element(By.CSS_SELECTOR, "[data-testid='column-selection-dropdown']").click()
+    search = wait.until(EC.element_to_be_clickable((By.CSS_SELECTOR, "input[placeholder='Search columns']")))
+    tree = driver.find_element(By.CSS_SELECTOR, "[data-testid='column-selector-tree']")
+    for label in [metric, *columns]:
+        search.send_keys(Keys.CONTROL, "a")
+        search.send_keys(label)
+        node = f".//span[@title][normalize-space(.)='{label}']"  # a tree node whose whole text is the label
+        wait.until(lambda d: tree.find_elements(By.XPATH, node))
+        tree.find_element(By.XPATH, node).click()
+    search.send_keys(Keys.ESCAPE)
+    col_ids = {name: f"params.`{name}`" for name in columns} | {metric: f"metrics.`{metric}`"}
+    cells = [f"[role='gridcell'][col-id='{col}']" for col in col_ids.values()]
+    wait.until(lambda d: all(d.find_elements(By.CSS_SELECTOR, cell) for cell in cells))
+    rows = {}
+    for row in driver.find_elements(By.CSS_SELECTOR, ".ag-pinned-left-cols-container [role='row']"):
+        name = row.find_element(By.CSS_SELECTOR, "[col-id='attributes.`Run Name`']").text.splitlines()[-1]
+        rows[int(row.get_attribute("row-index"))] = {"name": name}
+    for row in driver.find_elements(By.CSS_SELECTOR, ".ag-center-cols-container [role='row']"):
+        cells = {c.get_attribute("col-id"): c.text for c in row.find_elements(By.CSS_SELECTOR, "[role='gridcell']")}
+        rows[int(row.get_attribute("row-index"))].update({name: cells.get(col) for name, col in col_ids.items()})
+    return [rows[i] for i in sorted(rows)]
+
+
+@pytest.mark.slow
+def test_the_mlflow_ui_sorts_eval_runs_by_pass_at_n_with_their_beta_and_seed(tmp_path_factory, tmp_path):
+    """Headless Chromium on the MLflow UI of the test DAG's store: the runs table, filtered to eval runs and
+    sorted by test/pass_at_<n>, shows RepExp, GRPO and the base model with their β and seed."""
+    import urllib.parse
+    import urllib.request
+
+    chromium, chromedriver = _browser()
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium (the dev extra) is not installed")
+    import _reliability_fixtures as fx
+
+    workdir = fx.reference_run(tmp_path_factory)
+    results = fx.results(workdir)
+    evals = {p.parent.name: json.loads(p.read_text()) for p in (results / "eval" / "gsm8k").glob("*/eval.json")}
+    n = max(int(k) for k in evals["base"]["pass_at_k"])
+    metric = T.pass_at_k_metric("test", n)
+    serve = subprocess.run([REPEXP, "mlflow", "serve", "--config", str(workdir / "config.yaml"), "--background",
+                            "--host", "127.0.0.1", "--store", T.default_tracking_uri(results), "--workers", "1"],
+                           capture_output=True, text=True, timeout=600, env={**os.environ, "MLFLOW_TRACKING_URI": ""})
+    assert serve.returncode == 0, serve.stderr[-3000:]
+    uri = serve.stdout.split()[0]
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    # wide enough that the grid renders the added columns (it only draws the columns in view)
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=2400,1000"):
+        options.add_argument(arg)
+    driver = None
+    try:
+        with urllib.request.urlopen(f"{uri}/api/2.0/mlflow/experiments/get-by-name?experiment_name=repexp-test") as r:
+            experiment_id = json.loads(r.read())["experiment"]["experiment_id"]
+        driver = webdriver.Chrome(service=webdriver.ChromeService(chromedriver), options=options)
+        driver.implicitly_wait(5)
+        query = urllib.parse.urlencode({"searchFilter": "tags.`snakemake.rule` = 'eval'",
+                                        "orderByKey": f"metrics.`{metric}`", "orderByAsc": "false"})
+        driver.get(f"{uri}/#/experiments/{experiment_id}/runs?{query}")
+        table = _ui_table(driver, metric, ["method", "beta", "seed"])
+        screenshot = tmp_path / UI_SCREENSHOT
+        driver.save_screenshot(str(screenshot))
+        kept = Path(os.environ.get(ARTIFACTS_ENV) or ARTIFACTS_DEFAULT)
+        kept.mkdir(parents=True, exist_ok=True)
+        shutil.copy(screenshot, kept / UI_SCREENSHOT)
+        assert f"Sort: {metric}" in driver.page_source
+    finally:
+        if driver is not None:
+            driver.quit()
+        subprocess.run([REPEXP, "mlflow", "serve", "--config", str(workdir / "config.yaml"), "--stop"], timeout=120)
+    by_name = {row["name"]: row for row in table}
+    assert sorted(by_name) == ["eval gsm8k/base", "eval gsm8k/trl_grpo_s42", "eval gsm8k/trl_repexp_k8_b0.01_s42"]
+    expected = {"trl_repexp_k8_b0.01_s42": ("repexp", "0.01", "42"), "trl_grpo_s42": ("grpo", "0", "42"),
+                "base": ("base", "0", "-")}  # the base model has no training seed
+    for run, (method, beta, seed) in expected.items():
+        row = by_name[f"eval gsm8k/{run}"]
+        assert (row["method"], row["beta"], row["seed"]) == (method, beta, seed), row
+        assert float(row[metric]) == pytest.approx(evals[run]["pass_at_k"][str(n)], abs=1e-3), row
+    values = [float(row[metric]) for row in table]
+    assert values == sorted(values, reverse=True)  # the UI's order

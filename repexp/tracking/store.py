@@ -39,6 +39,8 @@ BATCH_PARAMS = 100  # MLflow's per-call limits of log_batch
 BATCH_METRICS = 1000
 SEARCH_LIMIT = 1000
 DATASET_CONTEXT_TAG = "mlflow.data.context"  # MLflow's input tag for a dataset's role
+# The UI opens an experiment of this kind on its runs table (MLflow 3 defaults to its GenAI overview)
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 
 
 def resolve_tracking_uri(results_dir: str | os.PathLike, configured: Optional[str] = None) -> str:
@@ -126,7 +128,7 @@ class Store:
         exp = self.client.get_experiment_by_name(name)
         if exp is None:
             try:
-                return self.client.create_experiment(name, artifact_location=artifact_location)
+                return self.client.create_experiment(name, artifact_location=artifact_location, tags=EXPERIMENT_TAGS)
             except MlflowException:  # created concurrently
                 exp = self.client.get_experiment_by_name(name)
                 if exp is None:

