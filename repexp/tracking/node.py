@@ -353,6 +353,15 @@ def log_on_parent(store: Store, experiment_id: str, record: Record, scope: Scope
     store.log_metrics(parent_id, rows)
 
 
+def _results_id_or_none(results_dir: str) -> Optional[str]:
+    """The results directory's id; None (parents then found by key alone) if it cannot be written."""
+    try:
+        return results_id(results_dir)
+    except OSError as err:
+        print(f"[repexp.tracking] no results id for {results_dir} ({err})", file=sys.stderr)
+        return None
+
+
 def _yaml(obj: Any) -> str:
     import yaml
 
@@ -400,7 +409,7 @@ def prepare_node(
     enabled = tracking_enabled()
     uri = resolve_tracking_uri(cfg.results_dir, cfg.tracking.tracking_uri)
     results_abs = str(Path(cfg.results_dir).resolve())
-    rid = results_id(cfg.results_dir) if enabled else None
+    rid = _results_id_or_none(cfg.results_dir) if enabled else None
     scope = scope_for_rule(rule, task, run, results_id=rid)
     wildcards = {**{k: v for k, v in (("task", task), ("run", run)) if v is not None}, **(wildcards or {})}
     base_tags = {
