@@ -607,9 +607,12 @@ def render_html(table, keff, *, missing: Sequence[str], ignored: Sequence[str],
 
 
 def sweep_point_metrics(run: EvalRun) -> dict[str, float]:
-    """`test/pass_at_<k>` for k in MLFLOW_KS ∩ evaluated, plus the largest evaluated k ('@' is not allowed in MLflow names)."""
+    """`test/pass_at_<k>` for k in MLFLOW_KS ∩ evaluated, plus the largest evaluated k (the eval node runs
+    carry every k; '@' is not allowed in MLflow names)."""
+    from repexp.tracking.names import pass_at_k_metric
+
     ks = [k for k in MLFLOW_KS if k in run.pass_at_k] + [max(run.pass_at_k)]
-    return {f"test/pass_at_{k}": run.pass_at_k[k] for k in dict.fromkeys(ks)}
+    return {pass_at_k_metric("test", k): run.pass_at_k[k] for k in dict.fromkeys(ks)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -617,6 +620,7 @@ class MlflowTarget:
     tracking_uri: str | None
     experiment: str
     artifact_location: str | None = None
+    results_id: str | None = None  # parents of this results directory only (repexp.tracking.names.results_id)
 
 
 def mlflow_target(tracking_uri: str | None, experiment: str | None, config: str | Path | None = None) -> MlflowTarget | None:
@@ -632,26 +636,31 @@ def mlflow_target(tracking_uri: str | None, experiment: str | None, config: str 
     node = node if node is not None and node.enabled else None
     if experiment is None and node is None:
         return None
+    results_id = node.scope.results_id if node is not None else None
     if tracking_uri is None and node is not None:
         tracking_uri = node.tracking_uri
-    if tracking_uri is None and config is not None:
+    if config is not None and (tracking_uri is None or results_id is None):
         from repexp.config import load
 
         cfg = load(config)
-        tracking_uri = tracking.resolve_tracking_uri(cfg.results_dir, cfg.tracking.tracking_uri)
+        tracking_uri = tracking_uri or tracking.resolve_tracking_uri(cfg.results_dir, cfg.tracking.tracking_uri)
+        results_id = results_id or tracking.results_id(cfg.results_dir)
     tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if experiment is None:
-        return MlflowTarget(tracking_uri, node.record.experiment, node.record.artifact_location)
+        return MlflowTarget(tracking_uri, node.record.experiment, node.record.artifact_location, results_id)
     same = node is not None and node.record.experiment == experiment and node.tracking_uri == tracking_uri
-    return MlflowTarget(tracking_uri, experiment, node.record.artifact_location if same else None)
+    return MlflowTarget(tracking_uri, experiment, node.record.artifact_location if same else None, results_id)
 
 
-def _node_offline(target: MlflowTarget) -> bool:
-    """True when the enclosing node run already found `target`'s store unreachable (no point in retrying)."""
+def _node_for(target: MlflowTarget):
+    """The enclosing node run when `target` is its own store and experiment (it logs, or keeps for sync)."""
     from repexp import tracking
 
     node = tracking.current_node()
-    return node is not None and node.enabled and not node.online and node.tracking_uri == target.tracking_uri
+    if node is None or not node.enabled:
+        return None
+    same = node.tracking_uri == target.tracking_uri and node.record.experiment == target.experiment
+    return node if same else None
 
 
 def mlflow_store(target: MlflowTarget):
@@ -667,30 +676,44 @@ def mlflow_store(target: MlflowTarget):
 
 
 def log_sweep_point_metrics(runs: Sequence[EvalRun], target: MlflowTarget,
-                            testtime: dict[tuple[str, str], TesttimeRun] | None = None) -> dict[str, str]:
-    """Log `sweep_point_metrics` on every sweep point's MLflow parent run (created if absent).
+                            testtime: dict[tuple[str, str], TesttimeRun] | None = None) -> dict[str, str | None]:
+    """Log `sweep_point_metrics` (plus test-time metrics) on every sweep point's MLflow parent run (of this
+    results directory).
 
     Parents are those of repexp.tracking (tag `repexp.parent_key` = 'point:<task>/<run>'), so the MLflow
-    compare view of the parent runs shows pass@1/16/256 next to their sparse_dim/β/seed params.
-    Returns {'<task>/<run>': parent run id}.
+    compare view of the parent runs shows pass@1/16/256 next to their sparse_dim/β/seed params. Inside the
+    aggregate node this goes through the node run: with MLflow unreachable the metrics are kept in its
+    outbox record and reach the parents at `repexp mlflow sync`. Returns {'<task>/<run>': parent run id or None}.
     """
     from repexp import tracking
 
-    store, experiment_id = mlflow_store(target)
     now = int(time.time() * 1000)
+    node = _node_for(target)
+    if node is not None:
+        for run in runs:
+            rows = [[key, value, 0, now] for key, value in _point_metrics(run, testtime).items()]
+            node.log_parent_metrics(tracking.scope_for(run.spec.task, run.spec.name), rows)
+        return {run.spec.path: None for run in runs}
+    store, experiment_id = mlflow_store(target)
     logged = {}
     for run in runs:
+        scope = tracking.scope_for(run.spec.task, run.spec.name, results_id=target.results_id)
         with store.lock():
-            parent_id, _ = store.parent(experiment_id, tracking.scope_for(run.spec.task, run.spec.name))
-        metrics = sweep_point_metrics(run)
-        tt = (testtime or {}).get((run.spec.task, run.spec.name))
-        if tt is not None:
-            from repexp.testtime.core import mlflow_metrics as testtime_metrics
-
-            metrics.update(testtime_metrics(read_json(tt.path)))
-        store.log_metrics(parent_id, [[key, value, 0, now] for key, value in metrics.items()])
+            parent_id, _ = store.parent(experiment_id, scope)
+        store.log_metrics(parent_id, [[key, value, 0, now] for key, value in _point_metrics(run, testtime).items()])
         logged[run.spec.path] = parent_id
     return logged
+
+
+def _point_metrics(run: EvalRun, testtime: dict[tuple[str, str], TesttimeRun] | None) -> dict[str, float]:
+    """A sweep point's test pass@k and, when its test-time stage ran, its test-time metrics."""
+    metrics = sweep_point_metrics(run)
+    tt = (testtime or {}).get((run.spec.task, run.spec.name))
+    if tt is not None:
+        from repexp.testtime.core import mlflow_metrics as testtime_metrics
+
+        metrics.update(testtime_metrics(read_json(tt.path)))
+    return metrics
 
 
 # --------------------------------------------------------------------------- CLI
@@ -765,13 +788,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"aggregate: ignored runs not in the config: {', '.join(result['ignored'])}", file=sys.stderr)
     print(f"aggregate: {len(result['runs'])} runs → {args.out_dir}/pass_at_k.csv, k_efficiency.csv, pass_at_k.md, pass_at_k.html")
     target = mlflow_target(args.tracking_uri, args.experiment, args.config)
-    if target is not None and _node_offline(target):
-        print("aggregate: warning: MLflow is unreachable (this node's records went to the outbox); sweep-point "
-              "pass@k not logged: rerun `repexp aggregate` after `repexp mlflow sync`", file=sys.stderr)
-    elif target is not None:
+    if target is not None:
         try:
             logged = log_sweep_point_metrics(result["runs"], target, result["testtime"])
-            print(f"aggregate: logged test pass@k on {len(logged)} MLflow sweep-point runs ({target.experiment})")
+            node = _node_for(target)
+            where = "kept for `repexp mlflow sync`" if node is not None and not node.online else "logged"
+            print(f"aggregate: test pass@k {where} on {len(logged)} MLflow sweep-point runs ({target.experiment})")
         except Exception as err:  # the tables are written and valid; tracking failures are reported, not fatal
             print(f"aggregate: warning: MLflow logging failed ({type(err).__name__}: {err}); "
                   "the tables are complete, rerun with the same flags to log", file=sys.stderr)

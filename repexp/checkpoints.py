@@ -5,12 +5,20 @@ validation and every checkpoint save. It only ever points at a step whose checkp
 is complete, so a crash between validation and save cannot select a missing or
 partial checkpoint. Step 0 (the initial model) is recorded in the history for
 comparison but is never selectable: it has no checkpoint.
+
+A checkpoint is complete when its `COMPLETE` marker exists (written last, listing every file
+with its size). `repexp select` also reads each candidate back before pointing at it
+(`checkpoint_problems`: the sizes in the marker, safetensors headers against file sizes, the
+zip directories of torch `.pt`/`.bin` files), so a checkpoint damaged after it was written
+(a truncated copy, a full disk) is skipped, with a warning, for the next best readable one.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -32,7 +40,98 @@ def is_complete(ckpt_dir: str | Path) -> bool:
 
 
 def mark_complete(ckpt_dir: str | Path) -> None:
-    (Path(ckpt_dir) / COMPLETE_MARKER).write_text("ok\n")
+    """Write `COMPLETE` last: {"files": {relative path: size}} of everything in the checkpoint."""
+    ckpt_dir = Path(ckpt_dir)
+    files = {str(p.relative_to(ckpt_dir)): p.stat().st_size
+             for p in sorted(ckpt_dir.rglob("*")) if p.is_file() and p.name != COMPLETE_MARKER}
+    write_json_atomic(ckpt_dir / COMPLETE_MARKER, {"files": files})
+
+
+SAFETENSORS_HEADER_BYTES = 8  # little-endian length of the JSON header that follows
+ZIP_SUFFIXES = (".pt", ".pth", ".bin")  # torch.save's zip format (a legacy pickle .bin is not checked)
+
+
+def checkpoint_problems(ckpt_dir: str | Path) -> list[str]:
+    """Why a complete checkpoint cannot be loaded, read cheaply (headers and directories, no
+    tensor data): [] when it looks whole. Checks the sizes listed in `COMPLETE`, every
+    safetensors file's header against its size, every index's shards, every torch zip's directory."""
+    ckpt_dir = Path(ckpt_dir)
+    problems = _listed_size_problems(ckpt_dir)
+    for path in sorted(ckpt_dir.rglob("*")):
+        if not path.is_file():
+            continue
+        rel = path.relative_to(ckpt_dir)
+        if path.suffix == ".safetensors":
+            why = _safetensors_problem(path)
+        elif path.name.endswith(".safetensors.index.json"):
+            why = _index_problem(path)
+        elif path.suffix in ZIP_SUFFIXES and _starts_like_zip(path):
+            why = _zip_problem(path)
+        else:
+            why = None
+        if why:
+            problems.append(f"{rel}: {why}")
+    return problems
+
+
+def _listed_size_problems(ckpt_dir: Path) -> list[str]:
+    marker = ckpt_dir / COMPLETE_MARKER
+    text = marker.read_text() if marker.exists() else ""
+    if not text.strip().startswith("{"):
+        return []  # a marker from before sizes were recorded: nothing listed to compare
+    try:
+        listed = json.loads(text).get("files", {})
+    except ValueError:
+        return [f"{COMPLETE_MARKER}: not valid JSON"]
+    problems = []
+    for rel, size in listed.items():
+        path = ckpt_dir / rel
+        if not path.is_file():
+            problems.append(f"{rel}: missing")
+        elif path.stat().st_size != size:
+            problems.append(f"{rel}: {path.stat().st_size} bytes, {size} when the checkpoint was saved")
+    return problems
+
+
+def _safetensors_problem(path: Path) -> Optional[str]:
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        head = handle.read(SAFETENSORS_HEADER_BYTES)
+        if len(head) < SAFETENSORS_HEADER_BYTES:
+            return f"{size} bytes, shorter than a safetensors header"
+        header_len = int.from_bytes(head, "little")
+        if header_len > size - SAFETENSORS_HEADER_BYTES:
+            return f"truncated: {size} bytes, its header alone claims {header_len}"
+        try:
+            header = json.loads(handle.read(header_len))
+        except ValueError:
+            return "unreadable safetensors header"
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    expected = SAFETENSORS_HEADER_BYTES + header_len + end
+    return None if expected == size else f"truncated: {size} bytes, its header describes {expected}"
+
+
+def _index_problem(path: Path) -> Optional[str]:
+    try:
+        shards = set(json.loads(path.read_text()).get("weight_map", {}).values())
+    except ValueError:
+        return "unreadable index"
+    missing = sorted(s for s in shards if not (path.parent / s).is_file())
+    return f"missing shard(s) {', '.join(missing)}" if missing else None
+
+
+def _starts_like_zip(path: Path) -> bool:
+    with open(path, "rb") as handle:
+        return handle.read(2) == b"PK"
+
+
+def _zip_problem(path: Path) -> Optional[str]:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            archive.infolist()
+    except (zipfile.BadZipFile, OSError) as err:
+        return f"truncated or damaged torch archive ({err})"
+    return None
 
 
 def complete_steps(run_dir: str | Path) -> list[int]:
@@ -75,13 +174,16 @@ class BestDevTracker:
         self.history.sort(key=lambda h: h["step"])
         self.write()
 
-    def best(self) -> Optional[dict]:
-        """Best validated step that has a complete checkpoint (ties: the earliest)."""
+    def ranked(self) -> list[dict]:
+        """Validated steps that have a complete checkpoint, best first (ties: the earliest)."""
         saved = set(complete_steps(self.run_dir))
         candidates = [h for h in self.history if h["step"] in saved]
-        if not candidates:
-            return None
-        return max(candidates, key=lambda h: (h[self.metric], -h["step"]))
+        return sorted(candidates, key=lambda h: (-h[self.metric], h["step"]))
+
+    def best(self) -> Optional[dict]:
+        """Best validated step that has a complete checkpoint (ties: the earliest)."""
+        ranked = self.ranked()
+        return ranked[0] if ranked else None
 
     def write(self) -> None:
         best = self.best()
@@ -121,9 +223,19 @@ def select(run_dir: str | Path, backend: str) -> dict:
     tracker = BestDevTracker.load(run_dir)
     if not tracker.path.exists():
         raise FileNotFoundError(f"{tracker.path}: missing; did training finish?")
-    best = tracker.best()
-    if best is None:
+    ranked = tracker.ranked()
+    if not ranked:
         raise ValueError(f"{tracker.path}: no validated step has a complete checkpoint")
+    best, skipped = None, []
+    for entry in ranked:
+        problems = checkpoint_problems(checkpoint_dir(run_dir, entry["step"]))
+        if not problems:
+            best = entry
+            break
+        skipped.append({"step": entry["step"], "value": entry[tracker.metric], "problems": problems})
+    if best is None:
+        details = "; ".join(f"step {s['step']}: {s['problems'][0]}" for s in skipped)
+        raise ValueError(f"{run_dir}: every complete checkpoint is damaged ({details})")
     ckpt = checkpoint_dir(run_dir, best["step"])
     if backend == "trl":
         model_path, needs_merge = ckpt, False
@@ -140,6 +252,7 @@ def select(run_dir: str | Path, backend: str) -> dict:
         "needs_merge": needs_merge,
         "metric": tracker.metric,
         "value": best[tracker.metric],
+        **({"skipped": skipped} if skipped else {}),
     }
 
 
@@ -155,6 +268,9 @@ def run(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as err:
         print(f"select: {err}", file=sys.stderr)
         return 1
+    for skipped in pointer.get("skipped", []):
+        print(f"select: warning: skipping step {skipped['step']} ({pointer['metric']} = {skipped['value']:.4f}), its "
+              f"checkpoint is damaged: {'; '.join(skipped['problems'])}", file=sys.stderr)
     write_json_atomic(args.out, pointer)
     print(f"selected step {pointer['checkpoint_step']} ({pointer['metric']} = {pointer['value']:.4f})", file=sys.stderr)
     return 0

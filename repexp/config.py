@@ -163,6 +163,13 @@ class TrlConfig:
 class TrackingConfig:
     tracking_uri: Optional[str] = _f(None, help="MLflow URI (null: $MLFLOW_TRACKING_URI, else SQLite under results/)")
     experiment: Optional[str] = _f(None, help="MLflow experiment (null: the config's name)")
+    server: str = _f("auto", help="the workflow's MLflow server on the submit host (repexp mlflow serve): on, off, "
+                     "or auto = on for a cluster executor (SLURM) when no tracking URI is set",
+                     enum=("auto", "on", "off"))
+    server_host: str = _f("0.0.0.0", help="interface the workflow's server binds; jobs reach it at this host's address")
+    server_port: int = _f(0, help="port of the workflow's server (0: a free port)", minimum=0, maximum=65535)
+    server_store: Optional[str] = _f(None, help="backend store of the workflow's server, e.g. postgresql://... "
+                                     "(null: SQLite on the submit host's local disk, /var/tmp/repexp-mlflow-<user>/)")
 
 
 @dataclass

@@ -30,3 +30,16 @@ def forwarding_signals(proc: subprocess.Popen) -> Iterator[subprocess.Popen]:
 def exit_status(returncode: int) -> int:
     """A shell-style exit status: a child killed by signal N reports 128 + N."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+def describe_exit(what: str, status: int) -> str:
+    """One wording for a failed command, whoever ran it: "`repexp eval` exited with status 143
+    (SIGTERM)" (a shell-style status; a signal's name when it is 128 + N or a negative returncode)."""
+    status = exit_status(status)
+    text = f"{what} exited with status {status}"
+    if status > 128:
+        try:
+            text += f" ({signal.Signals(status - 128).name})"
+        except ValueError:
+            pass
+    return text

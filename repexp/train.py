@@ -13,8 +13,10 @@
    TRL: ``python -m repexp.trl.train --config <run_dir>/job.yaml``;
    verl: ``python -m repexp.verl.train <overrides>`` (`repexp.verl.overrides.build_overrides`).
 4. A non-zero exit marks the run FAILED and is returned. After success it checks that the
-   trainer's metrics reached MLflow and replays whatever is missing from `metrics.jsonl`
-   (into the run, or into the outbox when the store is unreachable).
+   trainer's metrics reached MLflow and replays whatever is missing from `metrics.jsonl`,
+   point by point (key, step): into the run, or into the outbox when the store is unreachable,
+   where `repexp mlflow sync` makes the same check, so a point the trainer logged live before an
+   outage is never stored twice.
 
 The trainer writes `metrics.jsonl`, `best_dev.json`, `checkpoints/global_step_N/` and `DONE`
 last (the Snakemake output); see docs/architecture.md, "Training-run contract".
@@ -31,8 +33,10 @@ from pathlib import Path
 from typing import Optional
 
 from repexp import checkpoints, tracking
+from repexp.tracking.names import ENV_ASYNC_LOGGING
+from repexp.tracking.outputs import split_datasets
 from repexp.io import read_json, write_json_atomic, write_text_atomic
-from repexp.processes import forwarding_signals
+from repexp.processes import describe_exit, exit_status, forwarding_signals
 
 STATE_FILE = "train_node.json"  # {"training_hash", "status": running|failed|done}
 DONE_FILE = checkpoints.DONE_FILE
@@ -134,6 +138,7 @@ def _train(cfg, run_config, training_hash: str, attempt: int, snakemake_jobid: O
     node = tracking.prepare_node("train", run_config.task, run_config.run, config=cfg, params=params,
                                  tags={"repexp.training_hash": training_hash, "repexp.backend": run_config.backend},
                                  attempt=attempt, snakemake_jobid=snakemake_jobid)
+    node.log_inputs(split_datasets(Path(run_config.data_dir), ("train", "dev")))  # logged when the run opens
     with tracking.node_scope(node):
         # The run opens while the trainer starts up (imports, model load); the trainer reads its id
         # from RUN_FILE when it first logs, so the MLflow import never delays training.
@@ -147,14 +152,16 @@ def _train(cfg, run_config, training_hash: str, attempt: int, snakemake_jobid: O
         node.log_artifact(job_yaml)
         if code:
             write_json_atomic(run_dir / STATE_FILE, {**state, "status": "failed", "exit_code": code})
-            print(f"train: the {run_config.backend} trainer exited with {code}", file=sys.stderr)
-            raise SystemExit(code)
+            message = describe_exit(f"the {run_config.backend} trainer", code)
+            print(f"train: {message}", file=sys.stderr)
+            raise tracking.NodeFailed(code, message)
         if not (run_dir / DONE_FILE).exists():
             write_json_atomic(run_dir / STATE_FILE, {**state, "status": "failed"})
             raise RuntimeError(f"{run_dir}: the trainer exited 0 without writing {DONE_FILE}")
         replayed = ensure_metrics(node, run_dir)
         if replayed:
-            print(f"train: replayed {replayed} metric points from metrics.jsonl into MLflow", file=sys.stderr)
+            where = "into MLflow" if node.online else "into the outbox for `repexp mlflow sync`"
+            print(f"train: replayed {replayed} metric points from metrics.jsonl {where}", file=sys.stderr)
         for name in ("best_dev.json", "metrics.jsonl"):
             if (run_dir / name).exists():
                 node.log_artifact(run_dir / name)
@@ -169,35 +176,30 @@ def trainer_env(node, run_dir: Path, live: bool) -> dict:
         env["MLFLOW_TRACKING_URI"] = node.tracking_uri
         env["MLFLOW_EXPERIMENT_NAME"] = node.record.experiment
         env[tracking.ENV_RUN_FILE] = str(Path(run_dir, RUN_FILE).resolve())
+        # MLflow's async logging (verl's logger and repexp.trl's sink): a slow store never stalls a
+        # training step; what did not arrive is replayed from metrics.jsonl afterwards (ensure_metrics)
+        env.setdefault(ENV_ASYNC_LOGGING, "true")
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
 
 def run_trainer(command: list[str], env: dict) -> int:
-    """Run the trainer, forwarding SIGTERM/SIGINT (walltime, preemption, Ctrl-C) so it can stop cleanly."""
+    """Run the trainer, forwarding SIGTERM/SIGINT (walltime, preemption, Ctrl-C) so it can stop cleanly.
+    Returns a shell-style exit status (128 + N when a signal N ended it)."""
     print("train: " + " ".join(command), file=sys.stderr, flush=True)
     with forwarding_signals(subprocess.Popen(command, env=env)) as proc:
-        return proc.wait()
+        return exit_status(proc.wait())
 
 
 def ensure_metrics(node, run_dir: Path) -> int:
-    """Log the metrics.jsonl points MLflow lacks (all of them when offline). Returns how many."""
-    from repexp.tracking import metric_name
+    """Log the metrics.jsonl points the run lacks, compared by (key, step); offline they are kept for
+    `repexp mlflow sync`, which compares the same way. Returns how many were logged or kept."""
     from repexp.trl.runlog import MetricsLog
 
     if not node.enabled:
         return 0
-    rows = []
     now = int(time.time() * 1000)
-    for record in MetricsLog(run_dir).records():
-        for key, value in record.items():
-            if key == "step" or isinstance(value, bool) or not isinstance(value, (int, float)):
-                continue
-            rows.append([metric_name(key), float(value), record["step"], now])
-    if not rows:
-        return 0
-    stored = node.metric_history()
-    if stored is not None:
-        rows = [row for row in rows if row[2] not in stored.get(row[0], ())]
-    node.log_metric_rows(rows)
-    return len(rows)
+    rows = [[key, float(value), record["step"], now]
+            for record in MetricsLog(run_dir).records() for key, value in record.items()
+            if key != "step" and not isinstance(value, bool) and isinstance(value, (int, float))]
+    return node.fill_metric_rows(rows) if rows else 0

@@ -13,6 +13,7 @@ import copy
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -456,16 +457,122 @@ def test_32_concurrent_jobs_lose_nothing_in_sqlite_or_server(tmp_path, mlflow_se
     print(f"{CONCURRENT_JOBS} concurrent jobs x 2 stores: {elapsed:.1f} s")
 
     expected_parents = sorted(["experiment"] + [f"point:gsm8k/trl_grpo_s{k}" for k in range(CONCURRENT_JOBS // 4)])
+    # each node run also carries its sweep point's params (task, method, backend, beta, seed; none for aggregate)
+    from repexp.tracking import scope_for
+
+    point_params = len(scope_for("gsm8k", "trl_grpo_s0").params)
     for name, counts, results in (
         ("sqlite", sqlite_counts(sqlite_results / "mlflow" / "mlflow.db", "concurrency"), sqlite_results),
         ("server", server_counts(mlflow_server, "concurrency"), server_results),
     ):
         assert counts["children"] == CONCURRENT_JOBS, (name, counts)
         assert counts["parents"] == expected_parents, (name, counts["parents"])
-        assert set(counts["params"].values()) == {JOB_PARAMS}, (name, counts["params"])
+        assert sorted(counts["params"].values()) == sorted([JOB_PARAMS] * (CONCURRENT_JOBS // 4)
+                                                           + [JOB_PARAMS + point_params] * (CONCURRENT_JOBS * 3 // 4)), name
         assert set(counts["metrics"].values()) == {JOB_METRIC_POINTS}, (name, counts["metrics"])
         assert counts["unfinished"] == [], name
         assert not (results / "mlflow" / "outbox").exists() or not any((results / "mlflow" / "outbox").glob("*/record.json"))
+
+
+def kill_server(server: MlflowServer) -> float:
+    """SIGKILL the server and all its workers at once (a crashed host, the OOM killer); returns when (ms)."""
+    signal_tree(server.proc, signal.SIGKILL)
+    server.proc.wait(timeout=30)
+    return time.time() * 1000
+
+
+def stored_steps(server: MlflowServer, run_id: str, key: str) -> list[int]:
+    return sorted(int(m["step"]) for m in metric_history(server, run_id, key))
+
+
+@pytest.mark.slow
+def test_mlflow_server_killed_during_training_then_sync_stores_every_point_once(tmp_path, mlflow_server, tiny_assets):
+    """Issue 20, fault 1: the server dies after the train run opened and the trainer had logged points
+    live; after a restart, `repexp mlflow sync` leaves every metrics.jsonl point in MLflow exactly once."""
+    from repexp.tracking import metric_name
+
+    mlflow_server.start()
+    results = tmp_path / "results"
+    shutil.copytree(tiny_assets / "model", results / "models" / "tiny")
+    shutil.copytree(tiny_assets / "data", results / "data" / "gsm8k")
+    config = write_pipeline_config(tmp_path / "config.yaml", results, train={"total_steps": 4},
+                                   tracking={"tracking_uri": mlflow_server.uri, "experiment": "outage-train"})
+    run_dir = results / "train" / "gsm8k" / TRAIN_RUN
+    with open(tmp_path / "train.log", "w") as log:
+        train = subprocess.Popen([REPEXP, "train", "--config", str(config), "--task", "gsm8k", "--run", TRAIN_RUN],
+                                 env=quiet_env(), stdout=log, stderr=subprocess.STDOUT)
+
+    def trained_step_logged_live():
+        published = run_dir / "mlflow_run.json"
+        if not published.exists():
+            return None
+        run_id = json.loads(published.read_text())["run_id"]
+        metrics = mlflow_rest(mlflow_server, f"runs/get?run_id={run_id}")["run"]["data"].get("metrics", [])
+        return run_id if any(m["key"] == "reward/verifier/mean" for m in metrics) else None
+
+    run_id = wait_for(trained_step_logged_live, 600, "a training step logged live", proc=train, poll=0.3)
+    killed_ms = kill_server(mlflow_server)
+    assert train.poll() is None, "training ended before the server was killed; the test lost its window"
+    assert train.wait(timeout=900) == 0, (tmp_path / "train.log").read_text()[-4000:]
+    assert "MLflow unavailable" in (tmp_path / "train.log").read_text()
+    (record,) = [json.loads(p.read_text()) for p in (results / "mlflow" / "outbox").glob("*/record.json")]
+    assert record["run_id"] == run_id and record["fill_metrics"]  # metrics.jsonl points kept for the sync
+
+    mlflow_server.start()  # the same store comes back
+    sync = run([REPEXP, "mlflow", "sync", "--config", str(config)])
+    assert sync.returncode == 0 and "1 record(s) uploaded" in sync.stderr, sync.stderr[-3000:]
+    again = run([REPEXP, "mlflow", "sync", "--config", str(config)])
+    assert again.returncode == 0 and "0 record(s) uploaded" in again.stderr
+
+    expected: dict[str, list[int]] = {}
+    for step, row in read_metrics(run_dir).items():
+        for key, value in row.items():
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                expected.setdefault(metric_name(key), []).append(step)
+    live, replayed = 0, 0
+    for key, steps in expected.items():
+        assert stored_steps(mlflow_server, run_id, key) == sorted(steps), key  # every point, exactly once
+        for point in metric_history(mlflow_server, run_id, key):
+            live, replayed = (live + 1, replayed) if int(point["timestamp"]) < killed_ms else (live, replayed + 1)
+    assert live and replayed, (live, replayed)  # the fault's condition held: some live, some replayed
+    (stored,) = [r for r in server_runs(mlflow_server, "outage-train") if r["info"]["run_id"] == run_id]
+    assert stored["info"]["status"] == "FINISHED"
+
+
+@pytest.mark.slow
+def test_aggregate_with_mlflow_down_gives_the_parents_their_pass_at_k_after_sync(tmp_path, mlflow_server):
+    """Issue 20, fault 3: aggregate runs while the server is down; its parents' metrics wait in the outbox."""
+    from repexp.config import load, sweep_runs
+    from repexp.evaluate.core import eval_result
+
+    mlflow_server.start()
+    results = tmp_path / "results"
+    config = write_pipeline_config(tmp_path / "config.yaml", results,
+                                   tracking={"tracking_uri": f"http://127.0.0.1:{free_port()}",
+                                             "experiment": "aggregate-offline"})
+    evals = []
+    for i, spec in enumerate(sweep_runs(load(config))):
+        path = results / "eval" / spec.task / spec.name / "eval.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps(eval_result(problem_ids=["p1", "p2"], scores=[[1, 0, 0, 0], [1] * i + [0] * (4 - i)],
+                                               answers=None, metadata={"split": "test"})))
+        evals.append((spec, json.loads(path.read_text())))
+    out = results / "aggregate"
+    proc = run([REPEXP, "mlflow", "node", "--config", str(config), "--rule", "aggregate", "--output",
+                str(out / "pass_at_k.csv"), "--", "repexp", "aggregate", "--inputs",
+                *[str(results / "eval" / s.task / s.name / "eval.json") for s, _ in evals], "--out-dir", str(out),
+                "--config", str(config), "--experiment", "aggregate-offline"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "kept for `repexp mlflow sync`" in proc.stdout, proc.stdout
+
+    sync = run([REPEXP, "mlflow", "sync", "--config", str(config), "--tracking-uri", mlflow_server.uri])
+    assert sync.returncode == 0, sync.stderr[-3000:]
+    parents = {run_tags(r)["repexp.parent_key"]: r for r in server_runs(mlflow_server, "aggregate-offline")
+               if "repexp.parent_key" in run_tags(r)}
+    for spec, result in evals:
+        metrics = {m["key"]: m["value"] for m in parents[f"point:{spec.task}/{spec.name}"]["data"].get("metrics", [])}
+        assert metrics["test/pass_at_1"] == pytest.approx(result["pass_at_k"]["1"]), spec.name
+        assert metrics["test/pass_at_4"] == pytest.approx(result["pass_at_k"]["4"]), spec.name
 
 
 # --------------------------------------------------------------------------- bad data files
@@ -563,6 +670,83 @@ def test_truncated_model_weights_fail_eval_naming_the_checkpoint(tmp_path, tiny_
     proc = run(eval_cmd(model, tiny_assets / "data" / "test.parquet", tmp_path / "eval"))
     assert_clear_failure(proc, str(model))
     assert not (tmp_path / "eval" / "eval.json").exists()
+
+
+def test_truncated_sample_shard_is_set_aside_and_regenerated(tmp_path, tiny_assets):
+    """Issue 20, fault 4: a damaged shard used to fail every rerun (and a stale eval.json stayed)."""
+    out = tmp_path / "eval"
+    data = tiny_assets / "data" / "test.parquet"
+    first = run(eval_cmd(tiny_assets / "model", data, out, "--overwrite"))  # as workflow/rules/eval.smk runs it
+    assert first.returncode == 0, first.stderr[-3000:]
+    reference = json.loads((out / "eval.json").read_text())
+    shard = out / "samples" / "shard-00001.parquet"
+    truncate(shard)
+
+    # a rerun that stops before regenerating anything must not leave the old eval.json behind
+    stopped = run(eval_cmd(tiny_assets / "model", data, out, "--overwrite", "--max-shards", "1"))
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert "shard-00001.parquet is damaged" in stopped.stderr and not (out / "eval.json").exists()
+    (aside,) = (out / "samples" / "corrupt").iterdir()
+    assert aside.name.startswith("shard-00001.parquet.") and not shard.exists()
+
+    healed = run(eval_cmd(tiny_assets / "model", data, out, "--overwrite"))
+    assert healed.returncode == 0, healed.stderr[-3000:]
+    assert "1/2 shards complete; generating 1" in healed.stderr
+    result = json.loads((out / "eval.json").read_text())
+    for key in ("pass_at_k", "per_problem", "num_problems", "n_samples", "data_hash"):
+        assert result[key] == reference[key], key
+
+
+def test_select_skips_a_truncated_checkpoint_for_the_next_best_complete_one(tmp_path_factory, tmp_path):
+    """Issue 20, fault 4: `select` checked only COMPLETE, so eval failed on the truncated weights every attempt."""
+    from repexp.checkpoints import BestDevTracker, checkpoint_dir
+
+    source = fx.results(fx.reference_run(tmp_path_factory)) / "train" / "gsm8k" / TRAIN_RUN
+    for marker_kind in ("sizes", "legacy"):  # a COMPLETE listing file sizes, and one from before it did
+        run_dir = tmp_path / marker_kind / TRAIN_RUN
+        shutil.copytree(source, run_dir)
+        tracker = BestDevTracker.load(run_dir)
+        tracker.record_validation(TOTAL_STEPS, {"dev/pass@1": 1.0, "dev/pass@2": 1.0})  # the best score of all
+        best = checkpoint_dir(run_dir, TOTAL_STEPS)
+        truncate(best / "model.safetensors")
+        if marker_kind == "legacy":
+            (best / "COMPLETE").write_text("ok\n")
+        out = tmp_path / marker_kind / "select.json"
+        proc = run([REPEXP, "select", "--run-dir", str(run_dir), "--backend", "trl", "--out", str(out)])
+        assert proc.returncode == 0, proc.stderr
+        assert f"skipping step {TOTAL_STEPS}" in proc.stderr and "model.safetensors" in proc.stderr, proc.stderr
+        pointer = json.loads(out.read_text())
+        assert pointer["checkpoint_step"] < TOTAL_STEPS and [s["step"] for s in pointer["skipped"]] == [TOTAL_STEPS]
+        load = run([sys.executable, "-c", "import sys, safetensors.torch as st; st.load_file(sys.argv[1])",
+                    str(Path(pointer["model_path"]) / "model.safetensors")])
+        assert load.returncode == 0, load.stderr[-2000:]  # what eval will load is whole
+
+
+def test_a_node_killed_by_sigterm_reports_it_in_one_wording(tmp_path, tiny_assets):
+    """Issue 20, item 6: the eval wrapper and `repexp train` describe a SIGTERM the same way
+    (the train side is checked in test_training_killed_by_sigterm_then_sigkill_resumes_and_matches)."""
+    results = tmp_path / "results"
+    config = write_pipeline_config(tmp_path / "config.yaml", results, tracking={"tracking_uri": None})
+    out = tmp_path / "eval"
+    proc = subprocess.Popen([REPEXP, "mlflow", "node", "--config", str(config), "--rule", "eval", "--task", "gsm8k",
+                             "--run", "base", "--output", str(out / "eval.json"), "--",
+                             *eval_cmd(tiny_assets / "model", tiny_assets / "data" / "test.parquet", out)[1:]],
+                            env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for(lambda: (out / "samples" / "meta.json").exists(), 300, "the eval to start", proc=proc)
+    proc.send_signal(signal.SIGTERM)  # to the wrapper, as SLURM and Snakemake stop a job
+    output = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 143, output[-3000:]
+    sync = run([REPEXP, "mlflow", "sync", "--config", str(config)])  # a deferred record, if the run was not open yet
+    assert sync.returncode == 0, sync.stderr
+    from mlflow import MlflowClient
+
+    from repexp.tracking import default_tracking_uri
+
+    client = MlflowClient(default_tracking_uri(results))
+    (node,) = [r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])
+               if r.data.tags.get("snakemake.rule") == "eval"]
+    assert node.info.status == "FAILED"
+    assert node.data.tags["repexp.error"] == "`repexp eval` exited with status 143 (SIGTERM)"
 
 
 def test_corrupt_best_dev_json_fails_select_naming_the_file(tmp_path):
@@ -729,6 +913,17 @@ def test_training_killed_by_sigterm_then_sigkill_resumes_and_matches(kill_workdi
     assert ours["best_step"] == theirs["best_step"]
     assert [deterministic(h) for h in ours["history"]] == [deterministic(h) for h in theirs["history"]]
 
+    # MLflow (issue 20, faults 2 and 6): one node run per execution, none left RUNNING: the SIGKILLed
+    # retry's run was ended by the rerun, although both are snakemake.attempt 1 with a new job id
+    runs = node_runs(fx.results(workdir), "train", TRAIN_RUN)
+    by_execution = {r.data.tags["repexp.execution"]: r for r in runs}
+    assert sorted(by_execution) == ["1", "2", "3"], [(r.data.tags, r.info.status) for r in runs]
+    assert [by_execution[e].info.status for e in ("1", "2", "3")] == ["FAILED", "KILLED", "FINISHED"]
+    assert by_execution["2"].data.tags["repexp.superseded_by"] == by_execution["3"].info.run_id
+    assert [by_execution[e].data.tags["snakemake.attempt"] for e in ("1", "2", "3")] == ["1", "2", "1"]
+    assert re.fullmatch(r"the trl trainer exited with status \d+( \(SIG[A-Z]+\))?",
+                        by_execution["1"].data.tags["repexp.error"]), by_execution["1"].data.tags["repexp.error"]
+
 
 def test_select_ignores_a_checkpoint_without_complete_marker(tmp_path_factory, tmp_path):
     """A later, better-scoring checkpoint directory that lacks COMPLETE (killed mid-save) is never selected."""
@@ -775,6 +970,22 @@ def test_eval_killed_mid_generation_resumes_from_complete_shards(kill_workdir, t
     reference = json.loads((fx.results(fx.reference_run(tmp_path_factory)) / "eval" / "gsm8k" / "base" / "eval.json").read_text())
     for key in ("pass_at_k", "per_problem", "num_problems", "n_samples", "data_hash"):
         assert resumed[key] == reference[key], key
+    # the killed attempt's run (if it was open by then) was ended by the retry: nothing stays RUNNING
+    statuses = [r.info.status for r in sorted(node_runs(fx.results(workdir), "eval", "base"),
+                                              key=lambda r: r.info.start_time)]
+    assert statuses[-1] == "FINISHED" and set(statuses[:-1]) <= {"KILLED"}, statuses
+
+
+def node_runs(results: Path, rule: str, run_name: str) -> list:
+    """The node runs of one rule and sweep point in a results directory's embedded SQLite store."""
+    from mlflow import MlflowClient
+
+    from repexp.tracking import default_tracking_uri
+
+    client = MlflowClient(default_tracking_uri(results))
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    return [r for r in client.search_runs(experiments, max_results=1000)
+            if r.data.tags.get("snakemake.rule") == rule and r.data.tags.get("repexp.run") == run_name]
 
 
 # --------------------------------------------------------------------------- non-finite features

@@ -44,7 +44,7 @@ def test_read_json_names_the_file(tmp_path):
 def _save(run_dir, step, complete=True):
     ckpt = checkpoints.checkpoint_dir(run_dir, step)
     ckpt.mkdir(parents=True)
-    (ckpt / "model.safetensors").write_text("weights")
+    (ckpt / "model.safetensors").write_bytes((2).to_bytes(8, "little") + b"{}")  # a valid, empty safetensors file
     if complete:
         checkpoints.mark_complete(ckpt)
 

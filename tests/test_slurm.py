@@ -76,7 +76,10 @@ EXPECTED_JOBS = {"model": 1, "preprocess": 1, "train": 2, "select": 2, "eval": 3
 @pytest.mark.slow
 def test_pipeline_end_to_end_through_slurm_matches_the_local_run(cluster, tmp_path, tmp_path_factory):
     workdir = tmp_path
-    fx.isolated_config(workdir)
+    # The cluster default (tracking.server: auto): the workflow starts `mlflow server` on the submit host and
+    # every job logs over HTTP. Here it binds loopback and keeps its store in the test's tmp dir.
+    server_db = tmp_path / "server-store" / "mlflow.db"
+    fx.isolated_config(workdir, tracking={"server_host": "127.0.0.1", "server_store": f"sqlite:///{server_db}"})
     # The slurm profile reads account and partitions from the environment (workflow/profiles/slurm).
     env = cluster.env(fx.quiet_env(SLURM_ACCOUNT="", SLURM_PARTITION=harness.PARTITION,
                                    SLURM_GPU_PARTITION=harness.PARTITION))
@@ -118,19 +121,30 @@ def test_pipeline_end_to_end_through_slurm_matches_the_local_run(cluster, tmp_pa
             assert mine[key] == theirs[key], (rel, key, mine[key], theirs[key])
     assert _table_without_paths(ours / "aggregate" / "pass_at_k.csv") == _table_without_paths(reference / "aggregate" / "pass_at_k.csv")
 
-    # MLflow: every node run names its SLURM job; the jobstep's own Snakemake renumbers its jobs,
+    # MLflow went through the workflow's tracking server: started before the first job, stopped at the end;
+    # no job opened a SQLite file on the shared results directory.
+    output = proc.stdout + proc.stderr
+    assert "MLflow server started: http://127.0.0.1:" in output, output[-3000:]
+    assert not (ours / "mlflow" / "mlflow.db").exists()
+    assert not (ours / "mlflow" / "server.json").exists()  # stopped with the workflow
+    assert any((ours / "mlflow" / "artifacts").rglob("eval.json"))  # uploaded through the server
+    # Every node run names its SLURM job; the jobstep's own Snakemake renumbers its jobs,
     # so no `snakemake.jobid` tag there (the main log's "submitted with SLURM jobid" line links them)
     from mlflow import MlflowClient
 
-    from repexp.tracking import default_tracking_uri, pending_records
+    from repexp.tracking import pending_records
 
     assert pending_records(ours) == []
-    client = MlflowClient(tracking_uri=default_tracking_uri(ours))
+    client = MlflowClient(tracking_uri=f"sqlite:///{server_db}")  # the server's own store, read after it stopped
     experiments = [e.experiment_id for e in client.search_experiments()]
-    nodes = [r for r in client.search_runs(experiments, max_results=1000) if "mlflow.parentRunId" in r.data.tags]
+    runs = client.search_runs(experiments, max_results=1000)
+    nodes = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     assert len(nodes) == len(jobs)
     assert {r.data.tags["slurm.job_id"] for r in nodes} == set(jobs)
     assert not [r for r in nodes if "snakemake.jobid" in r.data.tags]
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    parents = {r.info.run_id for r in runs if "repexp.parent_key" in r.data.tags}
+    assert len(parents) == 5 and {r.data.tags["mlflow.parentRunId"] for r in nodes} <= parents  # made at start
 
 
 def _table_without_paths(path: Path) -> list[dict]:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -109,6 +111,7 @@ def test_node_runs_nest_under_their_parents_with_tags_params_metrics_artifacts(s
     assert parent.data.params == {"task": "gsm8k", "method": "repexp", "backend": "trl", "sparse_dim": "8",
                                   "beta": "0.01", "seed": "42"}
     assert parent.info.status == "FINISHED" and "mlflow.parentRunId" not in parent.data.tags
+    assert parent.data.tags[T.RESULTS_ID_TAG] == T.results_id(tmp_path / "results")
     tags = train.data.tags
     assert tags["snakemake.rule"] == "train" and json.loads(tags["snakemake.wildcards"]) == {"task": "gsm8k", "run": SPEC}
     assert tags["snakemake.attempt"] == "2" and tags["slurm.job_id"] == "4242"
@@ -116,7 +119,12 @@ def test_node_runs_nest_under_their_parents_with_tags_params_metrics_artifacts(s
     if (T.REPO_ROOT / ".git").exists():
         assert len(tags["git.commit"]) == 40 and tags["mlflow.source.git.commit"] == tags["git.commit"]
     assert train.info.run_name == f"train gsm8k/{SPEC}" and train.info.status == "FINISHED"
-    assert train.data.params == {"train.lr": "0.001"}
+    assert tags[T.EXECUTION_TAG] == "1" and tags["mlflow.user"]  # MLflow's own context tags are resolved too
+    # every node of a sweep point carries the point's params, so the runs table filters and sorts by them
+    point = {"task": "gsm8k", "method": "repexp", "backend": "trl", "sparse_dim": "8", "beta": "0.01", "seed": "42"}
+    assert train.data.params == {"train.lr": "0.001", **point}
+    assert runs[eval_id].data.params == point
+    assert runs[prep_id].data.params == {"task": "gsm8k"}
     history = client.get_metric_history(train_id, "reward/verifier/mean")
     assert sorted((m.step, m.value) for m in history) == [(1, 0.25), (2, 0.5)]
     assert sorted(a.path for a in client.list_artifacts(train_id)) == ["extra", "job.yaml"]
@@ -201,7 +209,7 @@ def test_unreachable_server_writes_the_outbox_and_sync_uploads_exactly_once(tmp_
     (eval_run,) = [r for r in nodes if r.data.tags["snakemake.rule"] == "eval"]
     history = client.get_metric_history(eval_run.info.run_id, "pass_at_k")
     assert sorted((m.step, m.value) for m in history) == [(1, 0.5), (2, 0.75)]  # no duplicated points
-    assert eval_run.data.params == {"cmd.n-samples": "4"}
+    assert eval_run.data.params == {"cmd.n-samples": "4", "method": "base", "task": "gsm8k", "beta": "0"}
     # artifacts land next to the target store's database, never in the cwd's ./mlruns
     location = client.get_experiment_by_name("track-test").artifact_location
     assert location == (tmp_path / "store" / "mlflow" / "artifacts").resolve().as_uri()
@@ -275,8 +283,8 @@ def test_a_deferred_node_writes_nothing_itself_and_its_record_uploads_once(store
     assert T.sync_one(node.outbox_record) == (1, [])
     assert T.sync_one(node.outbox_record) == (0, [])  # marked SYNCED: a second upload does nothing
     (child,) = [r for r in _runs(uri) if r.data.tags.get("snakemake.rule") == "select"]
-    assert child.info.status == "FINISHED" and child.data.params == {"cmd": "select"}
-    assert child.data.metrics == {"best_dev_value": 0.5}
+    assert child.info.status == "FINISHED" and child.data.params["cmd"] == "select"
+    assert child.data.params["beta"] == "0.01" and child.data.metrics == {"best_dev_value": 0.5}
 
     opened = T.prepare_node("select", "gsm8k", SPEC, config=cfg)
     opened.start()
@@ -301,19 +309,52 @@ def test_a_fresh_node_process_logs_its_run_with_the_snakemake_jobid(store, tmp_p
     assert child.data.params["cmd"] == "config" and child.data.params["cmd.arg0"] == "validate"
 
 
-def test_eval_outputs_log_pass_at_k_with_step_k(store, tmp_path):
+def test_eval_outputs_log_one_metric_per_k_the_curve_and_the_dataset(store, tmp_path):
     cfg, uri = store
-    result = eval_result(problem_ids=["a", "b"], scores=[[1, 0, 0, 0], [1, 1, 1, 0]], answers=None)
+    data = tmp_path / "results" / "data" / "gsm8k"
+    data.mkdir(parents=True)
+    (data / "manifest.json").write_text(json.dumps({"splits": {"test": {"file": "test.parquet", "rows": 2,
+                                                                       "sha256": "ab" * 32}}}))
+    result = eval_result(problem_ids=["a", "b"], scores=[[1, 0, 0, 0], [1, 1, 1, 0]], answers=None,
+                         metadata={"split": "test", "data_path": str(data / "test.parquet")})
     path = tmp_path / "eval" / "eval.json"
     path.parent.mkdir()
     path.write_text(json.dumps(result))
     with T.node_run("eval", "gsm8k", "base", config=cfg) as node:
         T.log_outputs(node, [str(path)])
     client = _client(uri)
-    history = {m.step: m.value for m in client.get_metric_history(node.run_id, "pass_at_k")}
-    assert history == {int(k): v for k, v in result["pass_at_k"].items()} and sorted(history) == [1, 2, 4]
-    assert client.get_run(node.run_id).data.metrics["num_problems"] == 2
-    assert [a.path for a in client.list_artifacts(node.run_id)] == ["eval.json"]
+    run = client.get_run(node.run_id)
+    # one metric per evaluated k under the split, so the runs table can show pass@1 beside pass@4
+    assert {k: v for k, v in run.data.metrics.items() if re.fullmatch(r"test/pass_at_\d+", k)} == {
+        f"test/pass_at_{k}": v for k, v in result["pass_at_k"].items()}
+    assert run.data.metrics["test/mean_at_n"] == result["mean_at_n"] and run.data.metrics["test/num_problems"] == 2
+    assert "test/pass_at_4_sem" in run.data.metrics
+    assert sorted(a.path for a in client.list_artifacts(node.run_id)) == ["eval.json", "test"]
+    local = client.download_artifacts(node.run_id, "test/pass_at_k_curve.json", str(tmp_path / "dl"))
+    table = json.loads(Path(local).read_text())  # MLflow's table format (pandas "split")
+    curve = dict(zip(table["columns"], zip(*table["data"])))
+    assert list(curve["k"]) == [1, 2, 3, 4]  # every k, not only the evaluated powers of two
+    assert curve["pass_at_k"][0] == pytest.approx(result["pass_at_k"]["1"])
+    assert curve["pass_at_k"][3] == pytest.approx(result["pass_at_k"]["4"])
+    (dataset,) = run.inputs.dataset_inputs
+    assert dataset.dataset.name == "gsm8k/test" and dataset.dataset.digest == "ab" * 8
+    assert {t.key: t.value for t in dataset.tags} == {"mlflow.data.context": "evaluation"}
+
+
+def test_train_and_eval_nodes_log_mlflow_system_metrics(store, monkeypatch):
+    cfg, uri = store
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
+    with T.node_run("eval", "gsm8k", "base", config=cfg) as node:
+        deadline = time.monotonic() + 60
+        while not _client(uri).get_run(node.run_id).data.metrics and time.monotonic() < deadline:
+            time.sleep(0.2)
+    metrics = _client(uri).get_run(node.run_id).data.metrics
+    assert "system/cpu_utilization_percentage" in metrics and "system/system_memory_usage_megabytes" in metrics
+    with T.node_run("select", "gsm8k", "base", config=cfg) as other:  # short nodes: none
+        time.sleep(0.5)
+    assert not _client(uri).get_run(other.run_id).data.metrics
+    monkeypatch.setenv("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "false")  # MLflow's own switch turns them off
+    assert not T.prepare_node("train", "gsm8k", SPEC, config=cfg).system_metrics
 
 
 def test_flag_params_read_a_command_line():
@@ -361,3 +402,200 @@ def test_a_trainer_finds_its_node_run_once_it_is_open(store, tmp_path, monkeypat
         late.log({"step": 1, "x": 1.0}, 1)
     assert not late.enabled
     assert T.await_node_run()["run_id"] is None
+
+
+KILLED_NODE = """
+import os, signal, sys
+from repexp import tracking as T
+
+node = T.start_node("train", "gsm8k", sys.argv[2], config=sys.argv[1], attempt=1)
+assert node.online, node.offline_reason
+print(node.run_id, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer or a lost node does: no handler runs
+"""
+
+
+def test_a_rerun_ends_the_run_a_killed_execution_left_running(store):
+    """Reproduces the orphaned RUNNING run of a SIGKILLed job; the next execution of the node ends it."""
+    cfg, uri = store
+    killed = subprocess.run([sys.executable, "-c", KILLED_NODE, str(cfg), SPEC], capture_output=True, text=True,
+                            timeout=300)
+    assert killed.returncode == -9, killed.stderr
+    orphan_id = killed.stdout.split()[0]
+    client = _client(uri)
+    assert client.get_run(orphan_id).info.status == "RUNNING"  # what the fault leaves behind
+    with T.node_run("train", "gsm8k", SPEC, config=cfg, attempt=1) as rerun:  # same attempt number, as after --unlock
+        pass
+    orphan, new = client.get_run(orphan_id), client.get_run(rerun.run_id)
+    assert orphan.info.status == "KILLED" and new.info.status == "FINISHED"
+    assert orphan.data.tags[T.SUPERSEDED_TAG] == rerun.run_id
+    assert "no end was recorded" in orphan.data.tags["repexp.error"]
+    # attempts stay distinguishable although both say snakemake.attempt=1
+    assert (orphan.data.tags[T.EXECUTION_TAG], new.data.tags[T.EXECUTION_TAG]) == ("1", "2")
+    assert new.info.run_name == f"train gsm8k/{SPEC} #2"
+    # other sweep points' and other rules' runs are never touched
+    with T.node_run("eval", "gsm8k", SPEC, config=cfg) as other:
+        assert other.record.tags[T.EXECUTION_TAG] == "1"
+
+
+def test_two_results_dirs_with_one_config_name_never_share_parents(tmp_path, monkeypatch, empty_db):
+    """Reproduces issue 20's fault 5: one store (as a server is), one experiment name, two results dirs."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = _new_store(tmp_path / "shared", empty_db)
+    configs = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        configs.append(_config(tmp_path / name, tracking_uri=uri))
+    parents, nodes = [], []
+    for cfg, value in zip(configs, (0.25, 0.75)):
+        assert cli.main(["mlflow", "parents", "--config", str(cfg)]) == 0  # as the workflow does at its start
+        with T.node_run("eval", "gsm8k", SPEC, config=cfg) as node:
+            pass
+        nodes.append(node)
+        parents.append(node.record.parent_run_id)
+        evals = tmp_path / "evals" / str(value) / "gsm8k" / SPEC
+        evals.mkdir(parents=True)
+        (evals / "eval.json").write_text(json.dumps(eval_result(problem_ids=["p"], scores=[[1, 0, 0, 0]] if value < 0.5
+                                                                else [[1, 1, 1, 0]], answers=None)))
+        assert cli.main(["mlflow", "node", "--config", str(cfg), "--rule", "aggregate", "--", "repexp", "aggregate",
+                         "--inputs", str(evals / "eval.json"), "--out-dir", str(tmp_path / f"agg{value}"),
+                         "--experiment", "track-test"]) == 0
+    assert parents[0] != parents[1]
+    client = _client(uri)
+    for parent_id, value in zip(parents, (0.25, 0.75)):
+        assert client.get_run(parent_id).data.metrics["test/pass_at_1"] == pytest.approx(value)  # neither overwrote
+    point_parents = [r for r in _runs(uri) if r.data.tags.get(T.PARENT_KEY_TAG) == f"point:gsm8k/{SPEC}"]
+    assert len(point_parents) == 2 and {r.data.tags[T.RESULTS_ID_TAG] for r in point_parents} == {
+        T.results_id(tmp_path / "a" / "results"), T.results_id(tmp_path / "b" / "results")}
+
+
+def test_git_tags_come_from_an_mlflow_context_provider(store):
+    from repexp.tracking.context import GitContext, resolve_run_tags
+
+    pyproject = (T.REPO_ROOT / "pyproject.toml").read_text()
+    assert '[project.entry-points."mlflow.run_context_provider"]' in pyproject
+    assert 'repexp = "repexp.tracking.context:GitContext"' in pyproject
+    if not (T.REPO_ROOT / ".git").exists():
+        pytest.skip("not a git checkout: no commit to tag")
+    commit = subprocess.run(["git", "-C", str(T.REPO_ROOT), "rev-parse", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    provider = GitContext()
+    assert provider.in_context() and provider.tags()["mlflow.source.git.commit"] == commit
+    tags = resolve_run_tags({"mine": "1"})
+    assert tags["git.commit"] == commit and tags["mine"] == "1" and tags["mlflow.user"]
+
+
+# --------------------------------------------------------------------------- the MLflow UI
+
+INSTALL_BROWSER = T.REPO_ROOT / "workflow" / "scripts" / "install_browser.sh"
+# Where the UI screenshot is copied for people to look at (docs/tracking.md, "Browsing the runs")
+ARTIFACTS_ENV = "REPEXP_TEST_ARTIFACTS"
+ARTIFACTS_DEFAULT = T.REPO_ROOT / "test-artifacts"
+UI_SCREENSHOT = "mlflow_ui_eval_runs_by_pass_at_n.png"
+
+
+def _browser() -> tuple[str, str]:
+    """chromium and chromedriver (Debian's packages), installed with install_browser.sh when missing;
+    the test skips, saying why, only where that cannot be done."""
+    found = shutil.which("chromium"), shutil.which("chromedriver")
+    if all(found):
+        return found
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.skip("chromium/chromium-driver are missing and this is not root with apt-get to install them")
+    proc = subprocess.run(["bash", str(INSTALL_BROWSER)], capture_output=True, text=True, timeout=1800)
+    found = shutil.which("chromium"), shutil.which("chromedriver")
+    if not all(found):
+        pytest.skip(f"{INSTALL_BROWSER.name} could not install chromium (exit {proc.returncode}): "
+                    + " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:]))
+    return found
+
+
+def _ui_table(driver, metric: str, columns: list[str]) -> list[dict]:
+    """Add `columns` with the UI's column selector, then read the runs table top to bottom."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(driver, 120)
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ag-pinned-left-cols-container [role='row']")) >= 3)
+    driver.find_element(By.CSS_SELECTOR, "[data-testid='column-selection-dropdown']").click()
+    search = wait.until(EC.element_to_be_clickable((By.CSS_SELECTOR, "input[placeholder='Search columns']")))
+    tree = driver.find_element(By.CSS_SELECTOR, "[data-testid='column-selector-tree']")
+    for label in [metric, *columns]:
+        search.send_keys(Keys.CONTROL, "a")
+        search.send_keys(label)
+        node = f".//span[@title][normalize-space(.)='{label}']"  # a tree node whose whole text is the label
+        wait.until(lambda d: tree.find_elements(By.XPATH, node))
+        tree.find_element(By.XPATH, node).click()
+    search.send_keys(Keys.ESCAPE)
+    col_ids = {name: f"params.`{name}`" for name in columns} | {metric: f"metrics.`{metric}`"}
+    cells = [f"[role='gridcell'][col-id='{col}']" for col in col_ids.values()]
+    wait.until(lambda d: all(d.find_elements(By.CSS_SELECTOR, cell) for cell in cells))
+    rows = {}
+    for row in driver.find_elements(By.CSS_SELECTOR, ".ag-pinned-left-cols-container [role='row']"):
+        name = row.find_element(By.CSS_SELECTOR, "[col-id='attributes.`Run Name`']").text.splitlines()[-1]
+        rows[int(row.get_attribute("row-index"))] = {"name": name}
+    for row in driver.find_elements(By.CSS_SELECTOR, ".ag-center-cols-container [role='row']"):
+        cells = {c.get_attribute("col-id"): c.text for c in row.find_elements(By.CSS_SELECTOR, "[role='gridcell']")}
+        rows[int(row.get_attribute("row-index"))].update({name: cells.get(col) for name, col in col_ids.items()})
+    return [rows[i] for i in sorted(rows)]
+
+
+@pytest.mark.slow
+def test_the_mlflow_ui_sorts_eval_runs_by_pass_at_n_with_their_beta_and_seed(tmp_path_factory, tmp_path):
+    """Headless Chromium on the MLflow UI of the test DAG's store: the runs table, filtered to eval runs and
+    sorted by test/pass_at_<n>, shows RepExp, GRPO and the base model with their β and seed."""
+    import urllib.parse
+    import urllib.request
+
+    chromium, chromedriver = _browser()
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium (the dev extra) is not installed")
+    import _reliability_fixtures as fx
+
+    workdir = fx.reference_run(tmp_path_factory)
+    results = fx.results(workdir)
+    evals = {p.parent.name: json.loads(p.read_text()) for p in (results / "eval" / "gsm8k").glob("*/eval.json")}
+    n = max(int(k) for k in evals["base"]["pass_at_k"])
+    metric = T.pass_at_k_metric("test", n)
+    serve = subprocess.run([REPEXP, "mlflow", "serve", "--config", str(workdir / "config.yaml"), "--background",
+                            "--host", "127.0.0.1", "--store", T.default_tracking_uri(results), "--workers", "1"],
+                           capture_output=True, text=True, timeout=600, env={**os.environ, "MLFLOW_TRACKING_URI": ""})
+    assert serve.returncode == 0, serve.stderr[-3000:]
+    uri = serve.stdout.split()[0]
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    # wide enough that the grid renders the added columns (it only draws the columns in view)
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=2400,1000"):
+        options.add_argument(arg)
+    driver = None
+    try:
+        with urllib.request.urlopen(f"{uri}/api/2.0/mlflow/experiments/get-by-name?experiment_name=repexp-test") as r:
+            experiment_id = json.loads(r.read())["experiment"]["experiment_id"]
+        driver = webdriver.Chrome(service=webdriver.ChromeService(chromedriver), options=options)
+        driver.implicitly_wait(5)
+        query = urllib.parse.urlencode({"searchFilter": "tags.`snakemake.rule` = 'eval'",
+                                        "orderByKey": f"metrics.`{metric}`", "orderByAsc": "false"})
+        driver.get(f"{uri}/#/experiments/{experiment_id}/runs?{query}")
+        table = _ui_table(driver, metric, ["method", "beta", "seed"])
+        screenshot = tmp_path / UI_SCREENSHOT
+        driver.save_screenshot(str(screenshot))
+        kept = Path(os.environ.get(ARTIFACTS_ENV) or ARTIFACTS_DEFAULT)
+        kept.mkdir(parents=True, exist_ok=True)
+        shutil.copy(screenshot, kept / UI_SCREENSHOT)
+        assert f"Sort: {metric}" in driver.page_source
+    finally:
+        if driver is not None:
+            driver.quit()
+        subprocess.run([REPEXP, "mlflow", "serve", "--config", str(workdir / "config.yaml"), "--stop"], timeout=120)
+    by_name = {row["name"]: row for row in table}
+    assert sorted(by_name) == ["eval gsm8k/base", "eval gsm8k/trl_grpo_s42", "eval gsm8k/trl_repexp_k8_b0.01_s42"]
+    expected = {"trl_repexp_k8_b0.01_s42": ("repexp", "0.01", "42"), "trl_grpo_s42": ("grpo", "0", "42"),
+                "base": ("base", "0", "-")}  # the base model has no training seed
+    for run, (method, beta, seed) in expected.items():
+        row = by_name[f"eval gsm8k/{run}"]
+        assert (row["method"], row["beta"], row["seed"]) == (method, beta, seed), row
+        assert float(row[metric]) == pytest.approx(evals[run]["pass_at_k"][str(n)], abs=1e-3), row
+    values = [float(row[metric]) for row in table]
+    assert values == sorted(values, reverse=True)  # the UI's order

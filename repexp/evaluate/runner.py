@@ -122,13 +122,14 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any] | None:
         "engine_options": dataclasses.asdict(cfg.options),
         "problem_ids": problems.problem_ids,
     }
-    done = set(store.open(meta, compare=RESUME_KEYS, overwrite=cfg.overwrite))
+    done = set(store.open(meta, compare=RESUME_KEYS, overwrite=cfg.overwrite,
+                          shard_rows=[len(idx) * cfg.settings.n for idx in plan]))
+    eval_path = cfg.out_dir / EVAL_JSON
+    eval_path.unlink(missing_ok=True)  # rewritten below only when every shard reads back: never a stale one
     todo = [i for i in range(len(plan)) if i not in done]
     if cfg.max_shards is not None:
         todo = todo[: max(0, cfg.max_shards - len(done))]
-    eval_path = cfg.out_dir / EVAL_JSON
     if todo:
-        eval_path.unlink(missing_ok=True)  # never leave an eval.json that does not match the samples
         print(f"eval: {len(done)}/{len(plan)} shards complete; generating {len(todo)} with the {cfg.engine} engine",
               file=sys.stderr)
         if cfg.data_parallel_size > 1:

@@ -1,8 +1,11 @@
 """The sample store of one evaluation: `samples/meta.json` plus one Parquet file per shard.
 
-A shard file is written atomically, so its existence means it is complete. `meta.json` records
-everything that determines the samples; resuming under different settings is refused rather
-than mixing samples from two configurations.
+A shard file is written atomically, so a file that is there was complete when written; one
+damaged later (a truncated copy, a full disk on a restore, bit rot in its footer) is found when the
+store is opened: it must read back with the rows its shard should hold, else it is moved to
+`samples/corrupt/` (kept for inspection, never read again) and counts as missing, so the run
+regenerates it. `meta.json` records everything that determines the samples; resuming under
+different settings is refused rather than mixing samples from two configurations.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sys
+import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -27,6 +32,9 @@ SHARD_COLUMNS = (
     "ground_truth",
 )
 FINISH_REASONS = ("stop", "length")
+# Read back when a store is opened: everything eval.json is assembled from (the responses are not needed)
+CHECKED_COLUMNS = ("problem_id", "sample_index", "num_tokens", "finish_reason", "score", "answer")
+CORRUPT_DIR = "corrupt"
 _SHARD_NAME = re.compile(r"^shard-(\d{5})\.parquet$")
 
 
@@ -60,18 +68,23 @@ class SampleStore:
     def read_meta(self) -> dict[str, Any] | None:
         return read_json(self.meta_path) if self.meta_path.exists() else None
 
-    def open(self, meta: dict[str, Any], *, compare: Sequence[str] | None = None, overwrite: bool = False) -> list[int]:
+    def open(self, meta: dict[str, Any], *, compare: Sequence[str] | None = None, overwrite: bool = False,
+             shard_rows: Sequence[int] | None = None) -> list[int]:
         """Start or resume the store for `meta`; returns the indices of complete shards.
 
         On resume the stored meta must equal `meta` on the keys in `compare` (all keys if None);
         otherwise the store is refused, or with `overwrite` discarded and started afresh.
         Matching samples are always kept, so `overwrite` never costs a resumable run its work.
+        With `shard_rows` (rows each shard must hold), kept shards are read back first and a
+        damaged one is set aside (`set_aside`) instead of being counted complete.
         """
         existing = self.read_meta()
         if existing is not None:
             keys = set(existing) | set(meta) if compare is None else set(compare)
             diffs = _diff({k: existing.get(k) for k in keys}, {k: meta.get(k) for k in keys})
             if not diffs:
+                if shard_rows is not None:
+                    self.set_aside_damaged(shard_rows)
                 return self.complete_shards()
             if not overwrite:
                 raise ValueError(
@@ -90,6 +103,35 @@ class SampleStore:
         if not self.dir.exists():
             return []
         return sorted(int(m.group(1)) for p in self.dir.iterdir() if (m := _SHARD_NAME.match(p.name)))
+
+    def shard_problem(self, index: int, rows: int) -> str | None:
+        """Why shard `index` cannot be used (unreadable, or not `rows` rows), or None."""
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.read_table(self.shard_path(index), columns=list(CHECKED_COLUMNS))
+        except Exception as err:  # noqa: BLE001 - any reader error means the file is damaged
+            return f"unreadable ({type(err).__name__}: {str(err)[:200]})"
+        return None if table.num_rows == rows else f"{table.num_rows} rows, expected {rows}"
+
+    def set_aside(self, index: int, why: str) -> Path:
+        """Move a damaged shard to samples/corrupt/ (with a timestamp), so it is regenerated."""
+        path = self.shard_path(index)
+        target = self.dir / CORRUPT_DIR / f"{path.name}.{time.strftime('%Y%m%d-%H%M%S')}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        path.replace(target)
+        print(f"eval: {path} is damaged ({why}); moved to {target}, it will be regenerated", file=sys.stderr)
+        return target
+
+    def set_aside_damaged(self, shard_rows: Sequence[int]) -> list[int]:
+        """Check every present shard against its expected row count; set the damaged ones aside."""
+        damaged = []
+        for index in self.complete_shards():
+            why = self.shard_problem(index, shard_rows[index]) if index < len(shard_rows) else "not in the shard plan"
+            if why:
+                self.set_aside(index, why)
+                damaged.append(index)
+        return damaged
 
     # -- shards ---------------------------------------------------------------------------
     def write_shard(self, index: int, rows: dict[str, Sequence[Any]]) -> Path:

@@ -25,7 +25,7 @@ def log_figures_run(target, figure_paths: Sequence[Path], table_files: Sequence[
         return node.run_id
     store, experiment_id = aggregate.mlflow_store(target)
     with store.lock():
-        parent_id, _ = store.parent(experiment_id, tracking.scope_for())
+        parent_id, _ = store.parent(experiment_id, tracking.scope_for(results_id=getattr(target, "results_id", None)))
     run = store.client.create_run(experiment_id, run_name="figures",
                                   tags={"mlflow.parentRunId": parent_id, "repexp.rule": "figures",
                                         tracking.SCOPE_KEY_TAG: tracking.scope_for().key})

@@ -63,7 +63,8 @@ def training_curves_from_mlflow(target, specs: Sequence[RunSpec]) -> dict[str, d
         if not spec.trains:
             continue
         curves: dict[str, dict[int, float]] = {}
-        for run in sorted(sweep_point_runs(store.client, experiment_id, spec), key=lambda r: r.info.start_time or 0):
+        runs = sweep_point_runs(store.client, experiment_id, spec, getattr(target, "results_id", None))
+        for run in sorted(runs, key=lambda r: r.info.start_time or 0):
             for metric in TRAINING_METRICS:
                 for key in dict.fromkeys((metric, metric.replace("@", "_at_"))):
                     if key in run.data.metrics:
@@ -74,14 +75,17 @@ def training_curves_from_mlflow(target, specs: Sequence[RunSpec]) -> dict[str, d
     return out
 
 
-def sweep_point_runs(client, experiment_id: str, spec: RunSpec) -> list:
-    """The parent run of a sweep point and its node runs (tags of repexp.tracking)."""
+def sweep_point_runs(client, experiment_id: str, spec: RunSpec, results_id: str | None = None) -> list:
+    """The parent run of a sweep point and its node runs (tags of repexp.tracking), of one results
+    directory when `results_id` is given."""
     from repexp import tracking
 
     key = tracking.scope_for(spec.task, spec.name).key
+    same_results = f" and tags.`{tracking.RESULTS_ID_TAG}` = '{results_id}'" if results_id else ""
     runs = {}
     for tag in (tracking.PARENT_KEY_TAG, tracking.SCOPE_KEY_TAG):
-        for run in client.search_runs([experiment_id], filter_string=f"tags.`{tag}` = '{key}'", max_results=1000):
+        for run in client.search_runs([experiment_id], filter_string=f"tags.`{tag}` = '{key}'{same_results}",
+                                      max_results=1000):
             runs[run.info.run_id] = run
     return list(runs.values())
 

@@ -7,8 +7,11 @@ from) are dropped, so the file of a resumed run equals that of an uninterrupted 
 MLflow: only into the node's run: `MLFLOW_RUN_ID`, or the id that the `repexp train` wrapper
 publishes in `$REPEXP_MLFLOW_RUN_FILE` (set for this process only) while the trainer starts up,
 read at the first log. Metric names are sanitised as verl's MLflow logger
-does (`@` → `_at_`, other invalid characters → `_`). Any tracking failure is reported once as a
-warning and tracking is switched off; it never fails training.
+does (`@` → `_at_`, other invalid characters → `_`). Batches go through MLflow's async logging
+when `MLFLOW_ENABLE_ASYNC_LOGGING` is true (`repexp train` sets it): a step never waits for the
+store; a failed batch is seen at the next log. Any tracking failure is reported once as a
+warning and tracking is switched off; it never fails training (the wrapper replays what is
+missing from metrics.jsonl).
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ class MlflowSink:
         self.run_id = run_id if run_id is not None else os.environ.get("MLFLOW_RUN_ID") or None
         self.tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or tracking_uri
         self._client = None
+        self._pending = None  # the previous async batch (MLflow's RunOperations)
         # `repexp train` opens the node run while the trainer starts: its id is read at the first log
         self._awaiting_run = self.run_id is None and bool(os.environ.get(tracking.ENV_RUN_FILE))
         self.enabled = self.run_id is not None or self._awaiting_run
@@ -114,6 +118,9 @@ class MlflowSink:
         if not self.enabled:
             return
         try:
+            if self._pending is not None:  # raises what the previous async batch met
+                pending, self._pending = self._pending, None
+                pending.wait()
             if self._client is None:
                 # A dead server must not stall training for minutes of HTTP retries.
                 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
@@ -131,6 +138,7 @@ class MlflowSink:
                 and _jsonable(value) is not None
             ]
             for start in range(0, len(entries), 1000):  # MLflow's batch limit
-                self._client.log_batch(self.run_id, metrics=entries[start : start + 1000])
+                # synchronous=None: MLflow decides from MLFLOW_ENABLE_ASYNC_LOGGING; async returns operations
+                self._pending = self._client.log_batch(self.run_id, metrics=entries[start : start + 1000]) or None
         except Exception as err:  # noqa: BLE001 - tracking must never fail training
             self._disable(f"{type(err).__name__}: {err}")

@@ -87,13 +87,19 @@ os.environ.update(
 
 
 def upload_tracking_records():
-    """At the workflow's end: nodes that finished before their MLflow run was open left records
-    in the outbox for a detached upload, and nodes that ran while MLflow was down kept theirs
-    there. Wait for the uploads under way and retry the rest once (`repexp mlflow sync`)."""
-    from repexp.tracking import pending_records
+    """At the workflow's end: upload what nodes left in the MLflow outbox (detached uploads under
+    way are awaited), then stop the tracking server this workflow started (repexp.tracking.workflow)."""
+    from repexp.tracking.workflow import on_end
 
-    if pending_records(RESULTS):
-        subprocess.run([sys.executable, "-m", "repexp", "mlflow", "sync", "--config", str(CONFIG_SNAPSHOT)], check=False)
+    on_end(CONFIG_SNAPSHOT, RESULTS)
+
+
+def start_tracking():
+    """Before the first job: the MLflow server (`tracking.server`; the cluster default) and every
+    parent run, once (repexp.tracking.workflow)."""
+    from repexp.tracking.workflow import on_start
+
+    on_start(CONFIG_SNAPSHOT, workflow.non_local_exec)
 
 
 def write_config_snapshot():
@@ -105,6 +111,7 @@ def write_config_snapshot():
 # Before the first job of a real run (not on dry runs).
 onstart:
     write_config_snapshot()
+    start_tracking()
 
 
 RUNS = C.sweep_runs(CFG)

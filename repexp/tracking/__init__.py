@@ -1,0 +1,65 @@
+"""MLflow on every pipeline node, and `repexp mlflow` (node | sync | parents | serve | uri).
+
+Layout in MLflow (docs/tracking.md):
+
+- one experiment per config (`tracking.experiment`, else the config's `name`);
+- parent runs per results directory, created once when the workflow starts: one per sweep point
+  (``point:<task>/<run>``, with the point's params), one per task (``task:<task>``, for
+  `preprocess`) and one per experiment (``experiment``, for `model`, `aggregate`, `figures`);
+- one child run per node execution (`train`, `eval`, ...), nested under its parent, carrying the
+  sweep point's params and tags for the rule, wildcards, attempt, execution, git commit, config
+  hash and SLURM job id.
+
+Modules, in the order a node uses them:
+
+| module | what it holds |
+|---|---|
+| `names` | environment variables, tags, files under `<results>/mlflow/`, metric names |
+| `scopes` | which parent a node hangs under |
+| `gitinfo`, `context` | git tags; the `mlflow.run_context_provider` entry point |
+| `store` | tracking URI resolution, the reachability check, the `MlflowClient` calls (`Store`) |
+| `record` | what a node logged, as written to the outbox |
+| `node` | `NodeRun`, `prepare_node` / `node_run` / `node_scope`, the trainer's run-id file |
+| `outputs` | outputs → MLflow: `cmd.*` params, artifacts, eval.json → per-k metrics, datasets |
+| `outbox` | what MLflow lacks for an unreachable server: records and `repexp mlflow sync` |
+| `parents` | parent runs created at workflow start |
+| `server` | `repexp mlflow serve`, the cluster's tracking server on the submit host |
+| `workflow` | the Snakefile's onstart/onsuccess/onerror hooks |
+| `cli` | the `repexp mlflow` command |
+
+Tracking never costs results: if the store cannot be reached (checked up front with a short
+HTTP timeout) or fails midway, the node keeps running and everything it would have logged is
+written to ``<results>/mlflow/outbox/<record>/`` for ``repexp mlflow sync``.
+
+`mlflow` is imported lazily: importing this package costs nothing.
+"""
+
+from __future__ import annotations
+
+from repexp.tracking.cli import configure_parser, run
+from repexp.tracking.gitinfo import REPO_ROOT, git_commit
+from repexp.tracking.names import (
+    ENV_CONFIG, ENV_RUN_FILE, ENV_SNAKEMAKE_EXEC, ENV_TRACKING, EXECUTION_TAG, PARENT_KEY_TAG, RECORD_FILE,
+    RESULTS_ID_TAG, SCOPE_KEY_TAG, SCOPE_TAG, SNAKEMAKE_JOBID_HELP, SUPERSEDED_TAG, SWEEP_POINT_TAG, SYNCED_FILE,
+    default_tracking_uri, metric_name, outbox_dir, pass_at_k_metric, results_id,
+)
+from repexp.tracking.node import (
+    NodeFailed, NodeRun, await_node_run, current_node, flatten, node_run, node_scope, open_in_background,
+    prepare_node, start_node, tracking_enabled,
+)
+from repexp.tracking.outbox import pending_records, sync, sync_one, sync_record, upload_in_background
+from repexp.tracking.outputs import eval_metrics, flag_params, log_outputs, pass_at_k_curve
+from repexp.tracking.record import Record
+from repexp.tracking.scopes import Scope, scope_for, scope_for_rule
+from repexp.tracking.store import Store, artifact_location, reachable, resolve_tracking_uri
+
+__all__ = [
+    "ENV_CONFIG", "ENV_RUN_FILE", "ENV_SNAKEMAKE_EXEC", "ENV_TRACKING", "EXECUTION_TAG", "PARENT_KEY_TAG",
+    "RECORD_FILE", "REPO_ROOT", "RESULTS_ID_TAG", "SCOPE_KEY_TAG", "SCOPE_TAG", "SNAKEMAKE_JOBID_HELP",
+    "SUPERSEDED_TAG", "SWEEP_POINT_TAG", "SYNCED_FILE", "NodeFailed", "NodeRun", "Record", "Scope", "Store",
+    "artifact_location", "await_node_run", "configure_parser", "current_node", "default_tracking_uri",
+    "eval_metrics", "flag_params", "flatten", "git_commit", "log_outputs", "metric_name", "node_run", "node_scope",
+    "open_in_background", "outbox_dir", "pass_at_k_curve", "pass_at_k_metric", "pending_records", "prepare_node",
+    "reachable", "resolve_tracking_uri", "results_id", "run", "scope_for", "scope_for_rule", "start_node", "sync",
+    "sync_one", "sync_record", "tracking_enabled", "upload_in_background",
+]

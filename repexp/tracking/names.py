@@ -1,0 +1,121 @@
+"""Every name the tracking layer uses: environment variables, run tags, files under
+`<results>/mlflow/`, and MLflow metric names. Defined here once (no MLflow import).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from pathlib import Path
+
+# --------------------------------------------------------------------------- environment
+
+ENV_CONFIG = "REPEXP_CONFIG"  # the pipeline config snapshot (set by workflow/rules/common.smk)
+ENV_TRACKING = "REPEXP_TRACKING"  # "off" disables tracking (nothing logged, no outbox)
+# "remote" inside a SLURM jobstep's own Snakemake, whose job ids are not the scheduler's (workflow/rules/common.smk)
+ENV_SNAKEMAKE_EXEC = "REPEXP_SNAKEMAKE_EXEC"
+ENV_RUN_FILE = "REPEXP_MLFLOW_RUN_FILE"  # set for a trainer whose node run opens while it starts up
+# MLflow's own switches, honoured as MLflow documents them
+ENV_MLFLOW_URI = "MLFLOW_TRACKING_URI"
+ENV_SYSTEM_METRICS = "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING"
+ENV_ASYNC_LOGGING = "MLFLOW_ENABLE_ASYNC_LOGGING"
+
+# Rules pass `{{{jobid}}}` (the id in literal braces): a bare `{jobid}` fails `snakemake --lint`, and
+# as a param it would make every job outdated whenever the numbering changes.
+SNAKEMAKE_JOBID_HELP = "the scheduling Snakemake's job id, tagged snakemake.jobid (braces are stripped)"
+
+# --------------------------------------------------------------------------- run tags
+
+PARENT_KEY_TAG = "repexp.parent_key"  # on parent runs: what they group (point:<task>/<run>, task:<task>, experiment)
+SCOPE_KEY_TAG = "repexp.scope_key"  # on node runs: the parent key they belong to
+SCOPE_TAG = "repexp.scope"  # on parent runs: point | task | experiment
+SWEEP_POINT_TAG = "repexp.sweep_point"  # "<task>/<run>" on a point's parent and node runs (repexp.aggregate reads it)
+RESULTS_ID_TAG = "repexp.results_id"  # the results directory a run belongs to (parents are never shared across)
+RESULTS_DIR_TAG = "repexp.results_dir"  # its absolute path, for people
+RECORD_TAG = "repexp.record_id"  # one per node execution; finds a run again when an outbox record is replayed
+EXECUTION_TAG = "repexp.execution"  # 1, 2, ...: how many times this node ran for its sweep point (all attempts)
+SUPERSEDED_TAG = "repexp.superseded_by"  # on a RUNNING run whose process died: the run of the rerun that ended it
+ERROR_TAG = "repexp.error"
+RULE_TAG = "snakemake.rule"
+WILDCARDS_TAG = "snakemake.wildcards"
+ATTEMPT_TAG = "snakemake.attempt"
+PARENT_RUN_TAG = "mlflow.parentRunId"  # MLflow's own nesting tag
+
+# --------------------------------------------------------------------------- files under <results>/mlflow/
+
+MLFLOW_DIR = "mlflow"
+DB_FILE = "mlflow.db"  # the embedded SQLite store (local runs)
+ARTIFACTS_DIR = "artifacts"
+OUTBOX_DIR = "outbox"
+RECORD_FILE = "record.json"  # <outbox>/<record id>/record.json
+SYNCED_FILE = "SYNCED"  # next to an uploaded record
+STORE_LOCK_FILE = ".repexp-tracking.lock"
+SYNC_LOCK_FILE = ".sync.lock"
+RESULTS_ID_FILE = "results_id"
+PARENTS_FILE = "parents.json"  # parent run ids, written once at workflow start (`repexp mlflow parents`)
+SERVER_FILE = "server.json"  # the tracking server `repexp mlflow serve` runs for this results directory
+
+
+def mlflow_dir(results_dir: str | os.PathLike) -> Path:
+    return Path(results_dir) / MLFLOW_DIR
+
+
+def outbox_dir(results_dir: str | os.PathLike) -> Path:
+    return mlflow_dir(results_dir) / OUTBOX_DIR
+
+
+def default_tracking_uri(results_dir: str | os.PathLike) -> str:
+    """Embedded SQLite store under the results directory (no server; local runs)."""
+    return f"sqlite:///{mlflow_dir(results_dir).resolve() / DB_FILE}"
+
+
+def results_id(results_dir: str | os.PathLike) -> str:
+    """The identity of a results directory: a random id kept in `<results>/mlflow/results_id`.
+
+    Parent runs are looked up by (key, results id), so two results directories that log into one
+    store under one experiment never share parents. Created on first use; `os.link` makes the
+    creation atomic, also across hosts on a shared filesystem.
+    """
+    path = mlflow_dir(results_dir) / RESULTS_ID_FILE
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{RESULTS_ID_FILE}.{uuid.uuid4().hex}")
+    tmp.write_text(uuid.uuid4().hex[:16] + "\n")
+    try:
+        os.link(tmp, path)  # fails if another process created it first: theirs wins
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path.read_text().strip()
+
+
+# --------------------------------------------------------------------------- metric names
+
+_INVALID_METRIC_CHARS = re.compile(r"[^/\w.\- :]")
+
+
+def metric_name(key: str) -> str:
+    """An MLflow-valid metric name, mapped as verl and repexp.trl do (`@` -> `_at_`)."""
+    return _INVALID_METRIC_CHARS.sub("_", re.sub(r"/+", "/", str(key).replace("@", "_at_")))
+
+
+def pass_at_k_metric(split: str, k: int) -> str:
+    """`test/pass_at_16`: one metric per k (eval runs, sweep-point parents); dev: `dev/pass_at_1` (trainers)."""
+    return f"{split}/pass_at_{int(k)}"
+
+
+def split_metric(split: str, name: str) -> str:
+    """`test/mean_at_n`, `test/pass_at_4_sem`, `test/maj_at_4`, ...: an eval scalar under its split."""
+    return f"{split}/{name}"
+
+
+PASS_AT_K_TABLE = "pass_at_k_curve.json"  # `<split>/pass_at_k_curve.json`: the full curve, k = 1..n (an MLflow table)
+SYSTEM_METRICS_RULES = ("train", "eval")  # nodes that log MLflow's system metrics (CPU, memory, GPU, disk, network)
+
+# Dataset contexts (`mlflow.data.context` on log_input)
+DATASET_CONTEXTS = {"train": "training", "dev": "validation", "test": "evaluation"}

@@ -1,0 +1,534 @@
+"""One node's MLflow run: prepared without MLflow, opened beside the command, never failing it.
+
+`prepare_node` builds the record (tags, params) from the pipeline config; `NodeRun.start` opens
+the run (usually on a thread while the command already runs); logging methods write to MLflow
+while it answers and keep everything in the record; `end` finishes the run, or writes the record
+to the outbox when any MLflow call failed (or the store was unreachable from the start).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import socket
+import sys
+import threading
+import time
+import traceback
+import uuid
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+from repexp.io import read_json, write_json_atomic, write_text_atomic
+from repexp.tracking.gitinfo import git_tags
+from repexp.tracking.names import (
+    ATTEMPT_TAG, ENV_CONFIG, ENV_RUN_FILE, ENV_SNAKEMAKE_EXEC, ENV_SYSTEM_METRICS, ENV_TRACKING, ERROR_TAG,
+    EXECUTION_TAG, PARENTS_FILE, RESULTS_DIR_TAG, RESULTS_ID_TAG, RULE_TAG, SCOPE_KEY_TAG, SYSTEM_METRICS_RULES,
+    WILDCARDS_TAG, metric_name, mlflow_dir, outbox_dir, results_id,
+)
+from repexp.tracking.record import Record, now_ms
+from repexp.tracking.scopes import Scope, scope_for_rule
+from repexp.tracking.store import Store, artifact_location, execution_number, reachable, resolve_tracking_uri
+
+PARAM_MAX_CHARS = 6000
+ERROR_MAX_CHARS = 4000
+RUN_FILE_WAIT_S = 600.0
+
+
+def tracking_enabled() -> bool:
+    return os.environ.get(ENV_TRACKING, "on").strip().lower() not in {"0", "off", "false", "no"}
+
+
+def system_metrics_enabled(rule: str) -> bool:
+    """MLflow's system metrics on the long nodes, unless MLflow's own switch says false."""
+    setting = os.environ.get(ENV_SYSTEM_METRICS, "").strip().lower()
+    return rule in SYSTEM_METRICS_RULES and setting not in {"0", "false", "off", "no"}
+
+
+def flatten(obj: Any, prefix: str = "", sep: str = ".") -> dict[str, str]:
+    """Nested dicts -> {"a.b": "value"} (lists and scalars as text), for MLflow params."""
+    out: dict[str, str] = {}
+    if isinstance(obj, Mapping):
+        for key, value in obj.items():
+            out.update(flatten(value, f"{prefix}{key}{sep}", sep))
+        return out
+    out[prefix[: -len(sep)] if prefix else "value"] = str(obj)
+    return out
+
+
+def param_values(params: Mapping[str, Any]) -> dict[str, str]:
+    return {str(k): str(v)[:PARAM_MAX_CHARS] for k, v in params.items()}
+
+
+class NodeRun:
+    """One node's run. Methods never raise because of MLflow: failures divert to the outbox."""
+
+    def __init__(self, record: Record, scope: Scope, outbox: Path, enabled: bool = True,
+                 system_metrics: bool = False):
+        self.record = record
+        self.scope = scope
+        self.outbox = outbox
+        self.enabled = enabled
+        self.system_metrics = system_metrics
+        self._store: Optional[Store] = None
+        self._experiment_id: Optional[str] = None
+        self._parent_created = False
+        self._monitor = None
+        self.offline_reason: Optional[str] = None
+        self._staging = outbox / ".staging" / record.record_id  # log_dict files until the run ends
+        self._gate = threading.Lock()  # `start` (maybe on another thread) vs `defer`
+        self._deferred = False
+        self._checked = False
+
+    # ---- state
+    @property
+    def run_id(self) -> Optional[str]:
+        """The MLflow run id, or None when tracking is off or the store was unreachable at start."""
+        return self.record.run_id
+
+    @property
+    def online(self) -> bool:
+        return self.enabled and self._store is not None and self.offline_reason is None
+
+    @property
+    def tracking_uri(self) -> str:
+        return self.record.tracking_uri
+
+    @property
+    def store(self) -> Optional[Store]:
+        return self._store if self.online else None
+
+    def _go_offline(self, reason: str) -> None:
+        if self.offline_reason is None:
+            self.offline_reason = reason
+            print(f"[repexp.tracking] MLflow unavailable ({reason}); records go to {self.outbox} "
+                  "for `repexp mlflow sync`", file=sys.stderr)
+
+    def _try(self, what: str, fn, *args) -> None:
+        if not self.online:
+            return
+        try:
+            fn(*args)
+        except Exception as err:  # noqa: BLE001 - tracking must never fail the node
+            self._go_offline(f"{what}: {type(err).__name__}: {err}")
+
+    # ---- lifecycle
+    def start(self) -> "NodeRun":
+        """Open the run in the store: its parent (from parents.json, else found or created), then the
+        node run, marking earlier executions of this node that a killed process left RUNNING. The
+        MLflow import comes first and takes seconds; nothing is written if `defer` was called meanwhile."""
+        if not self.check_store():
+            return self
+        try:
+            store = Store(self.record.tracking_uri)
+            with self._gate:
+                if self._deferred:
+                    return self
+                self._store = store
+                self._experiment_id, self.record.parent_run_id, self._parent_created = open_parent(store, self.record,
+                                                                                                     self.scope)
+                self.record.run_id = open_child(store, self._experiment_id, self.record, end_stale=True)
+                if self.record.params:
+                    store.log_params(self.record.run_id, self.record.params)
+                if self.record.inputs:
+                    store.log_inputs(self.record.run_id, self.record.inputs)
+            if self.system_metrics:
+                self._start_monitor()
+        except Exception as err:  # noqa: BLE001
+            self._go_offline(f"start: {type(err).__name__}: {err}")
+        return self
+
+    def _start_monitor(self) -> None:
+        """MLflow's own system-metrics sampler (CPU, memory, disk, network; GPU with nvidia-ml-py)."""
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # its start/stop INFO lines
+            self._monitor = SystemMetricsMonitor(self.run_id, tracking_uri=self.tracking_uri)
+            self._monitor.start()
+        except Exception as err:  # noqa: BLE001 - diagnostics only
+            print(f"[repexp.tracking] system metrics off: {type(err).__name__}: {err}", file=sys.stderr)
+            self._monitor = None
+
+    def _stop_monitor(self) -> None:
+        if self._monitor is not None:
+            monitor, self._monitor = self._monitor, None
+            try:
+                monitor.finish()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def check_store(self) -> bool:
+        """Whether the store looks usable (once; no MLflow import, a dead server costs at most a few
+        seconds). If not, the node is offline from here on."""
+        if not self.enabled or self.offline_reason is not None:
+            return False
+        if not self._checked:
+            self._checked = True
+            reason = reachable(self.record.tracking_uri)
+            if reason:
+                self._go_offline(reason)
+        return self.offline_reason is None
+
+    def defer(self) -> bool:
+        """Called while `start` still runs on another thread: if the run has not been opened yet,
+        keep it from being opened here; everything goes to the outbox at `end`, for an upload
+        after this process (`upload_in_background`). True if deferred."""
+        with self._gate:
+            if not self.enabled or self._store is not None or self.offline_reason is not None:
+                return False
+            self._deferred = True
+            self.offline_reason = "deferred to a background upload"
+            return True
+
+    @property
+    def deferred(self) -> bool:
+        return self._deferred
+
+    @property
+    def outbox_record(self) -> Path:
+        return self.outbox / self.record.record_id
+
+    def end(self, status: str = "FINISHED", error: Optional[str] = None) -> None:
+        if not self.enabled:
+            return
+        self._stop_monitor()
+        self.record.status = status
+        self.record.end_ms = now_ms()
+        self.record.error = error
+        if error:
+            self.set_tags({ERROR_TAG: error[-ERROR_MAX_CHARS:]})
+        if self.online:
+            self._try("finish", self._store.finish, self.record, self._parent_created, self._experiment_id, self.scope)
+        if not self.online:  # offline from the start, or since any call failed (finish included)
+            self.record.write(self.outbox_record)
+        shutil.rmtree(self._staging, ignore_errors=True)
+
+    # ---- logging
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        if not self.enabled or not params:
+            return
+        clean = param_values(params)
+        self.record.params.update(clean)
+        self._try("log_params", lambda: self._store.log_params(self.run_id, clean))
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
+        if not self.enabled or not metrics:
+            return
+        ts = now_ms()
+        self.log_metric_rows([[k, v, step, ts] for k, v in metrics.items()])
+
+    def log_metric_rows(self, rows: Sequence[Sequence]) -> None:
+        """[[key, value, step, timestamp_ms], ...]: whole curves in a few batched calls."""
+        if not self.enabled or not rows:
+            return
+        rows = [[metric_name(k), float(v), int(s), int(t)] for k, v, s, t in rows]
+        self.record.metrics.extend(rows)
+        self._try("log_metrics", lambda: self._store.log_metrics(self.run_id, rows))
+
+    def fill_metric_rows(self, rows: Sequence[Sequence]) -> int:
+        """Log the rows whose (key, step) the run lacks; offline, keep them for sync to check the
+        same way. Returns how many were logged now (or all of them, when kept for sync)."""
+        if not self.enabled or not rows:
+            return 0
+        rows = [[metric_name(k), float(v), int(s), int(t)] for k, v, s, t in rows]
+        if self.online:
+            try:
+                missing = self._store.missing_rows(self.run_id, rows)
+                self._store.log_metrics(self.run_id, missing)
+                self.record.metrics.extend(missing)
+                return len(missing)
+            except Exception as err:  # noqa: BLE001
+                self._go_offline(f"log_metrics: {type(err).__name__}: {err}")
+        self.record.fill_metrics.extend(rows)
+        return len(rows)
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        if not self.enabled or not tags:
+            return
+        clean = {str(k): str(v) for k, v in tags.items()}
+        self.record.tags.update(clean)
+        self._try("set_tags", lambda: self._store.set_tags(self.run_id, clean))
+
+    def log_artifact(self, path: str | os.PathLike, artifact_path: Optional[str] = None) -> None:
+        if not self.enabled:
+            return
+        path = str(Path(path).resolve())
+        self.record.artifacts.append([path, artifact_path])
+        self._try("log_artifact", lambda: self._store.log_artifact(self.run_id, path, artifact_path))
+
+    def log_dict(self, obj: Any, name: str) -> None:
+        """A small JSON/YAML artifact from memory (kept as a file in the outbox if offline)."""
+        if not self.enabled:
+            return
+        text = json.dumps(obj, indent=2, sort_keys=True, default=str) if name.endswith(".json") else _yaml(obj)
+        path = write_text_atomic(self._staging / name, text)
+        self.log_artifact(path, str(Path(name).parent) if Path(name).parent != Path(".") else None)
+
+    def log_inputs(self, datasets: Sequence[Mapping[str, Any]]) -> None:
+        """Datasets as MLflow inputs (`repexp.tracking.outputs.dataset`); before `start` they are
+        logged when the run opens."""
+        if not self.enabled or not datasets:
+            return
+        datasets = [dict(d) for d in datasets]
+        self.record.inputs.extend(datasets)
+        self._try("log_inputs", lambda: self._store.log_inputs(self.run_id, datasets))
+
+    def log_table(self, artifact_file: str, data: Mapping[str, list]) -> None:
+        """A table artifact (MLflow's `log_table`, shown by the UI's artifact viewer)."""
+        if not self.enabled:
+            return
+        data = {k: list(v) for k, v in data.items()}
+        self.record.tables.append([artifact_file, data])
+        self._try("log_table", lambda: self._store.log_table(self.run_id, artifact_file, data))
+
+    def log_parent_metrics(self, scope: Scope, rows: Sequence[Sequence]) -> None:
+        """Metrics on another scope's parent run (of this node's results directory), e.g. test
+        pass@k on every sweep point's parent; kept for sync like everything else when offline."""
+        if not self.enabled or not rows:
+            return
+        scope = scope.with_results(self.scope.results_id)
+        rows = [[metric_name(k), float(v), int(s), int(t)] for k, v, s, t in rows]
+        self.record.parent_metrics.append({"scope": dataclasses.asdict(scope), "metrics": rows})
+        self._try("log_parent_metrics", lambda: log_on_parent(self._store, self._experiment_id, self.record, scope,
+                                                              rows))
+
+
+def open_parent(store: Store, record: Record, scope: Scope) -> tuple[str, str, bool]:
+    """(experiment id, parent run id, created here): the ids the workflow recorded at its start
+    (`repexp mlflow parents`), else found or created under the store's lock."""
+    known = known_parents(record)
+    if known and scope.key in known["parents"] and store.run_exists(known["parents"][scope.key]):
+        return known["experiment_id"], known["parents"][scope.key], False
+    with store.lock():
+        experiment_id = store.experiment_id(record.experiment, record.artifact_location)
+        parent_id, created = store.parent(experiment_id, scope, parent_tags(record))
+    return experiment_id, parent_id, created
+
+
+def parent_tags(record: Record) -> dict[str, str]:
+    return {k: v for k, v in record.tags.items() if k == RESULTS_DIR_TAG}
+
+
+def known_parents(record: Record) -> Optional[dict]:
+    """parents.json of the record's results directory, if it was written for the same store,
+    experiment and results id."""
+    if not record.results_dir:
+        return None
+    path = mlflow_dir(record.results_dir) / PARENTS_FILE
+    try:
+        known = read_json(path)
+    except (OSError, ValueError):
+        return None
+    same = (known.get("tracking_uri"), known.get("experiment"), known.get("results_id")) == (
+        record.tracking_uri, record.experiment, record.tags.get(RESULTS_ID_TAG))
+    return known if same else None
+
+
+def open_child(store: Store, experiment_id: str, record: Record, *, end_stale: bool) -> str:
+    """Create the node's run with its execution number; with `end_stale` (a live start, never a
+    replay of an old record) earlier executions that a killed process left RUNNING become KILLED."""
+    earlier = store.earlier_executions(experiment_id, record.parent_run_id, record.tags[RULE_TAG],
+                                       record.tags[WILDCARDS_TAG], record.start_ms)
+    execution = execution_number(earlier)
+    record.tags[EXECUTION_TAG] = execution
+    if execution != "1" and "#" not in record.run_name:
+        record.run_name = f"{record.run_name} #{execution}"
+    run_id = store.create_child(experiment_id, record)
+    if end_stale:
+        store.supersede([r for r in earlier if r.info.status == "RUNNING"], run_id, execution)
+    return run_id
+
+
+def log_on_parent(store: Store, experiment_id: str, record: Record, scope: Scope, rows: Sequence[Sequence]) -> None:
+    known = known_parents(record)
+    parent_id = (known or {}).get("parents", {}).get(scope.key) if known else None
+    if parent_id is None:
+        with store.lock():
+            parent_id, _ = store.parent(experiment_id, scope, parent_tags(record))
+    store.log_metrics(parent_id, rows)
+
+
+def _results_id_or_none(results_dir: str) -> Optional[str]:
+    """The results directory's id; None (parents then found by key alone) if it cannot be written."""
+    try:
+        return results_id(results_dir)
+    except OSError as err:
+        print(f"[repexp.tracking] no results id for {results_dir} ({err})", file=sys.stderr)
+        return None
+
+
+def _yaml(obj: Any) -> str:
+    import yaml
+
+    return yaml.safe_dump(obj, sort_keys=False, default_flow_style=False)
+
+
+def load_config(config: Any):
+    from repexp import config as C
+
+    if config is None:
+        path = os.environ.get(ENV_CONFIG)
+        if not path:
+            raise ValueError(f"no pipeline config: pass config= or set ${ENV_CONFIG}")
+        config = path
+    return config if isinstance(config, C.PipelineConfig) else C.load(config)
+
+
+def start_node(rule: str, task: Optional[str] = None, run: Optional[str] = None, **kwargs: Any) -> NodeRun:
+    """Start a node run (`prepare_node`'s arguments; see `node_run`); the caller must call `.end(status)`."""
+    return prepare_node(rule, task, run, **kwargs).start()
+
+
+def prepare_node(
+    rule: str,
+    task: Optional[str] = None,
+    run: Optional[str] = None,
+    *,
+    config: Any = None,
+    params: Optional[Mapping[str, Any]] = None,
+    tags: Optional[Mapping[str, Any]] = None,
+    attempt: Optional[int] = None,
+    wildcards: Optional[Mapping[str, str]] = None,
+    snakemake_jobid: Optional[str] = None,
+) -> NodeRun:
+    """A node run's record, not yet in the store (no MLflow import): `.start()` opens it.
+
+    Params: the sweep point's (task, method, backend, sparse_dim, beta, seed; the task for
+    preprocess) and `params`. `snakemake_jobid` is the rule's ``{{{jobid}}}`` (the id in braces,
+    which are stripped); it is tagged only when the scheduling Snakemake formatted it, not a
+    SLURM jobstep's own Snakemake.
+    """
+    from repexp import config as C
+
+    cfg = load_config(config)
+    enabled = tracking_enabled()
+    uri = resolve_tracking_uri(cfg.results_dir, cfg.tracking.tracking_uri)
+    results_abs = str(Path(cfg.results_dir).resolve())
+    rid = _results_id_or_none(cfg.results_dir) if enabled else None
+    scope = scope_for_rule(rule, task, run, results_id=rid)
+    wildcards = {**{k: v for k, v in (("task", task), ("run", run)) if v is not None}, **(wildcards or {})}
+    base_tags = {
+        RULE_TAG: rule,
+        WILDCARDS_TAG: json.dumps(wildcards, sort_keys=True),
+        ATTEMPT_TAG: str(attempt or 1),
+        "repexp.rule": rule,
+        SCOPE_KEY_TAG: scope.key,
+        **scope.tags,
+        **({RESULTS_ID_TAG: rid} if rid else {}),
+        RESULTS_DIR_TAG: results_abs,
+        "repexp.config_hash": C.config_hash(cfg),
+        "repexp.config_name": cfg.name,
+        "mlflow.source.name": f"repexp {rule}",
+        "mlflow.source.type": "JOB",
+        "host": socket.gethostname(),
+        **git_tags(),
+        **({"slurm.job_id": os.environ["SLURM_JOB_ID"]} if os.environ.get("SLURM_JOB_ID") else {}),
+        **({"snakemake.jobid": snakemake_jobid.strip("{}")}
+           if snakemake_jobid and os.environ.get(ENV_SNAKEMAKE_EXEC) != "remote" else {}),
+        **{k: str(v) for k, v in (tags or {}).items()},
+    }
+    record = Record(
+        record_id=uuid.uuid4().hex,
+        tracking_uri=uri,
+        experiment=cfg.tracking.experiment or cfg.name,
+        artifact_location=artifact_location(uri),
+        scope=dataclasses.asdict(scope),
+        run_name=rule if scope.kind == "experiment" else f"{rule} {scope.name}",
+        tags=base_tags,
+        results_dir=results_abs,
+    )
+    record.params.update(param_values({**(params or {}), **scope.params}))
+    return NodeRun(record, scope, outbox_dir(cfg.results_dir), enabled=enabled,
+                   system_metrics=system_metrics_enabled(rule))
+
+
+@contextlib.contextmanager
+def node_run(rule: str, task: Optional[str] = None, run: Optional[str] = None, **kwargs: Any) -> Iterator[NodeRun]:
+    """Track one node: ``with node_run("eval", "gsm8k", "base", config=cfg) as t: t.log_metrics(...)``.
+
+    `config` is a PipelineConfig or a config path (default: $REPEXP_CONFIG). The run ends
+    FINISHED, or FAILED (and the exception propagates) if the body raises, or exits non-zero.
+    """
+    with node_scope(start_node(rule, task, run, **kwargs)) as node:
+        yield node
+
+
+class NodeFailed(SystemExit):
+    """Ends a node with an exit status and the message that goes into `repexp.error`."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(code)
+        self.message = message
+
+
+@contextlib.contextmanager
+def node_scope(node: NodeRun) -> Iterator[NodeRun]:
+    """The current node while inside; ends it FINISHED, or FAILED if the body raises or exits non-zero."""
+    global _CURRENT
+    previous, _CURRENT = _CURRENT, node
+    try:
+        yield node
+    except BaseException as exc:
+        code = exc.code if isinstance(exc, SystemExit) else 1
+        if code in (0, None):
+            node.end("FINISHED")
+        elif isinstance(exc, NodeFailed):
+            node.end("FAILED", error=exc.message)
+        else:
+            node.end("FAILED", error="".join(traceback.format_exception_only(type(exc), exc)).strip())
+        raise
+    else:
+        node.end("FINISHED")
+    finally:
+        _CURRENT = previous
+
+
+_CURRENT: Optional[NodeRun] = None
+
+
+def current_node() -> Optional[NodeRun]:
+    """The node run of this process (inside `repexp mlflow node` or `node_run`), for extra logging."""
+    return _CURRENT
+
+
+# --------------------------------------------------------------------------- a trainer's run id
+
+
+def open_in_background(node: NodeRun, run_file: Path) -> threading.Thread:
+    """Open `node` on a thread and then write `run_file` (the run id, or null when MLflow could
+    not take it), so a trainer started meanwhile finds its run when it first needs it."""
+    Path(run_file).unlink(missing_ok=True)  # never a previous attempt's run
+
+    def open_and_publish():
+        try:
+            node.start()
+        finally:
+            write_json_atomic(run_file, {"run_id": node.run_id if node.online else None,
+                                         "tracking_uri": node.tracking_uri,
+                                         "experiment": node.record.experiment,
+                                         "offline_reason": node.offline_reason})
+
+    opener = threading.Thread(target=open_and_publish, name="mlflow-node-start", daemon=True)
+    opener.start()
+    return opener
+
+
+def await_node_run(timeout_s: float = RUN_FILE_WAIT_S) -> Optional[dict]:
+    """In a trainer: the node run published by `open_in_background` ({"run_id", "tracking_uri",
+    "experiment", "offline_reason"}), waiting for it; None when no node run was announced
+    (no $REPEXP_MLFLOW_RUN_FILE). After `timeout_s` without it, a run id of None."""
+    path = os.environ.get(ENV_RUN_FILE)
+    if not path:
+        return None
+    deadline = time.monotonic() + timeout_s
+    while not Path(path).exists():
+        if time.monotonic() > deadline:
+            return {"run_id": None, "tracking_uri": None, "experiment": None,
+                    "offline_reason": f"{path} did not appear within {timeout_s:.0f} s"}
+        time.sleep(0.1)
+    return read_json(path)

@@ -1,0 +1,207 @@
+"""`repexp mlflow serve`: the tracking server of a results directory, on the host that runs Snakemake.
+
+On a cluster every job logs over HTTP to one `mlflow server` on the submit host; only that
+server opens the backend store, which lives on the submit host's local disk (SQLite by default,
+or `tracking.server_store`, e.g. PostgreSQL). SQLite on the shared filesystem that every compute
+node sees is never the cluster default: its POSIX locks and WAL are unreliable on NFS/Lustre
+(docs/tracking.md). Artifacts go to `<results>/mlflow/artifacts` through the server.
+
+    repexp mlflow serve --config CFG                 # foreground (Ctrl-C stops it): browse the runs
+    repexp mlflow serve --config CFG --background    # start, wait until healthy, return (the workflow)
+    repexp mlflow serve --config CFG --stop          # stop the server recorded in server.json
+
+`<results>/mlflow/server.json` records the running server (URI, pid, host, store). A workflow
+with `tracking.server: auto` (a cluster executor, no tracking URI set) or `on` starts one at its
+start unless one is already running, points its jobs at it (`MLFLOW_TRACKING_URI`, exported to
+SLURM jobs by sbatch), and stops at its end the server it started.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from repexp.io import read_json, write_json_atomic
+from repexp.tracking.names import ARTIFACTS_DIR, DB_FILE, SERVER_FILE, mlflow_dir, results_id
+from repexp.tracking.store import reachable
+
+START_TIMEOUT_S = 300.0  # `mlflow server` took 20-40 s to answer /health on a loaded 2-core machine
+STOP_TIMEOUT_S = 20.0
+DEFAULT_WORKERS = 2
+LOCAL_STORE_ROOT = Path("/var/tmp")  # local disk on the submit host (not the shared results filesystem)
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+SERVER_LOG = "server.log"
+
+
+class ServerStartError(RuntimeError):
+    """The server did not answer /health; `uri` is where it should have (jobs keep records for it)."""
+
+    def __init__(self, message: str, uri: str):
+        super().__init__(message)
+        self.uri = uri
+
+
+def server_file(results_dir: str | os.PathLike) -> Path:
+    return mlflow_dir(results_dir) / SERVER_FILE
+
+
+def default_store(cfg) -> str:
+    """SQLite on the submit host's local disk: /var/tmp/repexp-mlflow-<user>/<name>-<results id>/mlflow.db."""
+    directory = LOCAL_STORE_ROOT / f"repexp-mlflow-{getpass.getuser()}" / f"{cfg.name}-{results_id(cfg.results_dir)}"
+    return f"sqlite:///{directory / DB_FILE}"
+
+
+def advertised_host(bind_host: str) -> str:
+    """How jobs reach a server bound to `bind_host`: this host's address when bound to every
+    interface (an IP: MLflow refuses unknown Host names unless allowed)."""
+    if bind_host not in WILDCARD_HOSTS:
+        return bind_host
+    try:
+        return socket.gethostbyname(socket.getfqdn())
+    except OSError:
+        return socket.gethostname()
+
+
+def allowed_hosts(bind_host: str, public: str) -> Optional[str]:
+    """`--allowed-hosts` for a server on every interface: this host's names and addresses, and
+    private networks (MLflow's own default covers localhost and private IPs only)."""
+    if bind_host not in WILDCARD_HOSTS:
+        return None
+    names = {"localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn(), public}
+    return ",".join(sorted({p for name in names if name for p in (name, f"{name}:*")}) | {"10.*", "192.168.*",
+                                                                                          "172.*"})
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1" if host in WILDCARD_HOSTS else host, 0))
+        return sock.getsockname()[1]
+
+
+def running_server(results_dir: str | os.PathLike) -> Optional[dict]:
+    """server.json of a server that answers /health, else None."""
+    path = server_file(results_dir)
+    try:
+        info = read_json(path)
+    except (OSError, ValueError):
+        return None
+    return info if reachable(info.get("uri", ""), timeout_s=5) is None else None
+
+
+def start(cfg, *, host: Optional[str] = None, port: Optional[int] = None, store: Optional[str] = None,
+          workers: int = DEFAULT_WORKERS, owner: str = "user", timeout_s: float = START_TIMEOUT_S) -> dict:
+    """Start `mlflow server` in its own session, wait for /health, write server.json. A server that
+    already runs for this results directory is reused (its server.json is returned unchanged)."""
+    existing = running_server(cfg.results_dir)
+    if existing:
+        return {**existing, "reused": True}
+    host = host if host is not None else cfg.tracking.server_host
+    port = port or cfg.tracking.server_port or free_port(host)
+    store = store or cfg.tracking.server_store or default_store(cfg)
+    if store.startswith("sqlite:///"):
+        Path(store[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    artifacts = (mlflow_dir(cfg.results_dir) / ARTIFACTS_DIR).resolve()
+    artifacts.mkdir(parents=True, exist_ok=True)
+    public = advertised_host(host)
+    command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store,
+               "--artifacts-destination", str(artifacts), "--host", host, "--port", str(port),
+               "--workers", str(workers)]
+    allowed = allowed_hosts(host, public)
+    if allowed:
+        command += ["--allowed-hosts", allowed]
+    # MLflow's job runner (GenAI jobs) is not used by the pipeline: 7 fewer processes on the submit host
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": os.environ.get("MLFLOW_SERVER_ENABLE_JOB_EXECUTION",
+                                                                              "false")}
+    log_path = mlflow_dir(cfg.results_dir) / SERVER_LOG
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True, cwd=mlflow_dir(cfg.results_dir))
+    uri = f"http://{public}:{port}"
+    deadline = time.monotonic() + timeout_s
+    while reachable(uri, timeout_s=5) is not None:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            why = f"exited {proc.returncode}" if proc.poll() is not None else f"no answer in {timeout_s:.0f} s"
+            _stop_group(proc.pid)
+            tail = log_path.read_text(errors="replace")[-1500:] if log_path.exists() else ""
+            raise ServerStartError(f"mlflow server on {host}:{port} did not become healthy ({why}); "
+                                   f"log {log_path}:\n{tail}", uri)
+        time.sleep(0.5)
+    info = {"uri": uri, "pid": proc.pid, "host": socket.gethostname(), "bind": host, "port": port,
+            "backend_store_uri": store, "artifacts_destination": str(artifacts), "owner": owner,
+            "log": str(log_path), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    write_json_atomic(server_file(cfg.results_dir), info)
+    return info
+
+
+def stop(results_dir: str | os.PathLike, *, owner: Optional[str] = None) -> bool:
+    """Stop the server recorded in server.json (only on the host that started it, and with
+    `owner`, only a server of that owner). True if one was stopped."""
+    path = server_file(results_dir)
+    try:
+        info = read_json(path)
+    except (OSError, ValueError):
+        return False
+    if info.get("host") != socket.gethostname() or (owner is not None and info.get("owner") != owner):
+        return False
+    stopped = _stop_group(int(info["pid"]))
+    path.unlink(missing_ok=True)
+    return stopped
+
+
+def _stop_group(pid: int) -> bool:
+    """SIGTERM the server's session (uvicorn and its workers), SIGKILL what is left after a while."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return False
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            break
+        _reap(pid)
+        time.sleep(0.2)
+    else:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _reap(pid)
+    return True
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def serve_foreground(cfg, **kwargs) -> int:
+    info = start(cfg, owner="user", **kwargs)
+    if info.get("reused"):
+        print(f"mlflow serve: already running at {info['uri']} (pid {info['pid']} on {info['host']})")
+        return 0
+    print(f"mlflow serve: {info['uri']} (store {info['backend_store_uri']}, artifacts "
+          f"{info['artifacts_destination']}); Ctrl-C stops it", flush=True)
+    try:
+        while True:
+            time.sleep(1)
+            try:
+                os.killpg(info["pid"], 0)
+            except ProcessLookupError:
+                print("mlflow serve: the server exited; see " + info["log"], file=sys.stderr)
+                server_file(cfg.results_dir).unlink(missing_ok=True)
+                return 1
+    except KeyboardInterrupt:
+        pass
+    stop(cfg.results_dir)
+    return 0
