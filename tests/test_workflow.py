@@ -206,6 +206,10 @@ def test_every_node_has_its_mlflow_run(pipeline):
             assert per_k == {f"test/pass_at_{k}": v for k, v in result["pass_at_k"].items()}  # one metric per k
         elif rule == "testtime":
             assert artifacts == {"testtime.json"} and node.data.params["cmd.sparse-dim"] == "32"
+            result = json.loads((results / "testtime" / "gsm8k" / tags["repexp.run"] / "testtime.json").read_text())
+            from repexp.testtime.core import mlflow_metrics as testtime_metrics
+
+            assert {k: v for k, v in node.data.metrics.items() if k.startswith("testtime/")} == testtime_metrics(result)
         elif rule == "select":
             assert artifacts == {"select.json"} and "select.checkpoint_step" in node.data.params
         elif rule == "preprocess":

@@ -6,7 +6,9 @@
   maj@k, `test/mean_at_n`, ...), the full curve k = 1..n as a table, the evaluated split as an
   input dataset;
 - `select.json` → `select.*` params and `best_dev_value` at the selected step;
-- `manifest.json` (preprocess) → the source files as input datasets.
+- `manifest.json` (preprocess) → the source files as input datasets;
+- `testtime.json` → `testtime/*` metrics (pass@k of both orders at the reference ks, efficiency,
+  samples-to-correct).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".parquet")  
 EVAL_JSON = "eval.json"
 SELECT_JSON = "select.json"
 MANIFEST_JSON = "manifest.json"
+TESTTIME_JSON = "testtime.json"
 DIGEST_CHARS = 16  # MLflow shows a dataset's digest beside its name
 
 
@@ -83,6 +86,11 @@ def _log_known_output(node, path: Path) -> None:
                                        now_ms()]])
         elif path.name == MANIFEST_JSON:
             node.log_inputs(source_datasets(read_json(path)))
+        elif path.name == TESTTIME_JSON:
+            from repexp.testtime.core import mlflow_metrics as testtime_metrics
+
+            node.log_metric_rows([[name, value, 0, now_ms()] for name, value in
+                                  testtime_metrics(read_json(path)).items()])
     except Exception as err:  # noqa: BLE001 - a malformed output is the command's problem, not ours
         print(f"[repexp.tracking] could not read metrics from {path}: {err}", file=sys.stderr)
 
