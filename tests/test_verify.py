@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from repexp import verify
+from repexp.verify import compare, pool as verify_pool
 from repexp.verify import extract_answer, last_boxed, score, score_answer, score_batch
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
@@ -19,6 +20,7 @@ MATH = "DigitalLearningGmbH/MATH-lighteval"
 MATH500 = "HuggingFaceH4/MATH-500"
 GSM8K = "openai/gsm8k"
 AIME = "aime24"
+PM630 = "\\begin{pmatrix} 6 \\\\ 3 \\\\ 0 \\end{pmatrix}"  # as MATH golds write it
 
 # (data_source, response, ground_truth, expected score, why)
 TRICKY = [
@@ -86,6 +88,54 @@ TRICKY = [
     (GSM8K, "The answer is \\boxed{\\$1,000}.", "1000", 1.0, "boxed fallback with dollar and comma"),
     (GSM8K, "The answer is 18.", "18", 0.0, "no #### and no box: no answer"),
     (GSM8K, "#### x = 2 * 9 = 18", "18", 1.0, "equation after ####: the value after the last ="),
+    # matrices: the row break survives normalisation; environment and spacing do not matter (issue #16)
+    (MATH, "\\boxed{\\begin{pmatrix} 6 \\\\ 3 \\\\ 0 \\end{pmatrix}}", PM630, 1.0, "matrix, gold spacing"),
+    (MATH, "\\boxed{\\begin{pmatrix}6\\\\3\\\\0\\end{pmatrix}}", PM630, 1.0, "matrix, compact"),
+    (MATH, "\\boxed{\\begin{pmatrix}\n6 \\\\\n3 \\\\\n0\n\\end{pmatrix}}", PM630, 1.0, "matrix, multi-line"),
+    (MATH, "\\boxed{\\begin{bmatrix} 6 \\\\ 3 \\\\ 0 \\end{bmatrix}}", PM630, 1.0, "bmatrix vs pmatrix"),
+    (MATH, "\\boxed{\\left(\\begin{matrix} 6 \\\\ 3 \\\\ 0 \\end{matrix}\\right)}", PM630, 1.0, "matrix in parentheses"),
+    (MATH, "\\boxed{\\left[\\begin{array}{c} 6 \\\\ 3 \\\\ 0 \\end{array}\\right]}", PM630, 1.0, "array in brackets"),
+    (MATH, "\\boxed{\\begin{pmatrix} 6 \\\\ 3 \\\\ 0 \\\\ \\end{pmatrix}}", PM630, 1.0, "trailing row break"),
+    (MATH, "\\boxed{\\begin{pmatrix} 12/2 \\\\ 3 \\\\ 0 \\end{pmatrix}}", PM630, 1.0, "matrix entry by value"),
+    (MATH, "\\boxed{\\begin{pmatrix} 6 \\\\ 0 \\\\ 3 \\end{pmatrix}}", PM630, 0.0, "matrix entries swapped"),
+    (MATH, "\\boxed{\\begin{pmatrix} 6 & 3 & 0 \\end{pmatrix}}", PM630, 0.0, "row vector vs column vector"),
+    (MATH, "\\boxed{\\begin{pmatrix} 1&2\\\\3&4 \\end{pmatrix}}", "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", 1.0,
+     "2x2 matrix, spacing"),
+    (MATH, "\\boxed{\\begin{pmatrix} 1&2\\\\4&3 \\end{pmatrix}}", "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", 0.0,
+     "2x2 matrix, wrong entries"),
+    # smaller defects of issue #16
+    (MATH, "\\boxed{45°}", "45^\\circ", 1.0, "Unicode degree sign"),
+    (MATH, "\\boxed{45°}", "45", 1.0, "Unicode degree sign, plain gold"),
+    (MATH, "\\boxed{46°}", "45^\\circ", 0.0, "wrong angle with a degree sign"),
+    (MATH, "\\boxed{\\text{Evelyn.}}", "\\text{Evelyn}", 1.0, "period inside \\text{}"),
+    (MATH, "\\boxed{\\text{Evelyn}}", "\\text{Evelyn}", 1.0, "name"),
+    (MATH, "\\boxed{\\text{Emily.}}", "\\text{Evelyn}", 0.0, "other name"),
+    (AIME, "\\boxed{25 = m+n}", "25", 1.0, "value = expression"),
+    (AIME, "\\boxed{m+n = 25}", "25", 1.0, "expression = value"),
+    (AIME, "\\boxed{26 = m+n}", "25", 0.0, "wrong value = expression"),
+    (MATH, "\\boxed{x = 2 \\cdot 9 = 18}", "18", 1.0, "chain ending in the value"),
+    (MATH, "\\boxed{x = 5 \\text{ or } x = 3}", "5", 0.0, "a hedge is not a value"),
+    (MATH, "\\boxed{y = 2x + 3}", "y=2x+3", 1.0, "equation gold"),
+    (MATH, "\\boxed{x^2 + y^2 = 25}", "x^2+y^2=25", 1.0, "equation gold kept whole"),
+    (MATH, "\\boxed{(x-1)^2 + y^2 = 25}", "x^2+y^2=25", 0.0, "other equation with the same right side"),
+    (MATH, "\\boxed{x \\geq 5}", "5", 0.0, "inequality is not a value"),
+    # GSM8K: the last #### with a number, else the last box (issue #16)
+    (GSM8K, "so 18.\n#### 18\n\n#### Note:\nThe shop closes at 5.", "18", 1.0, "#### 18 then a #### Note: heading"),
+    (GSM8K, "#### Step 3: add the two totals\n9 + 9 = 18\n\\boxed{18}", "18", 1.0, "#### Step heading, then a box"),
+    (GSM8K, "#### 18 = 9*2", "18", 1.0, "the number first, then its derivation"),
+    (GSM8K, "#### 1 000", "1000", 1.0, "space-grouped thousands"),
+    (GSM8K, "#### 1\u202f000", "1000", 1.0, "thin-space-grouped thousands"),
+    (GSM8K, "#### 2 * 9 = 18", "18", 1.0, "arithmetic chain"),
+    (GSM8K, "#### 18 - 2 = 16", "16", 1.0, "arithmetic chain with a minus"),
+    (GSM8K, "#### 2. Compute the total\nShe has 18.\n\\boxed{18}", "18", 1.0, "numbered heading is not an answer"),
+    (GSM8K, "#### 2. Compute the total\nShe has 18.", "2", 0.0, "numbered heading and nothing else"),
+    (GSM8K, "#### The answer is 18", "18", 1.0, "answer label"),
+    (GSM8K, "#### Answer: $18", "18", 1.0, "answer label with a dollar"),
+    (GSM8K, "#### 17\nLet me recheck.\n#### Step 2: recount", "17", 1.0, "earlier #### answer survives a later heading"),
+    (GSM8K, "#### 18 apples", "18", 1.0, "unit word"),
+    (GSM8K, "#### 18 xylophones", "18", 1.0, "a word starting with x is not a multiplication"),
+    (GSM8K, "#### \\frac{3}{4}", "0.75", 1.0, "LaTeX fraction"),
+    (GSM8K, "#### 50%", "50", 1.0, "percent"),
     # empty and garbage
     (MATH, "", "5", 0.0, "empty response"),
     (GSM8K, "", "5", 0.0, "empty GSM8K response"),
@@ -249,7 +299,7 @@ def test_math_verify_alone_agrees_on_a_seeded_sample(capsys):
                 continue
             gold = verify.normalize_answer(truth)
             answer = extract_answer(source, solution)
-            if answer is None or verify._verify_key((gold, answer, verify.DEFAULT_TIMEOUT_S)) != 1.0:
+            if answer is None or compare.run_key((compare.BOXED, gold, answer, verify.DEFAULT_TIMEOUT_S)) != 1.0:
                 failures[f"{row_id}: {answer!r}"] += 1
         rate = 1 - sum(failures.values()) / len(sample)
         lines.append(f"  {dataset:<12} {len(sample) - sum(failures.values()):>4}/{len(sample):<4} = {100 * rate:6.2f}%  {dict(failures) or ''}")
@@ -302,7 +352,7 @@ def test_process_pool_scores_like_in_process():
 @pytest.mark.timeout(120)
 def test_pool_kills_a_worker_stuck_in_a_c_call():
     """time.sleep blocks in C like a runaway big-integer power: only killing the worker stops it."""
-    pool = verify._ProcessPool(time.sleep, 1, hard_timeout=1.0, stuck_value="stuck")
+    pool = verify_pool._ProcessPool(time.sleep, 1, hard_timeout=1.0, stuck_value="stuck")
     try:
         results = pool.map([0.0, 0.0, 3600.0, 0.0, 0.0], chunk_size=5)
         assert results == [None, None, "stuck", None, None]
