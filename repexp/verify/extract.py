@@ -14,7 +14,8 @@ the last box. A `####` line states a number when, once decoration is removed (`$
 - or is an answer label followed by the number: `#### Answer: 18`, `#### The final answer is 18`
   (labels: `ANSWER_LABELS`).
 
-Markdown headings are not answers: `#### Step 3: add them`, `#### Note:`, `#### 2. Compute the
+A compound quantity (`#### 18 dollars and 50 cents`) states no single number. Markdown headings
+are not answers: `#### Step 3: add them`, `#### Note:`, `#### 2. Compute the
 total` (a numbered heading: number, `.` or `)`, then words) are skipped, so `#### 18` followed by
 `#### Note:` gives 18 and `#### Step 3: …` before `\\boxed{18}` gives 18.
 """
@@ -126,6 +127,7 @@ _FRAC = re.compile(r"-?\\[dt]?frac\{(-?\d+)\}\{(\d+)\}")
 _NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d{1,3}(?: \d{3})+(?!\d)|\d+)(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 _OPERATOR = re.compile(r"(?:[*+×·/^÷]|x\s*\d|\\times|\\cdot|\\div|-\s*[\d(])")
 _NUMBERED_HEADING = re.compile(r"[.)]\s+[A-Za-z]")
+_COMPOUND = re.compile(r"[A-Za-z ]*\band\s+-?\d")  # "18 dollars and 50 cents": not a plain value
 _LABEL = re.compile(r"(?i)(?:" + "|".join(re.escape(label) for label in ANSWER_LABELS) + r")\s*[:=]?\s*")
 _WORD_START = re.compile(r"[A-Za-z]{2}")
 _GSM8K_MARK = "####"
@@ -169,8 +171,8 @@ def answer_value(text: str) -> Optional[Fraction]:
     value, rest = _leading_value(s)
     rest = rest.lstrip()
     if value is not None:
-        if _NUMBERED_HEADING.match(rest):
-            return None  # "2. Compute the total"
+        if _NUMBERED_HEADING.match(rest) or _COMPOUND.match(rest):
+            return None  # "2. Compute the total", "18 dollars and 50 cents"
         if not _OPERATOR.match(rest):
             return value  # "18", "18 dollars", "18 = 9*2"
     if "=" in s:  # "x = 2*9 = 18", "2 * 9 = 18": the value after the last "="
