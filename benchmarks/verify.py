@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/verify.py throughput [--problems 150 --samples 32 --workers 2]
     .venv/bin/python benchmarks/verify.py agreement
+    .venv/bin/python benchmarks/verify.py study
 
 `throughput` synthesises model-like responses from the shipped reference solutions
 (MATH test, GSM8K test, AIME 2024): the solution text with its final answer replaced
@@ -24,6 +25,11 @@ of the paper sweep's test evaluation.
 `agreement` scores every reference solution against its own ground truth, with the
 production scorer and with Math-Verify alone (no string/integer fast path); the
 numbers in docs/data.md come from here.
+
+`study` scores the labelled agreement corpus (`tests/data/agreement_corpus.jsonl`) with the
+repexp grader, the paper grader and Math-Verify alone (the paper's AIME scorer applied to every
+task), and prints accuracy against the labels per task plus every disagreement class: the table
+in docs/data.md, "Agreement study".
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from repexp import verify
+from repexp.verify import compare
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / ".." / "shared" / "data"
@@ -210,8 +217,9 @@ def _uncached(batch) -> list[float]:
         elif verify.family(source) == verify.GSM8K:
             scores.append(verify.score_answer(source, answer, truth))
         else:
-            verify._parse_boxed.cache_clear()
-            scores.append(verify._verify_key((verify.normalize_answer(truth), answer, verify.DEFAULT_TIMEOUT_S)))
+            compare._parse_boxed.cache_clear()
+            key = (compare.BOXED, verify.normalize_answer(truth), answer, verify.DEFAULT_TIMEOUT_S)
+            scores.append(compare.run_key(key))
     return scores
 
 
@@ -367,14 +375,53 @@ def agreement(args: argparse.Namespace) -> None:
                 prod_fail[f"{row_id}: {verify.extract_answer(source, solution)!r} vs {truth!r}"] += 1
             if verify.family(source) == verify.MATH:
                 answer = verify.extract_answer(source, solution)
-                key = (verify.normalize_answer(truth), answer, verify.DEFAULT_TIMEOUT_S)
-                if answer is None or verify._verify_key(key) != 1.0:
+                key = (compare.BOXED, verify.normalize_answer(truth), answer, verify.DEFAULT_TIMEOUT_S)
+                if answer is None or compare.run_key(key) != 1.0:
                     mv_fail[f"{row_id}: {answer!r}"] += 1
         seconds = time.perf_counter() - started
         n = len(rows)
         mv = f"{100 * (1 - sum(mv_fail.values()) / n):.2f}%" if verify.family(source) == verify.MATH else "n/a (no Math-Verify)"
         failures = "; ".join(sorted(set(prod_fail) | set(mv_fail))) or "-"
         print(f"| {name} | {n} | {100 * (1 - sum(prod_fail.values()) / n):.2f}% | {mv} | {seconds:.1f} | {failures} |", flush=True)
+
+
+# --------------------------------------------------------------------------- agreement study
+
+
+CORPUS = ROOT / "tests" / "data" / "agreement_corpus.jsonl"
+TASK_NAMES = {"math": "MATH", "gsm8k": "GSM8K", "aime": "AIME 2024"}
+
+
+def study(args: argparse.Namespace) -> None:
+    rows = [json.loads(line) for line in CORPUS.read_text().splitlines()]
+    sources, responses, truths = ([r[key] for r in rows] for key in ("data_source", "response", "ground_truth"))
+    graders = {
+        "repexp": verify.score_batch(sources, responses, truths, workers=1),
+        "paper": verify.score_batch(sources, responses, truths, workers=1, grader="paper"),
+        "Math-Verify": np.array([compare.run_key((compare.WHOLE, t, r, verify.DEFAULT_TIMEOUT_S))
+                                 for r, t in zip(responses, truths)]),
+    }
+    labels = np.array([r["label"] for r in rows])
+    clear = np.array([r["clear"] for r in rows])
+    print(f"{len(rows)} labelled responses ({int(clear.sum())} clear-cut)\n")
+    print("| task | clear-cut items | " + " | ".join(f"{g} accuracy" for g in graders) + " |")
+    print("|---|---|" + "---|" * len(graders))
+    for task, name in list(TASK_NAMES.items()) + [(None, "all")]:
+        mask = clear & (np.array([r["task"] == task for r in rows]) if task else True)
+        cells = [f"{(graders[g][mask] == labels[mask]).mean():.4f} ({int((graders[g][mask] != labels[mask]).sum())} wrong)"
+                 for g in graders]
+        print(f"| {name} | {int(mask.sum())} | " + " | ".join(cells) + " |")
+    unclear = ~clear
+    print(f"\nnot clear-cut ({int(unclear.sum())}): scored correct by " + ", ".join(
+        f"{g} {int(graders[g][unclear].sum())}" for g in graders) + " (all are labelled correct)")
+    print("\ndisagreements with the labels on clear-cut items, by construction rule:\n")
+    print("| grader | task | rule | label | items |")
+    print("|---|---|---|---|---|")
+    for g, scores in graders.items():
+        classes = Counter((r["task"], r["rule"], r["label"]) for r, s, c in zip(rows, scores, clear)
+                          if c and s != r["label"])
+        for (task, rule, label), count in sorted(classes.items()):
+            print(f"| {g} | {TASK_NAMES[task]} | {rule} | {label} | {count} |")
 
 
 def main() -> None:
@@ -388,8 +435,9 @@ def main() -> None:
     t.add_argument("--workers", type=int, default=2)
     t.add_argument("--seed", type=int, default=0)
     sub.add_parser("agreement")
+    sub.add_parser("study")
     args = parser.parse_args()
-    throughput(args) if args.mode == "throughput" else agreement(args)
+    {"throughput": throughput, "agreement": agreement, "study": study}[args.mode](args)
 
 
 if __name__ == "__main__":
