@@ -408,8 +408,10 @@ def study(args: argparse.Namespace) -> None:
     print("|---|---|" + "---|" * len(graders))
     for task, name in list(TASK_NAMES.items()) + [(None, "all")]:
         mask = clear & (np.array([r["task"] == task for r in rows]) if task else True)
-        cells = [f"{(graders[g][mask] == labels[mask]).mean():.4f} ({int((graders[g][mask] != labels[mask]).sum())} wrong)"
-                 for g in graders]
+        cells = []
+        for g in graders:
+            right = graders[g][mask] == labels[mask]
+            cells.append(f"{right.mean():.4f} ({int((~right).sum())} wrong)")
         print(f"| {name} | {int(mask.sum())} | " + " | ".join(cells) + " |")
     unclear = ~clear
     print(f"\nnot clear-cut ({int(unclear.sum())}): scored correct by " + ", ".join(

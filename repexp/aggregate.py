@@ -108,8 +108,9 @@ class EvalRun:
         if grader == self.grader:
             return self
         if grader not in self.by_grader:
-            raise ValueError(f"{self.path}: no pass@k under the {grader} grader (evaluated before eval.json reported "
-                             f"both graders); add it without generating: repexp eval --rescore --out {self.path.parent}")
+            raise ValueError(f"{self.path}: no pass@k under the {grader} grader (evaluated before eval.json "
+                             "reported both graders); add it without generating: "
+                             f"repexp eval --rescore --out {self.path.parent}")
         return dataclasses.replace(self, grader=grader, pass_at_k=self.by_grader[grader],
                                    pass_at_k_sem=self.sem_by_grader.get(grader, {}))
 

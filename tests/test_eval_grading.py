@@ -107,7 +107,8 @@ def test_rescore_under_the_other_grader_swaps_the_roles(tmp_path):
     assert result["grader"] == "paper" and result["graders"] == first["graders"]
     assert result["pass_at_k"] == first["graders"]["paper"]["pass_at_k"]
     assert [p["c"] for p in result["per_problem"]] == expected_curve(4)[0]
-    assert result["grader_agreement"]["paper_only_correct"] == 0 and result["grader_agreement"]["repexp_only_correct"] == 4
+    agreement = result["grader_agreement"]
+    assert agreement["paper_only_correct"] == 0 and agreement["repexp_only_correct"] == 4
     store = SampleStore(out)
     assert store.read_meta()["grader"] == "paper"
     scores = {(pid, s): v for i in range(2) for pid, s, v in zip(*(store.read_shard(i)[c] for c in

@@ -21,6 +21,7 @@ MATH500 = "HuggingFaceH4/MATH-500"
 GSM8K = "openai/gsm8k"
 AIME = "aime24"
 PM630 = "\\begin{pmatrix} 6 \\\\ 3 \\\\ 0 \\end{pmatrix}"  # as MATH golds write it
+PM1234 = "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}"
 
 # (data_source, response, ground_truth, expected score, why)
 TRICKY = [
@@ -93,16 +94,15 @@ TRICKY = [
     (MATH, "\\boxed{\\begin{pmatrix}6\\\\3\\\\0\\end{pmatrix}}", PM630, 1.0, "matrix, compact"),
     (MATH, "\\boxed{\\begin{pmatrix}\n6 \\\\\n3 \\\\\n0\n\\end{pmatrix}}", PM630, 1.0, "matrix, multi-line"),
     (MATH, "\\boxed{\\begin{bmatrix} 6 \\\\ 3 \\\\ 0 \\end{bmatrix}}", PM630, 1.0, "bmatrix vs pmatrix"),
-    (MATH, "\\boxed{\\left(\\begin{matrix} 6 \\\\ 3 \\\\ 0 \\end{matrix}\\right)}", PM630, 1.0, "matrix in parentheses"),
+    (MATH, "\\boxed{\\left(\\begin{matrix} 6 \\\\ 3 \\\\ 0 \\end{matrix}\\right)}", PM630,
+     1.0, "matrix in parentheses"),
     (MATH, "\\boxed{\\left[\\begin{array}{c} 6 \\\\ 3 \\\\ 0 \\end{array}\\right]}", PM630, 1.0, "array in brackets"),
     (MATH, "\\boxed{\\begin{pmatrix} 6 \\\\ 3 \\\\ 0 \\\\ \\end{pmatrix}}", PM630, 1.0, "trailing row break"),
     (MATH, "\\boxed{\\begin{pmatrix} 12/2 \\\\ 3 \\\\ 0 \\end{pmatrix}}", PM630, 1.0, "matrix entry by value"),
     (MATH, "\\boxed{\\begin{pmatrix} 6 \\\\ 0 \\\\ 3 \\end{pmatrix}}", PM630, 0.0, "matrix entries swapped"),
     (MATH, "\\boxed{\\begin{pmatrix} 6 & 3 & 0 \\end{pmatrix}}", PM630, 0.0, "row vector vs column vector"),
-    (MATH, "\\boxed{\\begin{pmatrix} 1&2\\\\3&4 \\end{pmatrix}}", "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", 1.0,
-     "2x2 matrix, spacing"),
-    (MATH, "\\boxed{\\begin{pmatrix} 1&2\\\\4&3 \\end{pmatrix}}", "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", 0.0,
-     "2x2 matrix, wrong entries"),
+    (MATH, "\\boxed{\\begin{pmatrix} 1&2\\\\3&4 \\end{pmatrix}}", PM1234, 1.0, "2x2 matrix, spacing"),
+    (MATH, "\\boxed{\\begin{pmatrix} 1&2\\\\4&3 \\end{pmatrix}}", PM1234, 0.0, "2x2 matrix, wrong entries"),
     # smaller defects of issue #16
     (MATH, "\\boxed{45°}", "45^\\circ", 1.0, "Unicode degree sign"),
     (MATH, "\\boxed{45°}", "45", 1.0, "Unicode degree sign, plain gold"),
@@ -131,7 +131,8 @@ TRICKY = [
     (GSM8K, "#### 2. Compute the total\nShe has 18.", "2", 0.0, "numbered heading and nothing else"),
     (GSM8K, "#### The answer is 18", "18", 1.0, "answer label"),
     (GSM8K, "#### Answer: $18", "18", 1.0, "answer label with a dollar"),
-    (GSM8K, "#### 17\nLet me recheck.\n#### Step 2: recount", "17", 1.0, "earlier #### answer survives a later heading"),
+    (GSM8K, "#### 17\nLet me recheck.\n#### Step 2: recount", "17",
+     1.0, "earlier #### answer survives a later heading"),
     (GSM8K, "#### 18 apples", "18", 1.0, "unit word"),
     (GSM8K, "#### 18 xylophones", "18", 1.0, "a word starting with x is not a multiplication"),
     (GSM8K, "#### \\frac{3}{4}", "0.75", 1.0, "LaTeX fraction"),
@@ -159,7 +160,8 @@ def test_extracted_answers_are_canonical_voting_keys():
     assert extract_answer(GSM8K, "#### 18.50") == "18.5"
     assert extract_answer(GSM8K, "#### 0.000000000000000000001") == "0.000000000000000000001"
     assert extract_answer(GSM8K, "#### 3/4") == "0.75" and extract_answer(GSM8K, "#### 2/3") == "2/3"
-    assert extract_answer(MATH, "\\boxed{\\dfrac{1}{2}}") == extract_answer(MATH, "\\boxed{ \\frac{1}{2} }") == "\\frac{1}{2}"
+    half = "\\frac{1}{2}"
+    assert extract_answer(MATH, "\\boxed{\\dfrac{1}{2}}") == extract_answer(MATH, "\\boxed{ \\frac{1}{2} }") == half
     assert extract_answer(MATH, "\\boxed{\\pi r^2}") == "\\pi r^2"  # the space ends a control word: kept
     assert extract_answer(MATH, "no box here") is None
     assert extract_answer(GSM8K, "no marker here") is None
@@ -274,7 +276,8 @@ def test_every_ground_truth_verifies_against_its_reference_solution(capsys):
             elif score(source, solution, truth) != 1.0:
                 failures[row_id] = f"extracted {extract_answer(source, solution)!r} vs gold {truth!r}"
         rate = 1 - len(failures) / len(rows)
-        lines.append(f"  {dataset:<12} {len(rows) - len(failures):>5}/{len(rows):<5} = {100 * rate:6.2f}%  failures: {failures or '-'}")
+        lines.append(f"  {dataset:<12} {len(rows) - len(failures):>5}/{len(rows):<5} = {100 * rate:6.2f}%  "
+                     f"failures: {failures or '-'}")
         assert {k: v for k, v in failures.items() if k not in KNOWN_FAILURES} == {}, dataset
         assert rate >= 0.99, dataset
     with capsys.disabled():
@@ -302,12 +305,14 @@ def test_math_verify_alone_agrees_on_a_seeded_sample(capsys):
             if answer is None or compare.run_key((compare.BOXED, gold, answer, verify.DEFAULT_TIMEOUT_S)) != 1.0:
                 failures[f"{row_id}: {answer!r}"] += 1
         rate = 1 - sum(failures.values()) / len(sample)
-        lines.append(f"  {dataset:<12} {len(sample) - sum(failures.values()):>4}/{len(sample):<4} = {100 * rate:6.2f}%  {dict(failures) or ''}")
+        lines.append(f"  {dataset:<12} {len(sample) - sum(failures.values()):>4}/{len(sample):<4} = "
+                     f"{100 * rate:6.2f}%  {dict(failures) or ''}")
         # AIME II-? writes its answer as \textbf{(073)}, which only the integer path reads.
         allowed = 1 if dataset == "AIME 2024" else 0.01 * len(sample)
         assert sum(failures.values()) <= allowed, (dataset, failures)
     with capsys.disabled():
-        print("\nMath-Verify alone (no string/integer fast path), seeded sample of 150 per dataset:\n" + "\n".join(lines))
+        print("\nMath-Verify alone (no string/integer fast path), seeded sample of 150 per dataset:\n"
+              + "\n".join(lines))
 
 
 # --------------------------------------------------------------------------- batch API and pool
@@ -344,7 +349,8 @@ def test_process_pool_scores_like_in_process():
     with verify.VerifierPool(workers=2, timeout=1.0) as pool:
         got = pool.score_batch(sources, responses, truths)
         # a pathological answer inside a pooled batch is timed out / refused, the rest are scored
-        odd = pool.score_batch([MATH] * 3, ["\\boxed{\\prod_{k=1}^{10^{9}} k}", "\\boxed{1/2}", "\\boxed{9^{9^{9^9}}}"], ["\\frac12"] * 3)
+        odd = pool.score_batch([MATH] * 3, ["\\boxed{\\prod_{k=1}^{10^{9}} k}", "\\boxed{1/2}", "\\boxed{9^{9^{9^9}}}"],
+                               ["\\frac12"] * 3)
     np.testing.assert_array_equal(got, expected)
     np.testing.assert_array_equal(odd, [0.0, 1.0, 0.0])
 
@@ -375,3 +381,23 @@ def test_watchdog_survives_many_short_guards():
     time.sleep(0.2)
     assert sum(range(100_000)) == 4999950000  # a leaked pending exception would be raised by now
     assert fired <= 21
+
+
+def test_the_verifier_is_a_pure_core():
+    """Scoring under both graders, batches and the pool import no framework (verl, trl, transformers, mlflow, vllm)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from repexp import verify\n"
+        "assert verify.score('aime24', 'so \\\\boxed{33}', '33', grader='paper') == 1.0\n"
+        "assert verify.score('openai/gsm8k', '#### 18.00', '18') == 1.0\n"
+        "verify.score_batch(['DigitalLearningGmbH/MATH-lighteval'] * 2, ['\\\\boxed{0.5}', '\\\\fbox{1}'],"
+        " '\\\\frac12', workers=1)\n"
+        "loaded = sorted(m for m in ('verl', 'trl', 'transformers', 'mlflow', 'vllm', 'torch') if m in sys.modules)\n"
+        "assert not loaded, loaded\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            cwd=Path(__file__).resolve().parents[1])
+    assert result.returncode == 0, result.stderr[-2000:]

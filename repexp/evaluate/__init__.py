@@ -103,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
     ks = list(result["pass_at_k"])
     summary = ", ".join(f"pass@{k}={result['pass_at_k'][k]:.4f}" for k in (ks[0], ks[-1]))
     other = next(g for g in result["graders"] if g != result["grader"])
-    summary += f" ({result['grader']} grader; {other}: pass@{ks[-1]}={result['graders'][other]['pass_at_k'][ks[-1]]:.4f})"
+    other_top = result["graders"][other]["pass_at_k"][ks[-1]]
+    summary += f" ({result['grader']} grader; {other}: pass@{ks[-1]}={other_top:.4f})"
     print(f"eval: {result['num_problems']} problems, {summary}; wrote {args.out / runner.EVAL_JSON}", file=sys.stderr)
     return 0
 

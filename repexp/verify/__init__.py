@@ -37,8 +37,8 @@ its thread and scores 0 when it overruns; string work is linear in the response 
 pool kills a worker stuck for `3·timeout + 10` wall seconds in one C call.
 """
 
-from repexp.verify.compare import DEFAULT_TIMEOUT_S, MAX_ANSWER_CHARS, warm_up
-from repexp.verify.extract import last_boxed
+from repexp.verify.compare import DEFAULT_TIMEOUT_S, warm_up
+from repexp.verify.extract import MAX_ANSWER_CHARS, last_boxed
 from repexp.verify.normalize import normalize_answer
 from repexp.verify.pool import VerifierPool, default_workers
 from repexp.verify.routing import DEFAULT_GRADER, GRADERS, GSM8K, MATH, family, paper_scorer

@@ -28,7 +28,6 @@ import math
 import threading
 from typing import Any, Optional
 
-from repexp.verify.extract import MAX_ANSWER_CHARS  # noqa: F401  (re-exported with the guards)
 from repexp.verify.timeout import VerifyTimeout, time_limit
 
 logger = logging.getLogger("repexp.verify")

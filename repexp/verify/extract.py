@@ -36,8 +36,28 @@ MAX_ANSWER_CHARS = 1_000  # the longest MATH gold is 159 characters; longer "ans
 _BOX_COMMANDS = ("\\boxed", "\\fbox", "\\framebox")
 
 
+def closing_brace(text: str, start: int) -> Optional[int]:
+    """Index of the `}` that brings the brace depth, counted from `text[start]` on, back to 0; None if none.
+
+    The count Hendrycks' `last_boxed_only_string` makes: a `}` before any `{` makes the depth
+    negative, and it never returns to 0 at a `}` after that unless more `{` follow.
+    """
+    depth = 0
+    for i in range(start, len(text)):
+        ch = text[i]
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+    return None
+
+
 def last_boxed(text: str) -> Optional[str]:
-    """Content of the last `\\boxed{...}` / `\\fbox{...}` / `\\framebox{...}` (or `\\boxed X`), None if absent or unclosed.
+    """Content of the last `\\boxed{...}` / `\\fbox{...}` / `\\framebox{...}` (or `\\boxed X`).
+
+    None if absent or unclosed.
 
     Braces are counted the way Hendrycks' `last_boxed_only_string` counts them, so on
     every MATH solution this returns exactly the dataset's `answer` field. Unlike
@@ -53,17 +73,10 @@ def last_boxed(text: str) -> Optional[str]:
     stripped = rest.lstrip()
     if stripped.startswith("{"):
         begin = pos + (len(rest) - len(stripped))
-        depth = 0
-        for i in range(begin, len(text)):
-            ch = text[i]
-            if ch == "{":
-                depth += 1
-            elif ch == "}":
-                depth -= 1
-                if depth == 0:
-                    content = text[begin + 1 : i].strip()
-                    return content or None
-        return None  # unclosed: a response cut off inside its answer
+        end = closing_brace(text, begin)
+        if end is None:
+            return None  # unclosed: a response cut off inside its answer
+        return text[begin + 1 : end].strip() or None
     if rest[:1].isspace():
         # "\boxed 2$." — up to the closing dollar or the end of the line
         content = re.split(r"[$\n]", stripped, maxsplit=1)[0].strip()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
+from repexp.verify.extract import closing_brace, extract_math
 from repexp.verify.routing import GSM8K_STRICT, HENDRYCKS, MATH_VERIFY, paper_scorer
 
 # --------------------------------------------------------------------------- GSM8K, strict
@@ -57,17 +58,11 @@ def hendrycks_boxed(response: str) -> Optional[str]:
     start = response.rfind("\\boxed")
     if start < 0:
         return None  # an \fbox is found by Hendrycks' extractor but refused when its box is removed
-    depth = 0
-    for i in range(start, len(response)):
-        ch = response[i]
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                box = response[start : i + 1]
-                return box[len("\\boxed{") : -1] if box.startswith("\\boxed{") else None
-    return None
+    end = closing_brace(response, start)
+    if end is None:
+        return None
+    box = response[start : end + 1]
+    return box[len("\\boxed{") : -1] if box.startswith("\\boxed{") else None
 
 
 def _sqrt_braces(s: str) -> str:
@@ -84,7 +79,10 @@ def _sqrt_braces(s: str) -> str:
 
 
 def _frac_braces(s: str) -> str:
-    """`\\frac12` → `\\frac{1}{2}`, `\\frac1{72}` → `\\frac{1}{72}`; a `\\frac` with < 2 characters after it aborts."""
+    """`\\frac12` → `\\frac{1}{2}`, `\\frac1{72}` → `\\frac{1}{72}`.
+
+    A `\\frac` followed by fewer than 2 characters leaves the whole string as it was.
+    """
     head, *parts = s.split("\\frac")
     out = [head]
     for part in parts:
@@ -190,6 +188,4 @@ def paper_answer(data_source: str, response: str) -> Optional[str]:
         return gsm8k_strict_answer(response)
     if kind == HENDRYCKS:
         return hendrycks_answer(response)
-    from repexp.verify.extract import extract_math
-
     return extract_math(response)

@@ -92,7 +92,8 @@ class _ProcessPool:
 
     def _spawn(self) -> _Worker:
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
-        process = self._ctx.Process(target=_worker_loop, args=(child_conn, self.fn, self.initializer), daemon=True, name="repexp-verify-worker")
+        process = self._ctx.Process(target=_worker_loop, args=(child_conn, self.fn, self.initializer), daemon=True,
+                                    name="repexp-verify-worker")
         process.start()
         child_conn.close()
         return _Worker(process, parent_conn)
@@ -161,7 +162,8 @@ class _ProcessPool:
             stuck = worker.inflight.popleft()
             if not done[stuck]:
                 results[stuck], done[stuck] = self.stuck_value, True
-                logger.warning("verifier worker %s on an item; killed it and scored the item %r", reason, self.stuck_value)
+                logger.warning("verifier worker %s on an item; killed it and scored the item %r", reason,
+                               self.stuck_value)
             if worker.inflight:
                 queue.appendleft(list(worker.inflight))
         self._pool[self._pool.index(worker)] = self._spawn()

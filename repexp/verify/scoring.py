@@ -149,7 +149,9 @@ def score(
     return decided if decided is not None else compare.cached_run(key)
 
 
-def _paper_decision(data_source: str, response: str, ground_truth: Any, timeout: float) -> tuple[Optional[float], tuple]:
+def _paper_decision(
+    data_source: str, response: str, ground_truth: Any, timeout: float
+) -> tuple[Optional[float], tuple]:
     fam = family(data_source)
     _check_str("response", response)
     ground_truth = _as_text("ground_truth", ground_truth)

@@ -1,6 +1,6 @@
 """Build `tests/data/agreement_corpus.jsonl`: labelled model-like responses for the grader agreement study.
 
-    .venv/bin/python tests/data/make_agreement_corpus.py      # rewrites the corpus (deterministic)
+    PYTHONPATH=$PWD .venv/bin/python tests/data/make_agreement_corpus.py   # rewrites the corpus (deterministic)
 
 Every item is a reference solution from the shipped data (MATH test, GSM8K test, AIME 2024)
 whose final answer is replaced by a *constructed* final answer, so its label is known by
@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from repexp.verify.extract import closing_brace
+
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / ".." / "shared" / "data"
 OUT = Path(__file__).resolve().parent / "agreement_corpus.jsonl"
@@ -48,17 +50,8 @@ def load(name: str) -> list[dict]:
 def last_box_span(text: str) -> tuple[int, int] | None:
     """(start, end) of the last `\\boxed{…}` in `text` (braces balanced), or None."""
     start = text.rfind("\\boxed")
-    if start < 0:
-        return None
-    depth = 0
-    for i in range(start, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return start, i + 1
-    return None
+    end = closing_brace(text, start) if start >= 0 else None
+    return None if end is None else (start, end + 1)
 
 
 def with_final(solution: str, final: str) -> str:
@@ -182,8 +175,8 @@ def math_variants(kind: str, row: dict, golds: list[str], rng: np.random.Generat
     add(gold, 1, "exact")
     span = last_box_span(solution)
     body = solution[: span[0]] if span else solution
-    out.append(item("math", MATH_SOURCE, pid, gold, body.rstrip() + f"\n\nThus, the final answer is:\n\\[\n\\boxed{{{gold}}}\n\\]",
-                    1, True, "display-math closing"))
+    closing = f"\n\nThus, the final answer is:\n\\[\n\\boxed{{{gold}}}\n\\]"
+    out.append(item("math", MATH_SOURCE, pid, gold, body.rstrip() + closing, 1, True, "display-math closing"))
     if kind == "matrix":
         rows = matrix_rows(gold)
         add(matrix(rows, sep="\\\\", cell_sep="&"), 1, "matrix compact")
@@ -383,8 +376,10 @@ def aime_items(rng: np.random.Generator) -> list[dict]:
 
         add(f"\\boxed{{{value}}}", 1, "exact")
         add(f"\\boxed{{{value:03d}}}", 1, "zero-padded")
-        forms = [(f"\\boxed{{{value} = m+n}}", "value = expression"), (f"\\boxed{{m+n = {value}}}", "expression = value"),
-                 (f"\\boxed{{\\textbf{{({value:03d})}}}}", "\\textbf{(NNN)}"), (f"\\boxed{{{value}.}}", "trailing period")]
+        forms = [(f"\\boxed{{{value} = m+n}}", "value = expression"),
+                 (f"\\boxed{{m+n = {value}}}", "expression = value"),
+                 (f"\\boxed{{\\textbf{{({value:03d})}}}}", "\\textbf{(NNN)}"),
+                 (f"\\boxed{{{value}.}}", "trailing period")]
         final, rule = forms[n % len(forms)]
         add(final, 1, rule)
         add(f"\\boxed{{{(value + 1) % 1000}}}", 0, "off by one")
