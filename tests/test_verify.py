@@ -195,6 +195,14 @@ def test_extremely_long_response_and_pathological_answers_do_not_hang():
     assert score(MATH, "\\boxed{2^{100}}", "1267650600228229401496703205376") == 1.0  # big but fine
     assert score(MATH, "\\boxed{" + "x+" * 2_000 + "x}", "5") == 0.0  # longer than any gold
     assert score(MATH, "\\boxed{" + "1 " * 500_000 + "}", "1") == 0.0  # a 1 MB box: refused by length
+    # GSM8K: at most the last 1,000 "####" markers are read (200 characters of each line), then the box
+    assert score(GSM8K, "#### Step 1: think\n" * 100_000 + "\\boxed{18}", "18") == 1.0
+    assert score(GSM8K, "#### 18\n" + "#" * 2_000_000, "18") == 0.0  # the answer lies beyond the last 1,000
+    assert score(GSM8K, "1" * 2_000_000 + "\n#### 18", "18") == 1.0
+    # the paper's string scorers on the same inputs
+    assert score(GSM8K, long_prefix + "#### 1,000", "1000", grader="paper") == 1.0
+    assert score(MATH, long_prefix + "\\boxed{\\frac{1}{2}}", "\\frac12", grader="paper") == 1.0
+    assert score(MATH, "\\boxed{" * 200_000, "1", grader="paper") == 0.0
 
 
 @pytest.mark.timeout(60)

@@ -14,7 +14,8 @@ the last box. A `####` line states a number when, once decoration is removed (`$
 - or is an answer label followed by the number: `#### Answer: 18`, `#### The final answer is 18`
   (labels: `ANSWER_LABELS`).
 
-A compound quantity (`#### 18 dollars and 50 cents`) states no single number. Markdown headings
+Only the last 1,000 `####` markers are read (bounded work on pathological input). A compound
+quantity (`#### 18 dollars and 50 cents`) states no single number. Markdown headings
 are not answers: `#### Step 3: add them`, `#### Note:`, `#### 2. Compute the
 total` (a numbered heading: number, `.` or `)`, then words) are skipped, so `#### 18` followed by
 `#### Note:` gives 18 and `#### Step 3: …` before `\\boxed{18}` gives 18.
