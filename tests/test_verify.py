@@ -137,6 +137,13 @@ TRICKY = [
     (GSM8K, "#### 18 xylophones", "18", 1.0, "a word starting with x is not a multiplication"),
     (GSM8K, "#### \\frac{3}{4}", "0.75", 1.0, "LaTeX fraction"),
     (GSM8K, "#### 50%", "50", 1.0, "percent"),
+    # two plain numbers are compared exactly (no Math-Verify)
+    (MATH, "\\boxed{0.75}", "\\frac{3}{4}", 1.0, "decimal vs fraction, exact"),
+    (MATH, "\\boxed{-3/4}", "-\\frac{3}{4}", 1.0, "slash vs fraction, negative"),
+    (MATH, "\\boxed{10.0}", "10", 1.0, "integer gold, decimal answer"),
+    (MATH, "\\boxed{0.333}", "\\frac{1}{3}", 0.0, "rounded decimal is another value"),
+    (MATH, "\\boxed{0.3333333}", "\\frac{1}{3}", 0.0, "so is a 7-digit rounding (Math-Verify would round to 6)"),
+    (MATH, "\\boxed{\\frac{6}{8}}", "0.75", 1.0, "unreduced fraction vs decimal gold"),
     # empty and garbage
     (MATH, "", "5", 0.0, "empty response"),
     (GSM8K, "", "5", 0.0, "empty GSM8K response"),

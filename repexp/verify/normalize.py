@@ -22,6 +22,7 @@ Math-Verify then compares the normalised forms. Rules, in order:
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 from typing import Optional
 
 _ROW_BREAK = "\\\\"
@@ -134,9 +135,10 @@ def value_side(answer: str) -> str:
     return answer
 
 
-# --------------------------------------------------------------------------- integers
+# --------------------------------------------------------------------------- integers and rationals
 
 INTEGER = re.compile(r"[+-]?\d+")
+_RATIONAL = re.compile(r"(-?)(?:(\d+(?:\.\d+)?|\.\d+)|\\frac\{(-?\d+)\}\{(\d+)\}|(\d+)/(\d+))")
 _WRAPPED = re.compile(r"\\(?:text|textbf|mathbf|mathrm|mbox)\{(.*)\}|\((.*)\)|\{(.*)\}")
 
 
@@ -150,3 +152,27 @@ def as_integer(answer: str) -> Optional[int]:
             return None
         answer = next(group for group in match.groups() if group is not None).strip()
     return None
+
+
+def as_rational(answer: str) -> Optional[Fraction]:
+    """The exact value of a plain number: `-12`, `0.5`, `.5`, `\\frac{3}{4}`, `-\\frac{3}{4}`, `3/4`; else None.
+
+    Normalised answers only (no spaces, `\\dfrac` already `\\frac`). Both sides plain numbers is
+    the commonest Math-Verify call on MATH (a wrong number against a numeric gold): decided
+    exactly here instead, so `0.333` ≠ `\\frac{1}{3}` (Math-Verify would round to 6 digits).
+    """
+    if len(answer) > 64:
+        return None
+    match = _RATIONAL.fullmatch(answer)
+    if not match:
+        return None
+    sign, plain, num, den, slash_num, slash_den = match.groups()
+    if plain is not None:
+        value = Fraction(plain)
+    else:
+        numerator, denominator = (num, den) if num is not None else (slash_num, slash_den)
+        if int(denominator) == 0:
+            return None
+        value = Fraction(int(numerator), int(denominator))
+    return -value if sign else value
+
