@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/verify.py throughput [--problems 150 --samples 32 --workers 2]
     .venv/bin/python benchmarks/verify.py agreement
     .venv/bin/python benchmarks/verify.py study
+    .venv/bin/python benchmarks/verify.py compare --rev ae3f9bb [--repeats 3]
 
 `throughput` synthesises model-like responses from the shipped reference solutions
 (MATH test, GSM8K test, AIME 2024): the solution text with its final answer replaced
@@ -25,6 +26,10 @@ of the paper sweep's test evaluation.
 `agreement` scores every reference solution against its own ground truth, with the
 production scorer and with Math-Verify alone (no string/integer fast path); the
 numbers in docs/data.md come from here.
+
+`compare` measures this checkout's `score_batch` (in-process) against the `repexp` package of
+another git revision on the same MATH responses, alternating the two in fresh processes, so the
+ratio holds even on a loaded machine whose absolute CPU rates drift.
 
 `study` scores the labelled agreement corpus (`tests/data/agreement_corpus.jsonl`) with the
 repexp grader, the paper grader and Math-Verify alone (the paper's AIME scorer applied to every
@@ -385,6 +390,63 @@ def agreement(args: argparse.Namespace) -> None:
         print(f"| {name} | {n} | {100 * (1 - sum(prod_fail.values()) / n):.2f}% | {mv} | {seconds:.1f} | {failures} |", flush=True)
 
 
+# --------------------------------------------------------------------------- A/B against a revision
+
+_AB_CHILD = """
+import json, pickle, sys, time
+sys.path.insert(0, sys.argv[1])
+from sympy.core.cache import clear_cache
+from repexp import verify
+batch, warm = pickle.load(open(sys.argv[2], "rb"))
+verify.warm_up()
+verify.score_batch(*zip(*warm), workers=1)
+verify.clear_caches()
+clear_cache()
+sources, responses, truths = (list(x) for x in zip(*batch))
+started = time.process_time()
+scores = verify.score_batch(sources, responses, truths, workers=1)
+print(json.dumps({"cpu": time.process_time() - started, "accuracy": float(sum(scores)) / len(scores)}))
+"""
+
+
+def compare_revision(args: argparse.Namespace) -> None:
+    import pickle
+    import subprocess
+    import tempfile
+
+    rng = np.random.default_rng(args.seed)
+    rows = load("math/test.jsonl")
+    order = rng.permutation(len(rows))
+    batch = realistic_math(args.problems, args.samples, rng, rows=[rows[i] for i in order[: args.problems]])
+    warm_rows = [rows[i] for i in order[args.problems : args.problems + args.warm_problems]]
+    warm = realistic_math(args.warm_problems, 8, rng, rows=warm_rows)
+    with tempfile.TemporaryDirectory() as tmp:
+        old = Path(tmp) / "old"
+        old.mkdir()
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.rev, "repexp"], check=True, capture_output=True)
+        subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
+        data = Path(tmp) / "batch.pkl"
+        data.write_bytes(pickle.dumps((batch, warm)))
+        runs: dict[str, list[dict]] = {args.rev: [], "this checkout": []}
+        for _ in range(args.repeats):
+            for name, root in ((args.rev, old), ("this checkout", ROOT)):
+                out = subprocess.run([sys.executable, "-c", _AB_CHILD, str(root), str(data)], check=True,
+                                     capture_output=True, text=True)
+                runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    load_now = os.getloadavg()[0]
+    print(f"MATH test ({args.problems}x{args.samples}) = {len(batch)} responses, score_batch in-process, caches cold, "
+          f"{args.repeats} alternating runs each; load average {load_now:.1f}\n")
+    print("| code | responses/CPU-s per run | median | accuracy |")
+    print("|---|---|---|---|")
+    medians = {}
+    for name, results in runs.items():
+        rates = sorted(len(batch) / r["cpu"] for r in results)
+        medians[name] = rates[len(rates) // 2]
+        print(f"| {name} | {', '.join(f'{x:,.0f}' for x in rates)} | {medians[name]:,.0f} | "
+              f"{results[0]['accuracy']:.4f} |")
+    print(f"\nratio (this checkout / {args.rev}, medians): {medians['this checkout'] / medians[args.rev]:.2f}x")
+
+
 # --------------------------------------------------------------------------- agreement study
 
 
@@ -438,8 +500,15 @@ def main() -> None:
     t.add_argument("--seed", type=int, default=0)
     sub.add_parser("agreement")
     sub.add_parser("study")
+    c = sub.add_parser("compare")
+    c.add_argument("--rev", required=True, help="git revision whose repexp package is the baseline")
+    c.add_argument("--repeats", type=int, default=3)
+    c.add_argument("--problems", type=int, default=40)
+    c.add_argument("--samples", type=int, default=256)
+    c.add_argument("--warm-problems", type=int, default=100)
+    c.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    {"throughput": throughput, "agreement": agreement, "study": study}[args.mode](args)
+    {"throughput": throughput, "agreement": agreement, "study": study, "compare": compare_revision}[args.mode](args)
 
 
 if __name__ == "__main__":
