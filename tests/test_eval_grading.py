@@ -121,12 +121,17 @@ def test_rescore_under_the_other_grader_swaps_the_roles(tmp_path):
 
 def test_a_resumed_run_under_another_grader_regrades_without_generating(tmp_path):
     _, out, args = stored_run(tmp_path)
+    assert cli.main(["eval", "--rescore", "--out", str(out)]) == 0  # an eval.json under repexp
     # every shard is complete, so no engine is loaded (the model id does not even exist)
     assert cli.main([a for a in args if a not in ("--max-shards", "0")] + ["--grader", "paper"]) == 0
     result = json.loads((out / "eval.json").read_text())
     assert result["grader"] == "paper" and [p["c"] for p in result["per_problem"]] == expected_curve(4)[0]
     assert SampleStore(out).read_meta()["grader"] == "paper"
     assert runner.stored_grader({}) == "repexp"  # stores from before graders existed
+    # an interrupted re-grade leaves no eval.json of the old grader beside the new scores
+    store = SampleStore(out)
+    runner.regrade(store, store.complete_shards(), "repexp", workers=1)
+    assert not (out / "eval.json").exists()
 
 
 def test_the_config_key_reaches_every_consumer(tmp_path):

@@ -215,6 +215,7 @@ def regrade(store: SampleStore, shards: list[int], grader: str, workers: int | N
     if stored_grader(meta) == grader:
         return
     print(f"eval: re-grading {len(shards)} stored shards from {stored_grader(meta)} to {grader}", file=sys.stderr)
+    (store.dir.parent / EVAL_JSON).unlink(missing_ok=True)  # never beside scores of another grader
     for i in shards:
         rows = store.read_shard(i)
         rows["score"], rows["answer"] = _score(rows["data_source"], rows["response"], rows["ground_truth"], workers,
