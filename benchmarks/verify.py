@@ -19,7 +19,8 @@ parser and sympy get much faster after their first few hundred inputs), caches c
 - `score_batch` in-process (extract all, compare each distinct (gold, answer) once);
 - `score_batch` on a new process pool (pays the worker start) and on a warm one.
 
-A worst-case set gives every response a different answer, so nothing deduplicates.
+A worst-case set gives every response a different radical (`\\frac{a\\sqrt2}{b}`), so nothing
+deduplicates and no exact fast path applies: every response costs a Math-Verify comparison.
 The table reports responses/s and the ratio to the baseline, plus the projected cost
 of the paper sweep's test evaluation.
 
@@ -167,14 +168,15 @@ def realistic_aime(samples: int, rng: np.random.Generator):
 
 
 def all_distinct(count: int, rng: np.random.Generator):
-    """Worst case: every response a different fraction, nothing to deduplicate."""
+    """Worst case: every response a different radical, nothing to deduplicate and no exact fast path."""
     out, seen = [], set()
     while len(out) < count:
         a, b = int(rng.integers(1, 5000)), int(rng.integers(2, 5000))
         if (a, b) in seen:
             continue
         seen.add((a, b))
-        out.append((MATH, f"... so the answer is $\\boxed{{\\frac{{{a}}}{{{b}}}}}$.", "\\frac{3}{7}"))
+        response = f"... so the answer is $\\boxed{{\\frac{{{a}\\sqrt{{2}}}}{{{b}}}}}$."
+        out.append((MATH, response, "\\frac{3\\sqrt{2}}{7}"))
     return out
 
 
@@ -423,7 +425,8 @@ def compare_revision(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         old = Path(tmp) / "old"
         old.mkdir()
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.rev, "repexp"], check=True, capture_output=True)
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.rev, "repexp"], check=True,
+                                 capture_output=True)
         subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
         data = Path(tmp) / "batch.pkl"
         data.write_bytes(pickle.dumps((batch, warm)))

@@ -176,3 +176,45 @@ def as_rational(answer: str) -> Optional[Fraction]:
         value = Fraction(int(numerator), int(denominator))
     return -value if sign else value
 
+
+_CHOICE = re.compile(r"\\text(?:bf)?\{\(([A-E])\)\}|\(([A-E])\)")
+_MATRIX_BODY = re.compile(r"\\begin\{pmatrix\}(.*)\\end\{pmatrix\}", re.DOTALL)
+NUMBER, TUPLE, LIST, MATRIX, CHOICE = "number", "tuple", "list", "matrix", "choice"
+
+
+def _rationals(parts: list[str]) -> Optional[tuple]:
+    values = tuple(as_rational(part) for part in parts)
+    return None if any(v is None for v in values) else values
+
+
+def exact_value(answer: str) -> Optional[tuple]:
+    """`(kind, value)` of an answer made only of plain numbers, compared exactly; None otherwise.
+
+    Kinds: a number (`0.5`, `\\frac{3}{4}`, `\\text{13}`), a tuple `(a,b)` (ordered), a bare list
+    `a,b` (a set, as Math-Verify reads it), a canonical `pmatrix` (entry by entry), a choice letter
+    `\\text{(C)}`/`(C)`. Answers of the same kind are decided here; `scoring` also decides a choice
+    letter against a number (never equal) and leaves every other pair to Math-Verify.
+    """
+    if len(answer) > 200:
+        return None
+    number = as_rational(answer)
+    if number is None:
+        integer = as_integer(answer)
+        number = None if integer is None else Fraction(integer)
+    if number is not None:
+        return NUMBER, number
+    choice = _CHOICE.fullmatch(answer)
+    if choice:
+        return CHOICE, choice.group(1) or choice.group(2)
+    matrix = _MATRIX_BODY.fullmatch(answer)
+    if matrix:
+        rows = [_rationals(row.split("&")) for row in matrix.group(1).split("\\\\")]
+        return None if any(r is None for r in rows) else (MATRIX, tuple(rows))
+    if answer.startswith("(") and answer.endswith(")") and "," in answer:
+        items = _rationals(answer[1:-1].split(","))
+        return None if items is None else (TUPLE, items)
+    if "," in answer and not any(ch in answer for ch in "()[]") and "\\{" not in answer:
+        items = _rationals(answer.split(","))
+        return None if items is None else (LIST, frozenset(items))
+    return None
+

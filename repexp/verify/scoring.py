@@ -3,7 +3,8 @@
 `grader="repexp"` (default): extract (`extract`), normalise (`normalize`), then decide without
 Math-Verify where possible — equal strings → 1; an integer gold against an answer that is an
 integer once `\\text{}`/`\\textbf{}`/parentheses are peeled → exact integer comparison (`033` = `33`);
-two plain numbers (integers, decimals, `\\frac{a}{b}`, `a/b`) → exact rational comparison;
+two plain numbers (integers, decimals, `\\frac{a}{b}`, `a/b`), or two tuples, lists or matrices of
+them, or two choice letters → exact comparison (`normalize.exact_value`);
 GSM8K numbers as exact rationals — and otherwise Math-Verify (`compare`).
 
 `grader="paper"`: the recipe's scorers (`paper`), Math-Verify over the whole response for DAPO/AIME.
@@ -26,7 +27,7 @@ from repexp.verify.extract import (
     extract_math,
     parse_number,
 )
-from repexp.verify.normalize import INTEGER, as_integer, as_rational, normalize_answer, value_side
+from repexp.verify.normalize import CHOICE, INTEGER, NUMBER, as_integer, exact_value, normalize_answer, value_side
 from repexp.verify.routing import DEFAULT_GRADER, GSM8K, MATH, check_grader, family
 
 
@@ -73,11 +74,14 @@ def _fast_decision(fam: str, gold: str, answer: Optional[str]) -> Optional[float
         value = as_integer(answer)
         if value is not None:  # integer golds (all of AIME): exact, so "033" equals "33"
             return 1.0 if value == int(gold) else 0.0
-    exact = as_rational(gold)
-    if exact is not None:
-        value = as_rational(answer)
-        if value is not None:  # two plain numbers (0.5 and \frac{1}{2}): exact
-            return 1.0 if value == exact else 0.0
+    exact = exact_value(gold)
+    if exact is not None:  # plain numbers, tuples, lists, matrices of them, choice letters: exact
+        value = exact_value(answer)
+        if value is not None:
+            if value[0] == exact[0]:
+                return 1.0 if value[1] == exact[1] else 0.0
+            if {value[0], exact[0]} == {NUMBER, CHOICE}:
+                return 0.0
     return None
 
 
