@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/verify.py throughput [--problems 150 --samples 32 --workers 2]
     .venv/bin/python benchmarks/verify.py agreement
+    .venv/bin/python benchmarks/verify.py study
+    .venv/bin/python benchmarks/verify.py compare --rev ae3f9bb [--repeats 3]
 
 `throughput` synthesises model-like responses from the shipped reference solutions
 (MATH test, GSM8K test, AIME 2024): the solution text with its final answer replaced
@@ -17,13 +19,23 @@ parser and sympy get much faster after their first few hundred inputs), caches c
 - `score_batch` in-process (extract all, compare each distinct (gold, answer) once);
 - `score_batch` on a new process pool (pays the worker start) and on a warm one.
 
-A worst-case set gives every response a different answer, so nothing deduplicates.
+A worst-case set gives every response a different radical (`\\frac{a\\sqrt2}{b}`), so nothing
+deduplicates and no exact fast path applies: every response costs a Math-Verify comparison.
 The table reports responses/s and the ratio to the baseline, plus the projected cost
 of the paper sweep's test evaluation.
 
 `agreement` scores every reference solution against its own ground truth, with the
 production scorer and with Math-Verify alone (no string/integer fast path); the
 numbers in docs/data.md come from here.
+
+`compare` measures this checkout's `score_batch` (in-process) against the `repexp` package of
+another git revision on the same MATH responses, alternating the two in fresh processes, so the
+ratio holds even on a loaded machine whose absolute CPU rates drift.
+
+`study` scores the labelled agreement corpus (`tests/data/agreement_corpus.jsonl`) with the
+repexp grader, the paper grader and Math-Verify alone (the paper's AIME scorer applied to every
+task), and prints accuracy against the labels per task plus every disagreement class: the table
+in docs/data.md, "Agreement study".
 """
 
 from __future__ import annotations
@@ -40,6 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from repexp import verify
+from repexp.verify import compare
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / ".." / "shared" / "data"
@@ -155,14 +168,15 @@ def realistic_aime(samples: int, rng: np.random.Generator):
 
 
 def all_distinct(count: int, rng: np.random.Generator):
-    """Worst case: every response a different fraction, nothing to deduplicate."""
+    """Worst case: every response a different radical, nothing to deduplicate and no exact fast path."""
     out, seen = [], set()
     while len(out) < count:
         a, b = int(rng.integers(1, 5000)), int(rng.integers(2, 5000))
         if (a, b) in seen:
             continue
         seen.add((a, b))
-        out.append((MATH, f"... so the answer is $\\boxed{{\\frac{{{a}}}{{{b}}}}}$.", "\\frac{3}{7}"))
+        response = f"... so the answer is $\\boxed{{\\frac{{{a}\\sqrt{{2}}}}{{{b}}}}}$."
+        out.append((MATH, response, "\\frac{3\\sqrt{2}}{7}"))
     return out
 
 
@@ -210,8 +224,9 @@ def _uncached(batch) -> list[float]:
         elif verify.family(source) == verify.GSM8K:
             scores.append(verify.score_answer(source, answer, truth))
         else:
-            verify._parse_boxed.cache_clear()
-            scores.append(verify._verify_key((verify.normalize_answer(truth), answer, verify.DEFAULT_TIMEOUT_S)))
+            compare._parse_boxed.cache_clear()
+            key = (compare.BOXED, verify.normalize_answer(truth), answer, verify.DEFAULT_TIMEOUT_S)
+            scores.append(compare.run_key(key))
     return scores
 
 
@@ -367,14 +382,113 @@ def agreement(args: argparse.Namespace) -> None:
                 prod_fail[f"{row_id}: {verify.extract_answer(source, solution)!r} vs {truth!r}"] += 1
             if verify.family(source) == verify.MATH:
                 answer = verify.extract_answer(source, solution)
-                key = (verify.normalize_answer(truth), answer, verify.DEFAULT_TIMEOUT_S)
-                if answer is None or verify._verify_key(key) != 1.0:
+                key = (compare.BOXED, verify.normalize_answer(truth), answer, verify.DEFAULT_TIMEOUT_S)
+                if answer is None or compare.run_key(key) != 1.0:
                     mv_fail[f"{row_id}: {answer!r}"] += 1
         seconds = time.perf_counter() - started
         n = len(rows)
         mv = f"{100 * (1 - sum(mv_fail.values()) / n):.2f}%" if verify.family(source) == verify.MATH else "n/a (no Math-Verify)"
         failures = "; ".join(sorted(set(prod_fail) | set(mv_fail))) or "-"
         print(f"| {name} | {n} | {100 * (1 - sum(prod_fail.values()) / n):.2f}% | {mv} | {seconds:.1f} | {failures} |", flush=True)
+
+
+# --------------------------------------------------------------------------- A/B against a revision
+
+_AB_CHILD = """
+import json, pickle, sys, time
+sys.path.insert(0, sys.argv[1])
+from sympy.core.cache import clear_cache
+from repexp import verify
+batch, warm = pickle.load(open(sys.argv[2], "rb"))
+verify.warm_up()
+verify.score_batch(*zip(*warm), workers=1)
+verify.clear_caches()
+clear_cache()
+sources, responses, truths = (list(x) for x in zip(*batch))
+started = time.process_time()
+scores = verify.score_batch(sources, responses, truths, workers=1)
+print(json.dumps({"cpu": time.process_time() - started, "accuracy": float(sum(scores)) / len(scores)}))
+"""
+
+
+def compare_revision(args: argparse.Namespace) -> None:
+    import pickle
+    import subprocess
+    import tempfile
+
+    rng = np.random.default_rng(args.seed)
+    rows = load("math/test.jsonl")
+    order = rng.permutation(len(rows))
+    batch = realistic_math(args.problems, args.samples, rng, rows=[rows[i] for i in order[: args.problems]])
+    warm_rows = [rows[i] for i in order[args.problems : args.problems + args.warm_problems]]
+    warm = realistic_math(args.warm_problems, 8, rng, rows=warm_rows)
+    with tempfile.TemporaryDirectory() as tmp:
+        old = Path(tmp) / "old"
+        old.mkdir()
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.rev, "repexp"], check=True,
+                                 capture_output=True)
+        subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
+        data = Path(tmp) / "batch.pkl"
+        data.write_bytes(pickle.dumps((batch, warm)))
+        runs: dict[str, list[dict]] = {args.rev: [], "this checkout": []}
+        for _ in range(args.repeats):
+            for name, root in ((args.rev, old), ("this checkout", ROOT)):
+                out = subprocess.run([sys.executable, "-c", _AB_CHILD, str(root), str(data)], check=True,
+                                     capture_output=True, text=True)
+                runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    load_now = os.getloadavg()[0]
+    print(f"MATH test ({args.problems}x{args.samples}) = {len(batch)} responses, score_batch in-process, caches cold, "
+          f"{args.repeats} alternating runs each; load average {load_now:.1f}\n")
+    print("| code | responses/CPU-s per run | median | accuracy |")
+    print("|---|---|---|---|")
+    medians = {}
+    for name, results in runs.items():
+        rates = sorted(len(batch) / r["cpu"] for r in results)
+        medians[name] = rates[len(rates) // 2]
+        print(f"| {name} | {', '.join(f'{x:,.0f}' for x in rates)} | {medians[name]:,.0f} | "
+              f"{results[0]['accuracy']:.4f} |")
+    print(f"\nratio (this checkout / {args.rev}, medians): {medians['this checkout'] / medians[args.rev]:.2f}x")
+
+
+# --------------------------------------------------------------------------- agreement study
+
+
+CORPUS = ROOT / "tests" / "data" / "agreement_corpus.jsonl"
+TASK_NAMES = {"math": "MATH", "gsm8k": "GSM8K", "aime": "AIME 2024"}
+
+
+def study(args: argparse.Namespace) -> None:
+    rows = [json.loads(line) for line in CORPUS.read_text().splitlines()]
+    sources, responses, truths = ([r[key] for r in rows] for key in ("data_source", "response", "ground_truth"))
+    graders = {
+        "repexp": verify.score_batch(sources, responses, truths, workers=1),
+        "paper": verify.score_batch(sources, responses, truths, workers=1, grader="paper"),
+        "Math-Verify": np.array([compare.run_key((compare.WHOLE, t, r, verify.DEFAULT_TIMEOUT_S))
+                                 for r, t in zip(responses, truths)]),
+    }
+    labels = np.array([r["label"] for r in rows])
+    clear = np.array([r["clear"] for r in rows])
+    print(f"{len(rows)} labelled responses ({int(clear.sum())} clear-cut)\n")
+    print("| task | clear-cut items | " + " | ".join(f"{g} accuracy" for g in graders) + " |")
+    print("|---|---|" + "---|" * len(graders))
+    for task, name in list(TASK_NAMES.items()) + [(None, "all")]:
+        mask = clear & (np.array([r["task"] == task for r in rows]) if task else True)
+        cells = []
+        for g in graders:
+            right = graders[g][mask] == labels[mask]
+            cells.append(f"{right.mean():.4f} ({int((~right).sum())} wrong)")
+        print(f"| {name} | {int(mask.sum())} | " + " | ".join(cells) + " |")
+    unclear = ~clear
+    print(f"\nnot clear-cut ({int(unclear.sum())}): scored correct by " + ", ".join(
+        f"{g} {int(graders[g][unclear].sum())}" for g in graders) + " (all are labelled correct)")
+    print("\ndisagreements with the labels on clear-cut items, by construction rule:\n")
+    print("| grader | task | rule | label | items |")
+    print("|---|---|---|---|---|")
+    for g, scores in graders.items():
+        classes = Counter((r["task"], r["rule"], r["label"]) for r, s, c in zip(rows, scores, clear)
+                          if c and s != r["label"])
+        for (task, rule, label), count in sorted(classes.items()):
+            print(f"| {g} | {TASK_NAMES[task]} | {rule} | {label} | {count} |")
 
 
 def main() -> None:
@@ -388,8 +502,16 @@ def main() -> None:
     t.add_argument("--workers", type=int, default=2)
     t.add_argument("--seed", type=int, default=0)
     sub.add_parser("agreement")
+    sub.add_parser("study")
+    c = sub.add_parser("compare")
+    c.add_argument("--rev", required=True, help="git revision whose repexp package is the baseline")
+    c.add_argument("--repeats", type=int, default=3)
+    c.add_argument("--problems", type=int, default=40)
+    c.add_argument("--samples", type=int, default=256)
+    c.add_argument("--warm-problems", type=int, default=100)
+    c.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    throughput(args) if args.mode == "throughput" else agreement(args)
+    {"throughput": throughput, "agreement": agreement, "study": study, "compare": compare_revision}[args.mode](args)
 
 
 if __name__ == "__main__":

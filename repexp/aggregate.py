@@ -3,6 +3,12 @@
 Inputs are `results/eval/<task>/<run>/eval.json` files (the evaluation contract in
 docs/architecture.md); `<run>` is a `RunSpec.name` and supplies the config columns.
 
+Graders: every eval.json holds pass@k under both graders (`graders`, docs/evaluation.md). The
+table's `pass_at_k` (and k-efficiency, the figures and the MLflow sweep-point metrics built on it)
+uses one grader for every run: `--grader`, else the config's `grader` (with `--config`), else the
+grader the files were evaluated with (which must then agree). `pass_at_k_repexp` and
+`pass_at_k_paper` hold both curves, and the Markdown/HTML views show the seed means under both.
+
 Outputs (each written atomically) in `--out-dir`:
 
 * `pass_at_k.csv` — tidy: one row per (run, k) with the config columns;
@@ -45,16 +51,18 @@ from typing import Any, Iterable, Sequence
 
 from repexp.config import METHODS, TASKS, ConfigError, RunSpec, canonical, parse_run
 from repexp.io import atomic_path, read_json
+from repexp.verify.routing import DEFAULT_GRADER, GRADERS
 
 EVAL_JSON = "eval.json"
 HEADLINE_K = 256
 # ks logged on every sweep point's MLflow parent run (plus the largest evaluated k)
 MLFLOW_KS = (1, 16, 256)
 
+GRADER_COLUMNS = tuple(f"pass_at_k_{g}" for g in GRADERS)  # pass@k under each grader (NaN if not evaluated)
 TIDY_COLUMNS = (
     "task", "run", "method", "backend", "sparse_dim", "beta", "seed", "k", "pass_at_k", "sem",
     "n_samples", "num_problems", "mean_at_n", "checkpoint_step", "split", "engine", "eval_seed",
-    "data_hash", "model_path", "source", "testtime_pass_at_k",
+    "data_hash", "model_path", "source", "grader", *GRADER_COLUMNS, "testtime_pass_at_k",
 )
 K_EFFICIENCY_COLUMNS = (
     "task", "backend", "sparse_dim", "beta", "n_repexp_seeds", "n_grpo_seeds", "reference_k",
@@ -96,6 +104,20 @@ class EvalRun:
     n_samples: int
     num_problems: int
     meta: dict[str, Any]
+    grader: str = DEFAULT_GRADER  # the grader of pass_at_k / pass_at_k_sem above
+    by_grader: dict[str, dict[int, float]] = dataclasses.field(default_factory=dict)  # pass@k per grader
+    sem_by_grader: dict[str, dict[int, float]] = dataclasses.field(default_factory=dict)
+
+    def under(self, grader: str) -> "EvalRun":
+        """This run with `pass_at_k`/`pass_at_k_sem` under `grader`; ValueError if the file lacks that curve."""
+        if grader == self.grader:
+            return self
+        if grader not in self.by_grader:
+            raise ValueError(f"{self.path}: no pass@k under the {grader} grader (evaluated before eval.json "
+                             "reported both graders); add it without generating: "
+                             f"repexp eval --rescore --out {self.path.parent}")
+        return dataclasses.replace(self, grader=grader, pass_at_k=self.by_grader[grader],
+                                   pass_at_k_sem=self.sem_by_grader.get(grader, {}))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,9 +210,26 @@ def load_eval(path: str | Path) -> EvalRun:
         raise ValueError(f"{path}: num_problems must be a positive integer, got {num_problems!r}")
     meta = {key: data.get(key) for key in
             ("mean_at_n", "checkpoint_step", "split", "engine", "seed", "data_hash", "model_path")}
-    return EvalRun(spec=spec, path=path, pass_at_k=pass_at_k,
-                   pass_at_k_sem=_per_k(path, data, "pass_at_k_sem", required=False),
-                   n_samples=n_samples, num_problems=num_problems, meta=meta)
+    grader = data.get("grader") or DEFAULT_GRADER  # files from before graders existed: repexp
+    if grader not in GRADERS:
+        raise ValueError(f"{path}: grader {grader!r} is not one of {', '.join(GRADERS)}")
+    pass_at_k_sem = _per_k(path, data, "pass_at_k_sem", required=False)
+    by_grader, sem_by_grader = {grader: pass_at_k}, {grader: pass_at_k_sem}
+    graders = data.get("graders") or {}
+    if not isinstance(graders, dict) or set(graders) - set(GRADERS):
+        raise ValueError(f"{path}: key 'graders' must map {' and '.join(GRADERS)} to their pass@k, got {graders!r}")
+    for name, entry in graders.items():
+        if name == grader:
+            continue
+        if not isinstance(entry, dict):
+            raise ValueError(f"{path}: graders.{name} must be a mapping, got {entry!r}")
+        curve = _per_k(path, entry, "pass_at_k", required=True)
+        if set(curve) != set(pass_at_k) or not all(0.0 <= v <= 1.0 for v in curve.values()):
+            raise ValueError(f"{path}: graders.{name}.pass_at_k must give a value in [0, 1] for each k of pass_at_k")
+        by_grader[name], sem_by_grader[name] = curve, _per_k(path, entry, "pass_at_k_sem", required=False)
+    return EvalRun(spec=spec, path=path, pass_at_k=pass_at_k, pass_at_k_sem=pass_at_k_sem,
+                   n_samples=n_samples, num_problems=num_problems, meta=meta, grader=grader, by_grader=by_grader,
+                   sem_by_grader=sem_by_grader)
 
 
 def load_testtime(path: str | Path) -> TesttimeRun:
@@ -233,9 +272,18 @@ def attach_testtime(runs: Sequence[EvalRun], paths: Iterable[str | Path]) -> dic
     return out
 
 
-def load_evals(paths: Iterable[str | Path]) -> list[EvalRun]:
-    """Load every file; refuse duplicates and runs of one task evaluated on different problem sets."""
+def load_evals(paths: Iterable[str | Path], grader: str | None = None) -> list[EvalRun]:
+    """Load every file; refuse duplicates and runs of one task evaluated on different problem sets.
+
+    `grader`: the grader of every run's `pass_at_k` (None: the files' own, which must then agree).
+    """
     runs = [load_eval(p) for p in paths]
+    if grader is None and len({r.grader for r in runs}) > 1:
+        mixed = {r.grader: r.path for r in runs}
+        raise ValueError(f"runs were graded differently ({', '.join(f'{g} in {p}' for g, p in mixed.items())}); "
+                         "choose one grader for the table: --grader or --config")
+    if grader is not None:
+        runs = [r.under(grader) for r in runs]
     seen: dict[tuple[str, str], Path] = {}
     for run in runs:
         key = (run.spec.task, run.spec.name)
@@ -280,7 +328,8 @@ def tidy_table(runs: Sequence[EvalRun], testtime: dict[tuple[str, str], Testtime
                 "mean_at_n": run.meta["mean_at_n"], "checkpoint_step": run.meta["checkpoint_step"],
                 "split": run.meta["split"], "engine": run.meta["engine"], "eval_seed": run.meta["seed"],
                 "data_hash": run.meta["data_hash"], "model_path": run.meta["model_path"],
-                "source": str(run.path),
+                "source": str(run.path), "grader": run.grader,
+                **{f"pass_at_k_{g}": run.by_grader.get(g, {}).get(k, math.nan) for g in GRADERS},
                 "testtime_pass_at_k": tt.pass_at_k_repexp.get(k, math.nan) if tt else math.nan,
             })
     table = pd.DataFrame(rows, columns=list(TIDY_COLUMNS))
@@ -298,7 +347,8 @@ def read_table(path: str | Path):
         raise FileNotFoundError(f"{path}: pass@k table not found (run `repexp aggregate` first)")
     table = pd.read_csv(path, dtype={"backend": "string", "run": "string", "task": "string",
                                      "method": "string", "split": "string", "engine": "string",
-                                     "data_hash": "string", "model_path": "string", "source": "string"})
+                                     "data_hash": "string", "model_path": "string", "source": "string",
+                                     "grader": "string"})
     missing = [c for c in TIDY_COLUMNS if c not in table.columns]
     if missing:
         raise ValueError(f"{path}: missing columns {missing}")
@@ -312,16 +362,17 @@ def read_table(path: str | Path):
 POINT_COLUMNS = ("task", "method", "backend", "sparse_dim", "beta")
 
 
-def seed_summary(table):
+def seed_summary(table, value: str = "pass_at_k"):
     """Mean over seeds per (task, method, backend, sparse_dim, β, k): mean, sem_seeds, n_seeds, seeds.
 
-    `sem_seeds` is the standard error over seeds (ddof 1), NaN with one seed.
+    `sem_seeds` is the standard error over seeds (ddof 1), NaN with one seed. `value`: the column
+    averaged (`pass_at_k`, or one grader's `pass_at_k_<grader>`).
     """
     import pandas as pd
 
     rows = []
     for key, group in table.groupby(list(POINT_COLUMNS) + ["k"], dropna=False, sort=False):
-        values = group["pass_at_k"].to_numpy(dtype=float)
+        values = group[value].to_numpy(dtype=float)
         n = len(values)
         sem = float(values.std(ddof=1) / math.sqrt(n)) if n >= 2 else math.nan
         seeds = sorted(int(s) for s in group["seed"].dropna())
@@ -444,11 +495,11 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
-def summary_wide(table):
+def summary_wide(table, value: str = "pass_at_k"):
     """Seed summary, one row per point, columns pass@k as 'mean ± sem' strings (for Markdown/HTML)."""
     import pandas as pd
 
-    summary = seed_summary(table)
+    summary = seed_summary(table, value)
     ks = sorted(summary["k"].unique())
     rows = []
     for key, group in summary.groupby(list(POINT_COLUMNS), dropna=False, sort=False):
@@ -462,7 +513,7 @@ def summary_wide(table):
         by_k = {int(r.k): r for r in group.itertuples(index=False)}
         for k in ks:
             r = by_k.get(int(k))
-            if r is None:
+            if r is None or math.isnan(r.mean):
                 row[f"pass@{k}"] = "–"
             elif r.n_seeds >= 2:
                 row[f"pass@{k}"] = f"{r.mean:.3f} ± {r.sem_seeds:.3f}"
@@ -541,12 +592,28 @@ def markdown_table(df) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _graders(table) -> tuple[str, str]:
+    """(the grader of the table's pass_at_k, the other one)."""
+    grader = str(table["grader"].iloc[0]) if len(table) else DEFAULT_GRADER
+    return grader, next(g for g in GRADERS if g != grader)
+
+
+GRADER_NOTE = (
+    "Graders: repexp = this project's verifier; paper = the recipe's scorers (verl's strict GSM8K `####`, "
+    "Hendrycks string equivalence for MATH, Math-Verify for AIME), comparable to the paper's numbers. "
+    "Both are computed from the same stored samples (docs/data.md)."
+)
+
+
 def render_markdown(table, keff, *, missing: Sequence[str], ignored: Sequence[str],
                     testtime: dict[tuple[str, str], TesttimeRun] | None = None) -> str:
+    grader, other = _graders(table)
     parts = ["# pass@k", "", f"{table['run'].nunique()} evaluated runs over tasks "
-             f"{', '.join(dict.fromkeys(table['task']))}. {SEM_NOTE}", ""]
+             f"{', '.join(dict.fromkeys(table['task']))}, graded by **{grader}**. {SEM_NOTE}", "", GRADER_NOTE, ""]
     parts += _missing_lines(missing, ignored, bullet="- ")
-    parts += ["## Mean over seeds", "", markdown_table(summary_wide(table)),
+    parts += [f"## Mean over seeds ({grader} grader)", "", markdown_table(summary_wide(table)),
+              f"## Mean over seeds ({other} grader, same samples)", "",
+              markdown_table(summary_wide(table, f"pass_at_k_{other}")),
               "## k-efficiency (RepExp vs GRPO)", "", markdown_table(k_efficiency_display(keff)),
               f"_{K_EFFICIENCY_NOTE}_", ""]
     if testtime:
@@ -584,6 +651,7 @@ def render_html(table, keff, *, missing: Sequence[str], ignored: Sequence[str],
     def frame(df) -> str:
         return df.to_html(index=False, border=0, na_rep="–", escape=True) if not df.empty else "<p>(none)</p>"
 
+    grader, other = _graders(table)
     missing_html = ""
     if missing:
         items = "".join(f"<li>{html.escape(m)}</li>" for m in missing)
@@ -593,8 +661,11 @@ def render_html(table, keff, *, missing: Sequence[str], ignored: Sequence[str],
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>pass@k</title>"
         f"<style>{_HTML_STYLE}</style></head><body>"
-        f"<h2>pass@k: mean over seeds</h2><p class='note'>{html.escape(SEM_NOTE)}</p>{missing_html}"
+        f"<h2>pass@k: mean over seeds ({grader} grader)</h2><p class='note'>{html.escape(SEM_NOTE)}</p>"
+        f"<p class='note'>{html.escape(GRADER_NOTE)}</p>{missing_html}"
         f"{frame(summary_wide(table))}"
+        f"<h2>pass@k: mean over seeds ({other} grader, same samples)</h2>"
+        f"{frame(summary_wide(table, f'pass_at_k_{other}'))}"
         f"<h2>k-efficiency (RepExp vs GRPO)</h2>{frame(k_efficiency_display(keff))}"
         f"<p class='note'>{html.escape(K_EFFICIENCY_NOTE)}</p>"
         + (f"<h2>Test-time RepExp (verifier efficiency)</h2>{frame(testtime_display(testtime))}"
@@ -731,6 +802,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path,
                         help="pipeline config: list its runs without an eval.json as missing (and, with --eval-dir, "
                              "ignore runs that are not part of it)")
+    parser.add_argument("--grader", choices=GRADERS,
+                        help="grader of the table's pass_at_k (default: the config's `grader` with --config, else "
+                             "the one the eval.json files were graded with)")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI)")
     parser.add_argument("--experiment",
                         help="MLflow experiment: log test pass@1/16/256 on every sweep point's parent run "
@@ -738,9 +812,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def aggregate(paths: Sequence[Path], out_dir: Path, *, expected: Sequence[RunSpec] | None = None,
-              drop_unexpected: bool = False, testtime_paths: Sequence[Path] = ()) -> dict[str, Any]:
+              drop_unexpected: bool = False, grader: str | None = None,
+              testtime_paths: Sequence[Path] = ()) -> dict[str, Any]:
     """Load, tabulate and write every output. Returns {runs, table, k_efficiency, missing, ignored}."""
-    runs = load_evals(paths)
+    runs = load_evals(paths, grader)
     ignored: list[str] = []
     missing: list[str] = []
     if expected is not None:
@@ -777,7 +852,12 @@ def run(args: argparse.Namespace) -> int:
         for path in args.testtime:
             if not Path(path).is_file():
                 raise FileNotFoundError(f"{path}: testtime.json not found")
-        result = aggregate(paths, args.out_dir, expected=expected, drop_unexpected=bool(args.eval_dir),
+        grader = args.grader
+        if grader is None and args.config:
+            from repexp.config import load
+
+            grader = load(args.config).grader
+        result = aggregate(paths, args.out_dir, expected=expected, drop_unexpected=bool(args.eval_dir), grader=grader,
                            testtime_paths=args.testtime)
     except (ValueError, FileNotFoundError) as err:  # ConfigError is a ValueError
         print(f"aggregate: error: {err}", file=sys.stderr)

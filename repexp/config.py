@@ -21,6 +21,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Optional
 
+from repexp.verify.routing import DEFAULT_GRADER, GRADERS
+
 TASKS = ("math", "gsm8k", "aime24", "dapo-with-aime24")
 BACKENDS = ("trl", "verl")
 METHODS = ("repexp", "grpo", "base")
@@ -208,6 +210,9 @@ class PipelineConfig:
     name: str = _f("repexp", help="config name; MLflow experiment unless tracking.experiment is set", pattern=r"^[A-Za-z0-9_.-]+$")
     results_dir: str = _f("results", help="where every output goes")
     model: str = _f("Qwen/Qwen2.5-7B-Instruct", help="initial policy: HF id, local dir, or 'tiny'/'smollm2' (built offline)")
+    grader: str = _f(DEFAULT_GRADER, help="answer grader of training rewards, dev selection and test pass@k: repexp "
+                     "(this project's verifier) or paper (the recipe's scorers, for numbers comparable to the paper's)",
+                     enum=GRADERS)
     data: DataConfig = field(default_factory=DataConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     bonus: BonusConfig = field(default_factory=BonusConfig)
@@ -532,6 +537,7 @@ class RunConfig:
     tracking: TrackingConfig
     config_name: str
     config_hash: str
+    grader: str = _f(DEFAULT_GRADER, help="answer grader (repexp | paper)", enum=GRADERS)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -597,6 +603,7 @@ def compose(cfg: PipelineConfig, spec: RunSpec) -> RunConfig:
         tracking=copy.deepcopy(cfg.tracking),
         config_name=cfg.name,
         config_hash=config_hash(cfg),
+        grader=cfg.grader,
     )
 
 

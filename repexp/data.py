@@ -16,7 +16,8 @@ writing) is one code path. The DAPO set is not offline: `--dapo-source PATH|hf`.
 
 Training rows are dropped, and listed in the manifest, when their ground truth is
 empty (two MATH train solutions box nothing) or their problem text also appears in
-dev/test (one MATH train problem is a MATH test problem). After that, any overlap
+dev/test (four MATH train problems are MATH test problems, three of them typeset
+differently: `splits.normalize_text`). After that, any overlap
 between splits is an error; AIME's dev = test is the one designed exception.
 
 Outputs (`--out`, default `results/data/<task>`): `train.parquet`, `dev.parquet`,

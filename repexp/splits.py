@@ -93,18 +93,38 @@ def train_subset(n: int, size: int, seed: int, stream: str = "dapo/train") -> li
 
 
 _WS = re.compile(r"\s+")
+_MATH_DELIMITERS = re.compile(r"\\[()\[\]]|\$")
+_LATEX_SPACING = re.compile(r"\\(?:[,;:! ]|(?:quad|qquad|left|right|displaystyle|textstyle)(?![a-z]))")
+_SINGLE_BRACED = re.compile(r"\{(\\?[a-z0-9])\}")
+# sentence punctuation; a '.' or ',' between two digits is part of a number (3.5, 1,000) and stays
+_PUNCTUATION = re.compile(r"(?<!\d)[.,]|[.,](?!\d)|[;:!?]")
 
 
 def normalize_text(text: str) -> str:
-    """The problem-text identity used by overlap checks: whitespace-insensitive, case-insensitive."""
-    return _WS.sub(" ", text).strip().casefold()
+    """The problem-text identity used by overlap checks, blind to how the same problem is typeset.
+
+    Case, whitespace, math delimiters (`$`, `\\(`, `\\[`), spacing and sizing commands (`\\,`,
+    `\\left`), `\\dfrac`/`\\tfrac`, braces around one character (`x^{2}` = `x^2`) and sentence
+    punctuation (`12.$` = `12$.`) do not count; digits, letters, operators and the decimal point or
+    thousands comma inside a number do. Catches MATH test/311, 1038, 3023 = train/1598, 1414, 750.
+    """
+    s = text.casefold()
+    s = _MATH_DELIMITERS.sub(" ", s)
+    s = _LATEX_SPACING.sub(" ", s)
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = _WS.sub("", s)
+    previous = None
+    while previous != s:  # {{x}} → {x} → x
+        previous, s = s, _SINGLE_BRACED.sub(r"\1", s)
+    return _PUNCTUATION.sub("", s)
 
 
 def drop_overlapping(candidates: Sequence[str], held_out: Iterable[str]) -> tuple[list[int], list[int]]:
     """(positions of `candidates` whose text is not in `held_out`, positions that are).
 
-    Used to remove training problems that also appear in dev/test (MATH has one: the
-    same equilateral-triangle problem is train/geometry/6032 and test/precalculus/24307).
+    Used to remove training problems that also appear in dev/test (MATH has four: the same
+    equilateral-triangle problem is train/geometry/6032 and test/precalculus/24307, and three
+    more differ only in typesetting, docs/data.md).
     """
     blocked = {normalize_text(t) for t in held_out}
     keep, dropped = [], []

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from repexp import verify
+from repexp.verify import compare, pool as verify_pool
 from repexp.verify import extract_answer, last_boxed, score, score_answer, score_batch
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
@@ -19,6 +20,8 @@ MATH = "DigitalLearningGmbH/MATH-lighteval"
 MATH500 = "HuggingFaceH4/MATH-500"
 GSM8K = "openai/gsm8k"
 AIME = "aime24"
+PM630 = "\\begin{pmatrix} 6 \\\\ 3 \\\\ 0 \\end{pmatrix}"  # as MATH golds write it
+PM1234 = "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}"
 
 # (data_source, response, ground_truth, expected score, why)
 TRICKY = [
@@ -86,6 +89,69 @@ TRICKY = [
     (GSM8K, "The answer is \\boxed{\\$1,000}.", "1000", 1.0, "boxed fallback with dollar and comma"),
     (GSM8K, "The answer is 18.", "18", 0.0, "no #### and no box: no answer"),
     (GSM8K, "#### x = 2 * 9 = 18", "18", 1.0, "equation after ####: the value after the last ="),
+    # matrices: the row break survives normalisation; environment and spacing do not matter (issue #16)
+    (MATH, "\\boxed{\\begin{pmatrix} 6 \\\\ 3 \\\\ 0 \\end{pmatrix}}", PM630, 1.0, "matrix, gold spacing"),
+    (MATH, "\\boxed{\\begin{pmatrix}6\\\\3\\\\0\\end{pmatrix}}", PM630, 1.0, "matrix, compact"),
+    (MATH, "\\boxed{\\begin{pmatrix}\n6 \\\\\n3 \\\\\n0\n\\end{pmatrix}}", PM630, 1.0, "matrix, multi-line"),
+    (MATH, "\\boxed{\\begin{bmatrix} 6 \\\\ 3 \\\\ 0 \\end{bmatrix}}", PM630, 1.0, "bmatrix vs pmatrix"),
+    (MATH, "\\boxed{\\left(\\begin{matrix} 6 \\\\ 3 \\\\ 0 \\end{matrix}\\right)}", PM630,
+     1.0, "matrix in parentheses"),
+    (MATH, "\\boxed{\\left[\\begin{array}{c} 6 \\\\ 3 \\\\ 0 \\end{array}\\right]}", PM630, 1.0, "array in brackets"),
+    (MATH, "\\boxed{\\begin{pmatrix} 6 \\\\ 3 \\\\ 0 \\\\ \\end{pmatrix}}", PM630, 1.0, "trailing row break"),
+    (MATH, "\\boxed{\\begin{pmatrix} 12/2 \\\\ 3 \\\\ 0 \\end{pmatrix}}", PM630, 1.0, "matrix entry by value"),
+    (MATH, "\\boxed{\\begin{pmatrix} 6 \\\\ 0 \\\\ 3 \\end{pmatrix}}", PM630, 0.0, "matrix entries swapped"),
+    (MATH, "\\boxed{\\begin{pmatrix} 6 & 3 & 0 \\end{pmatrix}}", PM630, 0.0, "row vector vs column vector"),
+    (MATH, "\\boxed{\\begin{pmatrix} 1&2\\\\3&4 \\end{pmatrix}}", PM1234, 1.0, "2x2 matrix, spacing"),
+    (MATH, "\\boxed{\\begin{pmatrix} 1&2\\\\4&3 \\end{pmatrix}}", PM1234, 0.0, "2x2 matrix, wrong entries"),
+    # smaller defects of issue #16
+    (MATH, "\\boxed{45°}", "45^\\circ", 1.0, "Unicode degree sign"),
+    (MATH, "\\boxed{45°}", "45", 1.0, "Unicode degree sign, plain gold"),
+    (MATH, "\\boxed{46°}", "45^\\circ", 0.0, "wrong angle with a degree sign"),
+    (MATH, "\\boxed{\\text{Evelyn.}}", "\\text{Evelyn}", 1.0, "period inside \\text{}"),
+    (MATH, "\\boxed{\\text{Evelyn}}", "\\text{Evelyn}", 1.0, "name"),
+    (MATH, "\\boxed{\\text{Emily.}}", "\\text{Evelyn}", 0.0, "other name"),
+    (AIME, "\\boxed{25 = m+n}", "25", 1.0, "value = expression"),
+    (AIME, "\\boxed{m+n = 25}", "25", 1.0, "expression = value"),
+    (AIME, "\\boxed{26 = m+n}", "25", 0.0, "wrong value = expression"),
+    (MATH, "\\boxed{x = 2 \\cdot 9 = 18}", "18", 1.0, "chain ending in the value"),
+    (MATH, "\\boxed{x = 5 \\text{ or } x = 3}", "5", 0.0, "a hedge is not a value"),
+    (MATH, "\\boxed{y = 2x + 3}", "y=2x+3", 1.0, "equation gold"),
+    (MATH, "\\boxed{x^2 + y^2 = 25}", "x^2+y^2=25", 1.0, "equation gold kept whole"),
+    (MATH, "\\boxed{(x-1)^2 + y^2 = 25}", "x^2+y^2=25", 0.0, "other equation with the same right side"),
+    (MATH, "\\boxed{x \\geq 5}", "5", 0.0, "inequality is not a value"),
+    # GSM8K: the last #### with a number, else the last box (issue #16)
+    (GSM8K, "so 18.\n#### 18\n\n#### Note:\nThe shop closes at 5.", "18", 1.0, "#### 18 then a #### Note: heading"),
+    (GSM8K, "#### Step 3: add the two totals\n9 + 9 = 18\n\\boxed{18}", "18", 1.0, "#### Step heading, then a box"),
+    (GSM8K, "#### 18 = 9*2", "18", 1.0, "the number first, then its derivation"),
+    (GSM8K, "#### 1 000", "1000", 1.0, "space-grouped thousands"),
+    (GSM8K, "#### 1\u202f000", "1000", 1.0, "thin-space-grouped thousands"),
+    (GSM8K, "#### 2 * 9 = 18", "18", 1.0, "arithmetic chain"),
+    (GSM8K, "#### 18 - 2 = 16", "16", 1.0, "arithmetic chain with a minus"),
+    (GSM8K, "#### 2. Compute the total\nShe has 18.\n\\boxed{18}", "18", 1.0, "numbered heading is not an answer"),
+    (GSM8K, "#### 2. Compute the total\nShe has 18.", "2", 0.0, "numbered heading and nothing else"),
+    (GSM8K, "#### The answer is 18", "18", 1.0, "answer label"),
+    (GSM8K, "#### Answer: $18", "18", 1.0, "answer label with a dollar"),
+    (GSM8K, "#### 17\nLet me recheck.\n#### Step 2: recount", "17",
+     1.0, "earlier #### answer survives a later heading"),
+    (GSM8K, "#### 18 apples", "18", 1.0, "unit word"),
+    (GSM8K, "#### 18 xylophones", "18", 1.0, "a word starting with x is not a multiplication"),
+    (GSM8K, "#### \\frac{3}{4}", "0.75", 1.0, "LaTeX fraction"),
+    (GSM8K, "#### 50%", "50", 1.0, "percent"),
+    # two plain numbers are compared exactly (no Math-Verify)
+    (MATH, "\\boxed{0.75}", "\\frac{3}{4}", 1.0, "decimal vs fraction, exact"),
+    (MATH, "\\boxed{-3/4}", "-\\frac{3}{4}", 1.0, "slash vs fraction, negative"),
+    (MATH, "\\boxed{10.0}", "10", 1.0, "integer gold, decimal answer"),
+    (MATH, "\\boxed{0.333}", "\\frac{1}{3}", 0.0, "rounded decimal is another value"),
+    (MATH, "\\boxed{0.3333333}", "\\frac{1}{3}", 0.0, "so is a 7-digit rounding (Math-Verify would round to 6)"),
+    (MATH, "\\boxed{\\frac{6}{8}}", "0.75", 1.0, "unreduced fraction vs decimal gold"),
+    (MATH, "\\boxed{(\\frac{1}{2}, 3)}", "(0.5,3)", 1.0, "tuple of numbers, exact"),
+    (MATH, "\\boxed{(3, \\frac{1}{2})}", "(0.5,3)", 0.0, "tuple order matters, exact"),
+    (MATH, "\\boxed{3, \\frac{1}{2}}", "\\frac12, 3", 1.0, "a bare list is a set"),
+    (MATH, "\\boxed{3, \\frac{1}{3}}", "\\frac12, 3", 0.0, "a list with another element"),
+    (MATH, "\\boxed{\\begin{bmatrix} 0.5 \\\\ -2 \\end{bmatrix}}", "\\begin{pmatrix} \\frac12 \\\\ -2 \\end{pmatrix}",
+     1.0, "matrix of numbers, exact"),
+    (MATH, "\\boxed{1572}", "\\text{(B)}", 0.0, "a number is never a choice letter"),
+    (MATH, "\\boxed{\\text{16}}", "\\text{13}", 0.0, "numbers in \\text{}"),
     # empty and garbage
     (MATH, "", "5", 0.0, "empty response"),
     (GSM8K, "", "5", 0.0, "empty GSM8K response"),
@@ -109,7 +175,8 @@ def test_extracted_answers_are_canonical_voting_keys():
     assert extract_answer(GSM8K, "#### 18.50") == "18.5"
     assert extract_answer(GSM8K, "#### 0.000000000000000000001") == "0.000000000000000000001"
     assert extract_answer(GSM8K, "#### 3/4") == "0.75" and extract_answer(GSM8K, "#### 2/3") == "2/3"
-    assert extract_answer(MATH, "\\boxed{\\dfrac{1}{2}}") == extract_answer(MATH, "\\boxed{ \\frac{1}{2} }") == "\\frac{1}{2}"
+    half = "\\frac{1}{2}"
+    assert extract_answer(MATH, "\\boxed{\\dfrac{1}{2}}") == extract_answer(MATH, "\\boxed{ \\frac{1}{2} }") == half
     assert extract_answer(MATH, "\\boxed{\\pi r^2}") == "\\pi r^2"  # the space ends a control word: kept
     assert extract_answer(MATH, "no box here") is None
     assert extract_answer(GSM8K, "no marker here") is None
@@ -143,6 +210,14 @@ def test_extremely_long_response_and_pathological_answers_do_not_hang():
     assert score(MATH, "\\boxed{2^{100}}", "1267650600228229401496703205376") == 1.0  # big but fine
     assert score(MATH, "\\boxed{" + "x+" * 2_000 + "x}", "5") == 0.0  # longer than any gold
     assert score(MATH, "\\boxed{" + "1 " * 500_000 + "}", "1") == 0.0  # a 1 MB box: refused by length
+    # GSM8K: at most the last 1,000 "####" markers are read (200 characters of each line), then the box
+    assert score(GSM8K, "#### Step 1: think\n" * 100_000 + "\\boxed{18}", "18") == 1.0
+    assert score(GSM8K, "#### 18\n" + "#" * 2_000_000, "18") == 0.0  # the answer lies beyond the last 1,000
+    assert score(GSM8K, "1" * 2_000_000 + "\n#### 18", "18") == 1.0
+    # the paper's string scorers on the same inputs
+    assert score(GSM8K, long_prefix + "#### 1,000", "1000", grader="paper") == 1.0
+    assert score(MATH, long_prefix + "\\boxed{\\frac{1}{2}}", "\\frac12", grader="paper") == 1.0
+    assert score(MATH, "\\boxed{" * 200_000, "1", grader="paper") == 0.0
 
 
 @pytest.mark.timeout(60)
@@ -224,7 +299,8 @@ def test_every_ground_truth_verifies_against_its_reference_solution(capsys):
             elif score(source, solution, truth) != 1.0:
                 failures[row_id] = f"extracted {extract_answer(source, solution)!r} vs gold {truth!r}"
         rate = 1 - len(failures) / len(rows)
-        lines.append(f"  {dataset:<12} {len(rows) - len(failures):>5}/{len(rows):<5} = {100 * rate:6.2f}%  failures: {failures or '-'}")
+        lines.append(f"  {dataset:<12} {len(rows) - len(failures):>5}/{len(rows):<5} = {100 * rate:6.2f}%  "
+                     f"failures: {failures or '-'}")
         assert {k: v for k, v in failures.items() if k not in KNOWN_FAILURES} == {}, dataset
         assert rate >= 0.99, dataset
     with capsys.disabled():
@@ -249,15 +325,17 @@ def test_math_verify_alone_agrees_on_a_seeded_sample(capsys):
                 continue
             gold = verify.normalize_answer(truth)
             answer = extract_answer(source, solution)
-            if answer is None or verify._verify_key((gold, answer, verify.DEFAULT_TIMEOUT_S)) != 1.0:
+            if answer is None or compare.run_key((compare.BOXED, gold, answer, verify.DEFAULT_TIMEOUT_S)) != 1.0:
                 failures[f"{row_id}: {answer!r}"] += 1
         rate = 1 - sum(failures.values()) / len(sample)
-        lines.append(f"  {dataset:<12} {len(sample) - sum(failures.values()):>4}/{len(sample):<4} = {100 * rate:6.2f}%  {dict(failures) or ''}")
+        lines.append(f"  {dataset:<12} {len(sample) - sum(failures.values()):>4}/{len(sample):<4} = "
+                     f"{100 * rate:6.2f}%  {dict(failures) or ''}")
         # AIME II-? writes its answer as \textbf{(073)}, which only the integer path reads.
         allowed = 1 if dataset == "AIME 2024" else 0.01 * len(sample)
         assert sum(failures.values()) <= allowed, (dataset, failures)
     with capsys.disabled():
-        print("\nMath-Verify alone (no string/integer fast path), seeded sample of 150 per dataset:\n" + "\n".join(lines))
+        print("\nMath-Verify alone (no string/integer fast path), seeded sample of 150 per dataset:\n"
+              + "\n".join(lines))
 
 
 # --------------------------------------------------------------------------- batch API and pool
@@ -294,7 +372,8 @@ def test_process_pool_scores_like_in_process():
     with verify.VerifierPool(workers=2, timeout=1.0) as pool:
         got = pool.score_batch(sources, responses, truths)
         # a pathological answer inside a pooled batch is timed out / refused, the rest are scored
-        odd = pool.score_batch([MATH] * 3, ["\\boxed{\\prod_{k=1}^{10^{9}} k}", "\\boxed{1/2}", "\\boxed{9^{9^{9^9}}}"], ["\\frac12"] * 3)
+        odd = pool.score_batch([MATH] * 3, ["\\boxed{\\prod_{k=1}^{10^{9}} k}", "\\boxed{1/2}", "\\boxed{9^{9^{9^9}}}"],
+                               ["\\frac12"] * 3)
     np.testing.assert_array_equal(got, expected)
     np.testing.assert_array_equal(odd, [0.0, 1.0, 0.0])
 
@@ -302,7 +381,7 @@ def test_process_pool_scores_like_in_process():
 @pytest.mark.timeout(120)
 def test_pool_kills_a_worker_stuck_in_a_c_call():
     """time.sleep blocks in C like a runaway big-integer power: only killing the worker stops it."""
-    pool = verify._ProcessPool(time.sleep, 1, hard_timeout=1.0, stuck_value="stuck")
+    pool = verify_pool._ProcessPool(time.sleep, 1, hard_timeout=1.0, stuck_value="stuck")
     try:
         results = pool.map([0.0, 0.0, 3600.0, 0.0, 0.0], chunk_size=5)
         assert results == [None, None, "stuck", None, None]
@@ -325,3 +404,23 @@ def test_watchdog_survives_many_short_guards():
     time.sleep(0.2)
     assert sum(range(100_000)) == 4999950000  # a leaked pending exception would be raised by now
     assert fired <= 21
+
+
+def test_the_verifier_is_a_pure_core():
+    """Scoring under both graders, batches and the pool import no framework (verl, trl, transformers, mlflow, vllm)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from repexp import verify\n"
+        "assert verify.score('aime24', 'so \\\\boxed{33}', '33', grader='paper') == 1.0\n"
+        "assert verify.score('openai/gsm8k', '#### 18.00', '18') == 1.0\n"
+        "verify.score_batch(['DigitalLearningGmbH/MATH-lighteval'] * 2, ['\\\\boxed{0.5}', '\\\\fbox{1}'],"
+        " '\\\\frac12', workers=1)\n"
+        "loaded = sorted(m for m in ('verl', 'trl', 'transformers', 'mlflow', 'vllm', 'torch') if m in sys.modules)\n"
+        "assert not loaded, loaded\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            cwd=Path(__file__).resolve().parents[1])
+    assert result.returncode == 0, result.stderr[-2000:]

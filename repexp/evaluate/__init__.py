@@ -3,6 +3,7 @@
     repexp eval --model DIR --data results/data/gsm8k/test.parquet --out results/eval/gsm8k/base
     repexp eval --model-pointer results/train/gsm8k/RUN/model.json --data … --out …
     repexp eval --rescore --out results/eval/gsm8k/base     # re-verify stored samples only
+    repexp eval --rescore --grader paper --out …            # re-grade them with the paper's scorers
 
 Output (docs/architecture.md, "Evaluation contract"): `samples/shard-<i>.parquet` + `samples/meta.json`
 (the sample store; a shard file exists only when complete, so a killed run resumes from the
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 
 from repexp.evaluate.core import mlflow_metrics  # noqa: F401  (public: used by the orchestration layer)
+from repexp.verify.routing import DEFAULT_GRADER, GRADERS
 
 __all__ = ["configure_parser", "run", "mlflow_metrics"]
 
@@ -72,6 +74,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     ev.add_argument("--ks", type=_ks, help="comma-separated k values (default 1, 2, 4, …, n)")
     ev.add_argument("--maj-draws", type=int, default=1000, help="random k-subsets per problem for maj@k")
     ev.add_argument("--verifier-workers", type=int, help="processes for the verifier (default: its own)")
+    ev.add_argument("--grader", choices=GRADERS, default=None,
+                    help=f"grader of the samples' scores and of pass@k (default {DEFAULT_GRADER}; with --rescore: the "
+                         "store's); eval.json also reports pass@k under the other grader")
     ev.add_argument("--rescore", action="store_true",
                     help="re-verify the stored samples of --out and rewrite eval.json (no generation)")
     ev.add_argument("--overwrite", action="store_true",
@@ -86,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.rescore:
             result = runner.rescore(args.out, ks=args.ks, maj_draws=args.maj_draws,
-                                    verifier_workers=args.verifier_workers)
+                                    verifier_workers=args.verifier_workers, grader=args.grader)
         else:
             cfg = _config_from_args(args)
             result = runner.evaluate(cfg)
@@ -97,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     ks = list(result["pass_at_k"])
     summary = ", ".join(f"pass@{k}={result['pass_at_k'][k]:.4f}" for k in (ks[0], ks[-1]))
+    other = next(g for g in result["graders"] if g != result["grader"])
+    other_top = result["graders"][other]["pass_at_k"][ks[-1]]
+    summary += f" ({result['grader']} grader; {other}: pass@{ks[-1]}={other_top:.4f})"
     print(f"eval: {result['num_problems']} problems, {summary}; wrote {args.out / runner.EVAL_JSON}", file=sys.stderr)
     return 0
 
@@ -150,4 +158,5 @@ def _config_from_args(args: argparse.Namespace):
         max_shards=args.max_shards,
         overwrite=args.overwrite,
         progress=not args.no_progress,
+        grader=args.grader or DEFAULT_GRADER,
     )

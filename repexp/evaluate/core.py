@@ -157,6 +157,22 @@ def eval_result(
     return result
 
 
+def grader_curve(num_samples: Sequence[int], num_correct: Sequence[int], ks: Sequence[int]) -> dict[str, Any]:
+    """pass@k (mean and SEM over problems), mean@n and the correct-sample total under one grader.
+
+    The shape of each entry of eval.json's `graders` mapping (docs/evaluation.md).
+    """
+    n = np.asarray(num_samples, dtype=np.int64)
+    c = np.asarray(num_correct, dtype=np.int64)
+    mean, sem = passk.summarize(passk.pass_at_k(n, c, [int(k) for k in ks]))
+    return {
+        "pass_at_k": {str(k): float(v) for k, v in zip(ks, mean)},
+        "pass_at_k_sem": {str(k): _json_float(v) for k, v in zip(ks, sem)},
+        "mean_at_n": float(np.mean(c / n)),
+        "num_correct": int(c.sum()),
+    }
+
+
 def mlflow_metrics(eval_result: dict[str, Any]) -> dict[str, Any]:
     """Metrics of one evaluation for MLflow, in the shape the orchestration layer logs.
 

@@ -1,4 +1,12 @@
-"""Sharded, resumable generation + verification, `eval.json` assembly and rescoring."""
+"""Sharded, resumable generation + verification, `eval.json` assembly and rescoring.
+
+Grading: every sample is scored when its shard is generated, under the run's grader
+(`EvalConfig.grader`, `repexp eval --grader`); the shard's `score`/`answer` columns hold that
+grader's result and `samples/meta.json` records which grader it was (`grader`). A resumed run
+under another grader first re-grades the complete shards (no generation). When `eval.json` is
+assembled, every stored response is also scored under the *other* grader (no generation), so each
+eval.json carries both curves (`graders`) and how often the two graders agree (`grader_agreement`).
+"""
 
 from __future__ import annotations
 
@@ -16,6 +24,7 @@ from repexp.evaluate.engines import EngineOptions
 from repexp.evaluate.problems import Problems, load_problems
 from repexp.evaluate.store import SampleStore
 from repexp.io import read_json, write_json_atomic
+from repexp.verify.routing import DEFAULT_GRADER, GRADERS, check_grader
 
 EVAL_JSON = "eval.json"
 # meta.json keys a resumed run must match; engine options that do not change the samples
@@ -43,8 +52,10 @@ class EvalConfig:
     max_shards: int | None = None
     overwrite: bool = False
     progress: bool = True
+    grader: str = DEFAULT_GRADER
 
     def __post_init__(self) -> None:
+        check_grader(self.grader)
         if self.shard_size < 1:
             raise ValueError(f"shard_size must be >= 1, got {self.shard_size}")
         if self.data_parallel_size < 1:
@@ -121,11 +132,14 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any] | None:
         "data_path": str(cfg.data_path),
         "engine_options": dataclasses.asdict(cfg.options),
         "problem_ids": problems.problem_ids,
+        "grader": cfg.grader,
     }
     done = set(store.open(meta, compare=RESUME_KEYS, overwrite=cfg.overwrite,
                           shard_rows=[len(idx) * cfg.settings.n for idx in plan]))
     eval_path = cfg.out_dir / EVAL_JSON
     eval_path.unlink(missing_ok=True)  # rewritten below only when every shard reads back: never a stale one
+    if done:
+        regrade(store, sorted(done), cfg.grader, cfg.verifier_workers)
     todo = [i for i in range(len(plan)) if i not in done]
     if cfg.max_shards is not None:
         todo = todo[: max(0, cfg.max_shards - len(done))]
@@ -141,7 +155,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any] | None:
         print(f"eval: stopped with {len(complete)}/{len(plan)} shards complete; rerun to resume", file=sys.stderr)
         return None
     result = _assemble(store, problems.problem_ids, plan, cfg.settings.n, _metadata(cfg, problems, task, split),
-                       ks=cfg.ks, maj_draws=cfg.maj_draws)
+                       ks=cfg.ks, maj_draws=cfg.maj_draws, grader=cfg.grader, workers=cfg.verifier_workers)
     write_json_atomic(eval_path, result)
     _report_throughput(store, len(plan))
     return result
@@ -173,12 +187,42 @@ def _verifier_info() -> dict[str, Any]:
     return {"module": "repexp.verify", "math_verify": math_verify}
 
 
-def _score(data_sources, responses, ground_truths, workers) -> tuple[list[float], list[str | None]]:
+def _score(data_sources, responses, ground_truths, workers, grader: str) -> tuple[list[float], list[str | None]]:
+    """Scores and maj@k voting keys of stored or fresh responses under `grader`."""
     from repexp import verify
 
-    scores = verify.score_batch(data_sources, responses, ground_truths, workers=workers)
-    answers = [verify.extract_answer(src, text) for src, text in zip(data_sources, responses)]
+    scores = verify.score_batch(data_sources, responses, ground_truths, workers=workers, grader=grader)
+    answers = [verify.extract_answer(src, text, grader=grader) for src, text in zip(data_sources, responses)]
     return [float(s) for s in scores], answers
+
+
+def other_grader(grader: str) -> str:
+    """The grader whose pass@k eval.json reports beside the run's own."""
+    return next(g for g in GRADERS if g != check_grader(grader))
+
+
+def stored_grader(meta: dict[str, Any]) -> str:
+    """The grader of a store's `score` column (stores written before graders existed: repexp)."""
+    return meta.get("grader") or DEFAULT_GRADER
+
+
+def regrade(store: SampleStore, shards: list[int], grader: str, workers: int | None) -> None:
+    """Re-score complete shards under `grader` when the store holds another grader's scores (no generation).
+
+    `meta.json` names the new grader only after every shard is rewritten, so an interrupted
+    re-grade is redone in full on the next run.
+    """
+    meta = store.read_meta() or {}
+    if stored_grader(meta) == grader:
+        return
+    print(f"eval: re-grading {len(shards)} stored shards from {stored_grader(meta)} to {grader}", file=sys.stderr)
+    (store.dir.parent / EVAL_JSON).unlink(missing_ok=True)  # never beside scores of another grader
+    for i in shards:
+        rows = store.read_shard(i)
+        rows["score"], rows["answer"] = _score(rows["data_source"], rows["response"], rows["ground_truth"], workers,
+                                               grader)
+        store.write_shard(i, rows)
+    write_json_atomic(store.meta_path, {**meta, "grader": grader})
 
 
 def generate_shards(cfg: EvalConfig, shard_indices: list[int], *, rank: int = 0) -> None:
@@ -222,7 +266,7 @@ def generate_shards(cfg: EvalConfig, shard_indices: list[int], *, rank: int = 0)
                     rows["ground_truth"].append(problems.ground_truths[j])
             scoring_started = time.perf_counter()
             rows["score"], rows["answer"] = _score(rows["data_source"], rows["response"], rows["ground_truth"],
-                                                   cfg.verifier_workers)
+                                                   cfg.verifier_workers, cfg.grader)
             store.write_shard(i, rows)
             store.write_timing(i, {"engine": engine.name, "num_samples": len(rows["response"]),
                                    "generation_seconds": round(generation_seconds, 3),
@@ -269,25 +313,60 @@ def _generate_data_parallel(cfg: EvalConfig, todo: list[int]) -> None:
         raise RuntimeError(f"data-parallel generation failed in {', '.join(failed)}; completed shards are kept")
 
 
-def _read_samples(store: SampleStore, plan, n: int) -> dict[str, dict[str, list]]:
-    """Per problem id: its samples' scores, answers, token counts and truncation flags (checked complete)."""
+def _read_samples(store: SampleStore, plan, n: int, other: str, workers: int | None) -> dict[str, dict[str, list]]:
+    """Per problem id: its samples' scores, answers, token counts, truncation flags (checked complete), and
+    their scores under the `other` grader, computed here from the stored responses."""
+    from repexp import verify
+
+    columns = ["problem_id", "sample_index", "score", "answer", "num_tokens", "finish_reason", "response",
+               "data_source", "ground_truth"]
     per_problem: dict[str, dict[str, list]] = {}
-    for i, idx in enumerate(plan):
-        shard = store.read_shard(i, ["problem_id", "sample_index", "score", "answer", "num_tokens", "finish_reason"])
-        for pid, s, score, answer, tokens, finish in zip(shard["problem_id"], shard["sample_index"], shard["score"],
-                                                         shard["answer"], shard["num_tokens"], shard["finish_reason"]):
-            entry = per_problem.setdefault(pid, {"shard": i, "index": [], "score": [], "answer": [], "tokens": [],
-                                                 "truncated": []})
-            entry["index"].append(s)
-            entry["score"].append(score)
-            entry["answer"].append(answer)
-            entry["tokens"].append(tokens)
-            entry["truncated"].append(finish == "length")
+    with verify.VerifierPool(workers) as pool:  # its processes start on first use: only for big Math-Verify shards
+        for i, idx in enumerate(plan):
+            shard = store.read_shard(i, columns)
+            big = len(shard["response"]) >= verify.MIN_POOL_ITEMS
+            others = verify.score_batch(shard["data_source"], shard["response"], shard["ground_truth"],
+                                        pool=pool if big else None, workers=1, grader=other)
+            for pid, s, score, answer, tokens, finish, other_score in zip(
+                    shard["problem_id"], shard["sample_index"], shard["score"], shard["answer"], shard["num_tokens"],
+                    shard["finish_reason"], others):
+                entry = per_problem.setdefault(pid, {"shard": i, "index": [], "score": [], "answer": [], "tokens": [],
+                                                     "truncated": [], "other": []})
+                entry["index"].append(s)
+                entry["score"].append(score)
+                entry["answer"].append(answer)
+                entry["tokens"].append(tokens)
+                entry["truncated"].append(finish == "length")
+                entry["other"].append(float(other_score))
     return per_problem
 
 
-def _assemble(store, problem_ids, plan, n, metadata, *, ks, maj_draws) -> dict[str, Any]:
-    per_problem = _read_samples(store, plan, n)
+def _grader_keys(ordered: list[dict[str, list]], grader: str, ks) -> dict[str, Any]:
+    """eval.json's `grader`, `graders` (both curves) and `grader_agreement` (per-sample agreement)."""
+    from repexp import passk
+
+    other = other_grader(grader)
+    n = [len(e["score"]) for e in ordered]
+    ks = [int(k) for k in ks] if ks is not None else passk.power_of_two_ks(min(n))
+    own = [sum(e["score"]) for e in ordered]
+    theirs = [sum(e["other"]) for e in ordered]
+    mine_only = sum(int(a == 1 and b == 0) for e in ordered for a, b in zip(e["score"], e["other"]))
+    other_only = sum(int(a == 0 and b == 1) for e in ordered for a, b in zip(e["score"], e["other"]))
+    total = sum(n)
+    return {
+        "grader": grader,
+        "graders": {grader: core.grader_curve(n, own, ks), other: core.grader_curve(n, theirs, ks)},
+        "grader_agreement": {
+            "samples": total,
+            "agree_fraction": (total - mine_only - other_only) / total,
+            f"{grader}_only_correct": mine_only,
+            f"{other}_only_correct": other_only,
+        },
+    }
+
+
+def _assemble(store, problem_ids, plan, n, metadata, *, ks, maj_draws, grader, workers) -> dict[str, Any]:
+    per_problem = _read_samples(store, plan, n, other_grader(grader), workers)
     expected = {problem_ids[int(j)]: i for i, idx in enumerate(plan) for j in idx}
     for pid, shard in expected.items():
         entry = per_problem.get(pid)
@@ -297,6 +376,7 @@ def _assemble(store, problem_ids, plan, n, metadata, *, ks, maj_draws) -> dict[s
     if extra:
         raise ValueError(f"{store.dir}: samples of unknown problems {sorted(extra)[:5]}")
     ordered = [per_problem[pid] for pid in problem_ids]
+    metadata = {**metadata, **_grader_keys(ordered, grader, ks)}
     return core.eval_result(
         problem_ids=problem_ids,
         scores=[e["score"] for e in ordered],
@@ -320,8 +400,12 @@ def _report_throughput(store: SampleStore, num_shards: int) -> None:
               file=sys.stderr)
 
 
-def rescore(out_dir: str | Path, *, ks=None, maj_draws: int = 1000, verifier_workers: int | None = None) -> dict[str, Any]:
-    """Re-verify every stored sample with the current verifier and rewrite the shards' scores and `eval.json`."""
+def rescore(out_dir: str | Path, *, ks=None, maj_draws: int = 1000, verifier_workers: int | None = None,
+            grader: str | None = None) -> dict[str, Any]:
+    """Re-verify every stored sample with the current verifier and rewrite the shards' scores and `eval.json`.
+
+    `grader`: the grader of the rewritten `score` column (default: the one the store was graded with).
+    """
     out_dir = Path(out_dir)
     store = SampleStore(out_dir)
     meta = store.read_meta()
@@ -336,12 +420,15 @@ def rescore(out_dir: str | Path, *, ks=None, maj_draws: int = 1000, verifier_wor
     missing = [i for i in range(len(plan)) if not store.shard_path(i).exists()]
     if missing:
         raise ValueError(f"{store.dir}: shards {missing[:10]} are missing; finish the evaluation before rescoring")
+    grader = check_grader(grader) if grader is not None else stored_grader(meta)
     (out_dir / EVAL_JSON).unlink(missing_ok=True)
     for i in range(len(plan)):
         rows = store.read_shard(i)
         rows["score"], rows["answer"] = _score(rows["data_source"], rows["response"], rows["ground_truth"],
-                                               verifier_workers)
+                                               verifier_workers, grader)
         store.write_shard(i, rows)
+    if stored_grader(meta) != grader:
+        write_json_atomic(store.meta_path, {**meta, "grader": grader})
     metadata = {
         "model_path": gen["model_path"],
         "checkpoint_step": gen["checkpoint_step"],
@@ -355,6 +442,7 @@ def rescore(out_dir: str | Path, *, ks=None, maj_draws: int = 1000, verifier_wor
         "split": meta.get("split"),
         "verifier": _verifier_info(),
     }
-    result = _assemble(store, problem_ids, plan, settings.n, metadata, ks=ks, maj_draws=maj_draws)
+    result = _assemble(store, problem_ids, plan, settings.n, metadata, ks=ks, maj_draws=maj_draws, grader=grader,
+                       workers=verifier_workers)
     write_json_atomic(out_dir / EVAL_JSON, result)
     return result

@@ -4,7 +4,7 @@ TRL calls it once per generation batch (one training step) with every completion
 completions i·n … i·n + n − 1 share a prompt (TRL's RepeatSampler). Per call:
 
 1. decode each completion (special tokens skipped, as in evaluation) and score it with
-   `repexp.verify.score` (0/1);
+   `repexp.verify.score` under the run's grader (0/1);
 2. β > 0 only: mean-pool the frozen representation model's last hidden state over each
    completion (`pooling.completion_features`), project with `repexp.elliptical.sparse_projection`
    (seeded by (seed, step) when `bonus.randomize_projection`, else by seed), and compute the
@@ -182,7 +182,7 @@ class RepExpReward:
         step = 1 if trainer_state is None else trainer_state.global_step // self.optimizer_steps_per_step + 1
         responses = self.tokenizer.batch_decode([list(ids) for ids in completion_ids], skip_special_tokens=True)
         scores = [
-            verify.score(source, response, str(rm["ground_truth"]))
+            verify.score(source, response, str(rm["ground_truth"]), grader=self.cfg.grader)
             for source, response, rm in zip(data_source, responses, reward_model)
         ]
         prompt_keys = None

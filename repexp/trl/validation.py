@@ -4,8 +4,8 @@ Sampling uses HF `generate` at the training temperature/top-p (top-k off), `max_
 new tokens, inside a forked RNG seeded by (seed, step): the result depends only on the model
 and the step, and validation never perturbs the training RNG (so a resumed run matches an
 uninterrupted one). Responses are decoded up to the first EOS with special tokens skipped and
-scored with `repexp.verify.score`; pass@k is the unbiased estimator of `repexp.passk`, averaged
-over problems, for k = 1, 2, 4, … ≤ val_n (and val_n).
+scored with `repexp.verify.score` under the run's grader; pass@k is the unbiased estimator of
+`repexp.passk`, averaged over problems, for k = 1, 2, 4, … ≤ val_n (and val_n).
 """
 
 from __future__ import annotations
@@ -61,8 +61,9 @@ def sample_and_score(
     pad_token_id: int,
     tokenizer: Any,
     seed: int,
+    grader: str = verify.DEFAULT_GRADER,
 ) -> np.ndarray:
-    """Number of correct samples (of n) per problem."""
+    """Number of correct samples (of n) per problem, scored under `grader`."""
     from transformers import GenerationConfig
 
     device = next(model.parameters()).device
@@ -101,7 +102,9 @@ def sample_and_score(
             )
             for i, text in enumerate(texts):  # num_return_sequences rows per prompt, prompt-major
                 problem = chunk[i // n]
-                correct[start + i // n] += int(verify.score(problem.data_source, text, problem.ground_truth) > 0)
+                correct[start + i // n] += int(
+                    verify.score(problem.data_source, text, problem.ground_truth, grader=grader) > 0
+                )
     return correct
 
 
@@ -130,5 +133,6 @@ def validate(model: Any, problems: Sequence[DevProblem], *, step: int, cfg: Any,
         pad_token_id=tokenizer.pad_token_id,
         tokenizer=tokenizer,
         seed=validation_seed(cfg.seed, step),
+        grader=cfg.grader,
     )
     return pass_at_k_metrics(correct, n)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from repexp.config import RunConfig
+from repexp.verl import reward
 
 # The legacy reward keys verl 0.9.1 still accepts but ignores (verl_0_9.md §4), and data keys the
 # reward loop never reads. An override of one of them is a silent no-op, so we refuse them.
@@ -130,9 +131,9 @@ def build_overrides(run_config: RunConfig, *, loggers: Optional[Sequence[str]] =
         ("actor_rollout_ref.rollout.val_kwargs.do_sample", True),
         ("actor_rollout_ref.rollout.val_kwargs.temperature", train.temperature),
         ("actor_rollout_ref.rollout.val_kwargs.top_p", train.top_p),
-        # the one 0/1 verifier for training and dev (repexp.verify)
+        # the one 0/1 verifier for training and dev (repexp.verify), under the run's grader
         ("reward.custom_reward_function.path", REWARD_FUNCTION),
-        ("reward.custom_reward_function.name", "compute_score"),
+        ("reward.custom_reward_function.name", reward.FUNCTION_NAMES[rc.grader]),
         # RepExp: beta = 0 is the GRPO baseline (no representation model is built)
         ("actor_rollout_ref.repexp.beta", float(rc.beta)),
         ("actor_rollout_ref.repexp.alpha", bonus.alpha),

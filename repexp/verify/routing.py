@@ -1,0 +1,93 @@
+"""Which scorer a (data_source, grader) pair gets. Unknown data sources raise ValueError.
+
+Two graders (`GRADERS`, chosen by the pipeline config's `grader` key):
+
+- `repexp` (the default): this package's verifier, one rule per answer family (`family`):
+  GSM8K numbers, MATH-style boxed answers.
+- `paper`: the three scorers the upstream recipe used, routed as its `default_compute_score`
+  routes them (`paper_scorer`): verl's strict `####` scorer for GSM8K, Hendrycks string
+  equivalence for the MATH datasets, Math-Verify over the whole response for DAPO/AIME.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+GRADERS = ("repexp", "paper")
+DEFAULT_GRADER = "repexp"
+
+# answer families of the repexp grader
+GSM8K = "gsm8k"
+MATH = "math"
+
+# scorers of the paper grader
+GSM8K_STRICT = "gsm8k_strict"
+HENDRYCKS = "hendrycks"
+MATH_VERIFY = "math_verify"
+
+_GSM8K_SOURCES = frozenset({"openai/gsm8k", "gsm8k"})
+# The MATH datasets: Hendrycks string equivalence under the paper grader.
+_HENDRYCKS_SOURCES = frozenset(
+    {
+        "DigitalLearningGmbH/MATH-lighteval",
+        "lighteval/MATH",
+        "HuggingFaceH4/MATH-500",
+        "EleutherAI/hendrycks_math",
+        "MATH",
+        "math500",
+    }
+)
+# DAPO and the recipe's generic "math" source: Math-Verify under the paper grader.
+_MATH_VERIFY_SOURCES = frozenset(
+    {
+        "math",
+        "math_dapo",
+        "math_dapo_reasoning",
+        "ftajwar/deduplicated_dapo_dataset",
+        "BytedTsinghua-SIA/DAPO-Math-17k",
+    }
+)
+# Competition sets are routed by name: aime24, aime_2024, MathArena/aime_2024_I,
+# HuggingFaceH4/aime_2024, Maxwell-Jia/AIME_2024, amc23, ...
+_COMPETITION_RE = re.compile(r"(^|/)(aime|amc)", re.IGNORECASE)
+
+
+def check_grader(grader: str) -> str:
+    if grader not in GRADERS:
+        raise ValueError(f"unknown grader {grader!r} (known: {', '.join(GRADERS)})")
+    return grader
+
+
+def _unknown(data_source: str) -> ValueError:
+    known = ", ".join(sorted(_GSM8K_SOURCES | _HENDRYCKS_SOURCES | _MATH_VERIFY_SOURCES))
+    return ValueError(f"unknown data_source {data_source!r}: no verifier for it (known: {known}, aime*, amc*)")
+
+
+@functools.lru_cache(maxsize=256)
+def family(data_source: str) -> str:
+    """The repexp grader's answer family (`"gsm8k"` or `"math"`) of a data_source; ValueError if unknown."""
+    if not isinstance(data_source, str):
+        raise TypeError(f"data_source must be a string, got {type(data_source).__name__}")
+    if data_source in _GSM8K_SOURCES:
+        return GSM8K
+    if data_source in _HENDRYCKS_SOURCES or data_source in _MATH_VERIFY_SOURCES or _COMPETITION_RE.search(data_source):
+        return MATH
+    raise _unknown(data_source)
+
+
+@functools.lru_cache(maxsize=256)
+def paper_scorer(data_source: str) -> str:
+    """The paper grader's scorer (`gsm8k_strict`, `hendrycks` or `math_verify`) of a data_source.
+
+    The recipe's own table: `openai/gsm8k` → strict `####`; `lighteval/MATH`,
+    `DigitalLearningGmbH/MATH-lighteval`, `HuggingFaceH4/MATH-500` → Hendrycks; `math_dapo`,
+    `math`, `math_dapo_reasoning`, `aime*` → Math-Verify. The other names repexp accepts are
+    aliases of one of these datasets and follow it (`amc*` is scored like `aime*`).
+    """
+    fam = family(data_source)  # raises for unknown sources
+    if fam == GSM8K:
+        return GSM8K_STRICT
+    if data_source in _HENDRYCKS_SOURCES:
+        return HENDRYCKS
+    return MATH_VERIFY

@@ -1,0 +1,251 @@
+"""The public scoring functions, routed by grader and data_source.
+
+`grader="repexp"` (default): extract (`extract`), normalise (`normalize`), then decide without
+Math-Verify where possible — equal strings → 1; an integer gold against an answer that is an
+integer once `\\text{}`/`\\textbf{}`/parentheses are peeled → exact integer comparison (`033` = `33`);
+two plain numbers (integers, decimals, `\\frac{a}{b}`, `a/b`), or two tuples, lists or matrices of
+them, or two choice letters → exact comparison (`normalize.exact_value`);
+GSM8K numbers as exact rationals — and otherwise Math-Verify (`compare`).
+
+`grader="paper"`: the recipe's scorers (`paper`), Math-Verify over the whole response for DAPO/AIME.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from repexp.verify import compare, paper
+from repexp.verify.compare import BOXED, DEFAULT_TIMEOUT_S, WHOLE
+from repexp.verify.extract import (
+    MAX_ANSWER_CHARS,
+    answer_value,
+    canonical_number,
+    extract_gsm8k,
+    extract_math,
+    parse_number,
+)
+from repexp.verify.normalize import CHOICE, INTEGER, NUMBER, as_integer, exact_value, normalize_answer, value_side
+from repexp.verify.routing import DEFAULT_GRADER, GSM8K, MATH, check_grader, family
+
+
+def _check_str(name: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, got {type(value).__name__}")
+
+
+def _as_text(name: str, value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)  # integer AIME answers straight from a dataset
+    _check_str(name, value)
+    return value
+
+
+@functools.lru_cache(maxsize=16_384)
+def _gold_key(fam: str, ground_truth: str) -> str:
+    """The canonical gold; ValueError for a gold nothing can ever match."""
+    if fam == GSM8K:
+        value = parse_number(ground_truth.strip().replace("$", ""))
+        if value is None:
+            raise ValueError(f"gsm8k ground_truth {ground_truth!r} is not a number")
+        return canonical_number(value)
+    gold = normalize_answer(ground_truth)
+    if not gold:
+        raise ValueError(f"ground_truth {ground_truth!r} is empty: no answer can match it")
+    return gold
+
+
+def _against(gold: str, answer: str) -> str:
+    """The answer as compared with this gold: an equation's value when the gold is not an equation."""
+    return value_side(answer) if "=" not in gold else answer
+
+
+def _fast_decision(fam: str, gold: str, answer: Optional[str]) -> Optional[float]:
+    """The repexp grader's score when no Math-Verify call is needed, else None."""
+    if answer is None or len(answer) > MAX_ANSWER_CHARS:
+        return 0.0
+    if fam == GSM8K:
+        return 1.0 if parse_number(answer) == parse_number(gold) else 0.0
+    if answer == gold:
+        return 1.0
+    if INTEGER.fullmatch(gold):
+        value = as_integer(answer)
+        if value is not None:  # integer golds (all of AIME): exact, so "033" equals "33"
+            return 1.0 if value == int(gold) else 0.0
+    exact = exact_value(gold)
+    if exact is not None:  # plain numbers, tuples, lists, matrices of them, choice letters: exact
+        value = exact_value(answer)
+        if value is not None:
+            if value[0] == exact[0]:
+                return 1.0 if value[1] == exact[1] else 0.0
+            if {value[0], exact[0]} == {NUMBER, CHOICE}:
+                return 0.0
+    return None
+
+
+def _repexp_decision(fam: str, gold: str, answer: Optional[str], timeout: float) -> tuple[Optional[float], tuple]:
+    """(score, None) when decided here, else (None, the Math-Verify key to run)."""
+    if answer is not None and fam == MATH and len(answer) <= MAX_ANSWER_CHARS:
+        answer = _against(gold, answer)
+    decided = _fast_decision(fam, gold, answer)
+    if decided is not None:
+        return decided, ()
+    return None, (BOXED, gold, answer, float(timeout or 0.0))
+
+
+def extract_answer(data_source: str, response: str, *, grader: str = DEFAULT_GRADER) -> Optional[str]:
+    """The response's final answer in canonical form (the maj@k voting key), or None."""
+    check_grader(grader)
+    fam = family(data_source)
+    _check_str("response", response)
+    if grader == "paper":
+        return paper.paper_answer(data_source, response)
+    return extract_gsm8k(response) if fam == GSM8K else extract_math(response)
+
+
+def score_answer(
+    data_source: str,
+    answer: Optional[str],
+    ground_truth: str,
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    grader: str = DEFAULT_GRADER,
+) -> float:
+    """Score an answer already produced by `extract_answer` (None scores 0).
+
+    For the repexp grader `score(...) == score_answer(..., extract_answer(...), ...)`. For the
+    paper grader the answer is compared as the paper's scorer compares its own extraction (a
+    Math-Verify source: as if the response were `\\boxed{answer}`).
+    """
+    check_grader(grader)
+    fam = family(data_source)
+    ground_truth = _as_text("ground_truth", ground_truth)
+    gold = _gold_key(fam, ground_truth)
+    if answer is None:
+        return 0.0
+    if grader == "paper":
+        scorer = paper.string_scorer(data_source)
+        if scorer is paper.gsm8k_strict:
+            return 1.0 if answer == ground_truth else 0.0
+        if scorer is paper.hendrycks:
+            return 1.0 if paper.hendrycks_equal(answer, ground_truth) else 0.0
+        return compare.cached_run((WHOLE, ground_truth, "\\boxed{" + answer + "}", float(timeout or 0.0)))
+    if len(answer) > MAX_ANSWER_CHARS:
+        return 0.0
+    if fam == MATH:  # canonicalisation is idempotent, so raw answers work too
+        answer = normalize_answer(answer) or None
+    else:
+        value = answer_value(answer)
+        answer = None if value is None else canonical_number(value)
+    decided, key = _repexp_decision(fam, gold, answer, timeout)
+    return decided if decided is not None else compare.cached_run(key)
+
+
+def score(
+    data_source: str,
+    response: str,
+    ground_truth: str,
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    grader: str = DEFAULT_GRADER,
+) -> float:
+    """1.0 if `response`'s final answer equals `ground_truth` for this data_source under `grader`, else 0.0."""
+    check_grader(grader)
+    if grader == "repexp":
+        return score_answer(data_source, extract_answer(data_source, response), ground_truth, timeout=timeout)
+    decided, key = _paper_decision(data_source, response, ground_truth, timeout)
+    return decided if decided is not None else compare.cached_run(key)
+
+
+def _paper_decision(
+    data_source: str, response: str, ground_truth: Any, timeout: float
+) -> tuple[Optional[float], tuple]:
+    fam = family(data_source)
+    _check_str("response", response)
+    ground_truth = _as_text("ground_truth", ground_truth)
+    _gold_key(fam, ground_truth)  # the same input checks as the repexp grader
+    scorer = paper.string_scorer(data_source)
+    if scorer is not None:
+        return scorer(response, ground_truth), ()
+    return None, (WHOLE, ground_truth, response, float(timeout or 0.0))
+
+
+def clear_caches() -> None:
+    """Forget cached comparisons and parses (benchmarks use it to measure cold throughput)."""
+    compare.clear_caches()
+    _gold_key.cache_clear()
+
+
+MIN_POOL_ITEMS = 512  # below this many Math-Verify comparisons, starting processes costs more than it saves
+
+
+def score_batch(
+    data_sources: Sequence[str] | str,
+    responses: Sequence[str],
+    ground_truths: Sequence[str] | str,
+    *,
+    workers: Optional[int] = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    pool: Optional[Any] = None,
+    min_pool_items: int = MIN_POOL_ITEMS,
+    grader: str = DEFAULT_GRADER,
+) -> np.ndarray:
+    """Scores (float64 array of 0/1) for many responses; equal to `[score(...) for ...]`.
+
+    Answers are extracted in this process; only distinct Math-Verify keys are run (a key is a
+    (gold, answer) pair for the repexp grader, a (gold, response) pair for the paper's
+    Math-Verify scorer), in a process pool when there are at least `min_pool_items` of them
+    (or always with a warm `pool`, a `VerifierPool`), else in-process.
+    `data_sources` / `ground_truths` may be a single string for all responses.
+    """
+    from repexp.verify.pool import VerifierPool, default_workers
+
+    check_grader(grader)
+    n = len(responses)
+    if isinstance(data_sources, str):
+        data_sources = [data_sources] * n
+    if isinstance(ground_truths, str):
+        ground_truths = [ground_truths] * n
+    if len(data_sources) != n or len(ground_truths) != n:
+        raise ValueError(
+            f"score_batch: {len(data_sources)} data_sources, {n} responses and {len(ground_truths)} ground_truths; "
+            "lengths must match"
+        )
+    scores = np.zeros(n, dtype=np.float64)
+    pending: dict[tuple, list[int]] = {}
+    for i, (source, response, truth) in enumerate(zip(data_sources, responses, ground_truths)):
+        truth = _as_text(f"ground_truths[{i}]", truth)
+        _check_str(f"responses[{i}]", response)
+        if grader == "paper":
+            decided, key = _paper_decision(source, response, truth, timeout)
+        else:
+            fam = family(source)
+            gold = _gold_key(fam, truth)
+            answer = extract_gsm8k(response) if fam == GSM8K else extract_math(response)
+            decided, key = _repexp_decision(fam, gold, answer, timeout)
+        if decided is not None:
+            scores[i] = decided
+            continue
+        cached = compare.RESULTS.get(key) if key[0] == BOXED else None
+        if cached is not None:
+            scores[i] = cached
+        else:
+            pending.setdefault(key, []).append(i)
+    if not pending:
+        return scores
+    keys = list(pending)
+    n_workers = pool.workers if pool is not None else (default_workers() if workers is None else int(workers))
+    if pool is not None and n_workers > 1 and len(keys) >= 2 * n_workers:
+        values = pool.map_keys(keys)
+    elif pool is None and n_workers > 1 and len(keys) >= min_pool_items:
+        with VerifierPool(n_workers, timeout=timeout) as temporary:
+            values = temporary.map_keys(keys)
+    else:
+        values = [compare.run_key(key) for key in keys]
+    for key, value in zip(keys, values):
+        if key[0] == BOXED:
+            compare.RESULTS.put(key, value)
+        scores[pending[key]] = value
+    return scores
