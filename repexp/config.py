@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 from repexp.verify.routing import DEFAULT_GRADER, GRADERS
 
-TASKS = ("math", "gsm8k", "aime24", "dapo-with-aime24")
+TASKS = ("math", "gsm8k", "aime24", "dapo-with-aime24", "arith")
 BACKENDS = ("trl", "verl")
 METHODS = ("repexp", "grpo", "base")
 REWARD_TYPES = ("leverage", "leave_one_out")

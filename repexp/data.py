@@ -37,9 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from repexp import arith
 from repexp import splits as sp
 
-TASKS = ("math", "gsm8k", "aime24", "dapo-with-aime24")
+TASKS = ("math", "gsm8k", "aime24", "dapo-with-aime24", "arith")
 SPLITS = ("train", "dev", "test")
 
 # Upstream instruction suffixes (the prompt is question + " " + suffix, one user turn).
@@ -51,6 +52,7 @@ MATH_DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
 GSM8K_DATA_SOURCE = "openai/gsm8k"
 AIME_DATA_SOURCE = "aime24"
 DAPO_DATA_SOURCE = "math_dapo"
+ARITH_DATA_SOURCE = "repexp/arith"  # built in (repexp.arith); routes to repexp.verify's arith family
 
 DAPO_HF_ID = "ftajwar/deduplicated_dapo_dataset"
 HF = "hf"
@@ -228,7 +230,7 @@ def load_hf(names: Sequence[str], loader: Callable[[str, Optional[str], str], li
 @dataclass
 class Problem:
     problem_id: str
-    source: str  # math | gsm8k | aime24 | dapo
+    source: str  # math | gsm8k | aime24 | dapo | arith
     source_split: str
     index: int  # row index in the source split (upstream's extra_info.index)
     question: str
@@ -378,6 +380,8 @@ def tables_needed(task: str, options: Options) -> list[str]:
         return ["dapo" if options.aime_train == "dapo" else "math_train", "aime24"]
     if task == "dapo-with-aime24":
         return ["dapo", "aime24"]
+    if task == "arith":
+        return []  # generated (repexp.arith): no source files
     raise DataError(f"unknown task {task!r} (choose from {', '.join(TASKS)})")
 
 
@@ -418,6 +422,11 @@ def build(task: str, tables: dict[str, RawTable], options: Options) -> Prepared:
         if wants_dapo and "dapo" not in tables:
             _missing_dapo()
         train = dapo_problems(tables["dapo"]) if wants_dapo else math_problems(tables["math_train"], "train")
+    elif task == "arith":
+        generated = {name: [arith_problem(q) for q in questions] for name, questions in arith.split(options.seed).items()}
+        train, dev, test = generated["train"], generated["dev"], generated["test"]
+        dev_equals_test = False
+        notes.append(f"generated: {len(train)} train, {len(dev)} dev, {len(test)} test questions (repexp.arith)")
     else:
         raise DataError(f"unknown task {task!r} (choose from {', '.join(TASKS)})")
 
@@ -467,10 +476,24 @@ def instruction_for(problem: Problem) -> str:
     return GSM8K_INSTRUCTION if problem.source == "gsm8k" else MATH_INSTRUCTION
 
 
+def arith_problem(question: arith.Question) -> Problem:
+    return Problem(f"arith/{question.index}", "arith", "generated", question.index, question.text,
+                   str(question.answer), ARITH_DATA_SOURCE)
+
+
+def chat_prompt(problem: Problem) -> list[dict]:
+    """The prompt as chat messages: question + instruction in one user turn; the built-in arithmetic
+    task puts its instruction in a short system turn instead (it replaces the chat template's default
+    system prompt, which would be most of the prompt's tokens)."""
+    if problem.source == "arith":
+        return [{"role": "system", "content": arith.SYSTEM_PROMPT}, {"role": "user", "content": problem.question}]
+    return [{"role": "user", "content": f"{problem.question} {instruction_for(problem)}"}]
+
+
 def verl_row(problem: Problem, split: str) -> dict:
     return {
         "data_source": problem.data_source,
-        "prompt": [{"role": "user", "content": f"{problem.question} {instruction_for(problem)}"}],
+        "prompt": chat_prompt(problem),
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": problem.ground_truth},
         "extra_info": {
@@ -543,7 +566,10 @@ def load_tables(task: str, source: str, options: Options, dapo_source: Optional[
     names = tables_needed(task, options)
     dapo = resolve_dapo(task, options, dapo_source)
     local_names = [n for n in names if n != "dapo"]
-    tables = load_hf(local_names) if source == HF else load_local(local_names, Path(source), None)
+    if not local_names:
+        tables = {}  # a generated task reads no source
+    else:
+        tables = load_hf(local_names) if source == HF else load_local(local_names, Path(source), None)
     if dapo is not None:
         tables.update(load_hf(["dapo"]) if dapo == HF else {"dapo": load_dapo_file(Path(dapo))})
     return tables
@@ -604,7 +630,7 @@ def prepare(
         "dev_equals_test": prepared.dev_equals_test,
         "dropped": prepared.dropped,
         "notes": prepared.notes,
-        "instruction": GSM8K_INSTRUCTION if task == "gsm8k" else MATH_INSTRUCTION,
+        "instruction": {"gsm8k": GSM8K_INSTRUCTION, "arith": arith.SYSTEM_PROMPT}.get(task, MATH_INSTRUCTION),
         "versions": {"repexp": __version__, "pyarrow": pyarrow.__version__},
     }
     write_json_atomic(out_dir / "manifest.json", manifest)

@@ -13,7 +13,8 @@ from repexp.io import atomic_path
 
 HEADLINE_K = 256
 DPI = 200
-TASK_TITLES = {"math": "MATH", "gsm8k": "GSM8K", "aime24": "AIME 2024", "dapo-with-aime24": "AIME 2024 (DAPO train)"}
+TASK_TITLES = {"math": "MATH", "gsm8k": "GSM8K", "aime24": "AIME 2024", "dapo-with-aime24": "AIME 2024 (DAPO train)",
+               "arith": "Arithmetic (built-in)"}
 # upstream plot_pass_at_k.py: GRPO = deep[-1], base = deep[7], RepExp = colorblind[2]; further RepExp
 # points take other colourblind-safe colours (and markers) so they stay distinguishable
 GRPO_COLOR = "#64b5cd"

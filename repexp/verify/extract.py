@@ -19,6 +19,11 @@ quantity (`#### 18 dollars and 50 cents`) states no single number. Markdown head
 are not answers: `#### Step 3: add them`, `#### Note:`, `#### 2. Compute the
 total` (a numbered heading: number, `.` or `)`, then words) are skipped, so `#### 18` followed by
 `#### Note:` gives 18 and `#### Step 3: …` before `\\boxed{18}` gives 18.
+
+Arith family (the built-in arithmetic task, short answers from small models): the GSM8K rule, else
+the **last number written anywhere in the response** (`The answer is 12.` gives 12). Lenient on
+purpose: the task measures whether a small model computes the value, not whether it follows a
+format; docs/data.md says so.
 """
 
 from __future__ import annotations
@@ -215,3 +220,17 @@ def extract_gsm8k(response: str) -> Optional[str]:
         if value is not None:
             return canonical_number(value)
     return None
+
+
+_ANY_NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")
+ARITH_TAIL_CHARS = 2_000  # the answer is near the end; bounded work on long responses
+
+
+def extract_last_number(response: str) -> Optional[str]:
+    """The arith family's answer: the GSM8K rule (`####` line, box), else the response's last number."""
+    marked = extract_gsm8k(response)
+    if marked is not None:
+        return marked
+    found = _ANY_NUMBER.findall(response[-ARITH_TAIL_CHARS:])
+    value = parse_number(found[-1]) if found else None
+    return None if value is None else canonical_number(value)

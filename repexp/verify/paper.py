@@ -22,8 +22,8 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from repexp.verify.extract import closing_brace, extract_math
-from repexp.verify.routing import GSM8K_STRICT, HENDRYCKS, MATH_VERIFY, paper_scorer
+from repexp.verify.extract import canonical_number, closing_brace, extract_last_number, extract_math, parse_number
+from repexp.verify.routing import GSM8K_STRICT, HENDRYCKS, LAST_NUMBER, MATH_VERIFY, paper_scorer
 
 # --------------------------------------------------------------------------- GSM8K, strict
 
@@ -173,7 +173,13 @@ def hendrycks_answer(response: str) -> Optional[str]:
 def string_scorer(data_source: str):
     """The paper's scorer for a data_source when it is a pure string function, else None (Math-Verify)."""
     kind = paper_scorer(data_source)
-    return {GSM8K_STRICT: gsm8k_strict, HENDRYCKS: hendrycks, MATH_VERIFY: None}[kind]
+    return {GSM8K_STRICT: gsm8k_strict, HENDRYCKS: hendrycks, MATH_VERIFY: None, LAST_NUMBER: last_number}[kind]
+
+
+def last_number(response: str, ground_truth: str) -> float:
+    """The built-in arithmetic task has no paper scorer: both graders use the repexp rule."""
+    answer, gold = extract_last_number(response), parse_number(ground_truth.strip())
+    return 1.0 if answer is not None and gold is not None and answer == canonical_number(gold) else 0.0
 
 
 def paper_answer(data_source: str, response: str) -> Optional[str]:
@@ -188,4 +194,6 @@ def paper_answer(data_source: str, response: str) -> Optional[str]:
         return gsm8k_strict_answer(response)
     if kind == HENDRYCKS:
         return hendrycks_answer(response)
+    if kind == LAST_NUMBER:
+        return extract_last_number(response)
     return extract_math(response)

@@ -3,10 +3,12 @@
 Two graders (`GRADERS`, chosen by the pipeline config's `grader` key):
 
 - `repexp` (the default): this package's verifier, one rule per answer family (`family`):
-  GSM8K numbers, MATH-style boxed answers.
+  GSM8K numbers, MATH-style boxed answers, and the built-in arithmetic task's plain numbers.
 - `paper`: the three scorers the upstream recipe used, routed as its `default_compute_score`
   routes them (`paper_scorer`): verl's strict `####` scorer for GSM8K, Hendrycks string
-  equivalence for the MATH datasets, Math-Verify over the whole response for DAPO/AIME.
+  equivalence for the MATH datasets, Math-Verify over the whole response for DAPO/AIME. The
+  built-in arithmetic task (`repexp/arith`, not part of the paper) is scored by the repexp rule
+  under both graders.
 """
 
 from __future__ import annotations
@@ -20,11 +22,16 @@ DEFAULT_GRADER = "repexp"
 # answer families of the repexp grader
 GSM8K = "gsm8k"
 MATH = "math"
+ARITH = "arith"  # the built-in arithmetic task: the last number of the response (docs/data.md)
+NUMERIC_FAMILIES = (GSM8K, ARITH)  # golds and answers are exact rationals
 
 # scorers of the paper grader
 GSM8K_STRICT = "gsm8k_strict"
 HENDRYCKS = "hendrycks"
 MATH_VERIFY = "math_verify"
+LAST_NUMBER = "last_number"  # arith under either grader
+
+ARITH_DATA_SOURCE = "repexp/arith"
 
 _GSM8K_SOURCES = frozenset({"openai/gsm8k", "gsm8k"})
 # The MATH datasets: Hendrycks string equivalence under the paper grader.
@@ -60,17 +67,19 @@ def check_grader(grader: str) -> str:
 
 
 def _unknown(data_source: str) -> ValueError:
-    known = ", ".join(sorted(_GSM8K_SOURCES | _HENDRYCKS_SOURCES | _MATH_VERIFY_SOURCES))
+    known = ", ".join(sorted(_GSM8K_SOURCES | _HENDRYCKS_SOURCES | _MATH_VERIFY_SOURCES | {ARITH_DATA_SOURCE}))
     return ValueError(f"unknown data_source {data_source!r}: no verifier for it (known: {known}, aime*, amc*)")
 
 
 @functools.lru_cache(maxsize=256)
 def family(data_source: str) -> str:
-    """The repexp grader's answer family (`"gsm8k"` or `"math"`) of a data_source; ValueError if unknown."""
+    """The repexp grader's answer family (`"gsm8k"`, `"math"` or `"arith"`) of a data_source; ValueError if unknown."""
     if not isinstance(data_source, str):
         raise TypeError(f"data_source must be a string, got {type(data_source).__name__}")
     if data_source in _GSM8K_SOURCES:
         return GSM8K
+    if data_source == ARITH_DATA_SOURCE:
+        return ARITH
     if data_source in _HENDRYCKS_SOURCES or data_source in _MATH_VERIFY_SOURCES or _COMPETITION_RE.search(data_source):
         return MATH
     raise _unknown(data_source)
@@ -88,6 +97,8 @@ def paper_scorer(data_source: str) -> str:
     fam = family(data_source)  # raises for unknown sources
     if fam == GSM8K:
         return GSM8K_STRICT
+    if fam == ARITH:
+        return LAST_NUMBER
     if data_source in _HENDRYCKS_SOURCES:
         return HENDRYCKS
     return MATH_VERIFY

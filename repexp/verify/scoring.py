@@ -24,11 +24,12 @@ from repexp.verify.extract import (
     answer_value,
     canonical_number,
     extract_gsm8k,
+    extract_last_number,
     extract_math,
     parse_number,
 )
 from repexp.verify.normalize import CHOICE, INTEGER, NUMBER, as_integer, exact_value, normalize_answer, value_side
-from repexp.verify.routing import DEFAULT_GRADER, GSM8K, MATH, check_grader, family
+from repexp.verify.routing import ARITH, DEFAULT_GRADER, GSM8K, MATH, NUMERIC_FAMILIES, check_grader, family
 
 
 def _check_str(name: str, value: Any) -> None:
@@ -46,10 +47,10 @@ def _as_text(name: str, value: Any) -> str:
 @functools.lru_cache(maxsize=16_384)
 def _gold_key(fam: str, ground_truth: str) -> str:
     """The canonical gold; ValueError for a gold nothing can ever match."""
-    if fam == GSM8K:
+    if fam in NUMERIC_FAMILIES:
         value = parse_number(ground_truth.strip().replace("$", ""))
         if value is None:
-            raise ValueError(f"gsm8k ground_truth {ground_truth!r} is not a number")
+            raise ValueError(f"{fam} ground_truth {ground_truth!r} is not a number")
         return canonical_number(value)
     gold = normalize_answer(ground_truth)
     if not gold:
@@ -66,7 +67,7 @@ def _fast_decision(fam: str, gold: str, answer: Optional[str]) -> Optional[float
     """The repexp grader's score when no Math-Verify call is needed, else None."""
     if answer is None or len(answer) > MAX_ANSWER_CHARS:
         return 0.0
-    if fam == GSM8K:
+    if fam in NUMERIC_FAMILIES:
         return 1.0 if parse_number(answer) == parse_number(gold) else 0.0
     if answer == gold:
         return 1.0
@@ -102,7 +103,15 @@ def extract_answer(data_source: str, response: str, *, grader: str = DEFAULT_GRA
     _check_str("response", response)
     if grader == "paper":
         return paper.paper_answer(data_source, response)
-    return extract_gsm8k(response) if fam == GSM8K else extract_math(response)
+    return _extract(fam, response)
+
+
+def _extract(fam: str, response: str) -> Optional[str]:
+    if fam == GSM8K:
+        return extract_gsm8k(response)
+    if fam == ARITH:
+        return extract_last_number(response)
+    return extract_math(response)
 
 
 def score_answer(
@@ -131,6 +140,8 @@ def score_answer(
             return 1.0 if answer == ground_truth else 0.0
         if scorer is paper.hendrycks:
             return 1.0 if paper.hendrycks_equal(answer, ground_truth) else 0.0
+        if scorer is paper.last_number:
+            return 1.0 if answer == gold else 0.0
         return compare.cached_run((WHOLE, ground_truth, "\\boxed{" + answer + "}", float(timeout or 0.0)))
     if len(answer) > MAX_ANSWER_CHARS:
         return 0.0
@@ -223,7 +234,7 @@ def score_batch(
         else:
             fam = family(source)
             gold = _gold_key(fam, truth)
-            answer = extract_gsm8k(response) if fam == GSM8K else extract_math(response)
+            answer = _extract(fam, response)
             decided, key = _repexp_decision(fam, gold, answer, timeout)
         if decided is not None:
             scores[i] = decided
