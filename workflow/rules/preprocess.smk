@@ -2,6 +2,8 @@
 
 
 rule preprocess:
+    input:
+        preprocess_inputs,  # the hub tables (download_data) when data.source or data.dapo_source is hf
     output:
         train=data_file("train"),
         dev=data_file("dev"),
@@ -13,7 +15,6 @@ rule preprocess:
         log_path("preprocess", "{task}"),
     benchmark:
         benchmark_path("preprocess", "{task}")
-    retries: 1  # `source: hf` downloads; a transient network error can pass on retry
     threads: rule_threads("preprocess")
     resources:
         **rule_resources("preprocess"),
