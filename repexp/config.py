@@ -552,6 +552,12 @@ def _check_verl(cfg: PipelineConfig, task: str, train: TrainConfig, repexp_runs:
     if res.gpu and verl.n_gpus_per_node != res.gpu:
         raise ConfigError(f"resources.train.gpu: {res.gpu} differs from {key('n_gpus_per_node')} "
                           f"{verl.n_gpus_per_node} (task {task})")
+    if verl.ray_num_cpus is not None and res.nodes > 1:
+        raise ConfigError(f"{key('ray_num_cpus')}: must be null for multi-node training: ray_slurm.sh starts Ray "
+                          "with resources.train.cpus_per_task per node and verl joins that cluster")
+    if verl.ray_num_cpus is not None and verl.ray_num_cpus > res.cpus_per_task:
+        raise ConfigError(f"{key('ray_num_cpus')}: {verl.ray_num_cpus} exceeds the {res.cpus_per_task} CPUs of "
+                          "resources.train.cpus_per_task")
     gpus = verl.n_gpus_per_node * verl.nnodes
     if gpus % verl.rollout_tensor_parallel_size:
         raise ConfigError(f"{key('rollout_tensor_parallel_size')}: {verl.rollout_tensor_parallel_size} does not "
