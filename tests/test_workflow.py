@@ -392,6 +392,29 @@ def dry_paper(workdir: Path, *overrides: str) -> tuple[dict[str, int], str]:
     return job_counts(proc), proc.stdout + proc.stderr
 
 
+def test_hub_downloads_feed_every_job_with_local_paths(finished_paper, tmp_path_factory):
+    """The paper's hub model and hub datasets are fetched by the two download localrules; every
+    preprocess, train and base-eval job depends on those local copies, and the config snapshot
+    that jobs read names local paths only (no hub id, no `hf`)."""
+    proc, workdir = paper_dry_run("slurm", tmp_path_factory)
+    text = proc.stdout + proc.stderr
+    hub_dir = "results/models/hub/Qwen--Qwen2.5-7B-Instruct"
+    for rule in ("train", "preprocess"):
+        blocks = re.findall(rf"^rule {rule}:\n(.*?)(?:\n\n|\Z)", text, re.S | re.M)
+        needed = hub_dir if rule == "train" else "results/downloads/data/"
+        assert blocks and all(needed in block.split("output:")[0] for block in blocks), rule
+    base_evals = [b for b in re.findall(r"^rule eval:\n(.*?)(?:\n\n|\Z)", text, re.S | re.M) if "run=base" in b]
+    assert len(base_evals) == 3 and all(hub_dir in block for block in base_evals)
+
+    (snapshot,) = (finished_paper / "results" / "config").glob("repexp-paper-*.yaml")
+    cfg = C.load(snapshot)  # paths as jobs see them: relative to the workdir, where results_dir lies
+    assert cfg.model == hub_dir and cfg.results_dir == "results"
+    assert (cfg.data.source, cfg.data.dapo_source) == ("results/downloads/data", "results/downloads/data/dapo")
+    for spec in C.sweep_runs(cfg):
+        run = C.compose(cfg, spec)
+        assert run.model == hub_dir and run.data_dir.startswith("results/data/")
+
+
 def test_both_profiles_rerun_on_the_same_triggers():
     triggers = {name: yaml.safe_load((REPO / "workflow" / "profiles" / name / "profile.yaml").read_text())["rerun-triggers"]
                 for name in ("local", "slurm")}
