@@ -1,10 +1,15 @@
-"""Best-dev checkpoint tracking and selection (`repexp select`), shared by both trainer backends.
+"""Checkpoints of a training run, shared by both trainer backends: best-dev tracking and selection
+(`repexp select`), the wall-clock training budget, retention, and the `DONE` marker.
 
 `best_dev.json` (in the training run directory) is rewritten atomically after every
 validation and every checkpoint save. It only ever points at a step whose checkpoint
 is complete, so a crash between validation and save cannot select a missing or
 partial checkpoint. Step 0 (the initial model) is recorded in the history for
 comparison but is never selectable: it has no checkpoint.
+
+`TrainingBudget` (`train.max_hours`) counts training time over all attempts through the
+`budget.json` each checkpoint carries; `prune_checkpoints` (`train.max_checkpoints_to_keep`)
+keeps the newest checkpoints whole and the best-dev one without its resume-only files.
 """
 
 from __future__ import annotations

@@ -75,8 +75,7 @@ def slurm_settings(cfg):
             raise C.ConfigError(f"{variable}: {value!r} is not a SLURM account or partition name"
                                 + (" (an unexpanded shell variable?)" if "$" in value else ""))
         settings[name] = value or None
-    gpu_rules = [rule for rule in ("train", "eval", "merge", "preprocess", "model")
-                 if C.rule_resources(cfg, rule).gpu > 0]
+    gpu_rules = [rule for rule in C.RULES if C.rule_resources(cfg, rule).gpu > 0]
     if settings["partition"] and not settings["gpu_partition"] and gpu_rules:
         raise C.ConfigError(
             f"{SLURM_VARIABLES['gpu_partition']}: not set, but {SLURM_VARIABLES['partition']}="
