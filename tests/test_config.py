@@ -378,7 +378,8 @@ def test_runtime_settings_are_marked_in_the_dataclasses():
     runtime = {f"{section.__name__}.{f.name}" for section in (C.TrainConfig, C.VerlConfig, C.TrlConfig, C.BonusConfig)
                for f in dataclasses.fields(section) if f.metadata.get("runtime")}
     assert runtime == {
-        "TrainConfig.max_checkpoints_to_keep", "VerlConfig.ray_num_cpus", "VerlConfig.log_prob_micro_batch_size_per_gpu",
+        "TrainConfig.max_checkpoints_to_keep", "VerlConfig.ray_num_cpus",
+        "VerlConfig.log_prob_micro_batch_size_per_gpu",
         "VerlConfig.repexp_micro_batch_size_per_gpu", "TrlConfig.eval_batch_size", "TrlConfig.gradient_checkpointing",
         "TrlConfig.bonus_micro_batch_size", "TrlConfig.num_threads"}
 

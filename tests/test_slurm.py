@@ -80,7 +80,8 @@ def test_pipeline_end_to_end_through_slurm_matches_the_local_run(cluster, tmp_pa
     workdir = tmp_path
     fx.isolated_config(workdir)
     # Account and partitions come from the REPEXP_SLURM_* variables (docs/slurm.md); no account here.
-    env = cluster.env(fx.quiet_env(REPEXP_SLURM_PARTITION=harness.PARTITION, REPEXP_SLURM_GPU_PARTITION=harness.PARTITION))
+    env = cluster.env(fx.quiet_env(REPEXP_SLURM_PARTITION=harness.PARTITION,
+                                   REPEXP_SLURM_GPU_PARTITION=harness.PARTITION))
     cmd = [
         *fx.snakemake_cmd(workdir, "all", profile="slurm"),
         # no slurmdbd on the test cluster: poll with squeue (docs/slurm.md), first poll after 5 s

@@ -83,7 +83,8 @@ def test_two_node_train_resources_start_one_ray_cluster_over_both_nodes(two_node
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     log = tmp_path / "ray_probe.log"
-    assert proc.returncode == 0, f"{fx.output_tail(proc)}\n{log.read_text() if log.exists() else ''}\n{two_nodes.diagnostics()}"
+    job_log = log.read_text() if log.exists() else ""
+    assert proc.returncode == 0, f"{fx.output_tail(proc)}\n{job_log}\n{two_nodes.diagnostics()}"
     print(f"2-node Ray probe through SLURM: {time.monotonic() - started:.0f} s")
 
     probe = json.loads((tmp_path / "ray_probe.json").read_text())

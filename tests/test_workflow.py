@@ -416,7 +416,8 @@ def test_hub_downloads_feed_every_job_with_local_paths(finished_paper, tmp_path_
 
 
 def test_both_profiles_rerun_on_the_same_triggers():
-    triggers = {name: yaml.safe_load((REPO / "workflow" / "profiles" / name / "profile.yaml").read_text())["rerun-triggers"]
+    profiles = REPO / "workflow" / "profiles"
+    triggers = {name: yaml.safe_load((profiles / name / "profile.yaml").read_text())["rerun-triggers"]
                 for name in ("local", "slurm")}
     assert triggers["local"] == triggers["slurm"] == ["mtime", "input", "params"]
 
