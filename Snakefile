@@ -35,7 +35,11 @@ try:
     PARSED_CONFIG = C.parse_files(config, workflow.configfiles)
 except C.ConfigError as err:
     raise ValueError(f"config error: {err}") from None
-validate(C.as_dict(PARSED_CONFIG), "configs/schema.yaml")
+# From here on `config` is the parsed config: every key present with its default, numbers as
+# numbers, the `set=` overrides applied (rules read the job-path version, CFG, from common.smk).
+config.clear()
+config.update(C.as_dict(PARSED_CONFIG))
+validate(config, "configs/schema.yaml")
 
 
 report: "workflow/report/workflow.rst"

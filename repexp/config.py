@@ -846,8 +846,9 @@ def resolve_model(cfg: PipelineConfig) -> str:
     return cfg.model
 
 
-def compose(cfg: PipelineConfig, spec: RunSpec) -> RunConfig:
-    """The resolved config of one sweep point (defaults ← file ← task overrides ← wildcards)."""
+def compose(cfg: PipelineConfig, spec: RunSpec, *, cfg_hash: Optional[str] = None) -> RunConfig:
+    """The resolved config of one sweep point (defaults ← file ← task overrides ← wildcards).
+    `cfg_hash`: `config_hash(cfg)` when the caller has it (the workflow composes hundreds of jobs)."""
     if spec.task not in cfg.sweep.tasks:
         raise ConfigError(f"sweep.tasks: {spec.task} is not part of this config")
     seed = spec.seed if spec.seed is not None else cfg.sweep.seeds[0]
@@ -874,7 +875,7 @@ def compose(cfg: PipelineConfig, spec: RunSpec) -> RunConfig:
         trl=task_section(cfg, spec.task, "trl"),
         tracking=copy.deepcopy(cfg.tracking),
         config_name=cfg.name,
-        config_hash=config_hash(cfg),
+        config_hash=cfg_hash or config_hash(cfg),
     )
 
 

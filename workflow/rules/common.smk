@@ -300,7 +300,7 @@ def run_spec(task, run):
 
 @functools.lru_cache(maxsize=None)
 def run_config(task, run):
-    return C.compose(CFG, run_spec(task, run))
+    return C.compose(CFG, run_spec(task, run), cfg_hash=CONFIG_HASH)
 
 
 def training_hash(wildcards):
