@@ -508,7 +508,9 @@ def check_bonus(bonus: BonusConfig, where: str = "bonus") -> None:
 def check_tracking_uri(uri: Optional[str], key: str = "tracking.tracking_uri") -> None:
     if uri is None:
         return
-    scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else uri.split(":", 1)[0].lower()
+    if uri == "databricks":  # MLflow's shorthand for the default Databricks profile
+        return
+    scheme = uri.split(":", 1)[0].split("+", 1)[0].lower()  # postgresql+psycopg2://... names a driver
     if scheme not in TRACKING_SCHEMES or ":" not in uri:
         raise ConfigError(f"{key}: {uri!r} has no known scheme (use one of {', '.join(TRACKING_SCHEMES)}, "
                           "e.g. http://HOST:PORT or sqlite:///PATH)")
