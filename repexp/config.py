@@ -332,6 +332,26 @@ def _omegaconf_error(err: Exception, prefix: str = "") -> ConfigError:
     return ConfigError(f"{key or '<root>'}: {message}")
 
 
+def _check_sections(cls: type, raw: Any, prefix: str = "") -> None:
+    """Sections must be mappings: OmegaConf's merge error for `eval: [1, 2]` names no key."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{prefix.rstrip('.') or '<root>'}: expected a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    for name, value in raw.items():
+        tp = hints.get(name)
+        if tp is None or value is None:
+            continue
+        if dataclasses.is_dataclass(tp):
+            _check_sections(tp, value, f"{prefix}{name}.")
+        elif typing.get_origin(tp) is dict:
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{prefix}{name}: expected a mapping, got {value!r}")
+            item = typing.get_args(tp)[1]
+            for key, sub in value.items():
+                if dataclasses.is_dataclass(item) and sub is not None:
+                    _check_sections(item, sub, f"{prefix}{name}.{key}.")
+
+
 def _structured(obj: Any) -> Any:
     from omegaconf import OmegaConf
 
@@ -361,6 +381,7 @@ def parse(raw: Mapping, *, overrides: Sequence[str] = ()) -> PipelineConfig:
         raise ConfigError("<root>: the config must be a mapping")
     raw = dict(raw)
     dotlist = [*split_overrides(raw.pop(OVERRIDES_KEY, None)), *overrides]
+    _check_sections(PipelineConfig, raw)
     try:
         node = OmegaConf.merge(_structured(PipelineConfig), raw)
     except OmegaConfBaseException as err:

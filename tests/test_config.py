@@ -148,6 +148,8 @@ BROKEN = {
                                             "tracking.tracking_uri", False),
     "tracking URI that is a bare path": ({"tracking": {"tracking_uri": "results/mlruns"}},
                                          "tracking.tracking_uri", False),
+    "a section that is not a mapping": ({"eval": [1, 2]}, "eval", True),
+    "resources of a rule that are not a mapping": ({"resources": {"train": 3}}, "resources.train", True),
     "override of a task field with the wrong type": (
         {"task_overrides": {"gsm8k": {"train": {"lr": "fast"}}}}, "task_overrides.gsm8k.train.lr", False),
 }
