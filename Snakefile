@@ -28,7 +28,7 @@ if not workflow.overwrite_configfiles:
 #    merged into the OmegaConf structured config of repexp/config.py's dataclasses, with the
 #    `--config set="a.b=1 c.d=[1,2]"` dotlist applied; strings become numbers where the schema
 #    says so (`lr: 1e-5`, Snakemake's string-valued --config);
-# 2. per-field rules (ranges, enums, unknown rule or task names): the JSON schema generated
+# 2. per-field rules (ranges, enums, patterns): the JSON schema generated
 #    from the same dataclasses, on the parsed config;
 # 3. cross-field rules, trainer and scheduler consistency, local paths (common.smk).
 try:

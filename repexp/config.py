@@ -961,9 +961,7 @@ def _schema_for(tp: Any, meta: Mapping) -> dict:
         sub = {**out, "type": "object"}
         if dataclasses.is_dataclass(value):
             sub["additionalProperties"] = json_schema(value)
-        if "keys" in meta:
-            sub["propertyNames"] = {"enum": list(meta["keys"])}
-        return sub
+        return sub  # the names (`keys` metadata: rules, tasks) are checked by `check`, naming the key
     out["type"] = {bool: "boolean", int: "integer", float: "number", str: "string"}[tp]
     for key in ("enum", "minimum", "exclusiveMinimum", "maximum", "pattern"):
         if key in meta:
