@@ -3,11 +3,15 @@
 #   snakemake --profile slurm all                                    # the paper (configs/paper.yaml)
 #   snakemake --profile local --configfile configs/local.yaml all    # the README run, on a CPU
 #   snakemake --configfile configs/test.yaml --cores 2 all           # CI
+#   snakemake ... all --config set="sweep.betas=[0.01,0.02] train.lr=2e-6"   # nested overrides
 #
-# preprocess(task) -> train -> select -> merge (verl) -> eval(test) -> aggregate -> figures.
+# download (hub ids, on the submit host) -> preprocess(task) -> train -> select -> merge (verl)
+# -> eval(test) -> aggregate -> figures.
 # This file only configures and includes; Python helpers live in workflow/rules/common.smk.
 
 from snakemake.utils import min_version, validate
+
+from repexp import config as C
 
 min_version("9.0")
 
@@ -19,8 +23,22 @@ if not workflow.overwrite_configfiles:
     configfile: Path(workflow.basedir, "configs", "paper.yaml")
 
 
-# Per-field rules (types, ranges, unknown keys) first, then the cross-field rules
-# (repexp.config.load in common.smk): both fail before any job is scheduled, naming the key.
+# Three checks, all before any job is scheduled, each naming the key (or file):
+# 1. structure and types: the config files re-read strictly (a repeated key is an error), then
+#    merged into the OmegaConf structured config of repexp/config.py's dataclasses, with the
+#    `--config set="a.b=1 c.d=[1,2]"` dotlist applied; strings become numbers where the schema
+#    says so (`lr: 1e-5`, Snakemake's string-valued --config);
+# 2. per-field rules (ranges, enums, patterns): the JSON schema generated
+#    from the same dataclasses, on the parsed config;
+# 3. cross-field rules, trainer and scheduler consistency, local paths (common.smk).
+try:
+    PARSED_CONFIG = C.parse_files(config, workflow.configfiles)
+except C.ConfigError as err:
+    raise ValueError(f"config error: {err}") from None
+# From here on `config` is the parsed config: every key present with its default, numbers as
+# numbers, the `set=` overrides applied (rules read the job-path version, CFG, from common.smk).
+config.clear()
+config.update(C.as_dict(PARSED_CONFIG))
 validate(config, "configs/schema.yaml")
 
 
@@ -28,6 +46,7 @@ report: "workflow/report/workflow.rst"
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/download.smk"
 include: "workflow/rules/model.smk"
 include: "workflow/rules/preprocess.smk"
 include: "workflow/rules/train.smk"
@@ -37,6 +56,18 @@ include: "workflow/rules/eval.smk"
 include: "workflow/rules/testtime.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/figures.smk"
+
+
+# Short nodes and downloads run in the main Snakemake process on the submit host, never as
+# cluster jobs: downloads need the internet that compute nodes may lack; select, aggregate and
+# figures take seconds and would otherwise wait in the queue (docs/slurm.md).
+localrules:
+    download_model,
+    download_data,
+    select,
+    aggregate,
+    figures,
+    all,
 
 
 # MLflow records that nodes left for a later upload are in MLflow when the workflow returns.

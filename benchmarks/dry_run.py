@@ -7,7 +7,8 @@ Three commands, each run `--repeats` times in fresh processes (median reported):
 - startup: `snakemake --version` (the interpreter + Snakemake import floor);
 - small:   `snakemake -n all` on configs/test.yaml (12 jobs);
 - sweep:   `snakemake -n all` on 3 tasks x 4 sparse_dims x 5 betas x 5 seeds = 300 RepExp points,
-           verl backend (+ 15 GRPO, 3 base: 1,269 jobs incl. merge, aggregate, figures).
+           verl backend (+ 15 GRPO, 3 base: 1,271 jobs incl. merge, aggregate, figures and the two
+           download rules of the hub model and datasets).
 
 Target (issue 7): the sweep dry run under 10 s. With --profile-out the sweep run is repeated
 under cProfile and the time spent in the workflow's own Python (common.smk, repexp.config) is

@@ -1,4 +1,5 @@
-"""Best-dev checkpoint tracking and selection (`repexp select`), shared by both trainer backends.
+"""Checkpoints of a training run, shared by both trainer backends: best-dev tracking and selection
+(`repexp select`), the wall-clock training budget, retention, and the `DONE` marker.
 
 `best_dev.json` (in the training run directory) is rewritten atomically after every
 validation and every checkpoint save. It only ever points at a step whose checkpoint
@@ -11,17 +12,23 @@ with its size). `repexp select` also reads each candidate back before pointing a
 (`checkpoint_problems`: the sizes in the marker, safetensors headers against file sizes, the
 zip directories of torch `.pt`/`.bin` files), so a checkpoint damaged after it was written
 (a truncated copy, a full disk) is skipped, with a warning, for the next best readable one.
+
+`TrainingBudget` (`train.max_hours`) counts training time over all attempts through the
+`budget.json` each checkpoint carries; `prune_checkpoints` (`train.max_checkpoints_to_keep`)
+keeps the newest checkpoints whole and the best-dev one without its resume-only files.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from repexp.io import read_json, write_json_atomic
 
@@ -29,6 +36,7 @@ DONE_FILE = "DONE"  # a training run's Snakemake output (write_done)
 
 BEST_DEV_FILE = "best_dev.json"
 COMPLETE_MARKER = "COMPLETE"  # written last inside a checkpoint directory
+SLIM_MARKER = "RESUME_STATE_REMOVED"  # a kept best-dev checkpoint without optimizer state: not resumable
 
 
 def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
@@ -39,11 +47,14 @@ def is_complete(ckpt_dir: str | Path) -> bool:
     return (Path(ckpt_dir) / COMPLETE_MARKER).exists()
 
 
-def mark_complete(ckpt_dir: str | Path) -> None:
-    """Write `COMPLETE` last: {"files": {relative path: size}} of everything in the checkpoint."""
+def mark_complete(ckpt_dir: str | Path, exclude: Sequence[Path] = ()) -> None:
+    """Write `COMPLETE` last: {"files": {relative path: size}} of everything in the checkpoint
+    (except the files and directories in `exclude`, about to be removed)."""
     ckpt_dir = Path(ckpt_dir)
+    gone = [Path(p) for p in exclude]
     files = {str(p.relative_to(ckpt_dir)): p.stat().st_size
-             for p in sorted(ckpt_dir.rglob("*")) if p.is_file() and p.name != COMPLETE_MARKER}
+             for p in sorted(ckpt_dir.rglob("*")) if p.is_file() and p.name != COMPLETE_MARKER
+             and not any(p == g or g in p.parents for g in gone)}
     write_json_atomic(ckpt_dir / COMPLETE_MARKER, {"files": files})
 
 
@@ -201,20 +212,116 @@ class BestDevTracker:
 def write_done(run_dir: str | Path, *, backend: str, final_step: int, tracker: "BestDevTracker",
                wall_time_s: float, **extra) -> dict:
     """A training run's `DONE` marker (its Snakemake output), written last by either trainer:
-    final step, best dev step and value (the tracker's JSON is written first), wall time."""
+    final step, best dev step and value (the tracker's JSON is written first), why training
+    stopped and the training time over all attempts (from the final checkpoint's budget record),
+    wall time of this attempt."""
     tracker.write()
     best = tracker.best()
+    budget = read_budget(checkpoint_dir(run_dir, final_step))
     done = {
         "backend": backend,
         "final_step": final_step,
         "best_step": None if best is None else best["step"],
         "best_value": None if best is None else best[tracker.metric],
         "metric": tracker.metric,
+        "stopped_by": "max_hours" if budget.get("exhausted") else "total_steps",
+        "train_hours": None if "train_seconds" not in budget else budget["train_seconds"] / 3600,
         **extra,
         "wall_time_s": wall_time_s,
     }
     write_json_atomic(Path(run_dir) / DONE_FILE, done)
     return done
+
+
+# --------------------------------------------------------------------------- training budget
+
+BUDGET_FILE = "budget.json"  # in a checkpoint directory: training time used up to that step
+
+
+@dataclass
+class TrainingBudget:
+    """The wall-clock budget `train.max_hours` over all attempts of one run.
+
+    Each checkpoint records the training time used up to its step; an attempt that resumes from
+    it continues from that amount (time after the last checkpoint of a killed attempt is redone,
+    so it is not counted twice). Both trainers check `exhausted()` at the end of every step and,
+    once it is, validate and save that step (unless it just was) and finish."""
+
+    max_hours: Optional[float]
+    used_before_s: float = 0.0  # by the checkpoint this attempt resumed from
+    started: float = field(default_factory=time.monotonic)  # this attempt's start
+
+    @classmethod
+    def resume(cls, max_hours: Optional[float], ckpt_dir: Optional[str | Path],
+               started: Optional[float] = None) -> "TrainingBudget":
+        used = read_budget(ckpt_dir).get("train_seconds", 0.0) if ckpt_dir is not None else 0.0
+        return cls(max_hours, float(used), time.monotonic() if started is None else started)
+
+    def used_s(self) -> float:
+        return self.used_before_s + time.monotonic() - self.started
+
+    def exhausted(self) -> bool:
+        return self.max_hours is not None and self.used_s() >= self.max_hours * 3600
+
+    def exhausted_before(self) -> bool:
+        """Whether the checkpoint this attempt resumed from had used the budget up: the step that
+        ended the run is saved and validated, only DONE is missing (a kill right before it)."""
+        return self.max_hours is not None and self.used_before_s >= self.max_hours * 3600
+
+    def save(self, ckpt_dir: str | Path) -> None:
+        write_json_atomic(Path(ckpt_dir) / BUDGET_FILE, {
+            "train_seconds": self.used_s(), "max_hours": self.max_hours, "exhausted": self.exhausted(),
+        })
+
+
+def read_budget(ckpt_dir: Optional[str | Path]) -> dict:
+    path = Path(ckpt_dir) / BUDGET_FILE if ckpt_dir is not None else None
+    return read_json(path) if path is not None and path.exists() else {}
+
+
+def resumable_steps(run_dir: str | Path) -> list[int]:
+    """Complete checkpoints that still hold their resume state (not slimmed by `prune_checkpoints`)."""
+    return [step for step in complete_steps(run_dir) if not (checkpoint_dir(run_dir, step) / SLIM_MARKER).exists()]
+
+
+def budget_actions(step: int, *, test_freq: int, save_freq: int, last: bool) -> tuple[bool, bool]:
+    """(validate, save) at the end of `step`: on the schedule, and always at the last step (the
+    configured one or the one that exhausted the budget)."""
+    return last or step % test_freq == 0, last or step % save_freq == 0
+
+
+# --------------------------------------------------------------------------- retention
+
+def prune_checkpoints(run_dir: str | Path, keep: Optional[int], best_step: Optional[int],
+                      resume_only: Sequence[str]) -> list[int]:
+    """Bound the checkpoints of a run: the newest `keep` complete ones stay whole (a retry resumes
+    from the newest), the best-dev one stays for `repexp select` but loses the files that only
+    resuming needs (`resume_only` globs: optimizer state, RNG, data order), every other one is
+    removed. `keep=None` keeps everything. Returns the removed steps."""
+    if keep is None:
+        return []
+    steps = complete_steps(run_dir)
+    newest = set(steps[-keep:])
+    removed = []
+    for step in steps:
+        directory = checkpoint_dir(run_dir, step)
+        if step in newest:
+            continue
+        if step == best_step:
+            doomed = [path for pattern in resume_only for path in directory.glob(pattern)]
+            (directory / SLIM_MARKER).write_text("optimizer and resume state removed; model weights kept\n")
+            # COMPLETE lists what stays before anything goes: a crash in between leaves extra files,
+            # never a listed file missing (which `repexp select` would take for damage)
+            mark_complete(directory, exclude=doomed)
+            for path in doomed:
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink(missing_ok=True)
+            continue
+        shutil.rmtree(directory, ignore_errors=True)
+        removed.append(step)
+    return removed
 
 
 def select(run_dir: str | Path, backend: str) -> dict:

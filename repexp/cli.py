@@ -15,6 +15,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("repexp.config_cli", "validate a pipeline config, print run names or a job's trainer config"),
     "model": ("repexp.models", "build the offline tiny test model or convert SmolLM2-135M-Instruct"),
+    "download": ("repexp.download", "fetch a hub model or the hub datasets once (the submit host's localrules)"),
     "data": ("repexp.data", "prepare a task's train/dev/test parquet splits"),
     "train": ("repexp.train", "train one sweep point with the backend its run name names (trl or verl)"),
     "select": ("repexp.checkpoints", "pick the best-dev checkpoint of a training run"),

@@ -1,11 +1,21 @@
-"""The pipeline config: one schema, one validation, one composition per job.
+"""The pipeline config: dataclasses, read as an OmegaConf structured config, one validation, one composition per job.
 
-`configs/*.yaml` (the Snakemake config) is checked against the dataclasses below.
-Every training/eval job gets a fully resolved `RunConfig` composed from
-defaults ← config file ← task overrides ← sweep point; both trainer backends and
-the eval node read only that. `configs/schema.yaml` (used by Snakemake's
-`validate`) is generated from these dataclasses (`repexp config schema`), and a
-test keeps the committed copy in sync.
+The dataclasses below are the single source of the config's keys, types, defaults and per-field
+rules (`help`, `minimum`, `enum`, ... in each field's metadata):
+
+- `parse` merges a YAML mapping (and `set=` dotlist overrides) into `OmegaConf.structured(PipelineConfig)`:
+  unknown keys and wrong types fail naming the key, strings become numbers where the schema says so
+  (`lr: 1e-5`, which YAML reads as a string, and Snakemake's `--config`, which passes strings),
+  `task_overrides.<task>.<section>` are merged onto their section by `OmegaConf.merge`;
+- `check` applies the per-field rules and every cross-field rule of the pipeline and its two
+  trainer backends, so a config that a job would reject fails at parse time, before any job;
+- `check_paths` checks local paths (data sources, a local `model:` directory);
+- `compose` resolves one job's `RunConfig` (defaults <- file <- task overrides <- sweep point),
+  the only thing both trainer backends and the eval node read;
+- `configs/schema.yaml` (Snakemake's `validate`) is generated from the same dataclasses
+  (`repexp config schema`), and a test keeps the committed copy in sync.
+
+Pure: OmegaConf and PyYAML only (imported where used).
 """
 
 from __future__ import annotations
@@ -14,30 +24,50 @@ import copy
 import dataclasses
 import hashlib
 import json
+import math
+import os
 import re
 import typing
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from repexp.verify.routing import DEFAULT_GRADER, GRADERS
 
 TASKS = ("math", "gsm8k", "aime24", "dapo-with-aime24", "arith")
+GENERATED_TASKS = ("arith",)  # built in (repexp.arith): read no data.source
 BACKENDS = ("trl", "verl")
 METHODS = ("repexp", "grpo", "base")
 REWARD_TYPES = ("leverage", "leave_one_out")
 NORMALIZATIONS = ("none", "rnd", "z_score")
 ENGINES = ("auto", "hf", "vllm")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+TRL_LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean")  # seq-mean-token-sum has no TRL loss_type
+# Every rule of the workflow (keys of `resources`).
+RULES = ("download_model", "download_data", "model", "preprocess", "train", "select", "merge", "eval", "testtime",
+         "aggregate", "figures")
+TRAIN_RETRIES = 2  # the train rule's `retries`: a budget must fit into (1 + retries) allocations
+# MLflow tracking-URI schemes (database URIs may name a driver: postgresql+psycopg2://...).
+TRACKING_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "file", "databricks")
+# The `--config` key whose value is a dotlist of overrides: --config set="sweep.betas=[0.01,0.02] train.lr=2e-6"
+OVERRIDES_KEY = "set"
+# Legacy verl keys that verl 0.9.1 accepts but ignores (an override of one is a silent no-op).
+DEAD_VERL_KEY_PREFIXES = ("custom_reward_function.", "reward_model.", "data.reward_fn_key")
 
 
 class ConfigError(ValueError):
-    """An invalid pipeline config; the message starts with the offending key."""
+    """An invalid pipeline config; the message starts with the offending key (or file)."""
 
 
-def _f(default: Any = dataclasses.MISSING, *, help: str = "", **constraints: Any) -> Any:
-    """A dataclass field with a help string and JSON-schema constraints (minimum, enum, ...)."""
+def _f(default: Any = dataclasses.MISSING, *, help: str = "", runtime: bool = False, **constraints: Any) -> Any:
+    """A dataclass field with a help string and JSON-schema constraints (minimum, enum, ...).
+
+    `runtime=True` marks a setting that changes how fast or where a job runs, never what a
+    training run computes: it is left out of `training_hash`, so changing it reruns nothing."""
     meta = {"help": help, **constraints}
+    if runtime:
+        meta["runtime"] = True
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: copy.deepcopy(d), metadata=meta)
     return field(default=default, metadata=meta)
@@ -45,7 +75,8 @@ def _f(default: Any = dataclasses.MISSING, *, help: str = "", **constraints: Any
 
 @dataclass
 class DataConfig:
-    source: str = _f("../shared/data", help="directory of JSONL files, or 'hf' for the Hugging Face ids")
+    source: str = _f("../shared/data", help="directory of JSONL files, or 'hf' for the Hugging Face ids "
+                     "(downloaded once on the submit host by the download_data rule)")
     split_seed: int = _f(0, help="seed of the GSM8K dev/test split and of subsets", minimum=0)
     limit_train: Optional[int] = _f(None, help="seeded train subset size (null: all)", minimum=1)
     limit_dev: Optional[int] = _f(None, help="seeded dev subset size (null: all)", minimum=1)
@@ -58,7 +89,8 @@ class SweepConfig:
     tasks: list[str] = _f(["math"], help="tasks to run", items_enum=TASKS)
     backends: list[str] = _f(["trl"], help="trainer backends", items_enum=BACKENDS)
     sparse_dims: list[int] = _f([32], help="projection dimensions (RepExp runs)", items_minimum=1)
-    betas: list[float] = _f([0.01], help="bonus weights β > 0 (RepExp runs; GRPO is the β = 0 baseline)", items_exclusiveMinimum=0)
+    betas: list[float] = _f([0.01], help="bonus weights β > 0 (RepExp runs; GRPO is the β = 0 baseline)",
+                            items_exclusiveMinimum=0)
     seeds: list[int] = _f([42], help="training and sampling seeds", items_minimum=0)
     grpo_baseline: bool = _f(True, help="also train GRPO (β = 0) for every task × backend × seed")
     base_baseline: bool = _f(True, help="also evaluate the untrained base model per task")
@@ -71,7 +103,8 @@ class BonusConfig:
     normalization: str = _f("none", help="per-group bonus normalization", enum=NORMALIZATIONS)
     center: bool = _f(True, help="centre features by the group mean")
     randomize_projection: bool = _f(True, help="draw a new projection every step (seeded by seed and step)")
-    persist_covariance: bool = _f(False, help="accumulate per-prompt covariance across steps")
+    persist_covariance: bool = _f(False, help="accumulate per-prompt covariance across steps "
+                                  "(needs reward_type leverage and randomize_projection false)")
     alpha: float = _f(1.0, help="verifier reward weight α", minimum=0)
     turn_off_if_none_correct: bool = _f(True, help="zero the bonus of groups with no correct rollout")
     turn_off_if_some_correct: bool = _f(False, help="zero the bonus of partially correct groups")
@@ -91,6 +124,9 @@ class TrainConfig:
     max_response_length: int = _f(1024, help="tokens", minimum=1)
     total_steps: Optional[int] = _f(None, help="stop after this many steps (null: total_epochs)", minimum=1)
     total_epochs: int = _f(1000, help="epochs when total_steps is null", minimum=1)
+    max_hours: Optional[float] = _f(None, help="wall-clock training budget over all attempts: after the first "
+                                    "step that ends past it the run validates, saves and finishes (null: none)",
+                                    exclusiveMinimum=0)
     test_freq: int = _f(20, help="validate on dev every N steps", minimum=1)
     save_freq: int = _f(20, help="checkpoint every N steps (validated steps must be saved)", minimum=1)
     val_n: int = _f(128, help="dev samples per prompt for validation pass@k", minimum=1)
@@ -99,8 +135,10 @@ class TrainConfig:
     top_p: float = _f(1.0, help="rollout and validation top-p", exclusiveMinimum=0, maximum=1)
     clip_ratio: float = _f(0.2, help="PPO clip ratio", exclusiveMinimum=0)
     entropy_coeff: float = _f(0.0, help="entropy bonus", minimum=0)
-    loss_agg_mode: str = _f("token-mean", help="PPO loss aggregation", enum=("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"))
-    max_checkpoints_to_keep: Optional[int] = _f(None, help="keep the newest N checkpoints besides the best (null: all)", minimum=1)
+    loss_agg_mode: str = _f("token-mean", help="PPO loss aggregation", enum=LOSS_AGG_MODES)
+    max_checkpoints_to_keep: Optional[int] = _f(
+        None, help="keep the newest N checkpoints besides the best-dev one, whose optimizer state is dropped "
+        "(null: all)", minimum=1, runtime=True)
 
 
 @dataclass
@@ -139,12 +177,14 @@ class VerlConfig:
     rollout_tensor_parallel_size: int = _f(2, help="vLLM TP size during rollouts", minimum=1)
     gpu_memory_utilization: float = _f(0.6, help="vLLM memory fraction during training", exclusiveMinimum=0, maximum=1)
     max_num_batched_tokens: int = _f(8192, help="vLLM batched-token budget", minimum=1)
-    log_prob_micro_batch_size_per_gpu: int = _f(16, help="old-log-prob micro batch", minimum=1)
-    repexp_micro_batch_size_per_gpu: int = _f(32, help="hidden-state forward micro batch", minimum=1)
+    log_prob_micro_batch_size_per_gpu: int = _f(16, help="old-log-prob micro batch", minimum=1, runtime=True)
+    repexp_micro_batch_size_per_gpu: int = _f(32, help="hidden-state forward micro batch", minimum=1, runtime=True)
     enable_gradient_checkpointing: bool = _f(True, help="actor gradient checkpointing")
     use_remove_padding: bool = _f(True, help="packed sequences (flash-attn)")
-    strategy: str = _f("fsdp", help="FSDP flavour of the actor and the frozen representation model", enum=("fsdp", "fsdp2"))
-    ray_num_cpus: Optional[int] = _f(None, help="CPUs Ray may use (null: all; set it under SLURM)", minimum=1)
+    strategy: str = _f("fsdp", help="FSDP flavour of the actor and the frozen representation model",
+                       enum=("fsdp", "fsdp2"))
+    ray_num_cpus: Optional[int] = _f(None, help="CPUs Ray may use (null: all; set it under SLURM)", minimum=1,
+                                     runtime=True)
     overrides: list[str] = _f([], help="extra raw Hydra overrides for verl (validated by verl)")
 
 
@@ -154,16 +194,20 @@ class TrlConfig:
     device: str = _f("auto", help="torch device (auto: cuda if available else cpu)", enum=("auto", "cpu", "cuda"))
     dtype: str = _f("float32", help="compute dtype: float32, or bfloat16 autocast over float32 weights "
                     "(the frozen feature model is loaded in this dtype)", enum=("float32", "bfloat16"))
-    eval_batch_size: int = _f(16, help="dev prompts per validation generate call (each with train.val_n samples)", minimum=1)
+    eval_batch_size: int = _f(16, help="dev prompts per validation generate call (each with train.val_n samples)",
+                              minimum=1, runtime=True)
     logging_steps: int = _f(1, help="log every N training steps", minimum=1)
-    gradient_checkpointing: bool = _f(False, help="policy gradient checkpointing (less memory, about a fifth more time)")
-    bonus_micro_batch_size: int = _f(32, help="sequences per frozen-model forward of the bonus features", minimum=1)
-    num_threads: Optional[int] = _f(None, help="torch CPU threads (null: torch's default)", minimum=1)
+    gradient_checkpointing: bool = _f(False, help="policy gradient checkpointing (less memory, about a fifth more "
+                                      "time)", runtime=True)
+    bonus_micro_batch_size: int = _f(32, help="sequences per frozen-model forward of the bonus features", minimum=1,
+                                     runtime=True)
+    num_threads: Optional[int] = _f(None, help="torch CPU threads (null: torch's default)", minimum=1, runtime=True)
 
 
 @dataclass
 class TrackingConfig:
-    tracking_uri: Optional[str] = _f(None, help="MLflow URI (null: $MLFLOW_TRACKING_URI, else SQLite under results/)")
+    tracking_uri: Optional[str] = _f(None, help="MLflow URI (null: $MLFLOW_TRACKING_URI, else SQLite under "
+                                     "results/); schemes: " + ", ".join(TRACKING_SCHEMES))
     experiment: Optional[str] = _f(None, help="MLflow experiment (null: the config's name)")
     server: str = _f("auto", help="the workflow's MLflow server on the submit host (repexp mlflow serve): on, off, "
                      "or auto = on for a cluster executor (SLURM) when no tracking URI is set",
@@ -178,16 +222,13 @@ class TrackingConfig:
 class RuleResources:
     gpu: int = _f(0, help="GPUs per node", minimum=0)
     nodes: int = _f(1, help="nodes", minimum=1)
-    cpus_per_task: int = _f(1, help="CPU cores", minimum=1)
+    cpus_per_task: int = _f(1, help="CPU cores (per node)", minimum=1)
     mem_mb: int = _f(4000, help="memory per node (MB)", minimum=1)
     runtime: int = _f(60, help="wall-clock limit (minutes)", minimum=1)
 
 
 def _default_resources() -> dict:
-    return {
-        name: dataclasses.asdict(RuleResources())
-        for name in ("model", "preprocess", "train", "select", "merge", "eval", "testtime", "aggregate", "figures")
-    }
+    return {name: RuleResources() for name in RULES}
 
 
 @dataclass
@@ -198,18 +239,22 @@ class TaskSweepOverride:
 
 @dataclass
 class TaskOverride:
+    # Partial sections: the keys given are merged onto the config's section (OmegaConf.merge) and
+    # checked against that section's dataclass when the config is parsed.
     sweep: TaskSweepOverride = field(default_factory=TaskSweepOverride)
-    train: dict = _f({}, help="partial train settings for this task")
-    eval: dict = _f({}, help="partial eval settings for this task")
-    verl: dict = _f({}, help="partial verl settings for this task")
-    trl: dict = _f({}, help="partial trl settings for this task")
+    train: dict[str, Any] = _f({}, help="partial train settings for this task", section=TrainConfig)
+    eval: dict[str, Any] = _f({}, help="partial eval settings for this task", section=EvalConfig)
+    verl: dict[str, Any] = _f({}, help="partial verl settings for this task", section=VerlConfig)
+    trl: dict[str, Any] = _f({}, help="partial trl settings for this task", section=TrlConfig)
 
 
 @dataclass
 class PipelineConfig:
-    name: str = _f("repexp", help="config name; MLflow experiment unless tracking.experiment is set", pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = _f("repexp", help="config name; MLflow experiment unless tracking.experiment is set",
+                   pattern=r"^[A-Za-z0-9_.-]+$")
     results_dir: str = _f("results", help="where every output goes")
-    model: str = _f("Qwen/Qwen2.5-7B-Instruct", help="initial policy: HF id, local dir, or 'tiny'/'smollm2' (built offline)")
+    model: str = _f("Qwen/Qwen2.5-7B-Instruct", help="initial policy: a Hugging Face id (downloaded once on the "
+                    "submit host), a local directory, or 'tiny'/'smollm2' (built offline)")
     grader: str = _f(DEFAULT_GRADER, help="answer grader of training rewards, dev selection and test pass@k: repexp "
                      "(this project's verifier) or paper (the recipe's scorers, for numbers comparable to the paper's)",
                      enum=GRADERS)
@@ -222,98 +267,211 @@ class PipelineConfig:
     verl: VerlConfig = field(default_factory=VerlConfig)
     trl: TrlConfig = field(default_factory=TrlConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    resources: dict = _f(_default_resources(), help="per-rule resources (keys: rule names)")
-    task_overrides: dict = _f({}, help="per-task overrides (keys: task names)")
+    resources: dict[str, RuleResources] = field(
+        default_factory=_default_resources, metadata={"help": "per-rule scheduler requests", "keys": RULES})
+    task_overrides: dict[str, TaskOverride] = field(
+        default_factory=dict, metadata={"help": "per-task overrides", "keys": TASKS})
 
 
-# Sections a task override may patch, with their dataclass.
-_OVERRIDABLE = {"train": TrainConfig, "eval": EvalConfig, "verl": VerlConfig, "trl": TrlConfig}
+# Sections a task override may patch.
+SECTIONS = ("train", "eval", "verl", "trl")
 _MODEL_ALIASES = ("tiny", "smollm2")
 
-# --------------------------------------------------------------------------- loading / validation
+# --------------------------------------------------------------------------- reading YAML
 
 
-def load(path_or_dict: str | Path | dict) -> PipelineConfig:
-    """Read and validate a pipeline config (a YAML path or an already-loaded dict)."""
-    if isinstance(path_or_dict, dict):
+def read_yaml(path: str | Path) -> Any:
+    """A YAML file, strictly: a repeated key is an error naming the file and line (PyYAML keeps the
+    last one silently), and `1e-5` is a number (PyYAML, following YAML 1.1, reads it as a string)."""
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+        loader.flatten_mapping(node)
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            if key in seen:
+                raise ConfigError(f"{path}: line {key_node.start_mark.line + 1}: duplicate key {key!r} "
+                                  f"(first at line {seen[key] + 1}); YAML would keep only the last one")
+            seen[key] = key_node.start_mark.line
+        return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    StrictLoader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+        list("-+0123456789"),
+    )
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config file {path}: not found")
+    try:
+        return yaml.load(path.read_text(), Loader=StrictLoader)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path}: invalid YAML ({err})") from None
+
+
+# --------------------------------------------------------------------------- parsing (OmegaConf)
+
+
+def split_overrides(value: Any) -> list[str]:
+    """`set=` overrides as a list of `key.path=value` items. A string is split on whitespace outside
+    brackets and quotes, so `sweep.betas=[0.01, 0.02] train.lr=2e-6` gives two items."""
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [item for entry in value for item in split_overrides(entry)]
+    items, current, depth, quote = [], "", 0, None
+    for char in str(value):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+        elif char.isspace() and depth == 0:
+            if current:
+                items.append(current)
+            current = ""
+            continue
+        current += char
+    if current:
+        items.append(current)
+    for item in items:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(f"{OVERRIDES_KEY}: {item!r} is not a key.path=value override")
+    return items
+
+
+def _omegaconf_error(err: Exception, prefix: str = "") -> ConfigError:
+    """An OmegaConf error as a ConfigError that starts with the full key."""
+    key = prefix + (getattr(err, "full_key", "") or "")
+    message = (getattr(err, "msg", "") or str(err)).splitlines()[0].strip()
+    object_type = getattr(err, "object_type", None)
+    if type(err).__name__ == "ConfigKeyError":
+        message = "unknown key"
+        if dataclasses.is_dataclass(object_type):
+            message += f" (known: {', '.join(f.name for f in dataclasses.fields(object_type))})"
+    return ConfigError(f"{key or '<root>'}: {message}")
+
+
+def _check_sections(cls: type, raw: Any, prefix: str = "") -> None:
+    """Sections must be mappings: OmegaConf's merge error for `eval: [1, 2]` names no key."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{prefix.rstrip('.') or '<root>'}: expected a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    for name, value in raw.items():
+        tp = hints.get(name)
+        if tp is None or value is None:
+            continue
+        if dataclasses.is_dataclass(tp):
+            _check_sections(tp, value, f"{prefix}{name}.")
+        elif typing.get_origin(tp) is dict:
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{prefix}{name}: expected a mapping, got {value!r}")
+            item = typing.get_args(tp)[1]
+            for key, sub in value.items():
+                if dataclasses.is_dataclass(item) and sub is not None:
+                    _check_sections(item, sub, f"{prefix}{name}.{key}.")
+
+
+def _structured(obj: Any) -> Any:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.structured(obj)
+
+
+def _to_dataclass(cls_or_obj: Any, *raws: Any, prefix: str = "") -> Any:
+    """Merge mappings onto a dataclass (a class: its defaults; an instance: its values) with OmegaConf's
+    type checks and conversions, and return the dataclass instance."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        node = OmegaConf.merge(_structured(cls_or_obj), *raws)
+        return OmegaConf.to_object(node)
+    except OmegaConfBaseException as err:
+        raise _omegaconf_error(err, prefix) from None
+
+
+def parse(raw: Mapping, *, overrides: Sequence[str] = ()) -> PipelineConfig:
+    """A config mapping (+ dotlist overrides, also from its `set` key) as a typed `PipelineConfig`:
+    structure, types and conversions only; `check` applies the rules."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if not isinstance(raw, Mapping):
+        raise ConfigError("<root>: the config must be a mapping")
+    raw = dict(raw)
+    dotlist = [*split_overrides(raw.pop(OVERRIDES_KEY, None)), *overrides]
+    _check_sections(PipelineConfig, raw)
+    try:
+        node = OmegaConf.merge(_structured(PipelineConfig), raw)
+    except OmegaConfBaseException as err:
+        raise _omegaconf_error(err) from None
+    for item in dotlist:
+        try:
+            node = OmegaConf.merge(node, OmegaConf.from_dotlist([item]))
+        except OmegaConfBaseException as err:
+            error = _omegaconf_error(err)
+            raise ConfigError(f"{error} (override {item!r})") from None
+        except Exception as err:  # noqa: BLE001 - OmegaConf's dotlist grammar raises plain errors
+            raise ConfigError(f"{OVERRIDES_KEY}: cannot parse override {item!r} ({err})") from None
+    try:
+        cfg = OmegaConf.to_object(node)
+    except OmegaConfBaseException as err:
+        raise _omegaconf_error(err) from None
+    _merge_task_overrides(cfg)
+    return cfg
+
+
+def _merge_task_overrides(cfg: PipelineConfig) -> None:
+    """Check every task override against its section's dataclass; keep the converted values."""
+    for task, override in cfg.task_overrides.items():
+        if task not in TASKS:
+            raise ConfigError(f"task_overrides.{task}: unknown task (known: {', '.join(TASKS)})")
+        for section in SECTIONS:
+            patch = getattr(override, section)
+            if patch:
+                merged = _to_dataclass(getattr(cfg, section), patch, prefix=f"task_overrides.{task}.{section}.")
+                setattr(override, section, {key: getattr(merged, key) for key in patch})
+
+
+def parse_files(raw: Mapping, files: Sequence[str | Path] = ()) -> PipelineConfig:
+    """`parse` for a mapping that Snakemake loaded from `files`: each file is re-read strictly first
+    (PyYAML, as Snakemake uses it, keeps the last of two equal keys without a word)."""
+    for path in files:
+        read_yaml(path)
+    return parse(raw)
+
+
+def load(path_or_dict: str | Path | Mapping, *, overrides: Sequence[str] = ()) -> PipelineConfig:
+    """Read, parse and check a pipeline config (a YAML path or an already-loaded mapping)."""
+    if isinstance(path_or_dict, Mapping):
         raw = path_or_dict
     else:
-        import yaml
-
-        path = Path(path_or_dict)
-        if not path.exists():
-            raise ConfigError(f"config file {path}: not found")
-        try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"config file {path}: invalid YAML ({err})") from None
-    if not isinstance(raw, dict):
-        raise ConfigError("<root>: the config must be a mapping")
-    cfg = _build(PipelineConfig, raw, "")
+        raw = read_yaml(path_or_dict)
+        if raw is None:
+            raw = {}
+    cfg = parse(raw, overrides=overrides)
     check(cfg)
     return cfg
 
 
-def _build(cls: type, raw: Any, prefix: str) -> Any:
-    """Strictly convert a dict into dataclass `cls`: unknown keys, wrong types and ranges fail by key."""
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{prefix or '<root>'}: expected a mapping, got {type(raw).__name__}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        key = f"{prefix}{unknown[0]}"
-        raise ConfigError(f"{key}: unknown key (known under {prefix.rstrip('.') or '<root>'}: {', '.join(fields)})")
-    values = {}
-    for name, f in fields.items():
-        if name in raw:
-            values[name] = _coerce(hints[name], raw[name], f"{prefix}{name}", f.metadata)
-    return cls(**values)
+def as_dict(cfg: PipelineConfig) -> dict:
+    """Plain Python containers (what Snakemake's `validate` and the config snapshot see)."""
+    return dataclasses.asdict(cfg)
 
 
-def _coerce(tp: Any, value: Any, key: str, meta: typing.Mapping) -> Any:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Union:  # Optional[X]
-        if value is None:
-            return None
-        (tp,) = [a for a in args if a is not type(None)]
-        return _coerce(tp, value, key, meta)
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, key + ".")
-    if origin is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
-        item_meta = {k[len("items_"):]: v for k, v in meta.items() if k.startswith("items_")}
-        return [_coerce(args[0], v, f"{key}[{i}]", item_meta) for i, v in enumerate(value)]
-    if tp is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
-        return value
-    if value is None:
-        raise ConfigError(f"{key}: must not be null")
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true/false, got {value!r}")
-    elif tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-    elif tp is float:
-        if isinstance(value, str):  # PyYAML reads 1e-6 (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
-        value = float(value)
-    elif tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
-    _check_constraints(key, value, meta)
-    return value
+# --------------------------------------------------------------------------- rules
 
 
-def _check_constraints(key: str, value: Any, meta: typing.Mapping) -> None:
+def _check_constraints(key: str, value: Any, meta: Mapping) -> None:
     if "enum" in meta and value not in meta["enum"]:
         raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, meta['enum']))}")
     if "minimum" in meta and value < meta["minimum"]:
@@ -326,8 +484,57 @@ def _check_constraints(key: str, value: Any, meta: typing.Mapping) -> None:
         raise ConfigError(f"{key}: {value!r} does not match {meta['pattern']}")
 
 
+def check_fields(obj: Any, prefix: str = "") -> None:
+    """The per-field rules of the dataclass metadata (what the JSON schema says), recursively."""
+    for f in dataclasses.fields(obj):
+        value, key = getattr(obj, f.name), prefix + f.name
+        if dataclasses.is_dataclass(value):
+            check_fields(value, key + ".")
+        elif isinstance(value, dict):
+            if "keys" in f.metadata:
+                unknown = sorted(set(value) - set(f.metadata["keys"]))
+                if unknown:
+                    raise ConfigError(f"{key}.{unknown[0]}: unknown name (known: {', '.join(f.metadata['keys'])})")
+            for name, item in value.items():
+                if dataclasses.is_dataclass(item):
+                    check_fields(item, f"{key}.{name}.")
+        elif isinstance(value, list):
+            item_meta = {k[len("items_"):]: v for k, v in f.metadata.items() if k.startswith("items_")}
+            for i, item in enumerate(value):
+                _check_constraints(f"{key}[{i}]", item, item_meta)
+        elif value is not None:
+            _check_constraints(key, value, f.metadata)
+
+
+def _key(cfg: PipelineConfig, task: str, section: str, name: str) -> str:
+    """Where a task's effective `<section>.<name>` comes from: its task override, else the section."""
+    override = cfg.task_overrides.get(task)
+    if override is not None and name in getattr(override, section):
+        return f"task_overrides.{task}.{section}.{name}"
+    return f"{section}.{name}"
+
+
 def check(cfg: PipelineConfig) -> None:
-    """Cross-field rules that a per-field schema cannot express."""
+    """Every rule a job would otherwise apply later: per-field rules, then cross-field rules of the
+    sweep, the trainer backends, evaluation, tracking and the scheduler requests. Raises ConfigError."""
+    check_fields(cfg)
+    for task, override in cfg.task_overrides.items():
+        check_fields(override.sweep, f"task_overrides.{task}.sweep.")
+        for section in SECTIONS:
+            if getattr(override, section):
+                check_fields(task_section(cfg, task, section), f"task_overrides.{task}.{section}.")
+    _check_sweep(cfg)
+    if cfg.data.dapo_source is None and "dapo-with-aime24" in cfg.sweep.tasks:
+        raise ConfigError("data.dapo_source: required when sweep.tasks contains dapo-with-aime24")
+    if any(task_sweep(cfg, task)[1] for task in cfg.sweep.tasks):
+        check_bonus(cfg.bonus)
+    check_tracking_uri(cfg.tracking.tracking_uri)
+    for task in cfg.sweep.tasks:
+        _check_training(cfg, task)
+        _check_eval(cfg, task)
+
+
+def _check_sweep(cfg: PipelineConfig) -> None:
     for name in ("tasks", "backends", "sparse_dims", "betas", "seeds"):
         values = getattr(cfg.sweep, name)
         if len(set(map(canonical, values))) != len(values):
@@ -336,69 +543,181 @@ def check(cfg: PipelineConfig) -> None:
             raise ConfigError(f"sweep.{name}: must not be empty")
     if not cfg.sweep.backends and (cfg.sweep.betas or cfg.sweep.grpo_baseline):
         raise ConfigError("sweep.backends: must not be empty when training runs are requested")
-    # resources: known rules, strict fields
-    for rule, res in cfg.resources.items():
-        if rule not in _default_resources():
-            raise ConfigError(f"resources.{rule}: unknown rule (known: {', '.join(_default_resources())})")
-        _build(RuleResources, res, f"resources.{rule}.")
-    for task, override in cfg.task_overrides.items():
-        if task not in TASKS:
-            raise ConfigError(f"task_overrides.{task}: unknown task (known: {', '.join(TASKS)})")
-        ov = _build(TaskOverride, override, f"task_overrides.{task}.")
-        for section, cls in _OVERRIDABLE.items():
-            merged = {**dataclasses.asdict(getattr(cfg, section)), **getattr(ov, section)}
-            _build(cls, merged, f"task_overrides.{task}.{section}.")
-    if "verl" in cfg.sweep.backends:
-        _check_verl_resources(cfg)
-    if cfg.data.dapo_source is None and "dapo-with-aime24" in cfg.sweep.tasks:
-        raise ConfigError("data.dapo_source: required when sweep.tasks contains dapo-with-aime24")
-    for task in cfg.sweep.tasks:
-        train = task_section(cfg, task, "train")
-        _check_batches(train, f"task_overrides.{task}.train" if task in cfg.task_overrides else "train")
 
 
-def _check_verl_resources(cfg: PipelineConfig) -> None:
-    """verl must be told the allocation the scheduler grants the train rule (nodes, GPUs per node)."""
-    res = rule_resources(cfg, "train")
-    for task in cfg.sweep.tasks:
-        verl = task_section(cfg, task, "verl")
-        where = f"task_overrides.{task}.verl" if "verl" in cfg.task_overrides.get(task, {}) else "verl"
-        if verl.nnodes != res.nodes:
-            raise ConfigError(
-                f"resources.train.nodes: {res.nodes} differs from {where}.nnodes {verl.nnodes} (task {task})"
-            )
-        if res.gpu and verl.n_gpus_per_node != res.gpu:
-            raise ConfigError(
-                f"resources.train.gpu: {res.gpu} differs from {where}.n_gpus_per_node "
-                f"{verl.n_gpus_per_node} (task {task})"
-            )
+def check_bonus(bonus: BonusConfig, where: str = "bonus") -> None:
+    """Rules of the bonus settings (both backends apply the same ones)."""
+    if bonus.persist_covariance and bonus.reward_type != "leverage":
+        raise ConfigError(f"{where}.persist_covariance: a persistent covariance supports reward_type 'leverage' only")
+    if bonus.persist_covariance and bonus.randomize_projection:
+        raise ConfigError(f"{where}.persist_covariance: needs {where}.randomize_projection=false "
+                          "(accumulating features of different projections is meaningless)")
 
 
-def _check_batches(train: TrainConfig, where: str) -> None:
+def check_tracking_uri(uri: Optional[str], key: str = "tracking.tracking_uri") -> None:
+    if uri is None:
+        return
+    if uri == "databricks":  # MLflow's shorthand for the default Databricks profile
+        return
+    scheme = uri.split(":", 1)[0].split("+", 1)[0].lower()  # postgresql+psycopg2://... names a driver
+    if scheme not in TRACKING_SCHEMES or ":" not in uri:
+        raise ConfigError(f"{key}: {uri!r} has no known scheme (use one of {', '.join(TRACKING_SCHEMES)}, "
+                          "e.g. http://HOST:PORT or sqlite:///PATH)")
+
+
+def _check_training(cfg: PipelineConfig, task: str) -> None:
+    train = task_section(cfg, task, "train")
+    key = lambda name: _key(cfg, task, "train", name)  # noqa: E731
     if train.train_batch_size % train.ppo_mini_batch_size:
-        raise ConfigError(
-            f"{where}.ppo_mini_batch_size: {train.ppo_mini_batch_size} does not divide "
-            f"train_batch_size {train.train_batch_size}"
-        )
+        raise ConfigError(f"{key('ppo_mini_batch_size')}: {train.ppo_mini_batch_size} does not divide "
+                          f"train_batch_size {train.train_batch_size}")
     if train.test_freq % train.save_freq:
-        raise ConfigError(
-            f"{where}.save_freq: {train.save_freq} must divide test_freq {train.test_freq} "
-            "so that every validated step has a checkpoint to select"
-        )
+        raise ConfigError(f"{key('save_freq')}: {train.save_freq} must divide test_freq {train.test_freq} "
+                          "so that every validated step has a checkpoint to select")
+    runtime = rule_resources(cfg, "train").runtime
+    if train.max_hours is not None and train.max_hours * 60 >= (1 + TRAIN_RETRIES) * runtime:
+        raise ConfigError(f"{key('max_hours')}: {canonical(train.max_hours)} h cannot be reached within "
+                          f"{1 + TRAIN_RETRIES} attempts of resources.train.runtime {runtime} min; lower it")
+    sparse_dims, betas = task_sweep(cfg, task)
+    if "trl" in cfg.sweep.backends:
+        if train.loss_agg_mode not in TRL_LOSS_AGG_MODES:
+            raise ConfigError(f"{key('loss_agg_mode')}: {train.loss_agg_mode!r} has no TRL equivalent "
+                              f"(the TRL backend supports {', '.join(TRL_LOSS_AGG_MODES)})")
+        sequences = train.ppo_mini_batch_size * train.n_rollouts
+        micro = min(train.micro_batch_size_per_gpu, sequences)
+        if sequences % micro:
+            raise ConfigError(f"{key('micro_batch_size_per_gpu')}: {micro} does not divide the {sequences} "
+                              f"sequences of a PPO mini-batch (ppo_mini_batch_size × n_rollouts)")
+    if "verl" in cfg.sweep.backends:
+        _check_verl(cfg, task, train, repexp_runs=bool(betas))
+
+
+def _check_verl(cfg: PipelineConfig, task: str, train: TrainConfig, repexp_runs: bool) -> None:
+    """verl must be told the allocation the scheduler grants the train rule, and its batch shapes must fit it."""
+    res = rule_resources(cfg, "train")
+    verl = task_section(cfg, task, "verl")
+    key = lambda name: _key(cfg, task, "verl", name)  # noqa: E731
+    if verl.nnodes != res.nodes:
+        raise ConfigError(f"resources.train.nodes: {res.nodes} differs from {key('nnodes')} {verl.nnodes} "
+                          f"(task {task})")
+    if res.gpu and verl.n_gpus_per_node != res.gpu:
+        raise ConfigError(f"resources.train.gpu: {res.gpu} differs from {key('n_gpus_per_node')} "
+                          f"{verl.n_gpus_per_node} (task {task})")
+    if verl.ray_num_cpus is not None and res.nodes > 1:
+        raise ConfigError(f"{key('ray_num_cpus')}: must be null for multi-node training: ray_slurm.sh starts Ray "
+                          "with resources.train.cpus_per_task per node and verl joins that cluster")
+    if verl.ray_num_cpus is not None and verl.ray_num_cpus > res.cpus_per_task:
+        raise ConfigError(f"{key('ray_num_cpus')}: {verl.ray_num_cpus} exceeds the {res.cpus_per_task} CPUs of "
+                          "resources.train.cpus_per_task")
+    gpus = verl.n_gpus_per_node * verl.nnodes
+    if gpus % verl.rollout_tensor_parallel_size:
+        raise ConfigError(f"{key('rollout_tensor_parallel_size')}: {verl.rollout_tensor_parallel_size} does not "
+                          f"divide the {gpus} GPUs of a training job (n_gpus_per_node × nnodes)")
+    if repexp_runs:
+        # verl pads each step to a multiple of lcm(dp, mini-batch); every rank's share must split into micro-batches
+        mini = train.ppo_mini_batch_size * train.n_rollouts
+        per_rank = math.lcm(gpus, mini) // gpus
+        if per_rank % verl.repexp_micro_batch_size_per_gpu:
+            raise ConfigError(f"{key('repexp_micro_batch_size_per_gpu')}: {verl.repexp_micro_batch_size_per_gpu} "
+                              f"must divide the {per_rank} rows per GPU and mini-batch")
+    for raw in verl.overrides:
+        name = raw.lstrip("+~").split("=", 1)[0]
+        if name.startswith(DEAD_VERL_KEY_PREFIXES):
+            raise ConfigError(f"{key('overrides')}: {name} is a legacy key verl 0.9.1 ignores")
+
+
+def _check_eval(cfg: PipelineConfig, task: str) -> None:
+    ev = task_section(cfg, task, "eval")
+    res = rule_resources(cfg, "eval")
+    if ev.engine == "vllm" or (ev.engine == "auto" and res.gpu > 0):
+        needed = ev.tensor_parallel_size * ev.data_parallel_size
+        available = max(res.gpu, 1) * res.nodes
+        if needed > available:
+            raise ConfigError(
+                f"{_key(cfg, task, 'eval', 'tensor_parallel_size')}: {ev.tensor_parallel_size} × data_parallel_size "
+                f"{ev.data_parallel_size} needs {needed} GPUs, but resources.eval.gpu grants {res.gpu} (task {task})")
+
+
+# --------------------------------------------------------------------------- local paths
+
+
+def model_kind(value: str, root: str | Path = ".") -> str:
+    """'alias' (built offline), 'hub' (a Hugging Face id, downloaded once) or 'local' (a directory).
+
+    A value is a local path when it exists under `root`, is absolute, starts with `.` or `~`, has
+    more than one `/`, or its first component is an existing directory under `root` (`models/x`);
+    otherwise it must look like a hub id (`org/name` or `name`)."""
+    if value in _MODEL_ALIASES:
+        return "alias"
+    path = Path(value).expanduser()
+    first = value.split("/", 1)[0]
+    if (path.is_absolute() or value.startswith((".", "~")) or value.count("/") > 1 or value.endswith("/")
+            or (Path(root) / path).exists() or ("/" in value and (Path(root) / first).is_dir())):
+        return "local"
+    if re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?", value) and ".." not in value:
+        return "hub"
+    raise ConfigError(f"{value!r} is neither a local directory nor a Hugging Face id (org/name)")
+
+
+def check_paths(cfg: PipelineConfig, root: str | Path = ".") -> None:
+    """Local inputs must exist before any job is scheduled (relative paths resolve against `root`)."""
+    root = Path(root)
+
+    def resolved(value: str) -> Path:
+        path = Path(value).expanduser()
+        return path if path.is_absolute() else root / path
+
+    reads_files = any(task not in GENERATED_TASKS for task in cfg.sweep.tasks)
+    for key, value in (("data.source", cfg.data.source), ("data.dapo_source", cfg.data.dapo_source)):
+        if key == "data.source" and not reads_files:
+            continue  # only generated tasks: nothing is read from it
+        if value not in (None, "hf") and not resolved(value).exists():
+            raise ConfigError(
+                f"{key}: {os.path.normpath(resolved(value))} does not exist. Put the offline benchmark copies there "
+                f"(README, 'Data'), or point {key} at a directory of JSONL files laid out like them, or set it to "
+                f"'hf' to download them once from the Hugging Face Hub; on the command line: "
+                f"--config set=\"{key}=/path/to/data\""
+            )
+    for key, value in (("model", cfg.model), ("bonus.representation_model", cfg.bonus.representation_model)):
+        if value is None:
+            continue
+        try:
+            kind = model_kind(value, root)
+        except ConfigError as err:
+            raise ConfigError(f"{key}: {err}") from None
+        if kind == "local":
+            path = resolved(value)
+            if not path.is_dir():
+                raise ConfigError(f"{key}: {path} does not exist (a local model directory; Hugging Face ids "
+                                  "look like org/name)")
+            if not (path / "config.json").is_file():
+                raise ConfigError(f"{key}: {path} has no config.json (not a Hugging Face model directory)")
+
+
+def hub_model_dir(results_dir: str | Path, repo_id: str) -> Path:
+    """Where the download_model rule puts a hub model (jobs read only this local copy)."""
+    return Path(results_dir) / "models" / "hub" / repo_id.replace("/", "--")
+
+
+def hub_data_dir(results_dir: str | Path) -> Path:
+    """Where the download_data rule puts the hub datasets, in the layout of a local data source."""
+    return Path(results_dir) / "downloads" / "data"
 
 
 def task_section(cfg: PipelineConfig, task: str, section: str) -> Any:
-    """`cfg.<section>` with `task_overrides.<task>.<section>` applied."""
-    base = dataclasses.asdict(getattr(cfg, section))
-    patch = cfg.task_overrides.get(task, {}).get(section, {})
-    return _build(_OVERRIDABLE[section], {**base, **patch}, f"task_overrides.{task}.{section}.")
+    """`cfg.<section>` with `task_overrides.<task>.<section>` applied (values converted by `parse`)."""
+    base = getattr(cfg, section)
+    override = cfg.task_overrides.get(task)
+    patch = getattr(override, section) if override is not None else {}
+    return dataclasses.replace(base, **patch)
 
 
 def task_sweep(cfg: PipelineConfig, task: str) -> tuple[list[int], list[float]]:
-    ov = cfg.task_overrides.get(task, {}).get("sweep", {}) or {}
-    sparse_dims = ov.get("sparse_dims") or cfg.sweep.sparse_dims
-    betas = ov.get("betas") or cfg.sweep.betas
-    return list(sparse_dims), [float(b) for b in betas]
+    override = cfg.task_overrides.get(task)
+    sweep = override.sweep if override is not None else TaskSweepOverride()
+    sparse_dims = sweep.sparse_dims if sweep.sparse_dims is not None else cfg.sweep.sparse_dims
+    betas = sweep.betas if sweep.betas is not None else cfg.sweep.betas
+    return [int(k) for k in sparse_dims], [float(b) for b in betas]
 
 
 # --------------------------------------------------------------------------- run naming
@@ -506,10 +825,10 @@ MODEL_ALIAS_PATTERN = "|".join(_MODEL_ALIASES)
 
 
 def rule_resources(cfg: PipelineConfig, rule: str) -> RuleResources:
-    """`resources.<rule>` with defaults for missing rules and fields."""
-    if rule not in _default_resources():
-        raise ConfigError(f"resources.{rule}: unknown rule (known: {', '.join(_default_resources())})")
-    return _build(RuleResources, cfg.resources.get(rule) or {}, f"resources.{rule}.")
+    """`resources.<rule>` (defaults for rules the config does not mention)."""
+    if rule not in RULES:
+        raise ConfigError(f"resources.{rule}: unknown rule (known: {', '.join(RULES)})")
+    return cfg.resources.get(rule) or RuleResources()
 
 
 # --------------------------------------------------------------------------- per-job composition
@@ -543,8 +862,8 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, raw: dict) -> "RunConfig":
-        return _build(cls, raw, "")
+    def from_dict(cls, raw: Mapping) -> "RunConfig":
+        return _to_dataclass(cls, raw)
 
 
 def config_hash(cfg: PipelineConfig) -> str:
@@ -552,18 +871,32 @@ def config_hash(cfg: PipelineConfig) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-# RunConfig fields that do not change what a training job computes.
-_NOT_TRAINING = ("eval", "tracking", "config_name", "config_hash")
+def _training_fields(section: Any) -> dict:
+    """A section's settings that change what training computes (not the `runtime=True` ones)."""
+    return {f.name: getattr(section, f.name) for f in dataclasses.fields(section) if not f.metadata.get("runtime")}
 
 
 def training_hash(run_config: RunConfig) -> str:
-    """Hash of everything that determines a training run (not eval settings, tracking or names).
+    """Hash of what determines one training run: its sweep point, the initial model, the grader, `train`, its own
+    backend's section and, for RepExp runs (β > 0), `bonus`. Not: eval, tracking, names, the other
+    backend's section, `bonus` for GRPO (β = 0: the advantage is the group-normalised verifier
+    reward, which α > 0 does not change and verl does not read), or `runtime=True` settings
+    (batching for speed, CPUs, retention).
 
-    Snakemake passes it as a rule param, so a config change reruns exactly the training jobs
-    it affects (and a change to another task, to eval settings or to resources reruns none).
+    Snakemake passes it as the train rule's param, so a config change reruns exactly the training
+    jobs it affects; `repexp train --expect-hash` refuses a snapshot that hashes differently.
     """
-    data = {k: v for k, v in run_config.to_dict().items() if k not in _NOT_TRAINING}
-    blob = json.dumps(data, sort_keys=True, default=str)
+    rc = run_config
+    identity = {
+        "task": rc.task, "method": rc.method, "backend": rc.backend, "seed": rc.seed,
+        "sparse_dim": rc.sparse_dim, "beta": rc.beta, "model": rc.model,
+        "grader": rc.grader,  # the verifier reward and dev selection
+        "train": _training_fields(rc.train),
+        rc.backend or "backend": _training_fields(getattr(rc, rc.backend)) if rc.backend else None,
+    }
+    if rc.beta > 0:
+        identity["bonus"] = _training_fields(rc.bonus)
+    blob = json.dumps(identity, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -574,8 +907,9 @@ def resolve_model(cfg: PipelineConfig) -> str:
     return cfg.model
 
 
-def compose(cfg: PipelineConfig, spec: RunSpec) -> RunConfig:
-    """The resolved config of one sweep point (defaults ← file ← task overrides ← wildcards)."""
+def compose(cfg: PipelineConfig, spec: RunSpec, *, cfg_hash: Optional[str] = None) -> RunConfig:
+    """The resolved config of one sweep point (defaults ← file ← task overrides ← wildcards).
+    `cfg_hash`: `config_hash(cfg)` when the caller has it (the workflow composes hundreds of jobs)."""
     if spec.task not in cfg.sweep.tasks:
         raise ConfigError(f"sweep.tasks: {spec.task} is not part of this config")
     seed = spec.seed if spec.seed is not None else cfg.sweep.seeds[0]
@@ -602,18 +936,16 @@ def compose(cfg: PipelineConfig, spec: RunSpec) -> RunConfig:
         trl=task_section(cfg, spec.task, "trl"),
         tracking=copy.deepcopy(cfg.tracking),
         config_name=cfg.name,
-        config_hash=config_hash(cfg),
+        config_hash=cfg_hash or config_hash(cfg),
         grader=cfg.grader,
     )
 
 
 def load_run_config(path: str | Path) -> RunConfig:
-    import yaml
-
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"run config {path}: not found")
-    return RunConfig.from_dict(yaml.safe_load(path.read_text()))
+    return RunConfig.from_dict(read_yaml(path))
 
 
 def dump_yaml(obj: Any) -> str:
@@ -627,7 +959,9 @@ def dump_yaml(obj: Any) -> str:
 
 
 def json_schema(cls: type = PipelineConfig) -> dict:
-    """A JSON schema (draft 2020-12, the draft Snakemake's `validate` uses) equivalent to the per-field rules of `cls`."""
+    """A JSON schema (draft 2020-12, the draft Snakemake's `validate` uses) of the per-field rules of `cls`.
+
+    It lists no required keys, so it also describes a partial section (a task override)."""
     hints = typing.get_type_hints(cls)
     props = {}
     for f in dataclasses.fields(cls):
@@ -640,7 +974,7 @@ def json_schema(cls: type = PipelineConfig) -> dict:
     return schema
 
 
-def _schema_for(tp: Any, meta: typing.Mapping) -> dict:
+def _schema_for(tp: Any, meta: Mapping) -> dict:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     out: dict = {}
     if meta.get("help"):
@@ -659,8 +993,14 @@ def _schema_for(tp: Any, meta: typing.Mapping) -> dict:
     if origin is list:
         item_meta = {k[len("items_"):]: v for k, v in meta.items() if k.startswith("items_")}
         return {**out, "type": "array", "items": _schema_for(args[0], item_meta)}
-    if tp is dict:
-        return {**out, "type": "object"}
+    if origin is dict or tp is dict:
+        if "section" in meta:  # a partial section of a task override
+            return {**out, **json_schema(meta["section"])}
+        value = args[1] if args else Any
+        sub = {**out, "type": "object"}
+        if dataclasses.is_dataclass(value):
+            sub["additionalProperties"] = json_schema(value)
+        return sub  # the names (`keys` metadata: rules, tasks) are checked by `check`, naming the key
     out["type"] = {bool: "boolean", int: "integer", float: "number", str: "string"}[tp]
     for key in ("enum", "minimum", "exclusiveMinimum", "maximum", "pattern"):
         if key in meta:

@@ -11,14 +11,24 @@ from repexp import config as C
 from repexp.io import write_text_atomic
 
 
+def _overrides(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY.PATH=VALUE",
+                        help="dotlist overrides, as `--config set=...` in Snakemake (e.g. sweep.betas=[0.01,0.02])")
+
+
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True)
-    v = sub.add_parser("validate", help="check a config file; exit 1 with the offending key")
+    v = sub.add_parser("validate", help="check a config file (all rules, local paths); exit 1 with the offending key")
     v.add_argument("config", type=Path)
+    v.add_argument("--root", type=Path, default=Path("."),
+                   help="what relative paths in the config resolve against (the workflow: the repository root)")
+    _overrides(v)
     r = sub.add_parser("runs", help="list run paths (<task>/<run>) of the sweep")
     r.add_argument("config", type=Path)
+    _overrides(r)
     j = sub.add_parser("job", help="write the resolved config of one run (job.yaml)")
     j.add_argument("config", type=Path)
+    _overrides(j)
     j.add_argument("--task", required=True)
     j.add_argument("--run", required=True, help="run name, e.g. trl_repexp_k32_b0.01_s42")
     j.add_argument("--out", type=Path, help="output file (default: stdout)")
@@ -37,8 +47,9 @@ def run(args: argparse.Namespace) -> int:
             else:
                 sys.stdout.write(text)
             return 0
-        cfg = C.load(args.config)
+        cfg = C.load(args.config, overrides=C.split_overrides(args.set))
         if args.action == "validate":
+            C.check_paths(cfg, args.root)
             print(f"{args.config}: OK ({len(C.sweep_runs(cfg))} runs)")
         elif args.action == "runs":
             for spec in C.sweep_runs(cfg):

@@ -144,7 +144,8 @@ def parse_jobcomp(text: str) -> list[dict]:
 @dataclass
 class SlurmCluster:
     root: Path
-    cpus: int = 2
+    cpus: int = 2  # per node
+    nodes: int = 1  # >1: that many slurmd on this host (n1, n2, ...), each with `cpus` CPUs, its own port
     real_memory_mb: int = field(default_factory=_real_memory_mb)
     ctld_port: int = field(default_factory=_free_port)
     slurmd_port: int = field(default_factory=_free_port)
@@ -175,6 +176,13 @@ class SlurmCluster:
     def pid_file(self, daemon: str) -> Path:
         return self.root / f"{daemon}.pid"
 
+    @property
+    def node_names(self) -> list[str]:
+        return ["localhost"] if self.nodes == 1 else [f"n{i}" for i in range(1, self.nodes + 1)]
+
+    def slurmd_pid_file(self, node: str) -> Path:
+        return self.pid_file("slurmd") if self.nodes == 1 else self.root / f"slurmd-{node}.pid"
+
     # ------------------------------------------------------------------ lifecycle
     @classmethod
     def start_new(cls, **kwargs) -> "SlurmCluster":
@@ -203,14 +211,18 @@ class SlurmCluster:
         self._clear_stale_config()
         for sub in ("munge", "munge-socket", "log", "state", "spool", "jobs"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
+        for node in self.node_names:
+            (self.root / "spool" / node).mkdir(exist_ok=True)
         self.munge_dir.chmod(0o700)
         (self.root / "munge-socket").chmod(0o755)
         self._start_munge()
         self._write_config()
         self._start_daemon(["slurmctld", "-f", str(self.conf_path)], "slurmctld")
         self._wait(lambda: self._ok(["scontrol", "ping"], "UP"), 30, "slurmctld to answer `scontrol ping`")
-        self._start_daemon(["slurmd", "-f", str(self.conf_path), "-N", "localhost"], "slurmd")
-        self._wait(self._node_idle, 60, "node localhost to become idle in sinfo")
+        for node in self.node_names:
+            self._run_checked(["slurmd", "-f", str(self.conf_path), "-N", node], "slurmd")
+            self._wait(lambda: _pid_alive(_read_pid(self.slurmd_pid_file(node)) or -1), 15, f"slurmd {node} pid file")
+        self._wait(self._node_idle, 60, f"node(s) {','.join(self.node_names)} to become idle in sinfo")
         self._started = True
 
     def stop(self) -> None:
@@ -220,7 +232,9 @@ class SlurmCluster:
                 subprocess.run(["scancel", "--partition", PARTITION], env=self.env(), capture_output=True, timeout=20)
                 self._wait_quietly(lambda: not self.squeue(states="RUNNING,PENDING,COMPLETING"), 30)
                 subprocess.run(["scontrol", "shutdown"], env=self.env(), capture_output=True, timeout=20)
-            for daemon in ("slurmd", "slurmctld", "munged"):
+            for node in self.node_names:
+                _stop_pid(_read_pid(self.slurmd_pid_file(node)), "slurmd")
+            for daemon in ("slurmctld", "munged"):
                 _stop_pid(_read_pid(self.pid_file(daemon)), daemon)
         finally:
             if self._owns_system_conf():
@@ -323,7 +337,9 @@ class SlurmCluster:
         match = re.search(r"^StateSaveLocation=(.+)/state$", text, re.M)
         if match:
             old_root = Path(match.group(1))
-            for daemon in ("slurmd", "slurmctld", "munged"):
+            for pid_file in sorted(old_root.glob("slurmd*.pid")):  # slurmd.pid, or slurmd-n1.pid, ...
+                _stop_pid(_read_pid(pid_file), "slurmd", timeout=5)
+            for daemon in ("slurmctld", "munged"):
                 _stop_pid(_read_pid(old_root / f"{daemon}.pid"), daemon, timeout=5)
         SYSTEM_CONF.unlink()
 
@@ -352,11 +368,12 @@ class SlurmCluster:
             "CredType=cred/munge",
             f"AuthInfo=socket={self.munge_socket}",
             f"StateSaveLocation={root}/state",
-            f"SlurmdSpoolDir={root}/spool",
+            # several slurmd on one host: %n (the node name) keeps their spool, pid and log apart
+            f"SlurmdSpoolDir={root}/spool" + ("" if self.nodes == 1 else "/%n"),
             f"SlurmctldPidFile={self.pid_file('slurmctld')}",
-            f"SlurmdPidFile={self.pid_file('slurmd')}",
+            f"SlurmdPidFile={self.pid_file('slurmd')}" if self.nodes == 1 else f"SlurmdPidFile={root}/slurmd-%n.pid",
             f"SlurmctldLogFile={self.log_dir}/slurmctld.log",
-            f"SlurmdLogFile={self.log_dir}/slurmd.log",
+            f"SlurmdLogFile={self.log_dir}/slurmd" + ("" if self.nodes == 1 else "-%n") + ".log",
             # no cgroups in a container without systemd
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
@@ -375,13 +392,21 @@ class SlurmCluster:
             "SlurmdTimeout=60",
             "InactiveLimit=0",
             "KillWait=5",
-            f"NodeName=localhost NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={self.real_memory_mb} State=UNKNOWN",
-            f"PartitionName={PARTITION} Nodes=localhost Default=YES MaxTime=INFINITE State=UP",
+            *self._node_lines(),
+            f"PartitionName={PARTITION} Nodes={','.join(self.node_names)} Default=YES MaxTime=INFINITE State=UP",
         ]
         SYSTEM_CONF.parent.mkdir(parents=True, exist_ok=True)
         tmp = SYSTEM_CONF.with_name(".slurm.conf.tmp")
         tmp.write_text("\n".join(lines) + "\n")
         tmp.replace(SYSTEM_CONF)
+
+    def _node_lines(self) -> list[str]:
+        if self.nodes == 1:
+            return [f"NodeName=localhost NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={self.real_memory_mb} "
+                    "State=UNKNOWN"]
+        memory = self.real_memory_mb // self.nodes
+        return [f"NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 Port={_free_port()} CPUs={self.cpus} "
+                f"RealMemory={memory} State=UNKNOWN" for node in self.node_names]
 
     def _start_daemon(self, cmd: list[str], name: str) -> None:
         self._run_checked(cmd, name)
@@ -399,9 +424,10 @@ class SlurmCluster:
         return proc.returncode == 0 and needle in proc.stdout
 
     def _node_idle(self) -> bool:
-        proc = subprocess.run(["sinfo", "--noheader", "-n", "localhost", "-o", "%T"],
+        proc = subprocess.run(["sinfo", "--noheader", "-N", "-n", ",".join(self.node_names), "-o", "%T"],
                               env=self.env(), capture_output=True, text=True, timeout=30)
-        return proc.returncode == 0 and proc.stdout.strip() == "idle"
+        states = proc.stdout.split()
+        return proc.returncode == 0 and len(states) == self.nodes and set(states) == {"idle"}
 
     def _wait(self, predicate, timeout: float, what: str) -> None:
         if not self._wait_quietly(predicate, timeout):

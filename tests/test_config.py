@@ -83,6 +83,9 @@ def test_paper_task_settings_follow_the_upstream_recipe():
     assert paper.data.dapo_source == "hf"
 
 
+# test.yaml as a valid one-GPU verl config, for the verl cases below
+VERL = {"n_gpus_per_node": 1, "rollout_tensor_parallel_size": 1, "repexp_micro_batch_size_per_gpu": 2}
+
 # Each broken config: (patch applied to configs/test.yaml, key the error must name, schema catches it too)
 BROKEN = {
     "unknown top-level key": ({"learning_rate": 1e-6}, "learning_rate", True),
@@ -114,21 +117,55 @@ BROKEN = {
     "dapo without a DAPO source": ({"sweep": {"tasks": ["dapo-with-aime24"]}}, "data.dapo_source", False),
     "verl nodes differ from the allocation": (
         {"sweep": {"backends": ["verl"]}, "verl": {"nnodes": 2}}, "resources.train.nodes", False),
+    # rules that a job used to apply only once it started (issue 17: all of them at parse time)
+    "persistent covariance with a random projection": (
+        {"bonus": {"persist_covariance": True}}, "bonus.persist_covariance", False),
+    "persistent covariance with leave-one-out": (
+        {"bonus": {"persist_covariance": True, "randomize_projection": False, "reward_type": "leave_one_out"}},
+        "bonus.persist_covariance", False),
+    "a loss TRL cannot compute": ({"train": {"loss_agg_mode": "seq-mean-token-sum"}}, "train.loss_agg_mode", False),
+    "TRL micro-batch not dividing a mini-batch": ({"train": {"micro_batch_size_per_gpu": 3}},
+                                                  "train.micro_batch_size_per_gpu", False),
+    "verl rollout TP not dividing the GPUs": (
+        {"sweep": {"backends": ["verl"]}, "verl": {"n_gpus_per_node": 2, "rollout_tensor_parallel_size": 4}},
+        "verl.rollout_tensor_parallel_size", False),
+    "verl representation micro-batch not dividing a rank's rows": (
+        {"sweep": {"backends": ["verl"]}, "verl": {**VERL, "repexp_micro_batch_size_per_gpu": 3}},
+        "verl.repexp_micro_batch_size_per_gpu", False),
+    "a legacy verl key verl ignores": ({"sweep": {"backends": ["verl"]}, "verl": {
+        **VERL, "overrides": ["reward_model.enable=true"]}}, "verl.overrides", False),
+    "Ray CPUs beyond the allocation": ({"sweep": {"backends": ["verl"]}, "verl": {**VERL, "ray_num_cpus": 8}},
+                                       "verl.ray_num_cpus", False),
+    "a budget no allocation can hold": ({"train": {"max_hours": 2}}, "train.max_hours", False),  # 3 x 30 min
+    # issue 15: accepted-but-wrong configs
+    "eval TP beyond the eval GPUs": ({"eval": {"engine": "vllm", "tensor_parallel_size": 2}},
+                                     "eval.tensor_parallel_size", False),
+    "eval TP beyond the eval GPUs of one task": (
+        {"resources": {"eval": {"gpu": 1}},
+         "task_overrides": {"gsm8k": {"eval": {"engine": "vllm", "tensor_parallel_size": 2}}}},
+        "task_overrides.gsm8k.eval.tensor_parallel_size", False),
+    "tracking URI with an unknown scheme": ({"tracking": {"tracking_uri": "htp://mlflow:5000"}},
+                                            "tracking.tracking_uri", False),
+    "tracking URI that is a bare path": ({"tracking": {"tracking_uri": "results/mlruns"}},
+                                         "tracking.tracking_uri", False),
+    "a section that is not a mapping": ({"eval": [1, 2]}, "eval", True),
+    "resources of a rule that are not a mapping": ({"resources": {"train": 3}}, "resources.train", True),
+    "override of a task field with the wrong type": (
+        {"task_overrides": {"gsm8k": {"train": {"lr": "fast"}}}}, "task_overrides.gsm8k.train.lr", False),
 }
 
 
+def _deep_merge(dst: dict, src: dict) -> dict:
+    for key, value in src.items():
+        if isinstance(value, dict) and isinstance(dst.get(key), dict) and key != "task_overrides":
+            _deep_merge(dst[key], value)
+        else:
+            dst[key] = value
+    return dst
+
+
 def _patched(patch: dict) -> dict:
-    raw = copy.deepcopy(_raw("test.yaml"))
-
-    def merge(dst, src):
-        for key, value in src.items():
-            if isinstance(value, dict) and isinstance(dst.get(key), dict) and key != "task_overrides":
-                merge(dst[key], value)
-            else:
-                dst[key] = value
-
-    merge(raw, patch)
-    return raw
+    return _deep_merge(copy.deepcopy(_raw("test.yaml")), patch)
 
 
 @pytest.mark.parametrize("case", sorted(BROKEN), ids=lambda c: c.replace(" ", "-"))
@@ -141,6 +178,64 @@ def test_broken_config_fails_naming_the_key(case):
     if schema_catches:  # Snakemake's validate() rejects it first, pointing at the same key
         errors = _schema_errors(raw)
         assert _schema_names(errors, key), f"{case}: schema errors {errors}"
+
+
+def test_numbers_as_yaml_and_snakemake_pass_them_are_numbers(tmp_path):
+    # PyYAML reads `1e-5` (no dot) as a string; Snakemake's --config passes nested values as strings
+    raw = _patched({"train": {"lr": "1e-5", "total_steps": "3", "max_hours": "0.5"},
+                    "sweep": {"betas": ["0.01", "0.02"], "seeds": ["1"]}, "trl": {"gradient_checkpointing": "true"}})
+    cfg = C.load(raw)
+    assert (cfg.train.lr, cfg.train.total_steps, cfg.train.max_hours) == (1e-5, 3, 0.5)
+    assert cfg.sweep.betas == [0.01, 0.02] and cfg.sweep.seeds == [1] and cfg.trl.gradient_checkpointing is True
+    path = tmp_path / "cfg.yaml"
+    path.write_text("train:\n  lr: 1e-5\n  val_n: 2\n")
+    assert C.read_yaml(path)["train"]["lr"] == 1e-5 and C.load(path).train.lr == 1e-5
+
+
+def test_duplicate_yaml_keys_fail_naming_file_and_line(tmp_path):
+    path = tmp_path / "dup.yaml"
+    path.write_text("name: x\ntrain:\n  lr: 1.0e-6\n  val_n: 2\n  lr: 2.0e-6\n")
+    with pytest.raises(C.ConfigError, match=rf"{re.escape(str(path))}: line 5: duplicate key 'lr' \(first at line 3\)"):
+        C.load(path)
+    with pytest.raises(C.ConfigError, match="duplicate key"):
+        C.parse_files({}, [path])  # what the Snakefile does with the files Snakemake read
+
+
+def test_dotlist_overrides(tmp_path):
+    assert C.split_overrides("sweep.betas=[0.01, 0.02]  train.lr=2e-6 'name=a b'") == [
+        "sweep.betas=[0.01, 0.02]", "train.lr=2e-6", "'name=a b'"]
+    cfg = C.load({**_patched({}), "set": "sweep.betas=[0.03,0.04] train.lr=2e-6 eval.max_new_tokens=null"})
+    assert cfg.sweep.betas == [0.03, 0.04] and cfg.train.lr == 2e-6 and cfg.eval.max_new_tokens is None
+    cfg = C.load(_patched({}), overrides=["task_overrides.gsm8k.train.lr=3e-6", "resources.train.gpu=2"])
+    assert C.task_section(cfg, "gsm8k", "train").lr == 3e-6 and C.rule_resources(cfg, "train").gpu == 2
+    for bad, key in (("sweep.betaz=[1]", "sweep.betaz"), ("train.lr=fast", "train.lr"), ("lr", "set")):
+        with pytest.raises(C.ConfigError) as err:
+            C.load(_patched({}), overrides=[bad] if "=" in bad else []) if "=" in bad else C.split_overrides(bad)
+        assert str(err.value).startswith(key + ":"), err.value
+
+
+def test_local_paths_must_exist_and_hub_ids_are_recognised(tmp_path):
+    cfg = C.load(_patched({}))
+    C.check_paths(cfg, REPO)
+    assert C.model_kind("Qwen/Qwen2.5-7B-Instruct", REPO) == "hub" and C.model_kind("gpt2", REPO) == "hub"
+    assert C.model_kind("tiny", REPO) == "alias"
+    for value in ("/abs/missing", "./rel", "results/models/x", "a/b/c", "~/models/x"):
+        assert C.model_kind(value, REPO) == "local", value
+    model = tmp_path / "model"
+    for value, message in ((str(model), "does not exist"), ("results/models/qwen", "does not exist")):
+        with pytest.raises(C.ConfigError, match=f"^model: .*{message}"):
+            C.check_paths(dataclasses.replace(cfg, model=value), REPO)
+    model.mkdir()
+    with pytest.raises(C.ConfigError, match="^model: .*has no config.json"):
+        C.check_paths(dataclasses.replace(cfg, model=str(model)), REPO)
+    (model / "config.json").write_text("{}")
+    C.check_paths(dataclasses.replace(cfg, model=str(model)), REPO)
+    bad = dataclasses.replace(cfg, bonus=dataclasses.replace(cfg.bonus, representation_model="org/../x"))
+    with pytest.raises(C.ConfigError, match="^bonus.representation_model: "):
+        C.check_paths(bad, REPO)
+    with pytest.raises(C.ConfigError, match="^data.source: "):
+        C.check_paths(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, source=str(tmp_path / "nodata"))),
+                      REPO)
 
 
 def test_config_file_errors_name_the_file(tmp_path):
@@ -246,12 +341,49 @@ def test_training_hash_tracks_exactly_what_training_depends_on():
         return C.training_hash(C.compose(C.load(changed), spec))
 
     assert hash_with({"eval.n_samples": 64}) == base_hash  # eval settings: no retraining
-    assert hash_with({"resources.train.runtime": 10}) == base_hash  # scheduler settings: none
+    assert hash_with({"resources.train.runtime": 1000}) == base_hash  # scheduler settings: none
     assert hash_with({"tracking.experiment": "other"}) == base_hash
     assert hash_with({"task_overrides.math.train.lr": 3e-6}) == base_hash  # another task: none
     assert hash_with({"train.lr": 3e-6}) != base_hash
     assert hash_with({"task_overrides.gsm8k.train.lr": 3e-6}) != base_hash
     assert hash_with({"bonus.lamb": 0.1}) != base_hash
+    # issue 15: what does not change this run's training
+    assert hash_with({"trl.eval_batch_size": 4}) == base_hash  # the other backend
+    assert hash_with({"verl.ray_num_cpus": 32}) == base_hash  # where it runs
+    assert hash_with({"train.max_checkpoints_to_keep": 3}) == base_hash  # retention
+    assert hash_with({"train.max_hours": 10}) != base_hash  # the budget decides where training stops
+
+
+@pytest.mark.parametrize("backend", ["trl", "verl"])
+def test_training_hash_covers_the_runs_own_backend_and_method(backend):
+    raw = _patched({"sweep": {"backends": [backend]}, "verl": VERL})
+    other = "verl" if backend == "trl" else "trl"
+    repexp, grpo = C.parse_run("gsm8k", f"{backend}_repexp_k8_b0.01_s42"), C.parse_run("gsm8k", f"{backend}_grpo_s42")
+
+    def hashes(patch: dict) -> tuple[str, str]:
+        cfg = C.load(_deep_merge(copy.deepcopy(raw), patch))
+        return C.training_hash(C.compose(cfg, repexp)), C.training_hash(C.compose(cfg, grpo))
+
+    base = hashes({})
+    own_field = {"trl": {"logging_steps": 2}, "verl": {"max_num_batched_tokens": 4096}}[backend]
+    other_field = {"trl": {"logging_steps": 2}, "verl": {"max_num_batched_tokens": 4096}}[other]
+    assert all(a != b for a, b in zip(hashes({backend: own_field}), base))  # both runs use their backend's section
+    assert hashes({other: other_field}) == base
+    lamb = hashes({"bonus": {"lamb": 0.5}})
+    assert lamb[0] != base[0] and lamb[1] == base[1]  # β = 0 runs ignore the bonus settings
+    runtime = {"trl": {"eval_batch_size": 3, "num_threads": 2, "bonus_micro_batch_size": 4},
+               "verl": {"ray_num_cpus": 1, "log_prob_micro_batch_size_per_gpu": 4}}[backend]
+    assert hashes({backend: runtime}) == base
+
+
+def test_runtime_settings_are_marked_in_the_dataclasses():
+    runtime = {f"{section.__name__}.{f.name}" for section in (C.TrainConfig, C.VerlConfig, C.TrlConfig, C.BonusConfig)
+               for f in dataclasses.fields(section) if f.metadata.get("runtime")}
+    assert runtime == {
+        "TrainConfig.max_checkpoints_to_keep", "VerlConfig.ray_num_cpus",
+        "VerlConfig.log_prob_micro_batch_size_per_gpu",
+        "VerlConfig.repexp_micro_batch_size_per_gpu", "TrlConfig.eval_batch_size", "TrlConfig.gradient_checkpointing",
+        "TrlConfig.bonus_micro_batch_size", "TrlConfig.num_threads"}
 
 
 def test_rule_resources_fill_defaults():

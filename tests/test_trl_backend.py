@@ -139,21 +139,28 @@ def test_missing_data_is_a_clear_error(tmp_path, tiny_model):
     assert main(["--config", str(job)]) == 2
 
 
-def test_pruning_keeps_newest_and_best_checkpoints(tmp_path):
-    from repexp.checkpoints import BestDevTracker, mark_complete
-    from repexp.trl.train import prune_checkpoints
+def test_pruning_keeps_newest_whole_and_best_without_resume_state(tmp_path):
+    from repexp.checkpoints import SLIM_MARKER, BestDevTracker, mark_complete, prune_checkpoints, resumable_steps
+    from repexp.trl.train import RESUME_ONLY
 
     for step in (2, 4, 6, 8):
         directory = checkpoint_dir(tmp_path, step)
         directory.mkdir(parents=True)
+        for name in ("model.safetensors", "config.json", "optimizer.pt", "scheduler.pt", "rng_state.pth"):
+            (directory / name).write_text(name)
         mark_complete(directory)
     tracker = BestDevTracker(tmp_path)
     for step, value in ((2, 0.1), (4, 0.5), (6, 0.2), (8, 0.3)):
         tracker.record_validation(step, {"dev/pass@1": value})
-    prune_checkpoints(tmp_path, 2, tracker)
+    assert prune_checkpoints(tmp_path, None, 4, RESUME_ONLY) == []  # null keeps everything
+    assert complete_steps(tmp_path) == [2, 4, 6, 8]
+    assert prune_checkpoints(tmp_path, 2, tracker.best()["step"], RESUME_ONLY) == [2]
     assert complete_steps(tmp_path) == [4, 6, 8]  # newest two plus the best (step 4)
-    prune_checkpoints(tmp_path, None, tracker)  # null keeps everything
-    assert complete_steps(tmp_path) == [4, 6, 8]
+    best = checkpoint_dir(tmp_path, 4)
+    assert sorted(p.name for p in best.iterdir()) == sorted(["COMPLETE", SLIM_MARKER, "config.json", "model.safetensors"])
+    assert len(list(checkpoint_dir(tmp_path, 8).iterdir())) == 6  # the newest stay whole
+    assert resumable_steps(tmp_path) == [6, 8]  # a retry never resumes from the slimmed one
+    assert tracker.best()["step"] == 4  # still selectable
 
 
 # --------------------------------------------------------------------------- features and reward
@@ -278,7 +285,8 @@ def test_repexp_training_steps(uninterrupted, tiny_model):
     changed = [name for (name, a), (_, b) in zip(initial.named_parameters(), trained.named_parameters())
                if not torch.equal(a, b)]
     assert changed, "training did not change any parameter"
-    assert json.loads((run_dir / "DONE").read_text())["final_step"] == 4
+    done = json.loads((run_dir / "DONE").read_text())
+    assert done["final_step"] == 4 and done["stopped_by"] == "total_steps" and 0 < done["train_hours"] < 1
 
 
 def test_beta_zero_is_plain_grpo_without_representation_model(tmp_path, tiny_model, data_dir, monkeypatch):
@@ -311,6 +319,27 @@ def test_beta_zero_is_plain_grpo_without_representation_model(tmp_path, tiny_mod
         broken = MlflowSink(run_id="no-such-run", tracking_uri=uri)
         broken.log({"step": 1, "x": 1.0}, 1)  # a tracking failure warns; it never raises
     assert not broken.enabled
+
+
+def test_wall_clock_budget_ends_the_run_with_a_validated_checkpoint(tmp_path, tiny_model, data_dir):
+    from repexp.checkpoints import read_budget
+    from repexp.trl.train import train
+
+    # train.max_hours of ~0: the first step ends past it, off the test/save schedule (every 2 steps)
+    cfg = run_config(tmp_path, tiny_model, data_dir,
+                     train={"total_steps": 4, "max_hours": 1e-9, "val_before_train": False})
+    result = train(cfg)
+    run_dir = Path(cfg.run_dir)
+    assert (result.done["final_step"], result.done["stopped_by"], result.done["best_step"]) == (1, "max_hours", 1)
+    assert complete_steps(run_dir) == [1] and read_budget(checkpoint_dir(run_dir, 1))["exhausted"]
+    assert [h["step"] for h in json.loads((run_dir / "best_dev.json").read_text())["history"]] == [1]
+    assert [r["step"] for r in read_metrics(run_dir)] == [1] and "dev/pass@1" in read_metrics(run_dir)[0]
+
+    # DONE lost (killed between the last save and DONE): the next attempt trains nothing and finishes
+    (run_dir / "DONE").unlink()
+    again = train(cfg)
+    assert again.trainer is None and again.done["final_step"] == 1 and again.done["resumed_from_step"] == 1
+    assert again.done["stopped_by"] == "max_hours"
 
 
 @pytest.mark.slow

@@ -444,8 +444,14 @@ def test_checkpoints_resume_and_merge(runtime, tmp_path):
         first.metrics_logger.log({"step_metric": float(step), **dev}, step)
     first.metrics_logger.log({"step_metric": 8.0}, 8)  # logged after the last checkpoint: forgotten on resume
 
-    # the newest checkpoint and the best-dev one survive pruning
+    # the newest checkpoint and the best-dev one survive pruning; the best one without its resume state
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("global_step_*")) == ["global_step_2", "global_step_6"]
+    from repexp.checkpoints import SLIM_MARKER, read_budget, resumable_steps
+
+    assert not list(checkpoint_dir(run_dir, 2).glob("actor/optim_world_size_*"))
+    assert not (checkpoint_dir(run_dir, 2) / "data.pt").exists() and (checkpoint_dir(run_dir, 2) / SLIM_MARKER).exists()
+    assert list(checkpoint_dir(run_dir, 6).glob("actor/optim_world_size_*")) and resumable_steps(run_dir) == [6]
+    assert read_budget(checkpoint_dir(run_dir, 6))["train_seconds"] > 0
     best = json.loads((run_dir / "best_dev.json").read_text())
     assert best["best_step"] == 2 and best["best_checkpoint"] == str(checkpoint_dir(run_dir, 2))
     expected_batch = next(batches)
@@ -457,6 +463,7 @@ def test_checkpoints_resume_and_merge(runtime, tmp_path):
     resumed.train_dataloader = dataloader()
     resumed._load_checkpoint()
     assert resumed.global_steps == 6
+    assert resumed.budget.used_before_s == read_budget(checkpoint_dir(run_dir, 6))["train_seconds"]
     for name, value in _full_state(module).items():
         torch.testing.assert_close(value, states[6][name], msg=name)
     assert torch.equal(next(iter(resumed.train_dataloader)), expected_batch)
@@ -493,3 +500,45 @@ def test_checkpoints_resume_and_merge(runtime, tmp_path):
     (checkpoint_dir(run_dir, 6) / "COMPLETE").unlink()
     with pytest.raises(ValueError, match="not marked complete"):
         merge_checkpoint(checkpoint_dir(run_dir, 6))
+
+
+def test_wall_clock_budget_ends_fit_at_a_validated_saved_step(runtime, tmp_path):
+    """`repexp_run.max_hours` in RepExpTrainer: the step that ends past the budget (here step 3, off
+    the save/test schedule of every 2 steps) is saved, validated and made the last one; an attempt
+    resumed past the budget trains no further step. Validation sampling needs vLLM (a GPU), so
+    `_validate` hands fixed per-sample scores to verl's metric code, as in the test above."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from repexp.checkpoints import checkpoint_dir, is_complete, read_budget
+
+    from verl.utils.tracking import Tracking
+
+    run_dir = tmp_path / "run"
+    cfg = compose_config(runtime["model"], run_dir, "repexp_run.max_hours=1e-9", "trainer.save_freq=2",
+                         "trainer.test_freq=2")
+    trainer = _trainer(cfg, ActorWorkerGroup(_actor_worker(cfg)), step=3)
+    trainer.train_dataloader = StatefulDataLoader(list(range(8)), batch_size=4)
+    trainer.total_training_steps = 10
+    trainer.logger = Tracking(project_name="budget", experiment_name="verl", default_backend=[])
+    trainer._validate = lambda: _validate(trainer, 0.5)
+    trainer.on_train_begin()  # attaches metrics.jsonl; a fresh attempt with this budget still trains step 3
+    assert trainer.total_training_steps == 10
+
+    trainer._finish_if_over_budget()
+    assert trainer.total_training_steps == 3, "fit's loop ends after step 3"
+    assert is_complete(checkpoint_dir(run_dir, 3)) and read_budget(checkpoint_dir(run_dir, 3))["exhausted"]
+    (logged,) = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert logged["step"] == 3 and logged["dev/pass@1"] == pytest.approx(0.5)
+    assert json.loads((run_dir / "best_dev.json").read_text())["best_step"] == 3
+
+    from repexp.verl.train import write_done
+
+    assert write_done(run_dir, 1.0)["stopped_by"] == "max_hours"
+    resumed = _trainer(cfg, ActorWorkerGroup(_actor_worker(cfg)), step=0)
+    resumed.train_dataloader = StatefulDataLoader(list(range(8)), batch_size=4)
+    resumed._load_checkpoint()
+    resumed.total_training_steps = 10
+    resumed.logger = trainer.logger
+    resumed.global_steps += 1  # as fit does before on_train_begin
+    resumed.on_train_begin()
+    assert resumed.total_training_steps == 3, "no step after the one that ended the budget"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 
 import numpy as np
@@ -239,9 +241,12 @@ def test_overrides_map_the_run_config(tmp_path):
 
 
 def test_overrides_refuse_dead_raw_keys_and_follow_tracking(tmp_path):
-    runs = _run_configs(tmp_path, verl={"overrides": ["+reward_model.enable=true"]})
+    with pytest.raises(C.ConfigError, match="^verl.overrides: reward_model.enable is a legacy key"):
+        _run_configs(tmp_path, verl={"overrides": ["+reward_model.enable=true"]})  # at parse time
+    grpo = _run_configs(tmp_path)[("verl", "grpo")]
+    grpo = dataclasses.replace(grpo, verl=dataclasses.replace(grpo.verl, overrides=["+reward_model.enable=true"]))
     with pytest.raises(ValueError, match="reward_model.enable is a legacy key"):
-        build_overrides(runs[("verl", "grpo")])
+        build_overrides(grpo)  # and again where the overrides are built
     runs = _run_configs(tmp_path, tracking={"tracking_uri": "http://mlflow:5000"},
                         verl={"overrides": ["trainer.log_val_generations=2"]})
     overrides = build_overrides(runs[("verl", "repexp")])

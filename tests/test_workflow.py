@@ -25,13 +25,19 @@ REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 PAPER = REPO / "configs" / "paper.yaml"
 TEST = REPO / "configs" / "test.yaml"
-PAPER_JOBS = {"preprocess": 3, "train": 18, "select": 18, "merge": 18, "eval": 21, "testtime": 21, "aggregate": 1,
-              "figures": 1, "all": 1}
+PAPER_JOBS = {"download_model": 1, "download_data": 1, "preprocess": 3, "train": 18, "select": 18, "merge": 18,
+              "eval": 21, "testtime": 21, "aggregate": 1, "figures": 1, "all": 1}
+SLURM_VARIABLES = ("REPEXP_SLURM_ACCOUNT", "REPEXP_SLURM_PARTITION", "REPEXP_SLURM_GPU_PARTITION",
+                   "SLURM_ACCOUNT", "SLURM_PARTITION", "SLURM_GPU_PARTITION", "SBATCH_ACCOUNT", "SBATCH_PARTITION")
 
 
-def snakemake(*args: str, workdir: Path, check: bool = True, timeout: int = 900) -> subprocess.CompletedProcess:
+def snakemake(*args: str, workdir: Path, check: bool = True, timeout: int = 900,
+              env_extra: dict | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.pop("MLFLOW_TRACKING_URI", None)
+    for name in SLURM_VARIABLES:  # the submit shell's cluster settings: only what a test sets
+        env.pop(name, None)
+    env.update(env_extra or {})
     proc = subprocess.run([SNAKEMAKE, "--directory", str(workdir), *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
@@ -49,6 +55,19 @@ def job_counts(proc: subprocess.CompletedProcess) -> dict[str, int]:
     return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.MULTILINE)}
 
 
+def resource_lines(text: str) -> str:
+    return "\n".join(line for line in text.splitlines() if line.strip().startswith("resources:"))
+
+
+def rule_resources_of(text: str, rule: str) -> list[dict[str, str]]:
+    """The `resources:` of every job of `rule` in a dry run's output."""
+    found = []
+    for block in re.findall(rf"^rule {rule}:\n(.*?)(?:\n\n|\Z)", text, re.S | re.M):
+        line = next((line for line in block.splitlines() if line.strip().startswith("resources:")), "")
+        found.append(dict(item.split("=", 1) for item in line.split(":", 1)[1].split(", ") if "=" in item))
+    return found
+
+
 def dry_run(workdir: Path, results: Path, *args: str, configfile: Path = TEST) -> dict[str, int]:
     proc = snakemake("-n", "--profile", "local", "--configfile", str(configfile), *args,
                      "--config", f"results_dir={results}", workdir=workdir)
@@ -58,17 +77,70 @@ def dry_run(workdir: Path, results: Path, *args: str, configfile: Path = TEST) -
 # --------------------------------------------------------------------------- dry runs, lint, errors
 
 
+_paper_dry_runs: dict[str, tuple[subprocess.CompletedProcess, Path]] = {}
+
+
+def paper_dry_run(profile: str, tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """The literal README/paper command (paper.yaml is the Snakefile's default config), dry, with no
+    cluster variables set; run once per profile and session."""
+    if profile not in _paper_dry_runs:
+        workdir = tmp_path_factory.mktemp(f"paper_{profile}")
+        proc = snakemake("-n", "--profile", profile, "all", "--config", f"results_dir={workdir / 'results'}",
+                         workdir=workdir)
+        _paper_dry_runs[profile] = (proc, workdir)
+    return _paper_dry_runs[profile]
+
+
 @pytest.mark.parametrize("profile", ["local", "slurm"])
-def test_paper_dry_run_lists_exactly_the_expected_jobs(profile, tmp_path):
-    # the literal README/paper command (paper.yaml is the Snakefile's default config), dry
-    proc = snakemake("-n", "--profile", profile, "all", "--config", f"results_dir={tmp_path / 'results'}",
-                     workdir=tmp_path)
+def test_paper_dry_run_lists_exactly_the_expected_jobs(profile, tmp_path_factory):
+    proc, tmp_path = paper_dry_run(profile, tmp_path_factory)
     assert job_counts(proc) == PAPER_JOBS
     text = proc.stdout + proc.stderr
     assert "dapo-with-aime24/verl_repexp_k128_b0.01_s43" in text and "math/verl_repexp_k32_b0.01_s41" in text
-    if profile == "slurm":  # GPU requests from config resources, partitions from the profile
-        assert re.search(r"rule train:.*?resources: [^\n]*slurm_partition=\$SLURM_GPU_PARTITION[^\n]*gpu=8", text, re.S)
+    if profile == "slurm":  # GPU requests from config resources; no account/partition unless set (below)
+        assert re.search(r"rule train:.*?resources: [^\n]*gpu=8", text, re.S)
+        assert "slurm_account" not in text and "slurm_partition" not in text and "$" not in resource_lines(text)
     assert not (tmp_path / "results").exists()  # a dry run writes nothing
+
+
+def test_slurm_settings_come_from_the_repexp_variables_only(tmp_path):
+    env = {"REPEXP_SLURM_ACCOUNT": "proj42", "REPEXP_SLURM_PARTITION": "cpu", "REPEXP_SLURM_GPU_PARTITION": "gpu",
+           "SLURM_ACCOUNT": "srun-own-account", "SLURM_PARTITION": "srun-own-partition"}  # srun's: ignored
+    proc = snakemake("-n", "--profile", "slurm", "all", "--config", f"results_dir={tmp_path / 'results'}",
+                     workdir=tmp_path, env_extra=env)
+    text = proc.stdout + proc.stderr
+    assert "srun-own" not in text and "$" not in resource_lines(text)
+    for rule, partition in (("train", "gpu"), ("eval", "gpu"), ("preprocess", "cpu"), ("merge", "cpu")):
+        for resources in rule_resources_of(text, rule):
+            assert (resources["slurm_account"], resources["slurm_partition"]) == ("proj42", partition), rule
+
+
+@pytest.mark.parametrize("env, variable", [
+    ({"REPEXP_SLURM_PARTITION": "cpu"}, "REPEXP_SLURM_GPU_PARTITION"),  # GPU jobs would land on the CPU partition
+    ({"REPEXP_SLURM_ACCOUNT": "$SLURM_ACCOUNT"}, "REPEXP_SLURM_ACCOUNT"),  # an unexpanded variable
+], ids=["gpu-partition-missing", "unexpanded-account"])
+def test_bad_slurm_settings_fail_before_any_job_naming_the_variable(tmp_path, env, variable):
+    proc = snakemake("-n", "--profile", "slurm", "all", "--config", f"results_dir={tmp_path / 'results'}",
+                     workdir=tmp_path, env_extra=env, check=False)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and f"config error: {variable}:" in text and "Job stats" not in text
+
+
+def test_paper_training_budgets_are_finite_and_retention_bounded(tmp_path_factory):
+    """Every train job of the paper's dry run stops by a step count and by a wall-clock budget that
+    ends inside its allocation, and keeps a bounded number of checkpoints."""
+    proc, _ = paper_dry_run("slurm", tmp_path_factory)
+    text = proc.stdout + proc.stderr
+    jobs = re.findall(r"^rule train:\n(?:.*\n)*?\s+wildcards: task=(\S+), run=(\S+)\n", text, re.M)
+    assert len(jobs) == PAPER_JOBS["train"]
+    runtimes = {int(r["runtime"]) for r in rule_resources_of(text, "train")}
+    paper = C.load(PAPER)
+    for task, run in jobs:
+        train = C.compose(paper, C.parse_run(task, run)).train
+        assert train.total_steps is not None and train.total_steps <= 200, (task, run)
+        assert train.max_hours is not None and all(train.max_hours * 60 < runtime for runtime in runtimes)
+        assert train.max_checkpoints_to_keep == 1 and train.test_freq % train.save_freq == 0
+    assert {C.task_section(paper, t, "train").total_steps for t in paper.sweep.tasks} == {200, 80}
 
 
 def test_lint_is_clean(tmp_path):
@@ -93,6 +165,45 @@ def test_broken_configs_fail_before_any_job_naming_the_key(tmp_path, patch, key)
     assert proc.returncode != 0
     assert key in proc.stdout + proc.stderr
     assert "Job stats" not in proc.stdout + proc.stderr
+
+
+def _config_file(tmp_path: Path, text: str) -> Path:
+    """configs/test.yaml's text, edited, with its results_dir under tmp_path."""
+    path = tmp_path / "cfg.yaml"
+    path.write_text(text.replace("results_dir: results/test", f"results_dir: {tmp_path / 'results'}"))
+    return path
+
+
+def test_duplicated_yaml_key_fails_naming_the_file_and_line(tmp_path):
+    config = _config_file(tmp_path, TEST.read_text() + "\ntrain:\n  lr: 2.0e-5\n")  # a second `train:`
+    proc = snakemake("all", "-n", "--configfile", str(config), workdir=tmp_path, check=False)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Job stats" not in text
+    assert re.search(rf"{re.escape(str(config))}: line \d+: duplicate key 'train'", text), text[-2000:]
+
+
+def test_missing_local_model_directory_is_not_taken_for_a_hub_id(tmp_path):
+    raw = yaml.safe_load(TEST.read_text())
+    raw.update(results_dir=str(tmp_path / "results"), model=str(tmp_path / "models" / "Qwen2.5-7B-Instruct"))
+    config = tmp_path / "cfg.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    proc = snakemake("all", "-n", "--configfile", str(config), workdir=tmp_path, check=False)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Job stats" not in text
+    assert f"config error: model: {tmp_path / 'models' / 'Qwen2.5-7B-Instruct'} does not exist" in text
+
+
+def test_exponent_without_a_dot_is_a_number_and_nested_overrides_reach_jobs(tmp_path):
+    # PyYAML (Snakemake's reader) returns `lr: 1e-5` as the string '1e-5'; the config reads it as 1e-05
+    config = _config_file(tmp_path, TEST.read_text().replace("lr: 1.0e-5", "lr: 1e-5"))
+    assert yaml.safe_load(config.read_text())["train"]["lr"] == "1e-5"
+    counts = job_counts(snakemake("all", "-n", "--configfile", str(config), "--config",
+                                  "set=sweep.betas=[0.01, 0.02] train.lr=2e-6 eval.max_new_tokens=null",
+                                  workdir=tmp_path))
+    assert counts["train"] == 3  # two RepExp betas + GRPO
+    cfg = C.load(config, overrides=["sweep.betas=[0.01, 0.02]", "train.lr=2e-6", "eval.max_new_tokens=null"])
+    assert cfg.train.lr == 2e-6 and cfg.sweep.betas == [0.01, 0.02] and cfg.eval.max_new_tokens is None
+    assert C.load(config).train.lr == 1e-5
 
 
 def test_non_canonical_run_names_are_rejected(tmp_path):
@@ -260,6 +371,94 @@ def test_reruns_are_targeted(pipeline, tmp_path):
     changed_train.write_text(yaml.safe_dump(raw))
     assert dry_run(workdir, results, configfile=changed_train) == {
         "train": 2, "select": 2, "eval": 2, "testtime": 2, "aggregate": 1, "figures": 1, "all": 1}
+
+
+# --------------------------------------------------------------------------- rerun triggers of the paper sweep
+
+
+@pytest.fixture(scope="module")
+def finished_paper(tmp_path_factory):
+    """The paper DAG marked finished without running it: every output created, then `snakemake --touch`
+    (which records each job's params, as a real run does, and orders the mtimes along the DAG)."""
+    workdir = tmp_path_factory.mktemp("paper_touched")
+    config = ("--config", f"results_dir={workdir / 'results'}")
+    summary = snakemake("--summary", "--profile", "local", "all", *config, workdir=workdir).stdout
+    for line in summary.splitlines()[1:]:
+        fields = line.split("\t")
+        if len(fields) < 3 or "\t" not in line:
+            continue
+        path = workdir / fields[0]
+        if fields[2] in ("download_model", "model"):  # directory() outputs
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch()
+    snakemake("--touch", "--forceall", "--profile", "local", "all", *config, workdir=workdir)  # every job recorded
+    assert dry_paper(workdir)[0] == {}, "a touched DAG has nothing to do"
+    return workdir
+
+
+def dry_paper(workdir: Path, *overrides: str) -> tuple[dict[str, int], str]:
+    """Job counts and output of a dry run of the paper sweep under the profiles' rerun triggers."""
+    config = [f"results_dir={workdir / 'results'}", *(["set=" + " ".join(overrides)] if overrides else [])]
+    proc = snakemake("-n", "--profile", "local", "all", "--config", *config, workdir=workdir)
+    return job_counts(proc), proc.stdout + proc.stderr
+
+
+def test_hub_downloads_feed_every_job_with_local_paths(finished_paper, tmp_path_factory):
+    """The paper's hub model and hub datasets are fetched by the two download localrules; every
+    preprocess, train and base-eval job depends on those local copies, and the config snapshot
+    that jobs read names local paths only (no hub id, no `hf`)."""
+    proc, workdir = paper_dry_run("slurm", tmp_path_factory)
+    text = proc.stdout + proc.stderr
+    hub_dir = "results/models/hub/Qwen--Qwen2.5-7B-Instruct"
+    for rule in ("train", "preprocess"):
+        blocks = re.findall(rf"^rule {rule}:\n(.*?)(?:\n\n|\Z)", text, re.S | re.M)
+        needed = hub_dir if rule == "train" else "results/downloads/data/"
+        assert blocks and all(needed in block.split("output:")[0] for block in blocks), rule
+    base_evals = [b for b in re.findall(r"^rule eval:\n(.*?)(?:\n\n|\Z)", text, re.S | re.M) if "run=base" in b]
+    assert len(base_evals) == 3 and all(hub_dir in block for block in base_evals)
+
+    (snapshot,) = (finished_paper / "results" / "config").glob("repexp-paper-*.yaml")
+    cfg = C.load(snapshot)  # paths as jobs see them: relative to the workdir, where results_dir lies
+    assert cfg.model == hub_dir and cfg.results_dir == "results"
+    assert (cfg.data.source, cfg.data.dapo_source) == ("results/downloads/data", "results/downloads/data/dapo")
+    for spec in C.sweep_runs(cfg):
+        run = C.compose(cfg, spec)
+        assert run.model == hub_dir and run.data_dir.startswith("results/data/")
+
+
+def test_both_profiles_rerun_on_the_same_triggers():
+    profiles = REPO / "workflow" / "profiles"
+    triggers = {name: yaml.safe_load((profiles / name / "profile.yaml").read_text())["rerun-triggers"]
+                for name in ("local", "slurm")}
+    assert triggers["local"] == triggers["slurm"] == ["mtime", "input", "params"]
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    # the other backend's settings, where Ray runs (not what it computes), retention: nothing at all
+    (("trl.eval_batch_size=4", "verl.ray_num_cpus=32", "train.max_checkpoints_to_keep=3"), {}),
+    # an eval setting: the evals and what reads them, no training
+    (("eval.shard_size=16",), {"eval": 21, "aggregate": 1, "figures": 1, "all": 1}),
+], ids=["runtime-settings", "eval-setting"])
+def test_settings_that_do_not_change_training_rerun_no_training(finished_paper, overrides, expected):
+    counts, text = dry_paper(finished_paper, *overrides)
+    assert counts == expected, text[-3000:]
+
+
+def test_bonus_settings_rerun_the_repexp_runs_only(finished_paper):
+    counts, text = dry_paper(finished_paper, "bonus.lamb=0.1")
+    assert counts == {"train": 9, "select": 9, "merge": 9, "eval": 9, "aggregate": 1, "figures": 1, "all": 1}
+    trained = re.findall(r"^rule train:\n(?:.*\n)*?\s+wildcards: task=\S+, run=(\S+)\n", text, re.M)
+    assert trained and all("_repexp_" in run for run in trained)  # none of the β = 0 (GRPO) runs
+
+
+def test_a_new_beta_runs_exactly_its_own_points(finished_paper):
+    counts, text = dry_paper(finished_paper, "sweep.betas=[0.01,0.02]")
+    assert counts == {"train": 9, "select": 9, "merge": 9, "eval": 9, "aggregate": 1, "figures": 1, "all": 1}
+    trained = re.findall(r"^rule train:\n(?:.*\n)*?\s+wildcards: task=(\S+), run=(\S+)\n", text, re.M)
+    assert sorted(trained) == sorted((task, f"verl_repexp_k{32 if task != 'dapo-with-aime24' else 128}_b0.02_s{seed}")
+                                     for task in ("math", "gsm8k", "dapo-with-aime24") for seed in (41, 42, 43))
 
 
 # --------------------------------------------------------------------------- the train node's run directory

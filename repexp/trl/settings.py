@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from repexp.config import ConfigError, RunConfig
+from repexp.config import ConfigError, RunConfig, check_bonus
 
 # verl loss aggregation → TRL loss_type with the same normalisation.
 #   token-mean: Σ token losses / number of tokens in the mini-batch  = TRL "dapo"
@@ -77,14 +77,8 @@ def check_run_config(cfg: RunConfig) -> None:
             f"train.loss_agg_mode: {cfg.train.loss_agg_mode!r} has no TRL equivalent "
             f"(the TRL backend supports {', '.join(LOSS_TYPES)})"
         )
-    bonus = cfg.bonus
-    if bonus.persist_covariance and bonus.reward_type != "leverage":
-        raise ConfigError("bonus.persist_covariance: a persistent covariance supports reward_type 'leverage' only")
-    if bonus.persist_covariance and bonus.randomize_projection:
-        raise ConfigError(
-            "bonus.persist_covariance: needs bonus.randomize_projection=false "
-            "(accumulating features of different projections is meaningless)"
-        )
+    if cfg.beta > 0:
+        check_bonus(cfg.bonus)  # the pipeline's own rule, also applied when the config is parsed
     train = cfg.train
     if train.train_batch_size % train.ppo_mini_batch_size:
         raise ConfigError(

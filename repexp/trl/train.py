@@ -31,10 +31,14 @@ from typing import Any, Callable, Optional
 from repexp.checkpoints import (
     DONE_FILE,
     BestDevTracker,
+    TrainingBudget,
+    budget_actions,
     checkpoint_dir,
     complete_steps,
     is_complete,
     mark_complete,
+    prune_checkpoints,
+    resumable_steps,
     write_done,
 )
 from repexp.config import ConfigError, RunConfig, load_run_config
@@ -126,20 +130,12 @@ def prepare_run_dir(run_dir: Path, resume: str) -> Optional[int]:
     for directory in root.glob("global_step_*") if root.exists() else []:
         if not is_complete(directory):
             shutil.rmtree(directory)  # a save cut short by a kill
-    steps = complete_steps(run_dir)
+    steps = resumable_steps(run_dir)
     return steps[-1] if steps else None
 
 
-def prune_checkpoints(run_dir: Path, keep: Optional[int], tracker: BestDevTracker) -> None:
-    """Keep the newest `keep` complete checkpoints and the best-dev one; remove the rest."""
-    if keep is None:
-        return
-    steps = complete_steps(run_dir)
-    best = tracker.best()
-    protected = set(steps[-keep:]) | ({best["step"]} if best else set())
-    for step in steps:
-        if step not in protected:
-            shutil.rmtree(checkpoint_dir(run_dir, step), ignore_errors=True)
+# Files of a TRL checkpoint that only resuming reads (the kept best-dev checkpoint drops them).
+RESUME_ONLY = ("optimizer.pt", "scheduler.pt", "rng_state*.pth", "repexp_state*")
 
 
 # TRL's reward statistics describe what the reward function returns, here the group-normalised
@@ -207,12 +203,14 @@ def _callback_class():
             mlflow: MlflowSink,
             reward: Any,
             validate: Callable[[Any, int], dict],
+            budget: TrainingBudget,
         ):
             self.cfg, self.plan, self.run_dir = cfg, plan, run_dir
             self.metrics, self.tracker, self.mlflow = metrics, tracker, mlflow
-            self.reward, self.validate = reward, validate
+            self.reward, self.validate, self.budget = reward, validate, budget
             self.pending: dict = {}
             self.step_started = time.perf_counter()
+            self.final_step = plan.total_steps  # lowered when the wall-clock budget ends the run
 
         def _record(self, record: dict) -> None:
             self.metrics.append(record)
@@ -240,10 +238,15 @@ def _callback_class():
             step = self.plan.step_of(state.global_step)
             self.pending["timing_s/step"] = time.perf_counter() - self.step_started
             last = state.global_step >= state.max_steps
-            if step % self.cfg.train.test_freq == 0 or last:
+            if not last and self.budget.exhausted():  # train.max_hours: this step is the last one
+                last, self.final_step = True, step
+                control.should_training_stop = True
+            validate, save = budget_actions(step, test_freq=self.cfg.train.test_freq,
+                                            save_freq=self.cfg.train.save_freq, last=last)
+            if validate:
                 self.pending.update(self._validate(model, step))
                 control.should_log = True
-            if step % self.cfg.train.save_freq == 0 or last:
+            if save:
                 control.should_save = True
             if last:
                 control.should_log = True
@@ -269,8 +272,11 @@ def _callback_class():
                 "step": step, "optimizer_steps": state.global_step, "run": self.cfg.run,
                 "config_hash": self.cfg.config_hash,
             })
+            self.budget.save(target)
             mark_complete(target)
-            prune_checkpoints(self.run_dir, self.cfg.train.max_checkpoints_to_keep, self.tracker)
+            best = self.tracker.best()
+            prune_checkpoints(self.run_dir, self.cfg.train.max_checkpoints_to_keep,
+                              best["step"] if best else None, RESUME_ONLY)
             self.tracker.write()
 
     return RunCallback
@@ -291,7 +297,7 @@ def _device(cfg: RunConfig):
 
 def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Callable] = None) -> TrainResult:
     """Train one run to completion (or finish a killed one). Returns what it wrote to DONE."""
-    started = time.time()
+    started, attempt_started = time.time(), time.monotonic()
     trl_settings.check_run_config(cfg)
     if resume not in ("auto", "never"):
         raise ValueError(f"resume must be 'auto' or 'never', got {resume!r}")
@@ -347,8 +353,13 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
         cfg, tokenizer, optimizer_steps_per_step=plan.optimizer_steps_per_step, device=device,
         dtype=torch.bfloat16 if cfg.trl.dtype == "bfloat16" else torch.float32, backbone_loader=backbone_loader,
     )
+    budget = TrainingBudget.resume(cfg.train.max_hours, checkpoint_dir(run_dir, resume_step)
+                                   if resume_step is not None else None, started=attempt_started)
+    final_step = plan.total_steps
+    if resume_step is not None and budget.exhausted_before():
+        final_step = resume_step  # the budget ended the run at this (validated, saved) step before DONE was written
     trainer = None
-    if resume_step is None or resume_step < plan.total_steps:
+    if resume_step is None or resume_step < final_step:
         from datasets import Dataset
         from trl import GRPOConfig
 
@@ -369,20 +380,23 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
         def run_validation(model: Any, step: int) -> dict:
             return validate(model, dev_problems, step=step, cfg=cfg, tokenizer=tokenizer, eos_token_ids=eos_ids)
 
-        trainer.add_callback(_callback_class()(
+        callback = _callback_class()(
             cfg=cfg, plan=plan, run_dir=run_dir, metrics=metrics, tracker=tracker,
             mlflow=MlflowSink(tracking_uri=cfg.tracking.tracking_uri), reward=reward, validate=run_validation,
-        ))
+            budget=budget,
+        )
+        trainer.add_callback(callback)
         checkpoint = None
         if resume_step is not None:
             checkpoint = checkpoint_dir(run_dir, resume_step)
             reward.load_state(checkpoint)
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         shutil.rmtree(run_dir / STAGING_DIR, ignore_errors=True)
+        final_step = callback.final_step
 
     final = complete_steps(run_dir)
-    if not final or final[-1] != plan.total_steps:
-        raise RuntimeError(f"{run_dir}: training ended without a checkpoint of the last step {plan.total_steps}")
+    if not final or final[-1] != final_step:
+        raise RuntimeError(f"{run_dir}: training ended without a checkpoint of the last step {final_step}")
     done = write_done(run_dir, backend="trl", final_step=final[-1], tracker=tracker,
                       wall_time_s=time.time() - started, resumed_from_step=resume_step)
     return TrainResult(run_dir, done, reward, trainer)

@@ -16,12 +16,13 @@ import re
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from repexp.config import RunConfig
+from repexp.config import DEAD_VERL_KEY_PREFIXES, RunConfig
 from repexp.verl import reward
 
 # The legacy reward keys verl 0.9.1 still accepts but ignores (verl_0_9.md §4), and data keys the
-# reward loop never reads. An override of one of them is a silent no-op, so we refuse them.
-DEAD_KEY_PREFIXES = ("custom_reward_function.", "reward_model.", "data.reward_fn_key")
+# reward loop never reads. An override of one of them is a silent no-op, so we refuse them
+# (and `repexp.config.check` already refuses them at parse time).
+DEAD_KEY_PREFIXES = DEAD_VERL_KEY_PREFIXES
 
 REWARD_FUNCTION = "pkg://repexp.verl.reward"
 CHECKPOINTS_SUBDIR = "checkpoints"
@@ -169,6 +170,7 @@ def build_overrides(run_config: RunConfig, *, loggers: Optional[Sequence[str]] =
         ("trainer.max_actor_ckpt_to_keep", None),
         ("repexp_run.run_dir", str(run_dir)),
         ("repexp_run.max_checkpoints_to_keep", train.max_checkpoints_to_keep),
+        ("repexp_run.max_hours", train.max_hours),
         ("repexp_run.mlflow_tracking_uri", rc.tracking.tracking_uri),
         ("ray_kwargs.ray_init.num_cpus", verl.ray_num_cpus),
         ("hydra.run.dir", str(run_dir / HYDRA_SUBDIR)),

@@ -79,6 +79,7 @@ class RepExpSettings:
 class RunSettings:
     run_dir: Optional[str] = None
     max_checkpoints_to_keep: Optional[int] = None
+    max_hours: Optional[float] = None
     mlflow_tracking_uri: Optional[str] = None
 
     @classmethod
@@ -86,6 +87,8 @@ class RunSettings:
         settings = cls(**_strict_fields(cls, raw, where))
         if settings.max_checkpoints_to_keep is not None:
             _require(settings.max_checkpoints_to_keep >= 1, f"{where}.max_checkpoints_to_keep", "must be >= 1 or null")
+        if settings.max_hours is not None:
+            _require(settings.max_hours > 0, f"{where}.max_hours", "must be > 0 or null")
         return settings
 
 
@@ -112,7 +115,7 @@ def _strict_fields(cls: type, raw: Mapping[str, Any], where: str) -> dict:
         elif isinstance(default, int) or name == "max_checkpoints_to_keep":
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{key}: expected an integer, got {value!r}")
-        elif isinstance(default, float):
+        elif isinstance(default, float) or name == "max_hours":
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"{key}: expected a number, got {value!r}")
             value = float(value)

@@ -14,9 +14,13 @@ What it changes, each through an overridable method of verl's `PPOTrainer`:
 - `_val_metrics_update`: adds unbiased ``dev/pass@k`` and records it in ``best_dev.json``
   (`repexp.checkpoints.BestDevTracker`, same file as the TRL backend).
 - `_save_checkpoint` / `_load_checkpoint`: the persistent covariance is saved into
-  ``global_step_N/repexp_state.pt``; a checkpoint is marked complete only after verl's save
-  returns; old checkpoints are pruned, never the best-dev one; ``trainer.resume_mode=auto``
-  restores the covariance together with the weights and the data order.
+  ``global_step_N/repexp_state.pt``, the training time used into ``budget.json``; a checkpoint is
+  marked complete only after verl's save returns; old checkpoints are pruned to
+  ``max_checkpoints_to_keep`` (the best-dev one is kept without its optimizer state);
+  ``trainer.resume_mode=auto`` restores the covariance and the budget used together with the
+  weights and the data order.
+- `on_step_end` / `on_train_begin`: the wall-clock budget ``repexp_run.max_hours``: the first
+  step that ends past it is validated, saved and made the last one.
 - Every logged step is also appended to ``<run_dir>/metrics.jsonl`` (`{"step": N, <metric>: value}`).
 """
 
@@ -25,7 +29,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +37,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 from transfer_queue import KVBatchMeta
 
-from repexp.checkpoints import BestDevTracker, checkpoint_dir, complete_steps, is_complete, mark_complete
+from repexp.checkpoints import (
+    BestDevTracker,
+    TrainingBudget,
+    checkpoint_dir,
+    is_complete,
+    mark_complete,
+    prune_checkpoints,
+)
 from repexp.io import atomic_path, write_text_atomic
 from repexp.verl import dataplane
 from repexp.verl.bonus import BonusState, compute_step_bonus, group_metrics
@@ -53,6 +63,9 @@ logger = logging.getLogger(__name__)
 
 STATE_FILE = "repexp_state.pt"
 METRICS_FILE = "metrics.jsonl"
+# Files of a verl checkpoint that only resuming reads (the kept best-dev checkpoint drops them;
+# `repexp merge` needs the model shards, fsdp_config.json and huggingface/ only).
+RESUME_ONLY = ("actor/optim_world_size_*", "actor/extra_state_world_size_*", "data.pt", STATE_FILE)
 ACTOR_ROLES = (Role.ActorRolloutRef, Role.ActorRollout, Role.Actor)
 
 
@@ -101,6 +114,7 @@ class RepExpTrainer(PPOTrainerSync):
         self.best_dev = BestDevTracker.load(self.run_dir)
         self.bonus_state = BonusState(self.repexp)
         self.metrics_logger = JsonlMetricsLogger(self.run_dir / METRICS_FILE)
+        self.budget = TrainingBudget(self.run_settings.max_hours)  # resumed in _load_checkpoint
 
     # ------------------------------------------------------------------ workers
 
@@ -188,24 +202,43 @@ class RepExpTrainer(PPOTrainerSync):
         if self.config.actor_rollout_ref.actor.get("checkpoint", {}).get("async_save", False):
             logger.warning("async checkpoint saves are never marked complete; repexp select cannot pick them")
             return
+        self.budget.save(step_dir)
         mark_complete(step_dir)
         self.best_dev.write()
-        self._prune_checkpoints()
-
-    def _prune_checkpoints(self) -> None:
-        keep = self.run_settings.max_checkpoints_to_keep
-        if keep is None:
-            return
-        steps = complete_steps(self.run_dir)
         best = self.best_dev.best()
-        protected = set(steps[-keep:]) | ({best["step"]} if best else set())
-        for step in steps:
-            if step not in protected:
-                shutil.rmtree(checkpoint_dir(self.run_dir, step), ignore_errors=True)
+        prune_checkpoints(self.run_dir, self.run_settings.max_checkpoints_to_keep, best["step"] if best else None,
+                          RESUME_ONLY)
+
+    # ------------------------------------------------------------------ the wall-clock budget (train.max_hours)
+
+    def _finish_if_over_budget(self) -> None:
+        """At the end of a step past the budget: validate and save it (unless verl's schedule does
+        either at this step anyway) and make it the last step, so that `fit` returns and DONE follows."""
+        step = self.global_steps
+        if step >= self.total_training_steps or not self.budget.exhausted():
+            return
+        logger.warning("train.max_hours %s reached at step %d: validating, saving and finishing",
+                       self.run_settings.max_hours, step)
+        trainer = self.config.trainer
+        if step % trainer.save_freq:  # verl saved this step already when it is on the save schedule
+            self._save_checkpoint()
+        if step % trainer.test_freq:  # verl validates it after this hook when it is on the test schedule
+            self.on_validate_begin()
+            val_metrics = self._validate()
+            self.on_validate_end()
+            self.logger.log(data=val_metrics, step=step)
+        self.total_training_steps = step  # fit's loop ends after this step
+
+    def on_step_end(self):
+        super().on_step_end()  # the new weights reach the rollout replicas first: validation samples them
+        self._finish_if_over_budget()
 
     def _load_checkpoint(self):
         super()._load_checkpoint()
         step = self.global_steps
+        if step > 0:  # the training time the resumed checkpoint had used counts against the budget
+            self.budget = TrainingBudget.resume(self.run_settings.max_hours, checkpoint_dir(self.run_dir, step),
+                                                started=self.budget.started)
         # forget what a previous attempt logged after the state we resume from
         self.metrics_logger.truncate_after(step)
         self.best_dev.history = [entry for entry in self.best_dev.history if entry["step"] <= step]
@@ -237,6 +270,9 @@ class RepExpTrainer(PPOTrainerSync):
     def on_train_begin(self):
         self._attach_metrics_logger()
         super().on_train_begin()
+        if self.budget.exhausted_before():
+            # resumed from the step at which the budget ended the run (DONE was not written yet): no more steps
+            self.total_training_steps = self.global_steps - 1
 
 
 def _prompt_keys(data) -> list[str]:

@@ -5,6 +5,7 @@
 import dataclasses
 import functools
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -34,39 +35,101 @@ def _for_jobs(path):
 
 
 def _source_for_jobs(source):
-    """`hf` stays; a relative data path resolves against the repository root."""
-    if source is None or source == "hf":
-        return source
+    """A local data path as jobs see it (relative paths resolve against the repository root)."""
+    if source is None:
+        return None
     return os.path.relpath(_from_root(source), WORKDIR)
 
 
-def _model_for_jobs(model):
-    """Aliases and hub ids stay; an existing repo-relative directory becomes job-relative."""
-    if model in C.MODEL_ALIASES or Path(model).is_absolute():
+def _model_for_jobs(model, results_dir):
+    """Aliases stay (the model rule builds them); a hub id becomes its local copy (download_model);
+    a local directory becomes job-relative. Jobs never see a hub id."""
+    kind = C.model_kind(model, REPO_ROOT)
+    if kind == "alias":
         return model
-    local = REPO_ROOT / model
-    return os.path.relpath(local, WORKDIR) if local.exists() else model
+    if kind == "hub":
+        return str(C.hub_model_dir(results_dir, model))
+    return _for_jobs(_from_root(os.path.expanduser(model)))
+
+
+# --------------------------------------------------------------------------- SLURM settings
+# The one place for cluster settings (docs/slurm.md): read from these variables of the submit
+# shell, never from SLURM's own input variables (SLURM_ACCOUNT, SLURM_PARTITION, ... change what
+# every interactive `srun`/`sbatch` does) and never through the profile's `$VAR` expansion (which
+# leaves an unset variable in place, literally). Unset or empty: the flag is not passed and SLURM's
+# defaults apply (the plugin guesses an account or submits without -A; the default partition).
+SLURM_VARIABLES = {
+    "account": "REPEXP_SLURM_ACCOUNT",  # -A for every job
+    "partition": "REPEXP_SLURM_PARTITION",  # -p for CPU jobs (preprocess, merge, model)
+    "gpu_partition": "REPEXP_SLURM_GPU_PARTITION",  # -p for jobs with resources.<rule>.gpu > 0 (train, eval)
+}
+
+
+def slurm_settings(cfg):
+    """{account, partition, gpu_partition} from the environment; values are checked here, so a
+    bad one fails before any job, naming the variable."""
+    settings = {}
+    for name, variable in SLURM_VARIABLES.items():
+        value = os.environ.get(variable, "").strip()
+        if value and not re.fullmatch(r"[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*", value):
+            raise C.ConfigError(f"{variable}: {value!r} is not a SLURM account or partition name"
+                                + (" (an unexpanded shell variable?)" if "$" in value else ""))
+        settings[name] = value or None
+    gpu_rules = [rule for rule in C.RULES if C.rule_resources(cfg, rule).gpu > 0]
+    if settings["partition"] and not settings["gpu_partition"] and gpu_rules:
+        raise C.ConfigError(
+            f"{SLURM_VARIABLES['gpu_partition']}: not set, but {SLURM_VARIABLES['partition']}="
+            f"{settings['partition']} is, and rules {', '.join(gpu_rules)} request GPUs; set it to the GPU "
+            f"partition (or to {settings['partition']} if that one has the GPUs)")
+    return settings
+
+
+def slurm_resources(rule):
+    """The -A/-p resources of one rule (none for settings left unset)."""
+    out = {}
+    if SLURM["account"]:
+        out["slurm_account"] = SLURM["account"]
+    partition = SLURM["gpu_partition"] if C.rule_resources(CFG, rule).gpu > 0 else SLURM["partition"]
+    if partition:
+        out["slurm_partition"] = partition
+    return out
 
 
 try:
-    _loaded = C.load(config)
-    # Local sources must exist before any job is scheduled (a cluster's hf source is checked by the job).
-    for _key, _source in (("data.source", _loaded.data.source), ("data.dapo_source", _loaded.data.dapo_source)):
-        if _source not in (None, "hf") and not _from_root(_source).exists():
-            raise C.ConfigError(f"{_key}: {_from_root(_source)} does not exist")
+    C.check(PARSED_CONFIG)
+    C.check_paths(PARSED_CONFIG, REPO_ROOT)
+    SLURM = slurm_settings(PARSED_CONFIG)
 except C.ConfigError as err:
     raise ValueError(f"config error: {err}") from None
+
+_loaded = PARSED_CONFIG
+_results = _for_jobs(_from_root(_loaded.results_dir))
+# The hub models and datasets the sweep needs; download_model / download_data fetch them once,
+# on the submit host, into results/ (docs/pipeline.md, "Downloads").
+HUB_MODELS = {
+    str(C.hub_model_dir(_results, value)): value
+    for value in (_loaded.model, _loaded.bonus.representation_model)
+    if value is not None and C.model_kind(value, REPO_ROOT) == "hub"
+}
+HUB_DATA_DIR = str(C.hub_data_dir(_results))
+HUB_DATA = _loaded.data.source == "hf" or _loaded.data.dapo_source == "hf"
 
 # The effective config with every path as jobs see it. Jobs read its snapshot (not the
 # configfile, which `--config` overrides may have changed).
 CFG = dataclasses.replace(
     _loaded,
-    results_dir=_for_jobs(_from_root(_loaded.results_dir)),
-    model=_model_for_jobs(_loaded.model),
+    results_dir=_results,
+    model=_model_for_jobs(_loaded.model, _results),
     data=dataclasses.replace(
         _loaded.data,
-        source=_source_for_jobs(_loaded.data.source),
-        dapo_source=_source_for_jobs(_loaded.data.dapo_source),
+        source=HUB_DATA_DIR if _loaded.data.source == "hf" else _source_for_jobs(_loaded.data.source),
+        dapo_source=(str(Path(HUB_DATA_DIR, "dapo")) if _loaded.data.dapo_source == "hf"
+                     else _source_for_jobs(_loaded.data.dapo_source)),
+    ),
+    bonus=dataclasses.replace(
+        _loaded.bonus,
+        representation_model=(_model_for_jobs(_loaded.bonus.representation_model, _results)
+                              if _loaded.bonus.representation_model else None),
     ),
 )
 RESULTS = CFG.results_dir
@@ -83,6 +146,12 @@ os.environ.update(
     REPEXP_WORKFLOW_DIR=str(REPO_ROOT / "workflow"),
     # A SLURM jobstep's own Snakemake numbers its jobs afresh: its {jobid} is not the scheduler's.
     REPEXP_SNAKEMAKE_EXEC="remote" if workflow.remote_exec else "main",
+    # Jobs read local paths only: hub models and datasets are fetched once, on the submit host, by
+    # download_model/download_data (which lift these for their own process); a job that would
+    # reach for the Hub on a compute node without internet fails at once instead of hanging.
+    HF_HUB_OFFLINE="1",
+    HF_DATASETS_OFFLINE="1",
+    TRANSFORMERS_OFFLINE="1",
 )
 
 
@@ -116,6 +185,8 @@ onstart:
 
 RUNS = C.sweep_runs(CFG)
 MODEL_ALIAS = CFG.model if CFG.model in C.MODEL_ALIASES else None
+# download_model's wildcard: exactly the hub models of this config (no match when there are none)
+HUB_MODEL_PATTERN = "|".join(re.escape(Path(path).name) for path in HUB_MODELS) or "(?!)"
 EXPERIMENT = CFG.tracking.experiment or CFG.name  # one MLflow experiment per config
 
 
@@ -149,8 +220,44 @@ def eval_file(task, run):
 
 
 def model_dir():
-    """The policy directory the rules depend on (offline aliases only; hub ids have no rule)."""
-    return [f"{RESULTS}/models/{MODEL_ALIAS}"] if MODEL_ALIAS else []
+    """The model directories the rules depend on: an offline alias (the model rule) and the hub
+    models (download_model); a local directory given in the config has no rule."""
+    return ([f"{RESULTS}/models/{MODEL_ALIAS}"] if MODEL_ALIAS else []) + list(HUB_MODELS)
+
+
+def policy_dir():
+    """The initial policy's directory when a rule makes it (alias or hub download), else []."""
+    if MODEL_ALIAS:
+        return [f"{RESULTS}/models/{MODEL_ALIAS}"]
+    return [CFG.model] if CFG.model in HUB_MODELS else []
+
+
+def hub_data_files():
+    """The JSONL files download_data writes: every hub table the sweep's tasks read."""
+    if not HUB_DATA:
+        return []
+    from repexp.download import data_files  # imports numpy: only for configs that download
+
+    return [str(Path(HUB_DATA_DIR, name)) for name in
+            data_files(CFG.sweep.tasks, source_hf=PARSED_CONFIG.data.source == "hf",
+                       dapo_hf=PARSED_CONFIG.data.dapo_source == "hf")]
+
+
+def preprocess_inputs(wildcards):
+    return hub_data_files()
+
+
+def hub_repo_id(wildcards, output):
+    return HUB_MODELS[output[0]]
+
+
+def download_data_flags(wildcards):
+    flags = [*CFG.sweep.tasks, "--out", HUB_DATA_DIR]
+    if PARSED_CONFIG.data.source == "hf":
+        flags.append("--tables")
+    if PARSED_CONFIG.data.dapo_source == "hf":
+        flags.append("--dapo")
+    return shlex.join(flags)
 
 
 def all_eval_files():
@@ -226,7 +333,7 @@ def run_spec(task, run):
 
 @functools.lru_cache(maxsize=None)
 def run_config(task, run):
-    return C.compose(CFG, run_spec(task, run))
+    return C.compose(CFG, run_spec(task, run), cfg_hash=CONFIG_HASH)
 
 
 def training_hash(wildcards):
@@ -241,7 +348,7 @@ def backend_of(wildcards):
 
 def preprocess_flags(wildcards):
     data = CFG.data
-    flags = ["--source", data.source, "--seed", str(data.split_seed)]
+    flags = ["--source", data.source, "--seed", str(data.split_seed)]  # local paths only (downloads)
     for name in ("train", "dev", "test"):
         limit = getattr(data, f"limit_{name}")
         if limit is not None:
@@ -260,7 +367,7 @@ def eval_flags(wildcards):
         "--max-new-tokens", ev.max_new_tokens, "--seed", rc.seed, "--batch-size", ev.batch_size,
         "--shard-size", ev.shard_size, "--dtype", ev.dtype,
         "--tensor-parallel-size", ev.tensor_parallel_size, "--data-parallel-size", ev.data_parallel_size,
-        "--gpu-memory-utilization", C.canonical(ev.gpu_memory_utilization),
+        "--gpu-memory-utilization", C.canonical(ev.gpu_memory_utilization), "--grader", rc.grader,
     ]
     if ev.max_model_len is not None:
         flags += ["--max-model-len", ev.max_model_len]
@@ -274,8 +381,8 @@ def eval_inputs(wildcards):
     if spec.trains:
         pointer = "merged.json" if spec.backend == "verl" else "select.json"
         inputs["pointer"] = f"{RESULTS}/train/{wildcards.task}/{wildcards.run}/{pointer}"
-    elif MODEL_ALIAS:
-        inputs["model"] = model_dir()[0]
+    elif policy_dir():
+        inputs["model"] = policy_dir()[0]
     return inputs
 
 
@@ -302,21 +409,25 @@ def attempt_number(wildcards, attempt):
 
 
 def rule_resources(rule):
-    """Scheduler requests from config `resources.<rule>` (SLURM: --gpus, --cpus-per-task,
-    --mem, -t; multi-node: one task per node started with the rule's own srun/Ray launcher)."""
+    """Scheduler requests from config `resources.<rule>` (SLURM: --gpus, --cpus-per-task, --mem, -t)
+    plus account and partition (slurm_resources). Multi-node (nodes > 1): one task per node with
+    the rule's CPUs and GPUs, started by the rule's own srun launcher (ray_slurm.sh)."""
     res = C.rule_resources(CFG, rule)
     out = {
         "mem_mb": res.mem_mb,
         "runtime": res.runtime,
         "cpus_per_task": res.cpus_per_task,
         "nodes": res.nodes,
-        "gpus_per_node": res.gpu,
+        "gpus_per_node": res.gpu,  # for ray_slurm.sh's srun steps; not an sbatch flag
         "attempt": attempt_number,
+        **slurm_resources(rule),
     }
     if res.nodes > 1:
-        # GPUs per node via gres; `mpi` makes the jobstep run the command once in the batch
-        # step (no `srun -n1` wrapper), so workflow/scripts/ray_slurm.sh can srun per node.
-        out.update(tasks=res.nodes, mpi="srun", tasks_per_gpu=0)
+        # --nodes=N --ntasks=N --ntasks-per-node=1 --cpus-per-task=C --gres=gpu:G: every node holds
+        # C CPUs and G GPUs for its one task. `mpi` makes the jobstep run the command once in the
+        # batch step (no `srun -n1` wrapper), so ray_slurm.sh can srun one Ray node per host;
+        # tasks_per_gpu=0 keeps the plugin from adding --ntasks-per-gpu.
+        out.update(tasks=res.nodes, mpi="srun", tasks_per_gpu=0, slurm_extra="--ntasks-per-node=1")
         if res.gpu:
             out["gres"] = f"gpu:{res.gpu}"
     else:

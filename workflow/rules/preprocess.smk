@@ -2,6 +2,8 @@
 
 
 rule preprocess:
+    input:
+        preprocess_inputs,  # the hub tables (download_data) when data.source or data.dapo_source is hf
     output:
         train=data_file("train"),
         dev=data_file("dev"),
@@ -13,9 +15,6 @@ rule preprocess:
         log_path("preprocess", "{task}"),
     benchmark:
         benchmark_path("preprocess", "{task}")
-    # `source: hf` downloads, and a transient network error can pass on retry; local files give the
-    # same error every time (a corrupt line), so they get no retry
-    retries: 1 if CFG.data.source == "hf" else 0
     threads: rule_threads("preprocess")
     resources:
         **rule_resources("preprocess"),

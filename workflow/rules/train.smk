@@ -16,7 +16,9 @@ rule train:
         benchmark_path("train", "{task}", "{run}")
     wildcard_constraints:
         run=C.TRAINED_RUN_PATTERN,
-    retries: 2  # preemption, node failure or walltime: the next attempt resumes from a checkpoint
+    # preemption, node failure or walltime: the next attempt resumes from a checkpoint (and from the
+    # wall-clock budget used so far; config checks train.max_hours against these attempts)
+    retries: C.TRAIN_RETRIES
     threads: rule_threads("train")
     resources:
         **rule_resources("train"),

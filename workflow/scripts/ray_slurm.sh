@@ -4,13 +4,20 @@
 #   ray_slurm.sh NODES GPUS_PER_NODE CPUS_PER_NODE COMMAND [ARGS...]
 #
 # NODES <= 1: exec COMMAND (single node; verl starts its own local Ray).
-# NODES  > 1: called by the `train` rule inside a multi-node allocation (resources nodes=N,
-# tasks=N, mpi="srun": the Snakemake jobstep runs this script once, in the batch step, on the
-# allocation's first node). The jobstep strips SLURM_* variables except SLURM_JOB_ID
-# (orchestration notes §2.4), so the node list comes from squeue/scontrol, not from
-# SLURM_JOB_NODELIST, and the counts come from the arguments (the rule's resources).
-# Starts a Ray head here and one worker per other node (srun --overlap), waits until all nodes
-# joined, exports RAY_ADDRESS for verl's ray.init(), runs COMMAND here, and stops Ray on exit.
+# NODES  > 1: called by the `train` rule inside a multi-node allocation (sbatch --nodes=N
+# --ntasks=N --ntasks-per-node=1 --cpus-per-task=CPUS --gres=gpu:GPUS, mpi="srun": the Snakemake
+# jobstep runs this script once, in the batch step, on the allocation's first node). The jobstep
+# strips SLURM_* variables except SLURM_JOB_ID (orchestration notes §2.4), so the node list comes
+# from squeue/scontrol, not from SLURM_JOB_NODELIST, and the counts come from the arguments (the
+# rule's resources).
+# Starts a Ray head here and one worker per other node, each as its own job step that binds the
+# node's share of the allocation (srun --overlap --cpus-per-task=CPUS --gres=gpu:GPUS: under
+# cgroup confinement a step without them gets one CPU and no GPU), waits until all nodes joined
+# with their CPUs and GPUs, exports RAY_ADDRESS for verl's ray.init(), runs COMMAND here, and
+# stops Ray on exit.
+#
+# REPEXP_RAY_MIN_NODES=1 sends a one-node allocation through the multi-node path (how the test
+# cluster, which has one node, checks the srun steps; docs/slurm.md).
 set -euo pipefail
 
 if [ "$#" -lt 4 ]; then
@@ -20,7 +27,7 @@ fi
 nodes=$1 gpus=$2 cpus=$3
 shift 3
 
-if [ "$nodes" -le 1 ]; then
+if [ "$nodes" -lt "${REPEXP_RAY_MIN_NODES:-2}" ]; then
     exec "$@"
 fi
 
@@ -37,6 +44,12 @@ if [ "${#hosts[@]}" -lt "$nodes" ]; then
     echo "ray_slurm.sh: allocation $SLURM_JOB_ID has ${#hosts[@]} node(s) (${hosts[*]}), $nodes needed" >&2
     exit 2
 fi
+# One task per node holding that node's share of the allocation; --overlap lets these steps share
+# it with the batch step (COMMAND) and with each other.
+step=(srun --overlap --nodes=1 --ntasks=1 --cpus-per-task="$cpus")
+if [ "$gpus" -gt 0 ]; then
+    step+=(--gres="gpu:$gpus")
+fi
 head_node=${hosts[0]}
 head_ip=$(srun --overlap --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address | awk '{print $1}')
 port=${REPEXP_RAY_PORT:-6379}
@@ -46,34 +59,44 @@ ray_tmp="${TMPDIR:-/tmp}/ray-$SLURM_JOB_ID"
 
 pids=()
 cleanup() {
-    for host in "${hosts[@]:0:$nodes}"; do
-        srun --overlap --nodes=1 --ntasks=1 -w "$host" ray stop --force >/dev/null 2>&1 || true
-    done
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    # Each step's `ray start --block` stops the Ray processes it started when srun forwards SIGTERM;
+    # never `ray stop --force`, which kills every Ray instance on the host, other jobs' included.
+    for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
 }
 trap cleanup EXIT
 
-echo "ray_slurm.sh: head $head_node ($RAY_ADDRESS), workers ${hosts[*]:1:$((nodes - 1))}" >&2
-srun --overlap --nodes=1 --ntasks=1 -w "$head_node" \
+echo "ray_slurm.sh: head $head_node ($RAY_ADDRESS), workers ${hosts[*]:1:$((nodes - 1))}," \
+    "$cpus CPUs and $gpus GPUs per node" >&2
+"${step[@]}" -w "$head_node" \
     ray start --head --node-ip-address="$head_ip" --port="$port" --temp-dir="$ray_tmp" \
-    --num-cpus="$cpus" --num-gpus="$gpus" --block &
+    --num-cpus="$cpus" --num-gpus="$gpus" --include-dashboard=false --block &
 pids+=($!)
 sleep 10
 for host in "${hosts[@]:1:$((nodes - 1))}"; do
-    srun --overlap --nodes=1 --ntasks=1 -w "$host" \
+    "${step[@]}" -w "$host" \
         ray start --address="$RAY_ADDRESS" --num-cpus="$cpus" --num-gpus="$gpus" --block &
     pids+=($!)
 done
 
-# Wait (up to 5 minutes) until every node has joined.
+# Wait (up to 5 minutes) until every node has joined with its CPUs and GPUs.
+want_cpus=$((nodes * cpus)) want_gpus=$((nodes * gpus))
 for _ in $(seq 60); do
-    alive=$(python -c "import ray; ray.init(address='$RAY_ADDRESS', logging_level='ERROR'); print(sum(n['Alive'] for n in ray.nodes()))" 2>/dev/null || echo 0)
-    [ "$alive" -ge "$nodes" ] && break
+    read -r alive have_cpus have_gpus < <(python -c "
+import ray
+ray.init(address='$RAY_ADDRESS', logging_level='ERROR')
+total = ray.cluster_resources()
+print(sum(n['Alive'] for n in ray.nodes()), int(total.get('CPU', 0)), int(total.get('GPU', 0)))
+" 2>/dev/null || echo 0 0 0)
+    if [ "$alive" -ge "$nodes" ] && [ "$have_cpus" -ge "$want_cpus" ] && [ "$have_gpus" -ge "$want_gpus" ]; then
+        break
+    fi
     sleep 5
 done
-if [ "${alive:-0}" -lt "$nodes" ]; then
-    echo "ray_slurm.sh: only ${alive:-0}/$nodes Ray nodes joined" >&2
+if [ "${alive:-0}" -lt "$nodes" ] || [ "${have_cpus:-0}" -lt "$want_cpus" ] || [ "${have_gpus:-0}" -lt "$want_gpus" ]; then
+    echo "ray_slurm.sh: Ray has ${alive:-0}/$nodes nodes, ${have_cpus:-0}/$want_cpus CPUs, ${have_gpus:-0}/$want_gpus GPUs" >&2
     exit 1
 fi
+echo "ray_slurm.sh: Ray ready: $alive nodes, $have_cpus CPUs, $have_gpus GPUs" >&2
 
 "$@"

@@ -1,0 +1,121 @@
+"""`repexp download`: fetch a hub model or the hub datasets once, on the submit host.
+
+    repexp download model Qwen/Qwen2.5-7B-Instruct --out results/models/hub/Qwen--Qwen2.5-7B-Instruct
+    repexp download data math gsm8k dapo-with-aime24 --out results/downloads/data --tables --dapo
+
+The workflow runs these as localrules (`download_model`, `download_data`), so compute nodes never
+need internet: every job reads these local copies (the workflow sets HF_HUB_OFFLINE=1 for jobs;
+this command lifts it for its own process).
+
+- `model`: the repository's config, tokenizer and safetensors weights (no duplicate `.bin`/`.pth`
+  or GGUF files) into a temporary sibling directory, renamed into place when complete, so a
+  half-finished download is never taken for a model.
+- `data`: every Hugging Face table the tasks read (`repexp.data.TABLES`), as JSONL in the layout of
+  a local data source (`math/train.jsonl`, ...; the DAPO set as `dapo/train.jsonl`), plus a
+  `MANIFEST.json` with row counts, hashes and origins that `repexp data prepare` verifies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+# Files a Hugging Face model directory needs for transformers, vLLM and verl.
+MODEL_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja", "*.py")
+DAPO_FILE = "dapo/train.jsonl"
+MANIFEST = "MANIFEST.json"
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+def data_files(tasks: Sequence[str], *, source_hf: bool, dapo_hf: bool) -> list[str]:
+    """Relative paths of the JSONL files `data` writes for these tasks (the workflow's outputs)."""
+    from repexp import data
+
+    files: list[str] = []
+    for task in tasks:
+        for name in data.tables_needed(task, data.Options()):
+            path = DAPO_FILE if name == "dapo" else data.TABLES[name].local_path
+            wanted = dapo_hf if name == "dapo" else source_hf
+            if wanted and path not in files:
+                files.append(path)
+    return files
+
+
+def _go_online() -> None:
+    """The workflow marks jobs offline; a download is the one step that must reach the Hub."""
+    for name in OFFLINE_VARIABLES:
+        os.environ.pop(name, None)
+
+
+def download_model(repo_id: str, out: Path, revision: Optional[str] = None) -> Path:
+    _go_online()
+    from huggingface_hub import snapshot_download
+
+    out = Path(out)
+    partial = out.with_name(out.name + ".partial")
+    snapshot_download(repo_id, revision=revision, local_dir=partial, allow_patterns=list(MODEL_PATTERNS))
+    if not (partial / "config.json").is_file():
+        raise FileNotFoundError(f"{repo_id}: the download has no config.json; not a Hugging Face model repository")
+    shutil.rmtree(partial / ".cache", ignore_errors=True)  # huggingface_hub's bookkeeping of the local dir
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(partial, out)
+    return out
+
+
+def download_data(tasks: Sequence[str], out: Path, *, tables: bool, dapo: bool,
+                  loader=None) -> dict:
+    """Write the hub tables of `tasks` as JSONL under `out`; returns the manifest it writes last."""
+    from repexp import data
+    from repexp.io import atomic_path, write_json_atomic
+
+    if loader is None:
+        _go_online()
+    out = Path(out)
+    entries = []
+    for path in data_files(tasks, source_hf=tables, dapo_hf=dapo):
+        name = "dapo" if path == DAPO_FILE else next(n for n, spec in data.TABLES.items() if spec.local_path == path)
+        table = data.load_hf([name], **({"loader": loader} if loader else {}))[name]
+        target = out / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(target) as tmp:
+            with open(tmp, "w", encoding="utf-8") as handle:
+                for row in table.rows:
+                    handle.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+        entries.append({"path": path, "rows": len(table.rows), "sha256": data.sha256_file(target),
+                        "hf_origin": table.origin})
+    manifest = {"note": "written by `repexp download data` from the Hugging Face Hub", "files": entries}
+    write_json_atomic(out / MANIFEST, manifest)
+    return manifest
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True)
+    m = sub.add_parser("model", help="a model repository into a local directory")
+    m.add_argument("repo_id", help="Hugging Face model id, e.g. Qwen/Qwen2.5-7B-Instruct")
+    m.add_argument("--out", required=True, type=Path)
+    m.add_argument("--revision", help="branch, tag or commit (default: main)")
+    d = sub.add_parser("data", help="the hub tables of some tasks as a local data source")
+    d.add_argument("tasks", nargs="+")
+    d.add_argument("--out", required=True, type=Path)
+    d.add_argument("--tables", action="store_true", help="the benchmark tables (config data.source: hf)")
+    d.add_argument("--dapo", action="store_true", help="the DAPO training set (config data.dapo_source: hf)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.action == "model":
+            path = download_model(args.repo_id, args.out, args.revision)
+            print(f"{args.repo_id}: downloaded to {path}")
+        else:
+            manifest = download_data(args.tasks, args.out, tables=args.tables, dapo=args.dapo)
+            print(f"wrote {len(manifest['files'])} tables to {args.out}")
+    except Exception as err:  # noqa: BLE001 - network and Hub errors come in many types; name them and fail
+        print(f"repexp download {args.action}: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    return 0
