@@ -8,7 +8,7 @@
 #   dag          snakemake all --configfile configs/gpu.yaml (the whole DAG, then benchmarks/dag_report.py)
 #   verl_step    benchmarks/verl_step.py: RepExp vs GRPO s/step on Qwen2.5-1.5B shapes
 #   eval_engine  repexp eval --engine vllm vs --engine hf on the DAG's SmolLM2, same problems and n
-#   testtime     benchmarks/testtime.py on the GPU (if present)
+#   testtime     benchmarks/testtime_order.py on the GPU; test-time RepExp of SmolLM2 on arith (n = 256)
 # OUT_DIR/progress.log says which stage runs (one line per start and end, with exit codes);
 # OUT_DIR/<stage>.log holds each stage's output; results go to OUT_DIR/<stage>/.
 set -uo pipefail
@@ -53,8 +53,17 @@ PY
 }
 
 stage_testtime() {
-    [ -f benchmarks/testtime.py ] || { echo "no benchmarks/testtime.py"; return 0; }
-    python3 benchmarks/testtime.py --device cuda --out "$OUT/testtime/testtime_benchmark.json"
+    # the ordering's cost on the GPU, then test-time RepExp on real weights: SmolLM2 on the built-in
+    # arith test split, 256 samples per question (docs/evaluation.md)
+    python3 benchmarks/testtime_order.py --out "$OUT/testtime" --repeats 3 || return 1
+    local model="$RESULTS/models/smollm2"
+    repexp data prepare arith --out /tmp/arith-data || return 1
+    repexp eval --model "$model" --data /tmp/arith-data/test.parquet --out /tmp/arith-eval --engine vllm \
+        --n-samples 256 --max-new-tokens 16 --dtype bfloat16 --gpu-memory-utilization 0.4 --enforce-eager \
+        --seed 7 --overwrite --no-progress || return 1
+    repexp testtime --eval-dir /tmp/arith-eval --model "$model" --out /tmp/arith-testtime --bootstrap 2000 &&
+        cp /tmp/arith-testtime/testtime.json "$OUT/testtime/testtime_arith_smollm2.json" &&
+        cp /tmp/arith-eval/eval.json "$OUT/testtime/eval_arith_smollm2.json"
 }
 
 mark "start ${STAGES[*]}"

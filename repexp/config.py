@@ -155,6 +155,8 @@ class EvalConfig:
     gpu_memory_utilization: float = _f(0.85, help="vLLM memory fraction", exclusiveMinimum=0, maximum=1)
     max_model_len: Optional[int] = _f(None, help="vLLM context length (null: prompt + response)", minimum=1)
     dtype: str = _f("auto", help="model dtype for sampling", enum=("auto", "float32", "bfloat16", "float16"))
+    enforce_eager: bool = _f(False, help="vLLM without CUDA graphs: a faster engine start, slower sampling "
+                             "(worth it for small evaluations)")
 
 
 @dataclass

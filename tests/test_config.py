@@ -53,7 +53,7 @@ def test_every_shipped_config_validates(path):
 
 
 def test_shipped_configs_are_the_documented_ones():
-    assert {p.name for p in SHIPPED} == {"paper.yaml", "local.yaml", "test.yaml"}
+    assert {p.name for p in SHIPPED} == {"paper.yaml", "local.yaml", "test.yaml", "gpu.yaml"}
     paper = C.load(REPO / "configs" / "paper.yaml")
     assert paper.model == "Qwen/Qwen2.5-7B-Instruct" and paper.sweep.backends == ["verl"]
     assert paper.sweep.seeds == [41, 42, 43] and paper.sweep.betas == [0.01]
@@ -65,6 +65,12 @@ def test_shipped_configs_are_the_documented_ones():
     test = C.load(REPO / "configs" / "test.yaml")
     assert test.model == "tiny" and test.sweep.tasks == ["gsm8k"] and len(test.sweep.seeds) == 1
     assert {s.method for s in C.sweep_runs(test)} == {"repexp", "grpo", "base"}
+    local = C.load(REPO / "configs" / "local.yaml")  # the README run: a real model on the built-in task
+    assert local.model == "smollm2" and local.sweep.tasks == ["arith"] and local.sweep.backends == ["trl"]
+    gpu = C.load(REPO / "configs" / "gpu.yaml")  # one GPU: verl, vLLM, two RepExp points + GRPO + base
+    assert gpu.model == "smollm2" and gpu.sweep.backends == ["verl"] and gpu.eval.engine == "vllm"
+    assert sorted(s.method for s in C.sweep_runs(gpu)) == ["base", "grpo", "repexp", "repexp"]
+    assert C.rule_resources(gpu, "train").gpu == gpu.verl.n_gpus_per_node == 1
 
 
 def test_paper_task_settings_follow_the_upstream_recipe():

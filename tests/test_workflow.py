@@ -103,6 +103,23 @@ def test_paper_dry_run_lists_exactly_the_expected_jobs(profile, tmp_path_factory
     assert not (tmp_path / "results").exists()  # a dry run writes nothing
 
 
+GPU = REPO / "configs" / "gpu.yaml"
+GPU_JOBS = {"model": 1, "preprocess": 1, "train": 3, "select": 3, "merge": 3, "eval": 4, "testtime": 4,
+            "aggregate": 1, "figures": 1, "all": 1}
+
+
+@pytest.mark.parametrize("profile", ["local", "slurm"])
+def test_the_one_gpu_config_dry_runs_under_both_profiles(profile, tmp_path):
+    """configs/gpu.yaml: two RepExp points + GRPO on verl, vLLM evals, the base model; one GPU per job."""
+    proc = snakemake("all", "-n", "--profile", profile, "--configfile", str(GPU),
+                     "--config", f"results_dir={tmp_path / 'results'}", workdir=tmp_path)
+    assert job_counts(proc) == GPU_JOBS
+    text = proc.stdout + proc.stderr
+    for rule in ("train", "eval", "testtime"):
+        assert {r["gpu" if profile == "local" else "gpus_per_node"] for r in rule_resources_of(text, rule)} == {"1"}
+    assert "--engine vllm" in text and "verl_repexp_k32_b0.1_s42" in text and "verl_grpo_s42" in text
+
+
 def test_slurm_settings_come_from_the_repexp_variables_only(tmp_path):
     env = {"REPEXP_SLURM_ACCOUNT": "proj42", "REPEXP_SLURM_PARTITION": "cpu", "REPEXP_SLURM_GPU_PARTITION": "gpu",
            "SLURM_ACCOUNT": "srun-own-account", "SLURM_PARTITION": "srun-own-partition"}  # srun's: ignored

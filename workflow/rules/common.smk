@@ -371,6 +371,8 @@ def eval_flags(wildcards):
     ]
     if ev.max_model_len is not None:
         flags += ["--max-model-len", ev.max_model_len]
+    if ev.enforce_eager:
+        flags.append("--enforce-eager")
     return shlex.join(map(str, flags))
 
 
