@@ -22,8 +22,10 @@ GPU_ARGS=(--cores "$(nproc)" --resources gpu=1)
 mark() { printf '%s %s\n' "$(date -u +%H:%M:%S)" "$*" >>"$OUT/progress.log"; }
 
 stage_dag() {
-    /usr/bin/time -v snakemake all --configfile configs/gpu.yaml "${GPU_ARGS[@]}" --keep-going
+    local started=$SECONDS
+    snakemake all --configfile configs/gpu.yaml "${GPU_ARGS[@]}" --keep-going
     local code=$?
+    echo "snakemake exit $code after $((SECONDS - started)) s"
     python3 benchmarks/dag_report.py --results "$RESULTS" --point gsm8k/verl_repexp_k32_b0.01_s42 \
         --out "$OUT/dag/dag_report.json" >/dev/null
     return $code
