@@ -1,7 +1,7 @@
 # repexp: the RepExp sweep as one DAG (docs/pipeline.md).
 #
 #   snakemake --profile slurm all                                    # the paper (configs/paper.yaml)
-#   snakemake --profile local --configfile configs/local.yaml all    # the README run, on a CPU
+#   snakemake all --profile local --configfile configs/local.yaml    # the README run, on a CPU
 #   snakemake --configfile configs/test.yaml --cores 2 all           # CI
 #   snakemake ... all --config set="sweep.betas=[0.01,0.02] train.lr=2e-6"   # nested overrides
 #

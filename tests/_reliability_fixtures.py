@@ -71,7 +71,7 @@ def output_tail(proc: subprocess.CompletedProcess, chars: int = 6000) -> str:
 
 
 def reference_run(tmp_path_factory) -> Path:
-    """The workdir of one uninterrupted `snakemake --profile local --configfile configs/test.yaml all`."""
+    """The workdir of one uninterrupted `snakemake all --profile local --configfile configs/test.yaml`."""
     if "local" not in _reference:
         workdir = tmp_path_factory.mktemp("reference_local_run")
         isolated_config(workdir)

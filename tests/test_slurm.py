@@ -71,7 +71,7 @@ def test_no_accounting_database_so_status_comes_from_squeue(cluster):
 import _reliability_fixtures as fx  # noqa: E402 (tests/ is on sys.path: tests/conftest.py)
 # The rules of configs/test.yaml's DAG and how many jobs each has (1 task, 2 trained runs + base):
 # through sbatch, and the localrules that run in the main Snakemake process on the submit host.
-EXPECTED_JOBS = {"model": 1, "preprocess": 1, "train": 2, "eval": 3}
+EXPECTED_JOBS = {"model": 1, "preprocess": 1, "train": 2, "eval": 3, "testtime": 3}
 LOCAL_JOBS = {"select": 2, "aggregate": 1, "figures": 1}
 
 

@@ -599,3 +599,16 @@ def test_the_mlflow_ui_sorts_eval_runs_by_pass_at_n_with_their_beta_and_seed(tmp
         assert float(row[metric]) == pytest.approx(evals[run]["pass_at_k"][str(n)], abs=1e-3), row
     values = [float(row[metric]) for row in table]
     assert values == sorted(values, reverse=True)  # the UI's order
+
+
+def test_a_server_on_every_interface_allows_this_hosts_names_and_private_networks():
+    """`tracking.server_host: 0.0.0.0` (the cluster default): jobs on other nodes reach the server by
+    this host's name or address; MLflow refuses Host headers it does not allow."""
+    import socket
+
+    from repexp.tracking.server import allowed_hosts
+
+    assert allowed_hosts("127.0.0.1", "127.0.0.1") is None  # loopback only: MLflow's own default suffices
+    allowed = allowed_hosts("0.0.0.0", "10.1.2.3").split(",")
+    for name in ("localhost", "127.0.0.1", socket.gethostname(), "10.1.2.3", "10.1.2.3:*", "10.*", "192.168.*"):
+        assert name in allowed

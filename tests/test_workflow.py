@@ -456,7 +456,7 @@ def test_both_profiles_rerun_on_the_same_triggers():
     # the other backend's settings, where Ray runs (not what it computes), retention: nothing at all
     (("trl.eval_batch_size=4", "verl.ray_num_cpus=32", "train.max_checkpoints_to_keep=3"), {}),
     # an eval setting: the evals and what reads them, no training
-    (("eval.shard_size=16",), {"eval": 21, "aggregate": 1, "figures": 1, "all": 1}),
+    (("eval.shard_size=16",), {"eval": 21, "testtime": 21, "aggregate": 1, "figures": 1, "all": 1}),
 ], ids=["runtime-settings", "eval-setting"])
 def test_settings_that_do_not_change_training_rerun_no_training(finished_paper, overrides, expected):
     counts, text = dry_paper(finished_paper, *overrides)
@@ -465,14 +465,16 @@ def test_settings_that_do_not_change_training_rerun_no_training(finished_paper, 
 
 def test_bonus_settings_rerun_the_repexp_runs_only(finished_paper):
     counts, text = dry_paper(finished_paper, "bonus.lamb=0.1")
-    assert counts == {"train": 9, "select": 9, "merge": 9, "eval": 9, "aggregate": 1, "figures": 1, "all": 1}
+    assert counts == {"train": 9, "select": 9, "merge": 9, "eval": 9, "testtime": 9, "aggregate": 1, "figures": 1,
+                      "all": 1}
     trained = re.findall(r"^rule train:\n(?:.*\n)*?\s+wildcards: task=\S+, run=(\S+)\n", text, re.M)
     assert trained and all("_repexp_" in run for run in trained)  # none of the β = 0 (GRPO) runs
 
 
 def test_a_new_beta_runs_exactly_its_own_points(finished_paper):
     counts, text = dry_paper(finished_paper, "sweep.betas=[0.01,0.02]")
-    assert counts == {"train": 9, "select": 9, "merge": 9, "eval": 9, "aggregate": 1, "figures": 1, "all": 1}
+    assert counts == {"train": 9, "select": 9, "merge": 9, "eval": 9, "testtime": 9, "aggregate": 1, "figures": 1,
+                      "all": 1}
     trained = re.findall(r"^rule train:\n(?:.*\n)*?\s+wildcards: task=(\S+), run=(\S+)\n", text, re.M)
     assert sorted(trained) == sorted((task, f"verl_repexp_k{32 if task != 'dapo-with-aime24' else 128}_b0.02_s{seed}")
                                      for task in ("math", "gsm8k", "dapo-with-aime24") for seed in (41, 42, 43))

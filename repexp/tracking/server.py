@@ -75,8 +75,8 @@ def allowed_hosts(bind_host: str, public: str) -> Optional[str]:
     if bind_host not in WILDCARD_HOSTS:
         return None
     names = {"localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn(), public}
-    return ",".join(sorted({p for name in names if name for p in (name, f"{name}:*")}) | {"10.*", "192.168.*",
-                                                                                          "172.*"})
+    patterns = {p for name in names if name for p in (name, f"{name}:*")} | {"10.*", "192.168.*", "172.*"}
+    return ",".join(sorted(patterns))
 
 
 def free_port(host: str) -> int:
