@@ -27,7 +27,7 @@ from repexp.io import read_json, write_json_atomic, write_text_atomic
 from repexp.tracking.gitinfo import git_tags
 from repexp.tracking.names import (
     ATTEMPT_TAG, ENV_CONFIG, ENV_RUN_FILE, ENV_SNAKEMAKE_EXEC, ENV_SYSTEM_METRICS, ENV_TRACKING, ERROR_TAG,
-    EXECUTION_TAG, PARENTS_FILE, RESULTS_DIR_TAG, RESULTS_ID_TAG, RULE_TAG, SCOPE_KEY_TAG, SYSTEM_METRICS_RULES,
+    EXECUTION_TAG, PARENTS_FILE, PID_TAG, RESULTS_DIR_TAG, RESULTS_ID_TAG, RULE_TAG, SCOPE_KEY_TAG, SYSTEM_METRICS_RULES,
     WILDCARDS_TAG, metric_name, mlflow_dir, outbox_dir, results_id,
 )
 from repexp.tracking.record import Record, now_ms
@@ -340,8 +340,25 @@ def open_child(store: Store, experiment_id: str, record: Record, *, end_stale: b
         record.run_name = f"{record.run_name} #{execution}"
     run_id = store.create_child(experiment_id, record)
     if end_stale:
-        store.supersede([r for r in earlier if r.info.status == "RUNNING"], run_id, execution)
+        store.supersede([r for r in earlier if r.info.status == "RUNNING" and not _alive_here(r)], run_id, execution)
     return run_id
+
+
+def _alive_here(run) -> bool:
+    """Whether a RUNNING execution's process still runs on this host. Snakemake never runs two
+    executions of one job at once, so on another host (or without a pid) it is taken for dead; on
+    this host a live pid means a concurrent caller of the same node (not the pipeline's case), whose
+    run must not be ended under it."""
+    tags = run.data.tags
+    if tags.get("host") != socket.gethostname() or not tags.get(PID_TAG, "").isdigit():
+        return False
+    try:
+        os.kill(int(tags[PID_TAG]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
 
 
 def log_on_parent(store: Store, experiment_id: str, record: Record, scope: Scope, rows: Sequence[Sequence]) -> None:
@@ -426,6 +443,7 @@ def prepare_node(
         "mlflow.source.name": f"repexp {rule}",
         "mlflow.source.type": "JOB",
         "host": socket.gethostname(),
+        PID_TAG: str(os.getpid()),  # with the host: whether a RUNNING execution's process is still alive
         **git_tags(),
         **({"slurm.job_id": os.environ["SLURM_JOB_ID"]} if os.environ.get("SLURM_JOB_ID") else {}),
         **({"snakemake.jobid": snakemake_jobid.strip("{}")}
