@@ -21,7 +21,6 @@ import shlex
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -107,8 +106,8 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _serve_and_check(command: list[str], env: dict, port: int) -> None:
-    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+def _serve_and_check(command: list[str], env: dict, port: int, cwd: Path) -> None:
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 240
@@ -156,8 +155,12 @@ def test_readme_commands_run_as_written(tmp_path):
                 continue
             command = dry_form(words)
             if "mlflow" in Path(command[0]).name and command[1:2] == ["ui"]:
+                # from a directory laid out like the checkout after the run (.venv, results/mlflow/),
+                # so the test leaves no store in the checkout; on a free port instead of 5000
+                (tmp_path / ".venv").symlink_to(REPO / ".venv")
+                (tmp_path / "results" / "mlflow").mkdir(parents=True)
                 port = _free_port()
-                _serve_and_check([*command, "--port", str(port)], env, port)
+                _serve_and_check([*command, "--port", str(port)], env, port, cwd=tmp_path)
                 ran.append(line)
                 continue
             if shutil.which(command[0], path=env["PATH"]) is None and not (REPO / command[0]).exists():
@@ -166,4 +169,4 @@ def test_readme_commands_run_as_written(tmp_path):
             assert proc.returncode == 0, f"README command `{line}` failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
             ran.append(line)
     assert any("setup.sh run" in line for line in ran) and any("setup.sh test" in line for line in ran)
-    assert any(line.startswith("snakemake") for line in ran)
+    assert any(line.startswith("snakemake") for line in ran) and any(" ui " in line for line in ran)
