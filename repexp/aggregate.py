@@ -49,11 +49,13 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from repexp import layout
+from repexp import metrics as metric_names
 from repexp.config import METHODS, TASKS, ConfigError, RunSpec, canonical, parse_run
 from repexp.io import atomic_path, read_json
 from repexp.verify.routing import DEFAULT_GRADER, GRADERS
 
-EVAL_JSON = "eval.json"
+EVAL_JSON = layout.EVAL_JSON
 HEADLINE_K = 256
 # ks logged on every sweep point's MLflow parent run (plus the largest evaluated k)
 MLFLOW_KS = (1, 16, 256)
@@ -680,10 +682,8 @@ def render_html(table, keff, *, missing: Sequence[str], ignored: Sequence[str],
 def sweep_point_metrics(run: EvalRun) -> dict[str, float]:
     """`test/pass_at_<k>` for k in MLFLOW_KS ∩ evaluated, plus the largest evaluated k (the eval node runs
     carry every k; '@' is not allowed in MLflow names)."""
-    from repexp.tracking.names import pass_at_k_metric
-
     ks = [k for k in MLFLOW_KS if k in run.pass_at_k] + [max(run.pass_at_k)]
-    return {pass_at_k_metric("test", k): run.pass_at_k[k] for k in dict.fromkeys(ks)}
+    return {metric_names.pass_at_k(metric_names.TEST, k): run.pass_at_k[k] for k in dict.fromkeys(ks)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -830,13 +830,13 @@ def aggregate(paths: Sequence[Path], out_dir: Path, *, expected: Sequence[RunSpe
     table = tidy_table(runs, testtime)
     keff = k_efficiency(table)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out_dir / "k_efficiency.csv") as tmp:
+    with atomic_path(out_dir / layout.K_EFFICIENCY_CSV) as tmp:
         keff.to_csv(tmp, index=False)
-    with atomic_path(out_dir / "pass_at_k.md") as tmp:
+    with atomic_path(out_dir / layout.PASS_AT_K_MD) as tmp:
         tmp.write_text(render_markdown(table, keff, missing=missing, ignored=ignored, testtime=testtime))
-    with atomic_path(out_dir / "pass_at_k.html") as tmp:
+    with atomic_path(out_dir / layout.PASS_AT_K_HTML) as tmp:
         tmp.write_text(render_html(table, keff, missing=missing, ignored=ignored, testtime=testtime))
-    with atomic_path(out_dir / "pass_at_k.csv") as tmp:
+    with atomic_path(out_dir / layout.PASS_AT_K_CSV) as tmp:  # last: the rule's first output
         table.to_csv(tmp, index=False)
     return {"runs": runs, "table": table, "k_efficiency": keff, "missing": missing, "ignored": ignored,
             "testtime": testtime}
@@ -866,7 +866,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"aggregate: missing run (no eval.json): {name}", file=sys.stderr)
     if result["ignored"]:
         print(f"aggregate: ignored runs not in the config: {', '.join(result['ignored'])}", file=sys.stderr)
-    print(f"aggregate: {len(result['runs'])} runs → {args.out_dir}/pass_at_k.csv, k_efficiency.csv, pass_at_k.md, pass_at_k.html")
+    print(f"aggregate: {len(result['runs'])} runs → {args.out_dir}/{', '.join(layout.AGGREGATE_FILES)}")
     target = mlflow_target(args.tracking_uri, args.experiment, args.config)
     if target is not None:
         try:

@@ -37,11 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from repexp import arith
+from repexp import arith, layout
 from repexp import splits as sp
 
 TASKS = ("math", "gsm8k", "aime24", "dapo-with-aime24", "arith")
-SPLITS = ("train", "dev", "test")
+SPLITS = layout.SPLITS
 
 # Upstream instruction suffixes (the prompt is question + " " + suffix, one user turn).
 MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
@@ -152,7 +152,7 @@ def read_rows_file(path: Path) -> list[dict]:
 
 
 def _manifest_hashes(source_dir: Path) -> dict[str, str]:
-    manifest = source_dir / "MANIFEST.json"
+    manifest = source_dir / layout.SOURCE_MANIFEST
     if not manifest.is_file():
         return {}
     try:
@@ -176,14 +176,15 @@ def load_local(names: Sequence[str], source_dir: Path, dapo_path: Optional[Path]
         rows = read_jsonl(path)
         digest = sha256_file(path)
         if spec.local_path in expected and expected[spec.local_path] != digest:
-            raise DataError(f"{path}: sha256 {digest[:12]}… differs from MANIFEST.json ({expected[spec.local_path][:12]}…): the file was modified")
+            raise DataError(f"{path}: sha256 {digest[:12]}… differs from "
+                            f"{layout.SOURCE_MANIFEST} ({expected[spec.local_path][:12]}…): the file was modified")
         tables[name] = RawTable(name, rows, str(path), digest, "local")
     return tables
 
 
 def load_dapo_file(path: Path) -> RawTable:
     if path.is_dir():
-        candidates = [path / "train.jsonl", path / "train.parquet"]
+        candidates = [path / Path(layout.DAPO_SOURCE_FILE).name, path / "train.parquet"]
         found = [c for c in candidates if c.is_file()]
         if not found:
             raise FileNotFoundError(f"{path}: DAPO source directory has neither train.jsonl nor train.parquet")
@@ -602,7 +603,7 @@ def prepare(
     outputs = {}
     for split in SPLITS:
         rows = [verl_row(p, split) for p in prepared.splits[split]]
-        path = out_dir / f"{split}.parquet"
+        path = layout.split_file(out_dir, split)
         write_parquet(rows, path)
         outputs[split] = {
             "file": path.name,
@@ -633,7 +634,7 @@ def prepare(
         "instruction": {"gsm8k": GSM8K_INSTRUCTION, "arith": arith.SYSTEM_PROMPT}.get(task, MATH_INSTRUCTION),
         "versions": {"repexp": __version__, "pyarrow": pyarrow.__version__},
     }
-    write_json_atomic(out_dir / "manifest.json", manifest)
+    write_json_atomic(layout.manifest_file(out_dir), manifest)
     return manifest
 
 
@@ -691,7 +692,9 @@ def run(args: argparse.Namespace) -> int:
         dapo_train_size=args.dapo_train_size,
         aime_train=args.aime_train,
     )
-    out = args.out or str(Path("results") / "data" / args.task)
+    from repexp.config import PipelineConfig
+
+    out = args.out or str(layout.data_dir(PipelineConfig.results_dir, args.task))
     try:
         manifest = prepare(args.task, out, source=args.source, options=options, dapo_source=args.dapo_source)
     except (DataError, sp.SplitError, FileNotFoundError) as err:

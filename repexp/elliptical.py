@@ -32,6 +32,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from repexp import bonus_defaults as B
+
 __all__ = [
     "NORMALIZATIONS",
     "REWARD_TYPES",
@@ -49,8 +51,9 @@ __all__ = [
     "sparse_projection",
 ]
 
-REWARD_TYPES = ("leverage", "leave_one_out")
-NORMALIZATIONS = ("none", "rnd", "z_score")
+# Choices and defaults of the bonus settings: repexp.bonus_defaults (shared with the pipeline config).
+REWARD_TYPES = B.REWARD_TYPES
+NORMALIZATIONS = B.NORMALIZATIONS
 SOLVERS = ("auto", "kernel", "covariance")
 
 # A group's bonus std counts as zero ("no spread, do not rescale") when it is below this
@@ -501,10 +504,10 @@ def bonuses(
     features: Tensor,
     groups: Any,
     *,
-    lamb: float = 0.01,
-    reward_type: str = "leverage",
-    normalization: str = "none",
-    center: bool = True,
+    lamb: float = B.LAMB,
+    reward_type: str = B.REWARD_TYPE,
+    normalization: str = B.NORMALIZATION,
+    center: bool = B.CENTER,
     num_groups: int | None = None,
     max_group_size: int | None = None,
     solver: str = "auto",
@@ -599,9 +602,9 @@ class PersistentCovariance:
     def __init__(
         self,
         dim: int,
-        lamb: float = 0.01,
-        reward_type: str = "leverage",
-        normalization: str = "none",
+        lamb: float = B.LAMB,
+        reward_type: str = B.REWARD_TYPE,
+        normalization: str = B.NORMALIZATION,
         device: torch.device | str | None = None,
     ) -> None:
         self.dim = _check_positive_int(dim, "dim")
@@ -766,12 +769,12 @@ def combine_rewards(
     intrinsic: Tensor,
     groups: Any,
     *,
-    alpha: float = 1.0,
+    alpha: float = B.ALPHA,
     beta: float,
-    turn_off_if_none_correct: bool = True,
-    turn_off_if_some_correct: bool = False,
-    turn_off_if_all_correct: bool = False,
-    turn_off_if_rollout_incorrect: bool = False,
+    turn_off_if_none_correct: bool = B.TURN_OFF_IF_NONE_CORRECT,
+    turn_off_if_some_correct: bool = B.TURN_OFF_IF_SOME_CORRECT,
+    turn_off_if_all_correct: bool = B.TURN_OFF_IF_ALL_CORRECT,
+    turn_off_if_rollout_incorrect: bool = B.TURN_OFF_IF_ROLLOUT_INCORRECT,
     num_groups: int | None = None,
 ) -> CombinedRewards:
     """α·verifier + β·bonus per rollout, with the bonus switched off by upstream's rules.

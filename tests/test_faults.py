@@ -313,13 +313,13 @@ def finished_training_run(run_dir: Path, steps=(1, 2), dev=(0.25, 0.5)) -> None:
     from repexp.checkpoints import BestDevTracker, checkpoint_dir, mark_complete
 
     tracker = BestDevTracker(run_dir)
-    tracker.record_validation(0, {"dev/pass@1": 0.0})
+    tracker.record_validation(0, {"dev/pass_at_1": 0.0})
     for step, value in zip(steps, dev):
         ckpt = checkpoint_dir(run_dir, step)
         ckpt.mkdir(parents=True)
         (ckpt / "config.json").write_text("{}")
         mark_complete(ckpt)
-        tracker.record_validation(step, {"dev/pass@1": value})
+        tracker.record_validation(step, {"dev/pass_at_1": value})
     (run_dir / "DONE").write_text(json.dumps({"final_step": steps[-1]}))
 
 
@@ -706,7 +706,7 @@ def test_select_skips_a_truncated_checkpoint_for_the_next_best_complete_one(tmp_
         run_dir = tmp_path / marker_kind / TRAIN_RUN
         shutil.copytree(source, run_dir)
         tracker = BestDevTracker.load(run_dir)
-        tracker.record_validation(TOTAL_STEPS, {"dev/pass@1": 1.0, "dev/pass@2": 1.0})  # the best score of all
+        tracker.record_validation(TOTAL_STEPS, {"dev/pass_at_1": 1.0, "dev/pass_at_2": 1.0})  # the best score of all
         best = checkpoint_dir(run_dir, TOTAL_STEPS)
         truncate(best / "model.safetensors")
         if marker_kind == "legacy":
@@ -752,7 +752,7 @@ def test_a_node_killed_by_sigterm_reports_it_in_one_wording(tmp_path, tiny_asset
 def test_corrupt_best_dev_json_fails_select_naming_the_file(tmp_path):
     run_dir = tmp_path / "trl_grpo_s42"
     finished_training_run(run_dir)
-    (run_dir / "best_dev.json").write_text('{"metric": "dev/pass@1", "history": [{"step": 1, ')  # cut off
+    (run_dir / "best_dev.json").write_text('{"metric": "dev/pass_at_1", "history": [{"step": 1, ')  # cut off
     proc = run([REPEXP, "select", "--run-dir", str(run_dir), "--backend", "trl", "--out", str(tmp_path / "select.json")])
     assert_clear_failure(proc, "best_dev.json")
     assert "Traceback" not in proc.stderr
@@ -937,7 +937,7 @@ def test_select_ignores_a_checkpoint_without_complete_marker(tmp_path_factory, t
     (partial / "COMPLETE").unlink()
     (partial / "model.safetensors").write_bytes((partial / "model.safetensors").read_bytes()[:1000])
     tracker = BestDevTracker.load(run_dir)
-    tracker.record_validation(TOTAL_STEPS + 1, {"dev/pass@1": 1.0, "dev/pass@2": 1.0})  # the best score of all
+    tracker.record_validation(TOTAL_STEPS + 1, {"dev/pass_at_1": 1.0, "dev/pass_at_2": 1.0})  # the best score of all
     proc = run([REPEXP, "select", "--run-dir", str(run_dir), "--backend", "trl", "--out", str(tmp_path / "select.json")])
     assert proc.returncode == 0, proc.stderr
     pointer = json.loads((tmp_path / "select.json").read_text())

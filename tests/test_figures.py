@@ -56,7 +56,7 @@ def training_records(seed, repexp):
         record["reward/shaped/mean"] = record["reward/verifier/mean"] + record.get("repexp/bonus_scaled/mean", 0.0)
         lines.append(record)
         if step % 10 == 0:
-            lines.append({"step": step, "dev/pass@1": 0.2 + 0.01 * step + 0.01 * (seed - 41)})
+            lines.append({"step": step, "dev/pass_at_1": 0.2 + 0.01 * step + 0.01 * (seed - 41)})
     return lines
 
 
@@ -252,7 +252,7 @@ def test_bad_inputs_fail_clearly(tmp_path, capsys):
     code = cli.main(["figures", "--table", str(tmp_path / "none.csv"), "--out-dir", str(tmp_path / "f")])
     assert code == 1 and "none.csv: pass@k table not found" in capsys.readouterr().err
     bad = tmp_path / "metrics.jsonl"
-    bad.write_text('{"step": 1, "dev/pass@1": 0.5}\n{oops\n')
+    bad.write_text('{"step": 1, "dev/pass_at_1": 0.5}\n{oops\n')
     with pytest.raises(ValueError, match="metrics.jsonl:2: not valid JSON"):
         figures.read_metrics_jsonl(bad)
 
@@ -277,7 +277,7 @@ def test_mlflow_curves_and_figures_run(workspace, tmp_path, tmp_path_factory, mo
     from mlflow import MlflowClient
 
     from repexp import tracking
-    from repexp.trl.runlog import mlflow_metric_name
+    from repexp.metrics import metric_name as mlflow_metric_name
 
     db = tmp_path / "mlflow" / "mlflow.db"
     db.parent.mkdir()

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from repexp import checkpoints, cli
+from repexp import metrics as metric_names
 from repexp import tracking as T
 from repexp.evaluate.core import eval_result
 
@@ -235,7 +236,7 @@ def test_node_wrapper_runs_the_command_and_logs_its_outputs(store, tmp_path, cap
         ckpt = checkpoints.checkpoint_dir(run_dir, step)
         ckpt.mkdir(parents=True)
         checkpoints.mark_complete(ckpt)
-        tracker.record_validation(step, {"dev/pass@1": 0.1 * step})
+        tracker.record_validation(step, {"dev/pass_at_1": 0.1 * step})
     pointer = run_dir / "select.json"
     wrapper = ["mlflow", "node", "--config", str(cfg), "--rule", "select", "--snakemake-jobid", "{12}",
                "--task", "gsm8k", "--run", SPEC, "--output", str(pointer), "--"]
@@ -557,7 +558,7 @@ def test_the_mlflow_ui_sorts_eval_runs_by_pass_at_n_with_their_beta_and_seed(tmp
     results = fx.results(workdir)
     evals = {p.parent.name: json.loads(p.read_text()) for p in (results / "eval" / "gsm8k").glob("*/eval.json")}
     n = max(int(k) for k in evals["base"]["pass_at_k"])
-    metric = T.pass_at_k_metric("test", n)
+    metric = metric_names.pass_at_k("test", n)
     serve = subprocess.run([REPEXP, "mlflow", "serve", "--config", str(workdir / "config.yaml"), "--background",
                             "--host", "127.0.0.1", "--store", T.default_tracking_uri(results), "--workers", "1"],
                            capture_output=True, text=True, timeout=600, env={**os.environ, "MLFLOW_TRACKING_URI": ""})

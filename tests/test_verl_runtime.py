@@ -440,7 +440,7 @@ def test_checkpoints_resume_and_merge(runtime, tmp_path):
         first._save_checkpoint()
         assert is_complete(checkpoint_dir(run_dir, step)) and (checkpoint_dir(run_dir, step) / "repexp_state.pt").exists()
         dev = _validate(first, pass_rate)
-        assert dev["dev/pass@1"] == pytest.approx(pass_rate) and dev["dev/best_step"] == 2
+        assert dev["dev/pass_at_1"] == pytest.approx(pass_rate) and dev["dev/best_step"] == 2
         first.metrics_logger.log({"step_metric": float(step), **dev}, step)
     first.metrics_logger.log({"step_metric": 8.0}, 8)  # logged after the last checkpoint: forgotten on resume
 
@@ -470,7 +470,7 @@ def test_checkpoints_resume_and_merge(runtime, tmp_path):
     again = compute_step_bonus(hidden[3], uids, scores, none, resumed.repexp, 7, resumed.bonus_state, keys)
     torch.testing.assert_close(again.bonus_raw, expected_bonus.bonus_raw)
     logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [row["step"] for row in logged] == [2, 4, 6] and logged[0]["dev/pass@1"] == pytest.approx(0.75)
+    assert [row["step"] for row in logged] == [2, 4, 6] and logged[0]["dev/pass_at_1"] == pytest.approx(0.75)
 
     # select -> merge the best checkpoint -> identical logits with plain transformers
     pointer = tmp_path / "select.json"
@@ -528,7 +528,7 @@ def test_wall_clock_budget_ends_fit_at_a_validated_saved_step(runtime, tmp_path)
     assert trainer.total_training_steps == 3, "fit's loop ends after step 3"
     assert is_complete(checkpoint_dir(run_dir, 3)) and read_budget(checkpoint_dir(run_dir, 3))["exhausted"]
     (logged,) = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert logged["step"] == 3 and logged["dev/pass@1"] == pytest.approx(0.5)
+    assert logged["step"] == 3 and logged["dev/pass_at_1"] == pytest.approx(0.5)
     assert json.loads((run_dir / "best_dev.json").read_text())["best_step"] == 3
 
     from repexp.verl.train import write_done

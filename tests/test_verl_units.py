@@ -180,10 +180,10 @@ def test_dev_pass_at_k_is_unbiased_and_checks_scores():
     uids = ["a"] * 4 + ["b"] * 4
     scores = [1, 0, 0, 0, 1, 1, 0, 0]
     metrics = dev_pass_at_k(uids, scores)
-    assert set(metrics) == {"dev/pass@1", "dev/pass@2", "dev/pass@4", "dev/num_problems", "dev/samples_per_problem"}
-    assert math.isclose(metrics["dev/pass@1"], (0.25 + 0.5) / 2)
-    assert math.isclose(metrics["dev/pass@2"], ((1 - 3 / 6) + (1 - 1 / 6)) / 2)
-    assert metrics["dev/pass@4"] == 1.0 and metrics["dev/num_problems"] == 2.0
+    assert set(metrics) == {"dev/pass_at_1", "dev/pass_at_2", "dev/pass_at_4", "dev/num_problems", "dev/samples_per_problem"}
+    assert math.isclose(metrics["dev/pass_at_1"], (0.25 + 0.5) / 2)
+    assert math.isclose(metrics["dev/pass_at_2"], ((1 - 3 / 6) + (1 - 1 / 6)) / 2)
+    assert metrics["dev/pass_at_4"] == 1.0 and metrics["dev/num_problems"] == 2.0
     with pytest.raises(ValueError, match="0/1"):
         dev_pass_at_k(uids, [1, -1, -1, -1, 1, 1, -1, -1])
 

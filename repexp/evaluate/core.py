@@ -15,6 +15,9 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 
 from repexp import passk
+from repexp.config import EvalConfig, TrainConfig, max_new_tokens
+
+EVAL_DEFAULTS = EvalConfig()  # the pipeline config's eval defaults are the defaults of `repexp eval` too
 
 # Bumped when the sample-store layout or the seed derivation changes: a store written under
 # another version is refused on resume instead of being silently mixed.
@@ -25,11 +28,11 @@ STORE_FORMAT = 1
 class SamplingSettings:
     """Everything that shapes the sample distribution (engine-independent)."""
 
-    n: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
+    n: int = EVAL_DEFAULTS.n_samples
+    temperature: float = EVAL_DEFAULTS.temperature
+    top_p: float = EVAL_DEFAULTS.top_p
     top_k: int = 0  # 0 = disabled (all tokens)
-    max_new_tokens: int = 1024
+    max_new_tokens: int = max_new_tokens(EVAL_DEFAULTS, TrainConfig())
     seed: int = 0
 
     def __post_init__(self) -> None:

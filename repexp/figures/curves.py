@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from repexp import layout
 from repexp.config import RunSpec, canonical
 from repexp.figures.series import Series, _series_sort_key, completeness_notes, seed_curve, select_repexp_points, \
     series_of, table_specs
@@ -106,7 +107,7 @@ def plot_pass_at_k(table, *, tasks: Sequence[str] | None = None, expected: Seque
         + ("RepExp lines are labelled by their sweep point (dim = sparse_dim, β). " if show_point else "")
         + "The base model is evaluated once (no band)."
     )
-    record = {"id": "pass_at_k", "kind": "pass_at_k", "caption": caption, "notes": notes, "missing_runs": missing,
+    record = {"id": layout.PASS_AT_K_FIGURE, "kind": "pass_at_k", "caption": caption, "notes": notes, "missing_runs": missing,
               "size_px": _size_px(fig), "panels": record_panels}
     return fig, record
 

@@ -6,6 +6,7 @@ import math
 import warnings
 from typing import Sequence
 
+from repexp import layout
 from repexp.config import RunSpec, canonical
 from repexp.figures.series import Series, completeness_notes, seed_curve, table_specs
 from repexp.figures.style import FONT, HEADLINE_K, TASK_TITLES, _figure_with_footer, _no_data, _size_px, _style
@@ -174,7 +175,7 @@ def plot_heatmap(table, task: str, backend: str, *, expected: Sequence[RunSpec] 
         "RepExp's pass@k reaches GRPO's pass@K, k_GRPO the same for GRPO's own curve (K unless GRPO saturates); "
         "\"not reached\" when RepExp never does."
     )
-    record = {"id": f"heatmap_{task}_{backend}", "kind": "heatmap", "task": task, "backend": backend,
+    record = {"id": layout.heatmap_figure(task, backend), "kind": "heatmap", "task": task, "backend": backend,
               "caption": caption, "notes": notes, "missing_runs": missing, "size_px": _size_px(fig),
               "sparse_dims": sparse_dims, "betas": betas, "panels": panels}
     return fig, record

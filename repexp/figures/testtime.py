@@ -11,13 +11,14 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from repexp import layout
 from repexp.config import RunSpec
 from repexp.figures.curves import _series_styles
 from repexp.figures.series import Series, _series_sort_key, series_of, table_specs
 from repexp.figures.style import (FONT, LINE_STYLE, TASK_TITLES, _figure_with_footer, _finish_curve_panel, _size_px,
                                   _style)
 
-STEM = "testtime_pass_at_k"
+STEM = layout.TESTTIME_FIGURE
 ORDERS = (("testtime_pass_at_k", "RepExp order", "-"), ("pass_at_k", "random order", "--"))
 
 

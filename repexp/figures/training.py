@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Sequence
 
+from repexp import layout
+from repexp import metrics as M
 from repexp.config import RunSpec
 from repexp.figures.curves import _series_styles
 from repexp.figures.series import Series, _series_sort_key, compact_runs, series_of
@@ -34,7 +36,8 @@ def read_metrics_jsonl(path: str | Path) -> dict[str, dict[int, float]]:
             for key, value in record.items():
                 if key == "step" or isinstance(value, bool) or not isinstance(value, (int, float)):
                     continue
-                curves.setdefault(key, {})[step] = float(value)
+                # by the names logged today (a file from before dev/pass@k became dev/pass_at_k reads the same)
+                curves.setdefault(M.metric_name(key), {})[step] = float(value)
     return curves
 
 
@@ -42,7 +45,7 @@ def training_curves_from_jsonl(train_dir: str | Path, specs: Sequence[RunSpec]) 
     """{'<task>/<run>': {metric: {step: value}}} for every trained spec whose metrics.jsonl exists."""
     out = {}
     for spec in specs:
-        path = Path(train_dir) / spec.task / spec.name / "metrics.jsonl"
+        path = Path(train_dir) / spec.task / spec.name / layout.METRICS
         if spec.trains and path.is_file():
             out[spec.path] = {k: v for k, v in read_metrics_jsonl(path).items() if k in TRAINING_METRICS}
     return out
@@ -51,9 +54,8 @@ def training_curves_from_jsonl(train_dir: str | Path, specs: Sequence[RunSpec]) 
 def training_curves_from_mlflow(target, specs: Sequence[RunSpec]) -> dict[str, dict[str, dict[int, float]]]:
     """Same as `training_curves_from_jsonl`, read from the MLflow store (`target`: aggregate.MlflowTarget).
 
-    Every run of a sweep point (its parent and its node runs, see repexp.tracking) is searched; a
-    metric logged under its MLflow-safe name (`@` → `_at_`) is the same metric. For a step logged by
-    several runs (retried attempts), the latest run wins.
+    Every run of a sweep point (its parent and its node runs, see repexp.tracking) is searched. For a
+    step logged by several runs (retried attempts), the latest run wins.
     """
     from repexp import aggregate
 
@@ -66,10 +68,9 @@ def training_curves_from_mlflow(target, specs: Sequence[RunSpec]) -> dict[str, d
         runs = sweep_point_runs(store.client, experiment_id, spec, getattr(target, "results_id", None))
         for run in sorted(runs, key=lambda r: r.info.start_time or 0):
             for metric in TRAINING_METRICS:
-                for key in dict.fromkeys((metric, metric.replace("@", "_at_"))):
-                    if key in run.data.metrics:
-                        for point in store.client.get_metric_history(run.info.run_id, key):
-                            curves.setdefault(metric, {})[int(point.step)] = float(point.value)
+                if metric in run.data.metrics:
+                    for point in store.client.get_metric_history(run.info.run_id, metric):
+                        curves.setdefault(metric, {})[int(point.step)] = float(point.value)
         if curves:
             out[spec.path] = curves
     return out
@@ -105,10 +106,10 @@ def _seed_mean_over_steps(per_seed: Sequence[dict[int, float]]) -> dict[str, lis
 
 
 TRAINING_PANELS = (
-    ("dev pass@1", ("dev/pass@1",)),
-    ("bonus (raw), mean", ("repexp/bonus_raw/mean",)),
-    ("bonus (× β), mean", ("repexp/bonus_scaled/mean",)),
-    ("reward: shaped (—) vs verifier (- -)", ("reward/shaped/mean", "reward/verifier/mean")),
+    ("dev pass@1", (M.DEV_SELECTION,)),
+    ("bonus (raw), mean", (M.statistic(M.BONUS_RAW, "mean"),)),
+    ("bonus (× β), mean", (M.statistic(M.BONUS_SCALED, "mean"),)),
+    ("reward: shaped (—) vs verifier (- -)", (M.REWARD_SHAPED_MEAN, M.REWARD_VERIFIER_MEAN)),
 )
 
 
@@ -182,7 +183,7 @@ def plot_training(curves: dict[str, dict[str, dict[int, float]]], task: str, bac
         "raw and β-scaled RepExp bonus per step, and the mean shaped reward (α·verifier + β·bonus, solid) against "
         "the verifier reward (dashed). Lines are means over seeds with a ±1 SEM band where ≥ 2 seeds logged the step."
     )
-    record = {"id": f"training_{task}_{backend}", "kind": "training", "task": task, "backend": backend,
+    record = {"id": layout.training_figure(task, backend), "kind": "training", "task": task, "backend": backend,
               "source": source, "caption": caption, "notes": notes, "missing_runs": missing, "size_px": _size_px(fig),
               "panels": panels_record}
     return fig, record

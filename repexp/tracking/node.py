@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from repexp.io import read_json, write_json_atomic, write_text_atomic
+from repexp.metrics import metric_name
 from repexp.tracking.gitinfo import git_tags
 from repexp.tracking.names import (
     ATTEMPT_TAG, ENV_CONFIG, ENV_RUN_FILE, ENV_SNAKEMAKE_EXEC, ENV_SYSTEM_METRICS, ENV_TRACKING, ERROR_TAG,
     EXECUTION_TAG, PARENTS_FILE, RESULTS_DIR_TAG, RESULTS_ID_TAG, RULE_TAG, SCOPE_KEY_TAG, SYSTEM_METRICS_RULES,
-    WILDCARDS_TAG, metric_name, mlflow_dir, outbox_dir, results_id,
+    WILDCARDS_TAG, mlflow_dir, outbox_dir, results_id,
 )
 from repexp.tracking.record import Record, now_ms
 from repexp.tracking.scopes import Scope, scope_for_rule

@@ -10,29 +10,32 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from repexp.config import NORMALIZATIONS, REWARD_TYPES
+from repexp import bonus_defaults as B
+from repexp.config import NORMALIZATIONS, REWARD_TYPES, VERL_STRATEGIES, check_bonus
 
 NODE = "actor_rollout_ref.repexp"
 RUN_NODE = "repexp_run"
 DTYPES = ("bf16", "fp16", "fp32")
-STRATEGIES = ("fsdp", "fsdp2")
+STRATEGIES = VERL_STRATEGIES
 
 
 @dataclass(frozen=True)
 class RepExpSettings:
-    beta: float = 0.01
-    alpha: float = 1.0
-    sparse_dim: int = 32
-    lamb: float = 0.01
-    reward_type: str = "leverage"
-    normalization: str = "none"
-    center: bool = True
-    randomize_projection: bool = True
-    persist_covariance: bool = False
-    turn_off_if_none_correct: bool = True
-    turn_off_if_some_correct: bool = False
-    turn_off_if_all_correct: bool = False
-    turn_off_if_rollout_incorrect: bool = False
+    # The bonus's defaults are repexp.bonus_defaults'; the node in config/repexp_trainer.yaml repeats
+    # them for people reading it, and a test (tests/test_verl_config.py) keeps the two equal.
+    beta: float = B.BETA
+    alpha: float = B.ALPHA
+    sparse_dim: int = B.SPARSE_DIM
+    lamb: float = B.LAMB
+    reward_type: str = B.REWARD_TYPE
+    normalization: str = B.NORMALIZATION
+    center: bool = B.CENTER
+    randomize_projection: bool = B.RANDOMIZE_PROJECTION
+    persist_covariance: bool = B.PERSIST_COVARIANCE
+    turn_off_if_none_correct: bool = B.TURN_OFF_IF_NONE_CORRECT
+    turn_off_if_some_correct: bool = B.TURN_OFF_IF_SOME_CORRECT
+    turn_off_if_all_correct: bool = B.TURN_OFF_IF_ALL_CORRECT
+    turn_off_if_rollout_incorrect: bool = B.TURN_OFF_IF_ROLLOUT_INCORRECT
     seed: int = 0
     model_path: Optional[str] = None
     strategy: str = "fsdp"
@@ -69,10 +72,7 @@ class RepExpSettings:
         _require(self.dtype in DTYPES, f"{where}.dtype", f"{self.dtype!r} is not one of {DTYPES}")
         _require(self.micro_batch_size_per_gpu >= 1, f"{where}.micro_batch_size_per_gpu", "must be >= 1")
         _require(self.max_token_len_per_gpu >= 1, f"{where}.max_token_len_per_gpu", "must be >= 1")
-        _require(not (self.persist_covariance and self.reward_type == "leave_one_out"), f"{where}.persist_covariance",
-                 "a persistent covariance supports reward_type leverage only")
-        _require(not (self.persist_covariance and self.randomize_projection), f"{where}.persist_covariance",
-                 "needs randomize_projection=false: accumulating features of different projections is meaningless")
+        check_bonus(self, where)  # the pipeline config's own rules (this node has the same keys)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-# aggregate: every eval.json -> one tidy pass@k table (+ k-efficiency, markdown/HTML views);
+# aggregate: every evaluation -> one tidy pass@k table (+ k-efficiency, markdown/HTML views);
 # also logs pass@1/16/256 on each sweep point's MLflow parent run.
 
 
@@ -7,11 +7,11 @@ rule aggregate:
         evals=all_eval_files(),
         testtime=all_testtime_files(),
     output:
-        table=f"{RESULTS}/aggregate/pass_at_k.csv",
-        k_efficiency=report(f"{RESULTS}/aggregate/k_efficiency.csv", caption="../report/k_efficiency.rst",
+        table=aggregate_file(L.PASS_AT_K_CSV),
+        k_efficiency=report(aggregate_file(L.K_EFFICIENCY_CSV), caption="../report/k_efficiency.rst",
                             category="Results", subcategory="Tables", labels={"table": "k-efficiency"}),
-        markdown=f"{RESULTS}/aggregate/pass_at_k.md",
-        html=report(f"{RESULTS}/aggregate/pass_at_k.html", caption="../report/pass_at_k_table.rst",
+        markdown=aggregate_file(L.PASS_AT_K_MD),
+        html=report(aggregate_file(L.PASS_AT_K_HTML), caption="../report/pass_at_k_table.rst",
                     category="Results", subcategory="Tables", labels={"table": "pass@k"}),
     params:
         experiment=EXPERIMENT,

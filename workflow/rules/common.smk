@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from repexp import config as C
+from repexp import layout as L
 from repexp.io import write_text_atomic
 
 REPO_ROOT = Path(workflow.main_snakefile).resolve().parent
@@ -48,7 +49,7 @@ def _model_for_jobs(model, results_dir):
     if kind == "alias":
         return model
     if kind == "hub":
-        return str(C.hub_model_dir(results_dir, model))
+        return str(L.hub_model_dir(results_dir, model))
     return _for_jobs(_from_root(os.path.expanduser(model)))
 
 
@@ -107,11 +108,11 @@ _results = _for_jobs(_from_root(_loaded.results_dir))
 # The hub models and datasets the sweep needs; download_model / download_data fetch them once,
 # on the submit host, into results/ (docs/pipeline.md, "Downloads").
 HUB_MODELS = {
-    str(C.hub_model_dir(_results, value)): value
+    str(L.hub_model_dir(_results, value)): value
     for value in (_loaded.model, _loaded.bonus.representation_model)
     if value is not None and C.model_kind(value, REPO_ROOT) == "hub"
 }
-HUB_DATA_DIR = str(C.hub_data_dir(_results))
+HUB_DATA_DIR = str(L.hub_data_dir(_results))
 HUB_DATA = _loaded.data.source == "hf" or _loaded.data.dapo_source == "hf"
 
 # The effective config with every path as jobs see it. Jobs read its snapshot (not the
@@ -123,7 +124,7 @@ CFG = dataclasses.replace(
     data=dataclasses.replace(
         _loaded.data,
         source=HUB_DATA_DIR if _loaded.data.source == "hf" else _source_for_jobs(_loaded.data.source),
-        dapo_source=(str(Path(HUB_DATA_DIR, "dapo")) if _loaded.data.dapo_source == "hf"
+        dapo_source=(str(L.hub_dapo_dir(_results)) if _loaded.data.dapo_source == "hf"
                      else _source_for_jobs(_loaded.data.dapo_source)),
     ),
     bonus=dataclasses.replace(
@@ -134,7 +135,7 @@ CFG = dataclasses.replace(
 )
 RESULTS = CFG.results_dir
 CONFIG_HASH = C.config_hash(CFG)
-CONFIG_SNAPSHOT = WORKDIR / RESULTS / "config" / f"{CFG.name}-{CONFIG_HASH}.yaml"
+CONFIG_SNAPSHOT = WORKDIR / L.config_snapshot(RESULTS, CFG.name, CONFIG_HASH)
 # Every job's shell reads "$REPEXP_CONFIG"; local jobs inherit it, SLURM jobs get it through
 # sbatch --export=ALL and set it again when their jobstep parses this file.
 os.environ.update(
@@ -197,38 +198,64 @@ wildcard_constraints:
 
 
 # --------------------------------------------------------------------------- paths
+# Every path comes from repexp.layout (the results layout the commands write); defaults are the
+# rules' wildcard patterns.
 
 
 def log_path(rule, *parts):
-    return str(Path(RESULTS, "logs", rule, *parts)) + ".log"
+    return str(L.log_file(RESULTS, rule, *parts))
 
 
 def benchmark_path(rule, *parts):
-    return str(Path(RESULTS, "benchmarks", rule, *parts)) + ".tsv"
+    return str(L.benchmark_file(RESULTS, rule, *parts))
 
 
-def data_file(split):
-    return f"{RESULTS}/data/{{task}}/{split}.parquet"
+def data_file(split, task="{task}"):
+    return str(L.data_file(RESULTS, task, split))
 
 
-def train_file(name):
-    return f"{RESULTS}/train/{{task}}/{{run}}/{name}"
+def manifest_file(task="{task}"):
+    return str(L.manifest_file(L.data_dir(RESULTS, task)))
 
 
-def eval_file(task, run):
-    return f"{RESULTS}/eval/{task}/{run}/eval.json"
+def train_file(name, task="{task}", run="{run}"):
+    return str(L.train_run_dir(RESULTS, task, run) / name)
+
+
+def eval_file(task="{task}", run="{run}"):
+    return str(L.eval_json(RESULTS, task, run))
+
+
+def testtime_file(task="{task}", run="{run}"):
+    return str(L.testtime_json(RESULTS, task, run))
+
+
+def aggregate_file(name):
+    return str(L.aggregate_file(RESULTS, name))
+
+
+def alias_model_dir(alias="{alias}"):
+    return str(L.model_alias_dir(RESULTS, alias))
+
+
+def hub_model_dir(hub_model="{hub_model}"):
+    return str(L.hub_model_dir(RESULTS, hub_model))
+
+
+def figure_index():
+    return str(L.figure_index(RESULTS))
 
 
 def model_dir():
     """The model directories the rules depend on: an offline alias (the model rule) and the hub
     models (download_model); a local directory given in the config has no rule."""
-    return ([f"{RESULTS}/models/{MODEL_ALIAS}"] if MODEL_ALIAS else []) + list(HUB_MODELS)
+    return ([alias_model_dir(MODEL_ALIAS)] if MODEL_ALIAS else []) + list(HUB_MODELS)
 
 
 def policy_dir():
     """The initial policy's directory when a rule makes it (alias or hub download), else []."""
     if MODEL_ALIAS:
-        return [f"{RESULTS}/models/{MODEL_ALIAS}"]
+        return [alias_model_dir(MODEL_ALIAS)]
     return [CFG.model] if CFG.model in HUB_MODELS else []
 
 
@@ -264,10 +291,6 @@ def all_eval_files():
     return [eval_file(spec.task, spec.name) for spec in RUNS]
 
 
-def testtime_file(task, run):
-    return f"{RESULTS}/testtime/{task}/{run}/testtime.json"
-
-
 def all_testtime_files():
     """The test-time ordering of every evaluated run (`testtime.enabled`)."""
     return [testtime_file(spec.task, spec.name) for spec in RUNS] if CFG.testtime.enabled else []
@@ -289,38 +312,33 @@ def testtime_flags(wildcards):
 
 
 def all_train_markers():
-    return [f"{RESULTS}/train/{spec.task}/{spec.name}/DONE" for spec in RUNS if spec.trains]
+    return [train_file(L.DONE, spec.task, spec.name) for spec in RUNS if spec.trains]
+
+
+# `snakemake --report` entries of the figures: (subcategory, caption file) per kind of figure
+FIGURE_REPORTS = {
+    "pass_at_k": ("pass@k curves", "pass_at_k.rst"),
+    "testtime": ("test-time RepExp", "testtime.rst"),
+    "heatmaps": ("sweep heatmaps", "heatmap.rst"),
+    "training": ("training curves", "training.rst"),
+}
 
 
 def figure_files():
-    """What `repexp figures` draws: pass@k over tasks, a heatmap and training curves per (task, backend)."""
-    stems = ["pass_at_k", "testtime_pass_at_k"]
-    for task, backend in dict.fromkeys((s.task, s.backend) for s in RUNS if s.trains):
-        stems += [f"heatmap_{task}_{backend}", f"training_{task}_{backend}"]
+    """What `repexp figures` draws (repexp.layout names them): PDFs, and the PNGs for the report."""
     files = []
-    for stem in stems:
-        files.append(f"{RESULTS}/figures/{stem}.pdf")
-        files.append(_figure_report(stem))
+    for stem in L.figure_stems(L.figure_pairs(RUNS)):
+        files.append(str(L.figure_file(RESULTS, stem, "pdf")))
+        kind, caption = FIGURE_REPORTS[L.figure_kind(stem)]
+        files.append(report(str(L.figure_file(RESULTS, stem, "png")), caption=f"../report/{caption}",
+                            category="Figures", subcategory=kind, labels={"figure": stem}))
     return files
-
-
-def _figure_report(stem):
-    """The PNG of a figure, registered for `snakemake --report` with its caption."""
-    kind, caption = ("pass@k curves", "pass_at_k.rst")
-    if stem.startswith("testtime_"):
-        kind, caption = ("test-time RepExp", "testtime.rst")
-    elif stem.startswith("heatmap_"):
-        kind, caption = ("sweep heatmaps", "heatmap.rst")
-    elif stem.startswith("training_"):
-        kind, caption = ("training curves", "training.rst")
-    return report(f"{RESULTS}/figures/{stem}.png", caption=f"../report/{caption}", category="Figures",
-                  subcategory=kind, labels={"figure": stem})
 
 
 def training_curve_flags(wildcards):
     if not any(spec.trains for spec in RUNS):
         return "--curves-from none"
-    return f"--curves-from jsonl --train-dir {shlex.quote(str(Path(RESULTS, 'train')))}"
+    return f"--curves-from jsonl --train-dir {shlex.quote(str(Path(RESULTS, L.TRAIN_DIR)))}"
 
 
 # --------------------------------------------------------------------------- per-job config
@@ -378,11 +396,11 @@ def eval_flags(wildcards):
 
 def eval_inputs(wildcards):
     """Test split + the model: the pointer of a trained run (merged for verl), or the base model."""
-    inputs = {"data": data_file("test").format(task=wildcards.task)}
+    inputs = {"data": data_file("test", wildcards.task)}
     spec = run_spec(wildcards.task, wildcards.run)
     if spec.trains:
-        pointer = "merged.json" if spec.backend == "verl" else "select.json"
-        inputs["pointer"] = f"{RESULTS}/train/{wildcards.task}/{wildcards.run}/{pointer}"
+        pointer = L.MERGED if spec.backend == "verl" else L.SELECT
+        inputs["pointer"] = train_file(pointer, wildcards.task, wildcards.run)
     elif policy_dir():
         inputs["model"] = policy_dir()[0]
     return inputs
@@ -396,8 +414,8 @@ def eval_model_flag(wildcards, input):
 
 def train_inputs(wildcards):
     return {
-        "train": data_file("train").format(task=wildcards.task),
-        "dev": data_file("dev").format(task=wildcards.task),
+        "train": data_file("train", wildcards.task),
+        "dev": data_file("dev", wildcards.task),
         "model": model_dir(),
     }
 
@@ -445,5 +463,4 @@ def rule_threads(rule):
 
 
 def final_targets():
-    return [*all_eval_files(), *all_testtime_files(), f"{RESULTS}/aggregate/pass_at_k.csv",
-            f"{RESULTS}/figures/index.json"]
+    return [*all_eval_files(), *all_testtime_files(), aggregate_file(L.PASS_AT_K_CSV), figure_index()]

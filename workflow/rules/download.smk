@@ -5,7 +5,7 @@
 
 rule download_model:
     output:
-        directory(f"{RESULTS}/models/hub/{{hub_model}}"),
+        directory(hub_model_dir()),
     params:
         repo_id=hub_repo_id,
     log:

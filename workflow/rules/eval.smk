@@ -6,7 +6,7 @@ rule eval:
     input:
         unpack(eval_inputs),
     output:
-        eval=f"{RESULTS}/eval/{{task}}/{{run}}/eval.json",
+        eval=eval_file(),
     params:
         model=eval_model_flag,
         flags=eval_flags,

@@ -7,7 +7,7 @@ rule figures:
         train=all_train_markers(),
     output:
         figures=figure_files(),
-        index=f"{RESULTS}/figures/index.json",
+        index=figure_index(),
     params:
         curves=training_curve_flags,
     log:

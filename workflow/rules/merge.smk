@@ -3,9 +3,9 @@
 
 rule merge:
     input:
-        pointer=train_file("select.json"),
+        pointer=train_file(L.SELECT),
     output:
-        merged=train_file("merged.json"),
+        merged=train_file(L.MERGED),
     log:
         log_path("merge", "{task}", "{run}"),
     benchmark:

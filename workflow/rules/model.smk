@@ -3,7 +3,7 @@
 
 rule model:
     output:
-        directory(f"{RESULTS}/models/{{alias}}"),
+        directory(alias_model_dir()),
     log:
         log_path("model", "{alias}"),
     benchmark:

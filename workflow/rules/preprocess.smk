@@ -8,7 +8,7 @@ rule preprocess:
         train=data_file("train"),
         dev=data_file("dev"),
         test=data_file("test"),
-        manifest=f"{RESULTS}/data/{{task}}/manifest.json",
+        manifest=manifest_file(),
     params:
         flags=preprocess_flags,
     log:

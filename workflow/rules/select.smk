@@ -3,9 +3,9 @@
 
 rule select:
     input:
-        done=train_file("DONE"),
+        done=train_file(L.DONE),
     output:
-        pointer=train_file("select.json"),
+        pointer=train_file(L.SELECT),
     params:
         backend=backend_of,
     log:

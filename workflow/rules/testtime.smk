@@ -1,14 +1,14 @@
 # testtime: the paper's inference-time exploration on every evaluated run's stored samples. The
 # samples are taken in RepExp order (features of the frozen initial policy) and compared with a random
-# order of the same samples: pass@k of both, verifier efficiency, samples-to-correct (testtime.json).
+# order of the same samples: pass@k of both, verifier efficiency, samples-to-correct.
 
 
 rule testtime:
     input:
-        eval=f"{RESULTS}/eval/{{task}}/{{run}}/eval.json",
+        eval=eval_file(),
         model=model_dir(),
     output:
-        result=f"{RESULTS}/testtime/{{task}}/{{run}}/testtime.json",
+        result=testtime_file(),
     params:
         model=testtime_model,
         flags=testtime_flags,

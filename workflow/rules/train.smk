@@ -7,7 +7,7 @@ rule train:
     input:
         unpack(train_inputs),
     output:
-        done=train_file("DONE"),
+        done=train_file(L.DONE),
     params:
         training_hash=training_hash,
     log:
