@@ -271,9 +271,12 @@ def test_repexp_training_steps(uninterrupted, tiny_model):
         assert torch.isfinite(torch.tensor(record["actor/pg_loss"]))
         assert record["repexp/bonus_raw/mean"] > 0 and record["repexp/bonus_scaled/mean"] > 0
         for key in ("reward/verifier/mean", "reward/shaped/mean", "repexp/groups/none_correct_frac",
+                    "repexp/bonus_turned_off_frac", "repexp/hidden_norm/mean",  # the verl backend's set too
                     "timing_s/repexp_forward", "timing_s/repexp_bonus", "timing_s/step"):
             assert key in record
-    assert {"dev/pass_at_1", "dev/pass_at_2"} <= set(records[0]) and "dev/pass_at_1" in records[2]
+    dev_keys = {"dev/pass_at_1", "dev/pass_at_2", "dev/num_problems", "dev/samples_per_problem"}  # as verl logs them
+    assert dev_keys <= set(records[0]) and dev_keys <= set(records[2]) and records[0]["dev/num_problems"] > 0
+    assert records[4]["dev/best_step"] == 2  # validated before its own checkpoint exists: the best saved one
     assert any(r["actor/grad_norm"] > 0 for r in records[1:])
 
     best = json.loads((run_dir / "best_dev.json").read_text())
