@@ -26,9 +26,10 @@ import shutil
 import sys
 import time
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 from repexp import layout
 from repexp import metrics as metric_names
@@ -159,7 +160,7 @@ class BestDevTracker:
         return Path(self.run_dir) / layout.BEST_DEV
 
     @classmethod
-    def load(cls, run_dir: str | Path, metric: str = metric_names.DEV_SELECTION) -> "BestDevTracker":
+    def load(cls, run_dir: str | Path, metric: str = metric_names.DEV_SELECTION) -> BestDevTracker:
         tracker = cls(Path(run_dir), metric)
         if tracker.path.exists():
             # names as logged today: a history written before dev/pass@k became dev/pass_at_k still resumes
@@ -199,7 +200,7 @@ class BestDevTracker:
         })
 
 
-def write_done(run_dir: str | Path, *, backend: str, final_step: int, tracker: "BestDevTracker",
+def write_done(run_dir: str | Path, *, backend: str, final_step: int, tracker: BestDevTracker,
                wall_time_s: float, **extra) -> dict:
     """A training run's `DONE` marker (its Snakemake output), written last by either trainer:
     final step, best dev step and value (the tracker's JSON is written first), why training
@@ -241,7 +242,7 @@ class TrainingBudget:
 
     @classmethod
     def resume(cls, max_hours: Optional[float], ckpt_dir: Optional[str | Path],
-               started: Optional[float] = None) -> "TrainingBudget":
+               started: Optional[float] = None) -> TrainingBudget:
         used = read_budget(ckpt_dir).get("train_seconds", 0.0) if ckpt_dir is not None else 0.0
         return cls(max_hours, float(used), time.monotonic() if started is None else started)
 

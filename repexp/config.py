@@ -28,10 +28,11 @@ import math
 import os
 import re
 import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Optional
 
 from repexp import bonus_defaults as B
 from repexp import layout
@@ -863,7 +864,7 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, raw: Mapping) -> "RunConfig":
+    def from_dict(cls, raw: Mapping) -> RunConfig:
         return _to_dataclass(cls, raw)
 
 

@@ -33,9 +33,10 @@ import hashlib
 import json
 import re
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional
 
 from repexp import arith, layout
 from repexp import splits as sp
@@ -81,7 +82,8 @@ TABLES = {
         TableSpec("gsm8k_train", "gsm8k/train.jsonl", (("openai/gsm8k", "main", "train"),)),
         TableSpec("gsm8k_test", "gsm8k/test.jsonl", (("openai/gsm8k", "main", "test"),)),
         # Upstream's AIME source; the local file is the HuggingFaceH4/aime_2024 copy (same answers).
-        TableSpec("aime24", "aime24/test.jsonl", (("MathArena/aime_2024_I", None, "train"), ("MathArena/aime_2024_II", None, "train"))),
+        TableSpec("aime24", "aime24/test.jsonl",
+                  (("MathArena/aime_2024_I", None, "train"), ("MathArena/aime_2024_II", None, "train"))),
         TableSpec("dapo", "", ((DAPO_HF_ID, None, "train"),)),
     )
 }
@@ -209,7 +211,8 @@ def _load_hf_part(dataset_id: str, config: Optional[str], split: str) -> list[di
     return [dict(row) for row in datasets.load_dataset(dataset_id, config, split=split)]
 
 
-def load_hf(names: Sequence[str], loader: Callable[[str, Optional[str], str], list[dict]] = _load_hf_part) -> dict[str, RawTable]:
+def load_hf(names: Sequence[str],
+            loader: Callable[[str, Optional[str], str], list[dict]] = _load_hf_part) -> dict[str, RawTable]:
     tables = {}
     for name in names:
         spec = TABLES[name]
@@ -345,7 +348,8 @@ def dapo_problems(table: RawTable) -> list[Problem]:
             prompt = turns[-1] if turns else None
         question = _text(table, i, prompt, "prompt")
         answer = _field(table, i, row, "answer", "solution")
-        problems.append(Problem(f"dapo/train/{i}", "dapo", "train", i, question, _answer_text(answer), DAPO_DATA_SOURCE))
+        problems.append(Problem(f"dapo/train/{i}", "dapo", "train", i, question, _answer_text(answer),
+                                DAPO_DATA_SOURCE))
     return problems
 
 
@@ -401,7 +405,8 @@ def build(task: str, tables: dict[str, RawTable], options: Options) -> Prepared:
         if all(p.unique_id for p in test_pool) and all(p.unique_id for p in dev_rows):
             keys, members, how = [p.unique_id for p in test_pool], [p.unique_id for p in dev_rows], "unique_id"
         else:  # the Hub's MATH-lighteval has no unique_id: match MATH-500 by problem text
-            keys, members, how = [sp.normalize_text(p.question) for p in test_pool], [sp.normalize_text(p.question) for p in dev_rows], "problem text"
+            keys = [sp.normalize_text(p.question) for p in test_pool]
+            members, how = [sp.normalize_text(p.question) for p in dev_rows], "problem text"
         try:
             dev_idx, test_idx = sp.split_by_membership(keys, members, what=f"MATH-500 in MATH test (by {how})")
         except sp.SplitError as err:
@@ -424,7 +429,8 @@ def build(task: str, tables: dict[str, RawTable], options: Options) -> Prepared:
             _missing_dapo()
         train = dapo_problems(tables["dapo"]) if wants_dapo else math_problems(tables["math_train"], "train")
     elif task == "arith":
-        generated = {name: [arith_problem(q) for q in questions] for name, questions in arith.split(options.seed).items()}
+        generated = {name: [arith_problem(q) for q in questions]
+                     for name, questions in arith.split(options.seed).items()}
         train, dev, test = generated["train"], generated["dev"], generated["test"]
         dev_equals_test = False
         notes.append(f"generated: {len(train)} train, {len(dev)} dev, {len(test)} test questions (repexp.arith)")
@@ -550,7 +556,8 @@ def write_parquet(rows: list[dict], path: Path) -> None:
 
     table = pa.Table.from_pylist(rows, schema=parquet_schema())
     with atomic_path(path) as tmp:
-        pq.write_table(table, tmp, compression="zstd", compression_level=3, use_dictionary=True, write_statistics=True, version="2.6")
+        pq.write_table(table, tmp, compression="zstd", compression_level=3, use_dictionary=True,
+                       write_statistics=True, version="2.6")
 
 
 # --------------------------------------------------------------------------- prepare
@@ -617,7 +624,8 @@ def prepare(
         "seed": options.seed,
         "source": source,
         "inputs": {
-            name: {"origin": t.origin, "kind": t.kind, "rows": len(t.rows), "sha256": t.sha256} for name, t in sorted(tables.items())
+            name: {"origin": t.origin, "kind": t.kind, "rows": len(t.rows), "sha256": t.sha256}
+            for name, t in sorted(tables.items())
         },
         "options": {
             "limit_train": options.limit_train,
@@ -668,16 +676,22 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     prep = sub.add_parser("prepare", help="write train/dev/test parquet splits and manifest.json for a task")
     prep.add_argument("task", choices=TASKS)
-    prep.add_argument("--source", default=defaults.source, help=f"directory of JSONL files, or 'hf' (default: {defaults.source})")
+    prep.add_argument("--source", default=defaults.source,
+                      help=f"directory of JSONL files, or 'hf' (default: {defaults.source})")
     prep.add_argument("--out", default=None, help="output directory (default: results/data/TASK)")
-    prep.add_argument("--seed", type=_seed, default=defaults.split_seed, help="split/subset seed (default: %(default)s)")
+    prep.add_argument("--seed", type=_seed, default=defaults.split_seed,
+                      help="split/subset seed (default: %(default)s)")
     prep.add_argument("--limit-train", type=_positive, default=None, help="seeded train subset size (default: all)")
     prep.add_argument("--limit-dev", type=_positive, default=None, help="seeded dev subset size (default: all)")
     prep.add_argument("--limit-test", type=_positive, default=None, help="seeded test subset size (default: all)")
-    prep.add_argument("--dapo-source", default=defaults.dapo_source, help="DAPO training set: JSONL/parquet file (or a directory with train.jsonl), or 'hf'")
-    prep.add_argument("--dapo-train-size", type=_positive, default=sp.DAPO_TRAIN_SIZE, help="DAPO training subset size (default: %(default)s)")
-    prep.add_argument("--gsm8k-dev-size", type=_positive, default=sp.GSM8K_DEV_SIZE, help="GSM8K dev size (default: %(default)s)")
-    prep.add_argument("--aime-train", choices=("math", "dapo"), default="math", help="aime24 task: train on MATH train or the DAPO subset")
+    prep.add_argument("--dapo-source", default=defaults.dapo_source,
+                      help="DAPO training set: JSONL/parquet file (or a directory with train.jsonl), or 'hf'")
+    prep.add_argument("--dapo-train-size", type=_positive, default=sp.DAPO_TRAIN_SIZE,
+                      help="DAPO training subset size (default: %(default)s)")
+    prep.add_argument("--gsm8k-dev-size", type=_positive, default=sp.GSM8K_DEV_SIZE,
+                      help="GSM8K dev size (default: %(default)s)")
+    prep.add_argument("--aime-train", choices=("math", "dapo"), default="math",
+                      help="aime24 task: train on MATH train or the DAPO subset")
 
 
 def run(args: argparse.Namespace) -> int:

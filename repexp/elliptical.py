@@ -25,8 +25,9 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+from collections.abc import Hashable
 from enum import IntEnum
-from typing import Any, Hashable, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -371,7 +372,8 @@ def _resolve_layout(
             raise ValueError("with num_groups given, groups must be an integer tensor of ids in [0, num_groups)")
         if groups.ndim != 1:
             raise ValueError(f"groups must be 1-D, got shape {tuple(groups.shape)}")
-        if groups.device.type == "cpu" and groups.numel() and (int(groups.min()) < 0 or int(groups.max()) >= num_groups):
+        on_host = groups.device.type == "cpu"  # never a device sync for the check
+        if on_host and groups.numel() and (int(groups.min()) < 0 or int(groups.max()) >= num_groups):
             raise ValueError(f"group ids must lie in [0, {num_groups}) when num_groups is given")
         if groups.shape[0] != batch_size:
             raise ValueError(f"groups has {groups.shape[0]} entries but the batch has {batch_size} rows")
@@ -633,7 +635,8 @@ class PersistentCovariance:
         if self.device is None:
             self.device = features.device
         if self._count.device != self.device:
-            self._count, self._mean, self._scatter = (t.to(self.device) for t in (self._count, self._mean, self._scatter))
+            state = (self._count, self._mean, self._scatter)
+            self._count, self._mean, self._scatter = (t.to(self.device) for t in state)
         return self.device
 
     def _slots_for(self, labels: list[Hashable]) -> Tensor:
@@ -687,7 +690,8 @@ class PersistentCovariance:
         centred = torch.addcmul(values, new_mean[:, None, :], layout.row_mask, value=-1.0)
         want_one_minus = self.reward_type == "leave_one_out"
         leverage, one_minus = _leverage_covariance_form(centred, new_scatter, self.lamb, want_one_minus, check_finite)
-        per_group = _normalize_groups(_apply_reward_type(leverage, one_minus, self.reward_type), layout, self.normalization)
+        bonus = _apply_reward_type(leverage, one_minus, self.reward_type)
+        per_group = _normalize_groups(bonus, layout, self.normalization)
         return _gather_rows(per_group, layout).to(device=features.device, dtype=torch.float32)
 
     def state_dict(self) -> dict[str, Any]:

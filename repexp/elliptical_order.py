@@ -28,7 +28,8 @@ Work is in float64 on the device of the features. No framework imports (torch an
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch

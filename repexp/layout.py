@@ -30,8 +30,9 @@ Snakemake's rule declarations.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 PathLike = str | Path
 

@@ -101,7 +101,8 @@ def test_the_spelling_check_finds_copies(tmp_path):
                     'A = f"{root}/eval/{task}/eval.json"\nB = "metrics.jsonl"\nC = f"global_step_{n}"\n'
                     'D = "dev/pass_at_1"\nE = f"timing_s/{name}"\nF = "no eval.json here"\nG = "pass_at_k"\n')
     rule = tmp_path / "x.smk"
-    rule.write_text('rule x:\n    output:\n        f"{RESULTS}/train/{{task}}/{{run}}/DONE",\n    # "DONE" in a comment\n')
+    rule.write_text('rule x:\n    output:\n        f"{RESULTS}/train/{{task}}/{{run}}/DONE",\n'
+                    '    # "DONE" in a comment\n')
     assert sorted(int(h.split(":")[1]) for h in spellings(copy, "copy.py")) == [2, 3, 4, 5, 6]
     assert [int(h.split(":")[1]) for h in spellings(rule, "x.smk")] == [3]
 

@@ -157,7 +157,8 @@ def test_pruning_keeps_newest_whole_and_best_without_resume_state(tmp_path):
     assert prune_checkpoints(tmp_path, 2, tracker.best()["step"], RESUME_ONLY) == [2]
     assert complete_steps(tmp_path) == [4, 6, 8]  # newest two plus the best (step 4)
     best = checkpoint_dir(tmp_path, 4)
-    assert sorted(p.name for p in best.iterdir()) == sorted(["COMPLETE", SLIM_MARKER, "config.json", "model.safetensors"])
+    assert sorted(p.name for p in best.iterdir()) == sorted(["COMPLETE", SLIM_MARKER, "config.json",
+                                                             "model.safetensors"])
     assert len(list(checkpoint_dir(tmp_path, 8).iterdir())) == 6  # the newest stay whole
     assert resumable_steps(tmp_path) == [6, 8]  # a retry never resumes from the slimmed one
     assert tracker.best()["step"] == 4  # still selectable
@@ -201,7 +202,8 @@ def constructed_batch(tokenizer):
     """Two groups of 4: every completion of group 0 wrong; group 1 has two correct ones (answer 7)."""
     texts = ["#### 3", "the answer is 5", "#### 12", "no idea",
              "3 + 4 = 7\n#### 7", "#### 8", "so #### 7", "#### 6"]
-    prompts = [[{"role": "user", "content": "What is 2 + 5?"}]] * 4 + [[{"role": "user", "content": "What is 3 + 4?"}]] * 4
+    prompts = ([[{"role": "user", "content": "What is 2 + 5?"}]] * 4
+               + [[{"role": "user", "content": "What is 3 + 4?"}]] * 4)
     eos = tokenizer.eos_token_id
     completion_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] + [eos] for t in texts]
     return dict(prompts=prompts, completions=[[{"role": "assistant", "content": t}] for t in texts],

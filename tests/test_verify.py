@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from repexp import verify
-from repexp.verify import compare, pool as verify_pool
-from repexp.verify import extract_answer, last_boxed, score, score_answer, score_batch
+from repexp.verify import compare, extract_answer, last_boxed, score, score_answer, score_batch
+from repexp.verify import pool as verify_pool
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 MATH = "DigitalLearningGmbH/MATH-lighteval"

@@ -18,8 +18,11 @@ from pathlib import Path
 
 from repexp import layout
 from repexp.config import DTYPES, ENGINES
-from repexp.evaluate.core import EVAL_DEFAULTS, SamplingSettings
-from repexp.evaluate.core import mlflow_metrics  # noqa: F401  (public: used by the orchestration layer)
+from repexp.evaluate.core import (
+    EVAL_DEFAULTS,
+    SamplingSettings,
+    mlflow_metrics,  # noqa: F401  (public: used by the orchestration layer)
+)
 from repexp.verify.routing import DEFAULT_GRADER, GRADERS
 
 __all__ = ["configure_parser", "run", "mlflow_metrics"]
@@ -53,7 +56,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     d, sampling = EVAL_DEFAULTS, SamplingSettings()
     smp = parser.add_argument_group("sampling")
     smp.add_argument("--n-samples", type=int, default=d.n_samples, help="samples per problem (default %(default)s)")
-    smp.add_argument("--temperature", type=float, default=d.temperature, help="sampling temperature (default %(default)s)")
+    smp.add_argument("--temperature", type=float, default=d.temperature,
+                     help="sampling temperature (default %(default)s)")
     smp.add_argument("--top-p", type=float, default=d.top_p, help="sampling top-p (default %(default)s)")
     smp.add_argument("--top-k", type=int, default=sampling.top_k, help="0 or -1 = disabled (default)")
     smp.add_argument("--max-new-tokens", type=int, default=sampling.max_new_tokens,

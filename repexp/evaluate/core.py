@@ -10,7 +10,8 @@ import dataclasses
 import hashlib
 import json
 import math
-from typing import Any, Hashable, Sequence
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 import numpy as np
 

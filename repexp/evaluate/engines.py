@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 from repexp.config import DTYPES, ENGINES
 from repexp.evaluate.core import EVAL_DEFAULTS, SamplingSettings
@@ -177,7 +178,7 @@ class HFEngine:
         self.max_model_len = int(limit) if limit else None
 
     @classmethod
-    def load(cls, model_path: str, options: EngineOptions = EngineOptions()) -> "HFEngine":
+    def load(cls, model_path: str, options: EngineOptions = EngineOptions()) -> HFEngine:
         import torch
         from transformers import AutoModelForCausalLM
 

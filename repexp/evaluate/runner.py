@@ -292,7 +292,8 @@ def _generate_data_parallel(cfg: EvalConfig, todo: list[int]) -> None:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
     if gpus and len(gpus) < dp * tp:
-        raise ValueError(f"data_parallel_size {dp} × tensor_parallel_size {tp} needs {dp * tp} GPUs; {len(gpus)} visible")
+        raise ValueError(f"data_parallel_size {dp} × tensor_parallel_size {tp} needs {dp * tp} GPUs; "
+                         f"{len(gpus)} visible")
     ctx = multiprocessing.get_context("spawn")
     workers = []
     for rank in range(dp):
@@ -321,7 +322,7 @@ def _read_samples(store: SampleStore, plan, n: int, other: str, workers: int | N
                "data_source", "ground_truth"]
     per_problem: dict[str, dict[str, list]] = {}
     with verify.VerifierPool(workers) as pool:  # its processes start on first use: only for big Math-Verify shards
-        for i, idx in enumerate(plan):
+        for i in range(len(plan)):
             shard = store.read_shard(i, columns)
             big = len(shard["response"]) >= verify.MIN_POOL_ITEMS
             others = verify.score_batch(shard["data_source"], shard["response"], shard["ground_truth"],

@@ -14,8 +14,9 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from repexp import layout
 from repexp.io import atomic_path, read_json, write_json_atomic
@@ -93,7 +94,8 @@ class SampleStore:
             shutil.rmtree(self.dir)
         elif self.dir.exists() and any(self.dir.glob(layout.shard_glob(SHARD_SUFFIX))):
             if not overwrite:
-                raise ValueError(f"{self.dir}: shard files without {layout.SAMPLES_META}; pass --overwrite to start afresh")
+                raise ValueError(f"{self.dir}: shard files without {layout.SAMPLES_META}; "
+                                 "pass --overwrite to start afresh")
             shutil.rmtree(self.dir)
         write_json_atomic(self.meta_path, meta)
         return []

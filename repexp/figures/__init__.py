@@ -32,25 +32,38 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from repexp import layout
 from repexp.config import RunSpec
-from repexp.layout import figure_pairs
-from repexp.io import write_json_atomic
+
 # the package's public names, importable from `repexp.figures` as before the split
 from repexp.figures.curves import plot_pass_at_k  # noqa: F401
 from repexp.figures.heatmaps import heatmap_grid, plot_heatmap  # noqa: F401
 from repexp.figures.publish import log_figures_run  # noqa: F401
-from repexp.figures.series import (Series, compact_runs, completeness_notes, expected_from_config,  # noqa: F401
-                                   seed_curve, select_repexp_points, series_of, table_specs)
+from repexp.figures.series import (  # noqa: F401
+    Series,
+    compact_runs,
+    completeness_notes,
+    expected_from_config,
+    seed_curve,
+    select_repexp_points,
+    series_of,
+    table_specs,
+)
 from repexp.figures.style import DPI, MAX_REPEXP_LINES, _save  # noqa: F401
 from repexp.figures.testtime import STEM as TESTTIME_STEM
 from repexp.figures.testtime import plot_testtime
-from repexp.figures.training import (plot_training, read_metrics_jsonl, training_curves_from_jsonl,  # noqa: F401
-                                     training_curves_from_mlflow)
-
+from repexp.figures.training import (  # noqa: F401
+    plot_training,
+    read_metrics_jsonl,
+    training_curves_from_jsonl,
+    training_curves_from_mlflow,
+)
+from repexp.io import write_json_atomic
+from repexp.layout import figure_pairs
 
 # --------------------------------------------------------------------------- CLI
 
@@ -62,11 +75,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--train-dir", type=Path, help="results/train: training curves from <task>/<run>/metrics.jsonl")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI)")
     parser.add_argument("--experiment",
-                        help="MLflow experiment: log the figures and tables as a 'figures' run (default: the enclosing "
-                             "`repexp mlflow node` run, if any) and, with --curves-from auto, read training curves from it")
+                        help="MLflow experiment: log the figures and tables as a 'figures' run (default: the "
+                             "enclosing `repexp mlflow node` run, if any) and, with --curves-from auto, read training "
+                             "curves from it")
     parser.add_argument("--curves-from", choices=("auto", "mlflow", "jsonl", "none"), default="auto",
-                        help="training-curve source (auto: MLflow with --experiment, else metrics.jsonl with --train-dir, "
-                             "else none)")
+                        help="training-curve source (auto: MLflow with --experiment, else metrics.jsonl with "
+                             "--train-dir, else none)")
     parser.add_argument("--max-repexp-lines", type=int, default=MAX_REPEXP_LINES,
                         help="RepExp sweep points drawn in the pass@k figure before only the main one is kept")
 
@@ -114,8 +128,10 @@ def make_figures(table, out_dir: Path, *, expected: Sequence[RunSpec] | None = N
             figures.append(record)
     index = {"generated_by": "repexp figures", "table": table_path, "dpi": DPI,
              "expected_from_config": expected is not None,
-             "missing_evaluations": sorted({m for f in figures if f["kind"] != "training" for m in f["missing_runs"]}),
-             "missing_training_metrics": sorted({m for f in figures if f["kind"] == "training" for m in f["missing_runs"]}),
+             "missing_evaluations": sorted({m for f in figures if f["kind"] != "training"
+                                            for m in f["missing_runs"]}),
+             "missing_training_metrics": sorted({m for f in figures if f["kind"] == "training"
+                                                 for m in f["missing_runs"]}),
              "training_curves": curves_source or None, "figures": figures}
     write_json_atomic(out_dir / layout.FIGURE_INDEX, _json_safe(index))
     return index

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import math
 import textwrap
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from repexp import layout
 from repexp import metrics as M
 from repexp.io import atomic_path
-
 
 HEADLINE_K = 256
 DPI = 200

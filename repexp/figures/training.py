@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from repexp import layout
 from repexp import metrics as M
 from repexp.config import RunSpec
 from repexp.figures.curves import _series_styles
 from repexp.figures.series import Series, _series_sort_key, compact_runs, series_of
-from repexp.figures.style import FONT, TASK_TITLES, TRAINING_METRICS, _adaptive_ylim, _figure_with_footer, _no_data, \
-    _size_px, _style
-
-
+from repexp.figures.style import (
+    FONT,
+    TASK_TITLES,
+    TRAINING_METRICS,
+    _adaptive_ylim,
+    _figure_with_footer,
+    _no_data,
+    _size_px,
+    _style,
+)
 
 
 def read_metrics_jsonl(path: str | Path) -> dict[str, dict[int, float]]:
@@ -41,7 +47,8 @@ def read_metrics_jsonl(path: str | Path) -> dict[str, dict[int, float]]:
     return curves
 
 
-def training_curves_from_jsonl(train_dir: str | Path, specs: Sequence[RunSpec]) -> dict[str, dict[str, dict[int, float]]]:
+def training_curves_from_jsonl(train_dir: str | Path,
+                               specs: Sequence[RunSpec]) -> dict[str, dict[str, dict[int, float]]]:
     """{'<task>/<run>': {metric: {step: value}}} for every trained spec whose metrics.jsonl exists."""
     out = {}
     for spec in specs:
@@ -134,8 +141,8 @@ def plot_training(curves: dict[str, dict[str, dict[int, float]]], task: str, bac
     ncol = min(max(1, len(labels)), 4)
     panels_record = []
     with _style():
-        fig, axes, footer = _figure_with_footer(9.0, 4.6, legend_rows=math.ceil(max(1, len(labels)) / ncol), notes=notes,
-                                                ncols=2, nrows=2)
+        fig, axes, footer = _figure_with_footer(9.0, 4.6, legend_rows=math.ceil(max(1, len(labels)) / ncol),
+                                                notes=notes, ncols=2, nrows=2)
         fig.suptitle(f"{TASK_TITLES.get(task, task)} [{backend}]: training", fontsize=FONT["title"])
         handles = {}
         for ax, (title, metrics) in zip([a for row in axes for a in row], TRAINING_PANELS):
@@ -150,8 +157,8 @@ def plot_training(curves: dict[str, dict[str, dict[int, float]]], task: str, bac
                     data = _seed_mean_over_steps(per_seed)
                     style = styles[s]
                     sparse = len(data["step"]) <= 30  # dev metrics are logged every test_freq steps: show points
-                    line, = ax.plot(data["step"], data["mean"], color=style["color"], linestyle=linestyle, linewidth=1.0,
-                                    marker=style["marker"] if sparse else None, markersize=3.5)
+                    line, = ax.plot(data["step"], data["mean"], color=style["color"], linestyle=linestyle,
+                                    linewidth=1.0, marker=style["marker"] if sparse else None, markersize=3.5)
                     if linestyle == "-":
                         handles.setdefault(style["label"], line)
                     lo = [m - e if e is not None else m for m, e in zip(data["mean"], data["sem"])]
@@ -179,7 +186,8 @@ def plot_training(curves: dict[str, dict[str, dict[int, float]]], task: str, bac
             footer.legend(list(handles.values()), list(handles), loc="upper center", ncol=ncol, frameon=False,
                           fontsize=FONT["legend"], bbox_to_anchor=(0.5, 1.0))
     caption = (
-        f"Training on {TASK_TITLES.get(task, task)} ({backend}), from {source}: dev pass@1 at each validation, the mean "
+        f"Training on {TASK_TITLES.get(task, task)} ({backend}), from {source}: dev pass@1 at each validation, "
+        "the mean "
         "raw and β-scaled RepExp bonus per step, and the mean shaped reward (α·verifier + β·bonus, solid) against "
         "the verifier reward (dashed). Lines are means over seeds with a ±1 SEM band where ≥ 2 seeds logged the step."
     )

@@ -100,7 +100,8 @@ def _load_evaluation(eval_dir: Path, data: Path | None):
     if meta.get("format") != eval_core.STORE_FORMAT:
         raise ValueError(f"{store.meta_path}: store format {meta.get('format')} is not {eval_core.STORE_FORMAT}")
     if not (eval_dir / layout.EVAL_JSON).is_file():
-        raise FileNotFoundError(f"{eval_dir / layout.EVAL_JSON}: the evaluation is not complete (no {layout.EVAL_JSON})")
+        raise FileNotFoundError(f"{eval_dir / layout.EVAL_JSON}: the evaluation is not complete "
+                                f"(no {layout.EVAL_JSON})")
     gen = meta["generation"]
     data_path = Path(data or meta.get("data_path") or "")
     problems = load_problems(data_path, limit=gen["num_problems"])

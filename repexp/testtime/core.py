@@ -20,7 +20,8 @@ efficiency and of the samples-to-correct ratio, with a seeded generator.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -40,13 +40,36 @@ from repexp.metrics import metric_name
 from repexp.tracking.cli import configure_parser, run
 from repexp.tracking.gitinfo import REPO_ROOT, git_commit
 from repexp.tracking.names import (
-    ENV_CONFIG, ENV_RUN_FILE, ENV_SNAKEMAKE_EXEC, ENV_TRACKING, EXECUTION_TAG, PARENT_KEY_TAG, RECORD_FILE,
-    RESULTS_ID_TAG, SCOPE_KEY_TAG, SCOPE_TAG, SNAKEMAKE_JOBID_HELP, SUPERSEDED_TAG, SWEEP_POINT_TAG, SYNCED_FILE,
-    default_tracking_uri, outbox_dir, results_id,
+    ENV_CONFIG,
+    ENV_RUN_FILE,
+    ENV_SNAKEMAKE_EXEC,
+    ENV_TRACKING,
+    EXECUTION_TAG,
+    PARENT_KEY_TAG,
+    RECORD_FILE,
+    RESULTS_ID_TAG,
+    SCOPE_KEY_TAG,
+    SCOPE_TAG,
+    SNAKEMAKE_JOBID_HELP,
+    SUPERSEDED_TAG,
+    SWEEP_POINT_TAG,
+    SYNCED_FILE,
+    default_tracking_uri,
+    outbox_dir,
+    results_id,
 )
 from repexp.tracking.node import (
-    NodeFailed, NodeRun, await_node_run, current_node, flatten, node_run, node_scope, open_in_background,
-    prepare_node, start_node, tracking_enabled,
+    NodeFailed,
+    NodeRun,
+    await_node_run,
+    current_node,
+    flatten,
+    node_run,
+    node_scope,
+    open_in_background,
+    prepare_node,
+    start_node,
+    tracking_enabled,
 )
 from repexp.tracking.outbox import pending_records, sync, sync_one, sync_record, upload_in_background
 from repexp.tracking.outputs import eval_metrics, flag_params, log_outputs, pass_at_k_curve

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from repexp import layout
 from repexp import metrics as metric_names
@@ -80,8 +81,8 @@ def _log_known_output(node, path: Path) -> None:
             pointer = read_json(path)
             node.log_params({f"select.{k}": v for k, v in pointer.items() if k not in ("value", "skipped")})
             if pointer.get("value") is not None:
-                node.log_metric_rows([[metric_names.BEST_DEV_VALUE, pointer["value"], int(pointer.get("checkpoint_step") or 0),
-                                       now_ms()]])
+                step = int(pointer.get("checkpoint_step") or 0)
+                node.log_metric_rows([[metric_names.BEST_DEV_VALUE, pointer["value"], step, now_ms()]])
         elif path.name == layout.MANIFEST:
             node.log_inputs(source_datasets(read_json(path)))
         elif path.name == layout.TESTTIME_JSON:

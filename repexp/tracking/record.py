@@ -46,7 +46,7 @@ class Record:
     results_dir: Optional[str] = None  # absolute; where parents.json and the outbox live
 
     @classmethod
-    def load(cls, directory: Path) -> "Record":
+    def load(cls, directory: Path) -> Record:
         raw = read_json(Path(directory) / RECORD_FILE)
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in raw.items() if k in known})

@@ -6,8 +6,8 @@ from) are dropped, so the file of a resumed run equals that of an uninterrupted 
 
 MLflow: only into the node's run: `MLFLOW_RUN_ID`, or the id that the `repexp train` wrapper
 publishes in `$REPEXP_MLFLOW_RUN_FILE` (set for this process only) while the trainer starts up,
-read at the first log. Metric names are sanitised as verl's MLflow logger
-does (`repexp.metrics.metric_name`: `@` → `_at_`, other invalid characters → `_`). Batches go through MLflow's async logging
+read at the first log. Metric names are sanitised as verl's MLflow logger does
+(`repexp.metrics.metric_name`: `@` → `_at_`, other invalid characters → `_`). Batches go through MLflow's async logging
 when `MLFLOW_ENABLE_ASYNC_LOGGING` is true (`repexp train` sets it): a step never waits for the
 store; a failed batch is seen at the next log. Any tracking failure is reported once as a
 warning and tracking is switched off; it never fails training (the wrapper replays what is

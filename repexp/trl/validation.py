@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,7 +31,8 @@ class DevProblem:
 
 
 def validation_seed(seed: int, step: int) -> int:
-    return int(np.random.SeedSequence([int(seed), int(step), 0xDE5]).generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+    state = np.random.SeedSequence([int(seed), int(step), 0xDE5]).generate_state(1, dtype=np.uint64)[0]
+    return int(state >> np.uint64(1))
 
 
 @contextlib.contextmanager

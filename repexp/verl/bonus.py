@@ -2,8 +2,8 @@
 
 Inputs are what the trainer reads from TransferQueue after the representation forward: the
 response-mean hidden states (B, H), the prompt uid of each row, its verifier score and which rows
-take no part (verl's padding rows, empty responses). The maths is `repexp.elliptical`; everything stays on the device of ``hidden`` (the
-trainer passes CPU tensors):
+take no part (verl's padding rows, empty responses). The maths is `repexp.elliptical`; everything
+stays on the device of ``hidden`` (the trainer passes CPU tensors):
 
 1. project with `sparse_projection(H, sparse_dim, seed=projection_seed(seed, step))`: a fresh
    projection every step when ``randomize_projection`` (upstream drew it from an unseeded RNG),
@@ -21,8 +21,9 @@ functions and names as the TRL backend (``repexp/bonus_raw/*``, ``repexp/bonus_s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
@@ -30,7 +31,6 @@ from torch import Tensor
 from repexp import metrics as metric_names
 from repexp.elliptical import PersistentCovariance, bonuses, combine_rewards, projection_seed, sparse_projection
 from repexp.verl.settings import RepExpSettings
-
 
 
 class BonusState:

@@ -13,8 +13,9 @@ Pure: no verl import.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from repexp import layout
 from repexp.config import DEAD_VERL_KEY_PREFIXES, RunConfig
@@ -80,7 +81,8 @@ def build_overrides(run_config: RunConfig, *, loggers: Optional[Sequence[str]] =
     if rc.method == "grpo" and rc.beta != 0:
         raise ValueError(f"beta: the GRPO baseline needs beta = 0, got {rc.beta}")
     if rc.method == "repexp" and (rc.beta <= 0 or rc.sparse_dim is None):
-        raise ValueError(f"beta/sparse_dim: a RepExp run needs beta > 0 and a sparse_dim, got {rc.beta}/{rc.sparse_dim}")
+        raise ValueError(f"beta/sparse_dim: a RepExp run needs beta > 0 and a sparse_dim, "
+                         f"got {rc.beta}/{rc.sparse_dim}")
     train, verl, bonus = rc.train, rc.verl, rc.bonus
     run_dir = Path(rc.run_dir).resolve()
     data_dir = Path(rc.data_dir).resolve()

@@ -7,8 +7,9 @@ verl never converts these nodes, so nothing else would notice a misspelled or ou
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 from repexp import bonus_defaults as B
 from repexp.config import NORMALIZATIONS, REWARD_TYPES, VERL_STRATEGIES, check_bonus
@@ -52,7 +53,7 @@ class RepExpSettings:
         return self.beta > 0
 
     @classmethod
-    def from_mapping(cls, raw: Mapping[str, Any], where: str = NODE) -> "RepExpSettings":
+    def from_mapping(cls, raw: Mapping[str, Any], where: str = NODE) -> RepExpSettings:
         values = _strict_fields(cls, raw, where)
         settings = cls(**values)
         settings._check(where)
@@ -83,7 +84,7 @@ class RunSettings:
     mlflow_tracking_uri: Optional[str] = None
 
     @classmethod
-    def from_mapping(cls, raw: Mapping[str, Any], where: str = RUN_NODE) -> "RunSettings":
+    def from_mapping(cls, raw: Mapping[str, Any], where: str = RUN_NODE) -> RunSettings:
         settings = cls(**_strict_fields(cls, raw, where))
         if settings.max_checkpoints_to_keep is not None:
             _require(settings.max_checkpoints_to_keep >= 1, f"{where}.max_checkpoints_to_keep", "must be >= 1 or null")

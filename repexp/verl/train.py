@@ -55,7 +55,8 @@ def check_config(config: DictConfig) -> RepExpSettings:
     if not config.trainer.use_v1:
         raise ValueError("trainer.use_v1: RepExp plugs into verl's V1 trainer; must be true")
     if config.algorithm.adv_estimator != "grpo":
-        raise ValueError(f"algorithm.adv_estimator: RepExp shapes GRPO's outcome reward; got {config.algorithm.adv_estimator!r}")
+        raise ValueError("algorithm.adv_estimator: RepExp shapes GRPO's outcome reward; "
+                         f"got {config.algorithm.adv_estimator!r}")
     test_freq, save_freq = config.trainer.test_freq, config.trainer.save_freq
     if test_freq > 0 and (save_freq <= 0 or test_freq % save_freq):
         raise ValueError(

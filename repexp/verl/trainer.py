@@ -37,6 +37,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 from transfer_queue import KVBatchMeta
 
+from repexp import layout
+from repexp import metrics as metric_names
 from repexp.checkpoints import (
     BestDevTracker,
     TrainingBudget,
@@ -45,8 +47,6 @@ from repexp.checkpoints import (
     mark_complete,
     prune_checkpoints,
 )
-from repexp import layout
-from repexp import metrics as metric_names
 from repexp.io import atomic_path, write_text_atomic
 from repexp.verl import dataplane
 from repexp.verl.bonus import BonusState, compute_step_bonus, group_metrics

@@ -2,14 +2,15 @@
 
 verl's own ``val-aux/.../pass@k`` counts the *sum* of scores as correct samples and only knows
 its bootstrap helpers; the pipeline's selection metric is ``dev/pass_at_k`` from `repexp.passk`
-(`repexp.metrics.dev_metrics`, the TRL backend's function too), computed here from the per-sample uids and verifier scores that verl collects in ``_validate``.
+(`repexp.metrics.dev_metrics`, the TRL backend's function too), computed here from the per-sample
+uids and verifier scores that verl collects in ``_validate``.
 Scores must be the 0/1 verifier's (a ±1 scorer silently corrupted upstream's AIME pass@k).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

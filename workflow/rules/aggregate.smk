@@ -8,22 +8,32 @@ rule aggregate:
         testtime=all_testtime_files(),
     output:
         table=aggregate_file(L.PASS_AT_K_CSV),
-        k_efficiency=report(aggregate_file(L.K_EFFICIENCY_CSV), caption="../report/k_efficiency.rst",
-                            category="Results", subcategory="Tables", labels={"table": "k-efficiency"}),
+        k_efficiency=report(
+            aggregate_file(L.K_EFFICIENCY_CSV),
+            caption="../report/k_efficiency.rst",
+            category="Results",
+            subcategory="Tables",
+            labels={"table": "k-efficiency"},
+        ),
         markdown=aggregate_file(L.PASS_AT_K_MD),
-        html=report(aggregate_file(L.PASS_AT_K_HTML), caption="../report/pass_at_k_table.rst",
-                    category="Results", subcategory="Tables", labels={"table": "pass@k"}),
-    params:
-        experiment=EXPERIMENT,
+        html=report(
+            aggregate_file(L.PASS_AT_K_HTML),
+            caption="../report/pass_at_k_table.rst",
+            category="Results",
+            subcategory="Tables",
+            labels={"table": "pass@k"},
+        ),
     log:
         log_path("aggregate", "all"),
     benchmark:
         benchmark_path("aggregate", "all")
+    conda:
+        "../envs/report.yaml"
     threads: rule_threads("aggregate")
     resources:
         **rule_resources("aggregate"),
-    conda:
-        "../envs/report.yaml"
+    params:
+        experiment=EXPERIMENT,
     shell:
         'repexp mlflow node --config "$REPEXP_CONFIG" --rule aggregate --snakemake-jobid {{{jobid}}} --attempt {resources.attempt} --output {output} --'
         ' repexp aggregate --inputs {input.evals} --testtime {input.testtime} --out-dir $(dirname {output.table}) --config "$REPEXP_CONFIG"'

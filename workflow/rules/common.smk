@@ -73,15 +73,18 @@ def slurm_settings(cfg):
     for name, variable in SLURM_VARIABLES.items():
         value = os.environ.get(variable, "").strip()
         if value and not re.fullmatch(r"[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*", value):
-            raise C.ConfigError(f"{variable}: {value!r} is not a SLURM account or partition name"
-                                + (" (an unexpanded shell variable?)" if "$" in value else ""))
+            raise C.ConfigError(
+                f"{variable}: {value!r} is not a SLURM account or partition name"
+                + (" (an unexpanded shell variable?)" if "$" in value else "")
+            )
         settings[name] = value or None
     gpu_rules = [rule for rule in C.RULES if C.rule_resources(cfg, rule).gpu > 0]
     if settings["partition"] and not settings["gpu_partition"] and gpu_rules:
         raise C.ConfigError(
             f"{SLURM_VARIABLES['gpu_partition']}: not set, but {SLURM_VARIABLES['partition']}="
             f"{settings['partition']} is, and rules {', '.join(gpu_rules)} request GPUs; set it to the GPU "
-            f"partition (or to {settings['partition']} if that one has the GPUs)")
+            f"partition (or to {settings['partition']} if that one has the GPUs)"
+        )
     return settings
 
 
@@ -124,13 +127,19 @@ CFG = dataclasses.replace(
     data=dataclasses.replace(
         _loaded.data,
         source=HUB_DATA_DIR if _loaded.data.source == "hf" else _source_for_jobs(_loaded.data.source),
-        dapo_source=(str(L.hub_dapo_dir(_results)) if _loaded.data.dapo_source == "hf"
-                     else _source_for_jobs(_loaded.data.dapo_source)),
+        dapo_source=(
+            str(L.hub_dapo_dir(_results))
+            if _loaded.data.dapo_source == "hf"
+            else _source_for_jobs(_loaded.data.dapo_source)
+        ),
     ),
     bonus=dataclasses.replace(
         _loaded.bonus,
-        representation_model=(_model_for_jobs(_loaded.bonus.representation_model, _results)
-                              if _loaded.bonus.representation_model else None),
+        representation_model=(
+            _model_for_jobs(_loaded.bonus.representation_model, _results)
+            if _loaded.bonus.representation_model
+            else None
+        ),
     ),
 )
 RESULTS = CFG.results_dir
@@ -265,9 +274,12 @@ def hub_data_files():
         return []
     from repexp.download import data_files  # imports numpy: only for configs that download
 
-    return [str(Path(HUB_DATA_DIR, name)) for name in
-            data_files(CFG.sweep.tasks, source_hf=PARSED_CONFIG.data.source == "hf",
-                       dapo_hf=PARSED_CONFIG.data.dapo_source == "hf")]
+    return [
+        str(Path(HUB_DATA_DIR, name))
+        for name in data_files(
+            CFG.sweep.tasks, source_hf=PARSED_CONFIG.data.source == "hf", dapo_hf=PARSED_CONFIG.data.dapo_source == "hf"
+        )
+    ]
 
 
 def preprocess_inputs(wildcards):
@@ -304,11 +316,21 @@ def testtime_model(wildcards):
 
 def testtime_flags(wildcards):
     tt, bonus = CFG.testtime, CFG.bonus
-    flags = ["--sparse-dim", tt.sparse_dim, "--projection-seed", tt.projection_seed, "--batch-size", tt.batch_size,
-             "--dtype", tt.dtype, "--bootstrap", tt.bootstrap, "--lamb", C.canonical(bonus.lamb)]
-    if not bonus.center:
-        flags.append("--no-center")
-    return shlex.join(map(str, flags))
+    options = {
+        "--sparse-dim": tt.sparse_dim,
+        "--projection-seed": tt.projection_seed,
+        "--batch-size": tt.batch_size,
+        "--dtype": tt.dtype,
+        "--bootstrap": tt.bootstrap,
+        "--lamb": C.canonical(bonus.lamb),
+    }
+    return shlex.join(command_flags(options, {"--no-center": not bonus.center}))
+
+
+def command_flags(options, switches=None):
+    """`--flag value` for every option that is set (not None), then every switch that is on."""
+    flags = [str(token) for flag, value in options.items() if value is not None for token in (flag, value)]
+    return flags + [flag for flag, on in (switches or {}).items() if on]
 
 
 def all_train_markers():
@@ -328,10 +350,16 @@ def figure_files():
     """What `repexp figures` draws (repexp.layout names them): PDFs, and the PNGs for the report."""
     files = []
     for stem in L.figure_stems(L.figure_pairs(RUNS)):
-        files.append(str(L.figure_file(RESULTS, stem, "pdf")))
         kind, caption = FIGURE_REPORTS[L.figure_kind(stem)]
-        files.append(report(str(L.figure_file(RESULTS, stem, "png")), caption=f"../report/{caption}",
-                            category="Figures", subcategory=kind, labels={"figure": stem}))
+        # (`report(` must not start a line: Snakemake's parser would read it as the `report:` keyword)
+        png = report(
+            str(L.figure_file(RESULTS, stem, "png")),
+            caption=f"../report/{caption}",
+            category="Figures",
+            subcategory=kind,
+            labels={"figure": stem},
+        )
+        files += [str(L.figure_file(RESULTS, stem, "pdf")), png]
     return files
 
 
@@ -367,7 +395,7 @@ def backend_of(wildcards):
 def preprocess_flags(wildcards):
     data = CFG.data
     flags = ["--source", data.source, "--seed", str(data.split_seed)]  # local paths only (downloads)
-    for name in ("train", "dev", "test"):
+    for name in L.SPLITS:
         limit = getattr(data, f"limit_{name}")
         if limit is not None:
             flags += [f"--limit-{name}", str(limit)]
@@ -379,19 +407,24 @@ def preprocess_flags(wildcards):
 def eval_flags(wildcards):
     rc = run_config(wildcards.task, wildcards.run)
     ev = rc.eval
-    flags = [
-        "--task", rc.task, "--engine", ev.engine, "--n-samples", ev.n_samples,
-        "--temperature", C.canonical(ev.temperature), "--top-p", C.canonical(ev.top_p),
-        "--max-new-tokens", ev.max_new_tokens, "--seed", rc.seed, "--batch-size", ev.batch_size,
-        "--shard-size", ev.shard_size, "--dtype", ev.dtype,
-        "--tensor-parallel-size", ev.tensor_parallel_size, "--data-parallel-size", ev.data_parallel_size,
-        "--gpu-memory-utilization", C.canonical(ev.gpu_memory_utilization), "--grader", rc.grader,
-    ]
-    if ev.max_model_len is not None:
-        flags += ["--max-model-len", ev.max_model_len]
-    if ev.enforce_eager:
-        flags.append("--enforce-eager")
-    return shlex.join(map(str, flags))
+    options = {
+        "--task": rc.task,
+        "--engine": ev.engine,
+        "--n-samples": ev.n_samples,
+        "--temperature": C.canonical(ev.temperature),
+        "--top-p": C.canonical(ev.top_p),
+        "--max-new-tokens": ev.max_new_tokens,
+        "--seed": rc.seed,
+        "--batch-size": ev.batch_size,
+        "--shard-size": ev.shard_size,
+        "--dtype": ev.dtype,
+        "--tensor-parallel-size": ev.tensor_parallel_size,
+        "--data-parallel-size": ev.data_parallel_size,
+        "--gpu-memory-utilization": C.canonical(ev.gpu_memory_utilization),
+        "--grader": rc.grader,
+        "--max-model-len": ev.max_model_len,
+    }
+    return shlex.join(command_flags(options, {"--enforce-eager": ev.enforce_eager}))
 
 
 def eval_inputs(wildcards):

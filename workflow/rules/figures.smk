@@ -8,17 +8,17 @@ rule figures:
     output:
         figures=figure_files(),
         index=figure_index(),
-    params:
-        curves=training_curve_flags,
     log:
         log_path("figures", "all"),
     benchmark:
         benchmark_path("figures", "all")
+    conda:
+        "../envs/report.yaml"
     threads: rule_threads("figures")
     resources:
         **rule_resources("figures"),
-    conda:
-        "../envs/report.yaml"
+    params:
+        curves=training_curve_flags,
     shell:
         'repexp mlflow node --config "$REPEXP_CONFIG" --rule figures --snakemake-jobid {{{jobid}}} --attempt {resources.attempt} --output {output} --'
         ' repexp figures --table {input.table} --out-dir $(dirname {output.index}) --config "$REPEXP_CONFIG"'

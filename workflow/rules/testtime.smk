@@ -9,19 +9,19 @@ rule testtime:
         model=model_dir(),
     output:
         result=testtime_file(),
-    params:
-        model=testtime_model,
-        flags=testtime_flags,
     log:
         log_path("testtime", "{task}", "{run}"),
     benchmark:
         benchmark_path("testtime", "{task}", "{run}")
     retries: 1  # resumes from its cached feature shards
+    conda:
+        "../envs/eval.yaml"
     threads: rule_threads("testtime")
     resources:
         **rule_resources("testtime"),
-    conda:
-        "../envs/eval.yaml"
+    params:
+        model=testtime_model,
+        flags=testtime_flags,
     shell:
         'repexp mlflow node --config "$REPEXP_CONFIG" --rule testtime --snakemake-jobid {{{jobid}}} --task {wildcards.task} --run {wildcards.run}'
         " --attempt {resources.attempt} --output {output} --"
