@@ -178,12 +178,13 @@ def grader_curve(num_samples: Sequence[int], num_correct: Sequence[int], ks: Seq
 
 
 def mlflow_metrics(eval_result: dict[str, Any]) -> dict[str, Any]:
-    """Metrics of one evaluation for MLflow, in the shape the orchestration layer logs.
+    """The values of one evaluation that MLflow gets, by kind.
 
     Returns ``{"pass_at_k": {k: value}, "pass_at_k_sem": {k: value}, "maj_at_k": {k: value},
-    "scalars": {name: value}}`` where k is an int: log the per-k dicts with ``step=k`` under the
-    metric names ``pass_at_k``/``pass_at_k_sem``/``maj_at_k``, and each scalar once (step 0).
-    Missing or undefined values (a one-problem SEM, maj@k when not computed) are left out.
+    "scalars": {name: value}}`` where k is an int; `repexp.tracking.outputs.eval_metrics` logs them
+    under the names of `repexp.metrics` (one metric per k: ``test/pass_at_16``, ``test/pass_at_16_sem``,
+    ``test/maj_at_16``, ``test/mean_at_n``, ...). Missing or undefined values (a one-problem SEM,
+    maj@k when not computed) are left out.
     """
 
     def per_k(key: str) -> dict[int, float]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from repexp import bonus_defaults as B
-from repexp.config import NORMALIZATIONS, REWARD_TYPES, VERL_STRATEGIES, check_bonus
+from repexp.config import NORMALIZATIONS, REWARD_TYPES, VERL_STRATEGIES, VerlConfig, check_bonus
 
 NODE = "actor_rollout_ref.repexp"
 RUN_NODE = "repexp_run"
@@ -22,8 +22,9 @@ STRATEGIES = VERL_STRATEGIES
 
 @dataclass(frozen=True)
 class RepExpSettings:
-    # The bonus's defaults are repexp.bonus_defaults'; the node in config/repexp_trainer.yaml repeats
-    # them for people reading it, and a test (tests/test_verl_config.py) keeps the two equal.
+    # Defaults: the bonus's are repexp.bonus_defaults', the ones the pipeline config's `verl` section also
+    # has are its defaults; config/repexp_trainer.yaml repeats them for people reading the node, and
+    # tests/test_single_source.py keeps the two equal.
     beta: float = B.BETA
     alpha: float = B.ALPHA
     sparse_dim: int = B.SPARSE_DIM
@@ -39,12 +40,12 @@ class RepExpSettings:
     turn_off_if_rollout_incorrect: bool = B.TURN_OFF_IF_ROLLOUT_INCORRECT
     seed: int = 0
     model_path: Optional[str] = None
-    strategy: str = "fsdp"
+    strategy: str = VerlConfig.strategy
     dtype: str = "bf16"
     attn_implementation: str = "flash_attention_2"
-    use_remove_padding: bool = True
+    use_remove_padding: bool = VerlConfig.use_remove_padding
     use_dynamic_bsz: bool = False
-    micro_batch_size_per_gpu: int = 32
+    micro_batch_size_per_gpu: int = VerlConfig.repexp_micro_batch_size_per_gpu
     max_token_len_per_gpu: int = 32768
 
     @property
