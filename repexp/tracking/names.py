@@ -47,10 +47,14 @@ PARENT_RUN_TAG = "mlflow.parentRunId"  # MLflow's own nesting tag
 # --------------------------------------------------------------------------- files under <results>/mlflow/
 
 DB_FILE = "mlflow.db"  # the embedded SQLite store (local runs)
-ARTIFACTS_DIR = "artifacts"
+ARTIFACTS_DIR = "artifacts"  # the server's artifact root; in an outbox record: its copied artifacts
 OUTBOX_DIR = "outbox"
+OUTBOX_STAGING_DIR = ".staging"  # <outbox>/.staging/<record id>/: log_dict files until the run ends
 RECORD_FILE = "record.json"  # <outbox>/<record id>/record.json
 SYNCED_FILE = "SYNCED"  # next to an uploaded record
+SYNC_LOG = "sync.log"  # <outbox>/<record id>/sync.log: the detached upload's output
+SERVER_LOG = "server.log"  # `repexp mlflow serve`'s output
+PARENTS_LOG = "parents.log"  # the workflow's parent-run creation (onstart)
 STORE_LOCK_FILE = ".repexp-tracking.lock"
 SYNC_LOCK_FILE = ".sync.lock"
 RESULTS_ID_FILE = "results_id"

@@ -36,6 +36,7 @@ from repexp.tracking.names import (
     ENV_TRACKING,
     ERROR_TAG,
     EXECUTION_TAG,
+    OUTBOX_STAGING_DIR,
     PARENTS_FILE,
     RESULTS_DIR_TAG,
     RESULTS_ID_TAG,
@@ -96,7 +97,7 @@ class NodeRun:
         self._parent_created = False
         self._monitor = None
         self.offline_reason: Optional[str] = None
-        self._staging = outbox / ".staging" / record.record_id  # log_dict files until the run ends
+        self._staging = outbox / OUTBOX_STAGING_DIR / record.record_id  # log_dict files until the run ends
         self._gate = threading.Lock()  # `start` (maybe on another thread) vs `defer`
         self._deferred = False
         self._checked = False

@@ -173,7 +173,7 @@ def split_datasets(data_dir: Path, splits: Sequence[str]) -> list[dict[str, Any]
         info = (manifest.get("splits") or {}).get(split)
         if not info or not info.get("sha256"):
             continue
-        source = Path(data_dir).resolve() / info.get("file", layout.split_file("", split).name)
+        source = Path(data_dir).resolve() / info.get("file", layout.split_file(data_dir, split).name)
         out.append(dataset(f"{task}/{split}", info["sha256"], source, context=DATASET_CONTEXTS.get(split, split),
                            rows=info.get("rows"),
                            schema=["data_source", "prompt", "ability", "reward_model", "extra_info"]))

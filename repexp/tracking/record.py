@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from repexp.io import read_json, write_json_atomic
-from repexp.tracking.names import RECORD_FILE
+from repexp.tracking.names import ARTIFACTS_DIR, RECORD_FILE
 
 
 def now_ms() -> int:
@@ -53,7 +53,7 @@ class Record:
 
     def write(self, directory: Path) -> None:
         """Copy the artifacts next to the record, so later changes to the outputs cannot alter it."""
-        files = Path(directory) / "artifacts"
+        files = Path(directory) / ARTIFACTS_DIR
         kept = []
         for i, (path, artifact_path) in enumerate(self.artifacts):
             src = Path(path)
