@@ -74,7 +74,8 @@ def main() -> None:
         tmp = Path(tmp)
         sweep_cfg = tmp / "sweep300.yaml"
         sweep_cfg.write_text(yaml.safe_dump({**SWEEP, "results_dir": str(tmp / "results-300")}))
-        small = ["--configfile", str(REPO / "configs" / "test.yaml"), "--config", f"results_dir={tmp / 'results-small'}"]
+        small = ["--configfile", str(REPO / "configs" / "test.yaml"),
+                 "--config", f"results_dir={tmp / 'results-small'}"]
         dry = [SNAKEMAKE, "all", "-n", "--quiet", "rules", "--directory", str(tmp)]
         commands = {
             "startup (snakemake --version)": [SNAKEMAKE, "--version"],

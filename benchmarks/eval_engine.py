@@ -108,7 +108,8 @@ def cpu_benchmark(args) -> dict:
     batched = time_engine(engine, prompts, settings)
     naive = time_naive(engine, prompts, settings, args.n)
     return {
-        "device": "cpu", "torch_threads": torch.get_num_threads(), "model": str(args.model or "tiny Qwen2 (hidden 128)"),
+        "device": "cpu", "torch_threads": torch.get_num_threads(),
+        "model": str(args.model or "tiny Qwen2 (hidden 128)"),
         "prompts": args.prompts, "n": args.n, "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size,
         "hf_engine": batched, "naive_loop": naive,
         "speedup_samples_per_s": batched["samples_per_s"] / naive["samples_per_s"],

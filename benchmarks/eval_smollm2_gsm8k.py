@@ -39,7 +39,8 @@ def write_problems(jsonl: Path, out: Path, count: int) -> Path:
                 "data_source": "openai/gsm8k",
                 "prompt": [{"role": "user", "content": item["question"] + SUFFIX}],
                 "ability": "math",
-                "reward_model": {"style": "rule", "ground_truth": item["answer"].split("####")[-1].strip().replace(",", "")},
+                "reward_model": {"style": "rule",
+                                 "ground_truth": item["answer"].split("####")[-1].strip().replace(",", "")},
                 "extra_info": {"split": "test", "index": i, "problem_id": f"gsm8k/test/{i}"},
             })
     out.parent.mkdir(parents=True, exist_ok=True)

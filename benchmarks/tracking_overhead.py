@@ -120,7 +120,8 @@ def main() -> None:
                 upload_s.append(time.perf_counter() - t0)
             return plain_s, wrapped_s, upload_s
 
-        short = plain_vs_wrapped("select", ["--task", "gsm8k", "--run", "trl_grpo_s42"], ["config", "validate", str(cfg)])
+        short = plain_vs_wrapped("select", ["--task", "gsm8k", "--run", "trl_grpo_s42"],
+                                 ["config", "validate", str(cfg)])
         data_dir = REPO.parent / "shared" / "data"
         prep = plain_vs_wrapped("preprocess", ["--task", "gsm8k"],
                                 ["data", "prepare", "gsm8k", "--source", str(data_dir), "--out", str(tmp / "gsm8k"),

@@ -68,7 +68,7 @@ def main() -> int:
                    check=True, cwd=REPO)
     wall = time.time() - started
     best = json.loads((run_dir / "best_dev.json").read_text())
-    dev = {h["step"]: h["dev/pass@1"] for h in best["history"]}
+    dev = {h["step"]: h["dev/pass_at_1"] for h in best["history"]}
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r["timing_s/step"] for r in records if "timing_s/step" in r]
     summary = {

@@ -42,7 +42,8 @@ SHAPES = {
 def prepared_gsm8k(out: Path) -> Path:
     if not (out / "train.parquet").exists():
         subprocess.run(
-            [sys.executable, "-m", "repexp", "data", "prepare", "gsm8k", "--source", str(REPO.parent / "shared" / "data"),
+            [sys.executable, "-m", "repexp", "data", "prepare", "gsm8k",
+             "--source", str(REPO.parent / "shared" / "data"),
              "--out", str(out), "--limit-train", "256", "--limit-dev", "2"],
             check=True, cwd=REPO,
         )
@@ -136,7 +137,8 @@ def main() -> int:
     report = {"threads": args.threads, "steps": args.steps, "loadavg_before": load_before,
               "loadavg_after": load_after, "cpus": os.cpu_count(), "results": results}
     print(json.dumps(report, indent=2))
-    print("\n| model | prompts × rollouts, tokens | GRPO s/step | RepExp s/step | RepExp/GRPO | bonus forward | bonus math |")
+    print("\n| model | prompts × rollouts, tokens | GRPO s/step | RepExp s/step | RepExp/GRPO | bonus forward "
+          "| bonus math |")
     print("|---|---|---|---|---|---|---|")
     for name, r in results.items():
         s, rep = r["shape"], r["repexp"]

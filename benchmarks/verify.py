@@ -98,7 +98,8 @@ def _perturb(gold: str, rng: np.random.Generator) -> str:
     if not digits:
         return str(int(rng.integers(2, 10_000)))
     i = digits[int(rng.integers(len(digits)))]
-    return gold[:i] + str((int(gold[i]) + int(rng.integers(1, 10))) % 10) + gold[i + 1 :] + ("" if rng.random() < 0.5 else str(int(rng.integers(10))))
+    digit = str((int(gold[i]) + int(rng.integers(1, 10))) % 10)
+    return gold[:i] + digit + gold[i + 1 :] + ("" if rng.random() < 0.5 else str(int(rng.integers(10))))
 
 
 def realistic_math(problems: int, samples: int, rng: np.random.Generator, source: str = MATH, rows=None):
@@ -113,7 +114,8 @@ def realistic_math(problems: int, samples: int, rng: np.random.Generator, source
         for _ in range(samples):
             kind = rng.random()
             if kind < 0.55:
-                final = f"The final answer is $\\boxed{{{forms[0] if rng.random() < 0.6 else forms[int(rng.integers(len(forms)))]}}}$."
+                form = forms[0] if rng.random() < 0.6 else forms[int(rng.integers(len(forms)))]
+                final = f"The final answer is $\\boxed{{{form}}}$."
             elif kind < 0.90:  # wrong: half a popular wrong answer, half a one-off (a long tail, as at T = 1)
                 answer = wrong[int(rng.integers(len(wrong)))] if rng.random() < 0.5 else _perturb(gold, rng)
                 final = f"The final answer is $\\boxed{{{answer}}}$."
@@ -134,7 +136,8 @@ def realistic_gsm8k(problems: int, samples: int, rng: np.random.Generator):
         gold = tail.strip().replace(",", "")
         value = int(gold)
         forms = [f"#### {gold}", f"#### ${value:,}", f"#### {gold}.00", f"The answer is $\\boxed{{{gold}}}$."]
-        wrong = [f"#### {value + 1}", f"#### {value * 2}", f"#### {max(value - 3, 0)}", f"#### {int(rng.integers(1, 2 * value + 10))}"]
+        wrong = [f"#### {value + 1}", f"#### {value * 2}", f"#### {max(value - 3, 0)}",
+                 f"#### {int(rng.integers(1, 2 * value + 10))}"]
         for _ in range(samples):
             kind = rng.random()
             if kind < 0.6:
@@ -148,7 +151,8 @@ def realistic_gsm8k(problems: int, samples: int, rng: np.random.Generator):
 
 
 def realistic_aime(samples: int, rng: np.random.Generator):
-    rows = [{"answer": r["answer"], "solution": r["solution"], "problem": r["problem"]} for r in load("aime24/test.jsonl")]
+    rows = [{"answer": r["answer"], "solution": r["solution"], "problem": r["problem"]}
+            for r in load("aime24/test.jsonl")]
     out = []
     for row in rows:
         gold = row["answer"]
@@ -159,7 +163,8 @@ def realistic_aime(samples: int, rng: np.random.Generator):
             if kind < 0.3:
                 final = f"$\\boxed{{{gold if rng.random() < 0.5 else int(gold)}}}$"
             elif kind < 0.92:
-                answer = wrong[int(rng.integers(len(wrong)))] if rng.random() < 0.5 else f"{int(rng.integers(1000)):03d}"
+                popular = rng.random() < 0.5
+                answer = wrong[int(rng.integers(len(wrong)))] if popular else f"{int(rng.integers(1000)):03d}"
                 final = f"$\\boxed{{{answer}}}$"
             else:
                 final = ""
@@ -286,7 +291,8 @@ def measure(name: str, batch, warm_batch, workers: int) -> list[dict]:
                 break
             except queue.Empty:
                 if not process.is_alive():
-                    raise SystemExit(f"{name} / {method}: the measuring process died (exit code {process.exitcode})") from None
+                    raise SystemExit(f"{name} / {method}: the measuring process died "
+                                     f"(exit code {process.exitcode})") from None
         process.join()
         timings[_method_label(method, workers)] = (wall, cpu, np.asarray(scores))
     expected = np.asarray([verify.score(s, r, g) for s, r, g in batch])
@@ -314,11 +320,14 @@ def throughput(args: argparse.Namespace) -> None:
             realistic_math(args.problems, args.samples, rng, rows=measured_math),
             realistic_math(args.warm_problems, 8, rng, rows=warm_rows),
         ),
-        f"GSM8K test ({args.problems}x{args.samples})": (realistic_gsm8k(args.problems, args.samples, rng), realistic_gsm8k(20, 8, rng)),
+        f"GSM8K test ({args.problems}x{args.samples})": (
+            realistic_gsm8k(args.problems, args.samples, rng), realistic_gsm8k(20, 8, rng),
+        ),
         f"AIME 2024 (30x{args.samples})": (realistic_aime(args.samples, rng), realistic_aime(4, rng)),
         f"worst case: {args.distinct} distinct answers": (
             all_distinct(args.distinct, rng),
-            all_distinct(200, np.random.default_rng(args.seed + 1)) + realistic_math(args.warm_problems, 8, rng, rows=warm_rows),
+            all_distinct(200, np.random.default_rng(args.seed + 1))
+            + realistic_math(args.warm_problems, 8, rng, rows=warm_rows),
         ),
     }
     load_before = os.getloadavg()
@@ -334,7 +343,8 @@ def throughput(args: argparse.Namespace) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['set']} | {r['n']} | {r['distinct']} | {r['accuracy']:.2f} | {r['method']} | {r['seconds']:.2f} "
-              f"| {r['rate']:,.0f} | {r['ratio']:.2f}x | {r['cpu']:.2f} | {r['cpu_rate']:,.0f} | {r['cpu_ratio']:.2f}x |")
+              f"| {r['rate']:,.0f} | {r['ratio']:.2f}x | {r['cpu']:.2f} | {r['cpu_rate']:,.0f} "
+              f"| {r['cpu_ratio']:.2f}x |")
     print("\nprojected verifier cost of the paper sweep's test evaluation "
           f"({SAMPLES} samples x {EVALS_PER_TASK} evaluations per task): CPU-hours (load-independent), "
           f"and wall hours on {args.workers} idle cores with the pool (CPU-hours / {args.workers}):")
@@ -363,7 +373,8 @@ def agreement(args: argparse.Namespace) -> None:
     sets = [
         ("MATH train", MATH, [(r["unique_id"], r["solution"], r["answer"]) for r in load("math/train.jsonl")]),
         ("MATH test", MATH, [(r["unique_id"], r["solution"], r["answer"]) for r in load("math/test.jsonl")]),
-        ("MATH-500", "HuggingFaceH4/MATH-500", [(r["unique_id"], r["solution"], r["answer"]) for r in load("math500/test.jsonl")]),
+        ("MATH-500", "HuggingFaceH4/MATH-500",
+         [(r["unique_id"], r["solution"], r["answer"]) for r in load("math500/test.jsonl")]),
         ("GSM8K train", GSM8K, gsm8k(load("gsm8k/train.jsonl"))),
         ("GSM8K test", GSM8K, gsm8k(load("gsm8k/test.jsonl"))),
         ("AIME 2024", AIME, [(r["id"], r["solution"], r["answer"]) for r in load("aime24/test.jsonl")]),
@@ -387,9 +398,12 @@ def agreement(args: argparse.Namespace) -> None:
                     mv_fail[f"{row_id}: {answer!r}"] += 1
         seconds = time.perf_counter() - started
         n = len(rows)
-        mv = f"{100 * (1 - sum(mv_fail.values()) / n):.2f}%" if verify.family(source) == verify.MATH else "n/a (no Math-Verify)"
+        mv = "n/a (no Math-Verify)"
+        if verify.family(source) == verify.MATH:
+            mv = f"{100 * (1 - sum(mv_fail.values()) / n):.2f}%"
         failures = "; ".join(sorted(set(prod_fail) | set(mv_fail))) or "-"
-        print(f"| {name} | {n} | {100 * (1 - sum(prod_fail.values()) / n):.2f}% | {mv} | {seconds:.1f} | {failures} |", flush=True)
+        accuracy = 100 * (1 - sum(prod_fail.values()) / n)
+        print(f"| {name} | {n} | {accuracy:.2f}% | {mv} | {seconds:.1f} | {failures} |", flush=True)
 
 
 # --------------------------------------------------------------------------- A/B against a revision

@@ -46,14 +46,17 @@ import math
 import os
 import sys
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
+from repexp import layout
+from repexp import metrics as metric_names
 from repexp.config import METHODS, TASKS, ConfigError, RunSpec, canonical, parse_run
 from repexp.io import atomic_path, read_json
 from repexp.verify.routing import DEFAULT_GRADER, GRADERS
 
-EVAL_JSON = "eval.json"
+EVAL_JSON = layout.EVAL_JSON
 HEADLINE_K = 256
 # ks logged on every sweep point's MLflow parent run (plus the largest evaluated k)
 MLFLOW_KS = (1, 16, 256)
@@ -108,7 +111,7 @@ class EvalRun:
     by_grader: dict[str, dict[int, float]] = dataclasses.field(default_factory=dict)  # pass@k per grader
     sem_by_grader: dict[str, dict[int, float]] = dataclasses.field(default_factory=dict)
 
-    def under(self, grader: str) -> "EvalRun":
+    def under(self, grader: str) -> EvalRun:
         """This run with `pass_at_k`/`pass_at_k_sem` under `grader`; ValueError if the file lacks that curve."""
         if grader == self.grader:
             return self
@@ -191,7 +194,8 @@ def load_eval(path: str | Path) -> EvalRun:
     try:
         spec = parse_run(task, path.parent.name)
     except ConfigError as err:
-        raise ValueError(f"{path}: expected results/eval/<task>/<run>/eval.json with a valid run name ({err})") from None
+        raise ValueError(f"{path}: expected results/eval/<task>/<run>/eval.json with a valid run name "
+                         f"({err})") from None
     pass_at_k = _per_k(path, data, "pass_at_k", required=True)
     bad = {k: v for k, v in pass_at_k.items() if not (0.0 <= v <= 1.0)}
     if bad:
@@ -418,11 +422,13 @@ def k_efficiency(table):
     repexp = table[table["method"] == "repexp"]
     points = repexp[["task", "backend", "sparse_dim", "beta"]].drop_duplicates()
     for point in points.itertuples(index=False):
-        point_mask = ((table["method"] == "repexp") & (table["task"] == point.task) & (table["backend"] == point.backend)
-                      & (table["sparse_dim"] == point.sparse_dim) & (table["beta"] == point.beta))
+        point_mask = ((table["method"] == "repexp") & (table["task"] == point.task)
+                      & (table["backend"] == point.backend) & (table["sparse_dim"] == point.sparse_dim)
+                      & (table["beta"] == point.beta))
         grpo_mask = (table["method"] == "grpo") & (table["task"] == point.task) & (table["backend"] == point.backend)
         row: dict[str, Any] = {
-            "task": point.task, "backend": point.backend, "sparse_dim": int(point.sparse_dim), "beta": float(point.beta),
+            "task": point.task, "backend": point.backend, "sparse_dim": int(point.sparse_dim),
+            "beta": float(point.beta),
             "n_repexp_seeds": int(table.loc[point_mask, "run"].nunique()),
             "n_grpo_seeds": int(table.loc[grpo_mask, "run"].nunique()),
             "reference_k": None, "grpo_pass_at_ref": math.nan, "repexp_pass_at_ref": math.nan, "k_grpo": math.nan,
@@ -560,7 +566,8 @@ def k_efficiency_display(keff):
             "seeds (RepExp/GRPO)": f"{r.n_repexp_seeds}/{r.n_grpo_seeds}",
             "reference k": _fmt(r.reference_k), "GRPO pass@ref": _fmt(r.grpo_pass_at_ref),
             "RepExp pass@ref": _fmt(r.repexp_pass_at_ref), "k GRPO": _fmt(r.k_grpo, 1), "k*": _fmt(r.k_star, 1),
-            "k* (evaluated)": _fmt(r.k_star_evaluated), "efficiency": _fmt(r.efficiency, 2) if not pd.isna(r.efficiency) else "–",
+            "k* (evaluated)": _fmt(r.k_star_evaluated),
+            "efficiency": _fmt(r.efficiency, 2) if not pd.isna(r.efficiency) else "–",
             "status": r.status + (f" ({r.note})" if r.note else ""),
         })
     return pd.DataFrame(rows)
@@ -655,7 +662,8 @@ def render_html(table, keff, *, missing: Sequence[str], ignored: Sequence[str],
     missing_html = ""
     if missing:
         items = "".join(f"<li>{html.escape(m)}</li>" for m in missing)
-        missing_html = f'<p class="missing"><b>Missing runs</b> (expected by the config, no eval.json):</p><ul class="missing">{items}</ul>'
+        missing_html = ('<p class="missing"><b>Missing runs</b> (expected by the config, no eval.json):</p>'
+                        f'<ul class="missing">{items}</ul>')
     if ignored:
         missing_html += f"<p>Ignored (not part of the config): {html.escape(', '.join(ignored))}</p>"
     return (
@@ -680,10 +688,8 @@ def render_html(table, keff, *, missing: Sequence[str], ignored: Sequence[str],
 def sweep_point_metrics(run: EvalRun) -> dict[str, float]:
     """`test/pass_at_<k>` for k in MLFLOW_KS ∩ evaluated, plus the largest evaluated k (the eval node runs
     carry every k; '@' is not allowed in MLflow names)."""
-    from repexp.tracking.names import pass_at_k_metric
-
     ks = [k for k in MLFLOW_KS if k in run.pass_at_k] + [max(run.pass_at_k)]
-    return {pass_at_k_metric("test", k): run.pass_at_k[k] for k in dict.fromkeys(ks)}
+    return {metric_names.pass_at_k(metric_names.TEST, k): run.pass_at_k[k] for k in dict.fromkeys(ks)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -694,7 +700,8 @@ class MlflowTarget:
     results_id: str | None = None  # parents of this results directory only (repexp.tracking.names.results_id)
 
 
-def mlflow_target(tracking_uri: str | None, experiment: str | None, config: str | Path | None = None) -> MlflowTarget | None:
+def mlflow_target(tracking_uri: str | None, experiment: str | None,
+                  config: str | Path | None = None) -> MlflowTarget | None:
     """Where to log, or None. Inside `repexp mlflow node ... -- repexp aggregate|figures ...` the node run's store
     and experiment are the defaults; `--experiment`/`--tracking-uri` override them. The tracking URI falls
     back to the config's (repexp.tracking's resolution: `tracking.tracking_uri`, $MLFLOW_TRACKING_URI, SQLite
@@ -736,9 +743,9 @@ def _node_for(target: MlflowTarget):
 
 def mlflow_store(target: MlflowTarget):
     """(store, experiment id) through repexp.tracking's MLflow adapter (its parent-run rules and SQLite lock)."""
-    from repexp import tracking
-
     import mlflow
+
+    from repexp import tracking
 
     store = tracking.Store(target.tracking_uri or mlflow.get_tracking_uri())
     with store.lock():
@@ -830,13 +837,13 @@ def aggregate(paths: Sequence[Path], out_dir: Path, *, expected: Sequence[RunSpe
     table = tidy_table(runs, testtime)
     keff = k_efficiency(table)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out_dir / "k_efficiency.csv") as tmp:
+    with atomic_path(out_dir / layout.K_EFFICIENCY_CSV) as tmp:
         keff.to_csv(tmp, index=False)
-    with atomic_path(out_dir / "pass_at_k.md") as tmp:
+    with atomic_path(out_dir / layout.PASS_AT_K_MD) as tmp:
         tmp.write_text(render_markdown(table, keff, missing=missing, ignored=ignored, testtime=testtime))
-    with atomic_path(out_dir / "pass_at_k.html") as tmp:
+    with atomic_path(out_dir / layout.PASS_AT_K_HTML) as tmp:
         tmp.write_text(render_html(table, keff, missing=missing, ignored=ignored, testtime=testtime))
-    with atomic_path(out_dir / "pass_at_k.csv") as tmp:
+    with atomic_path(out_dir / layout.PASS_AT_K_CSV) as tmp:  # last: the rule's first output
         table.to_csv(tmp, index=False)
     return {"runs": runs, "table": table, "k_efficiency": keff, "missing": missing, "ignored": ignored,
             "testtime": testtime}
@@ -866,7 +873,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"aggregate: missing run (no eval.json): {name}", file=sys.stderr)
     if result["ignored"]:
         print(f"aggregate: ignored runs not in the config: {', '.join(result['ignored'])}", file=sys.stderr)
-    print(f"aggregate: {len(result['runs'])} runs → {args.out_dir}/pass_at_k.csv, k_efficiency.csv, pass_at_k.md, pass_at_k.html")
+    print(f"aggregate: {len(result['runs'])} runs → {args.out_dir}/{', '.join(layout.AGGREGATE_FILES)}")
     target = mlflow_target(args.tracking_uri, args.experiment, args.config)
     if target is not None:
         try:

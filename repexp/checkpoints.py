@@ -26,21 +26,19 @@ import shutil
 import sys
 import time
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
+from repexp import layout
+from repexp import metrics as metric_names
+from repexp.config import BACKENDS
 from repexp.io import read_json, write_json_atomic
+from repexp.layout import checkpoint_dir  # noqa: F401  (public here too: the checkpoint of a step)
 
-DONE_FILE = "DONE"  # a training run's Snakemake output (write_done)
-
-BEST_DEV_FILE = "best_dev.json"
-COMPLETE_MARKER = "COMPLETE"  # written last inside a checkpoint directory
-SLIM_MARKER = "RESUME_STATE_REMOVED"  # a kept best-dev checkpoint without optimizer state: not resumable
-
-
-def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
-    return Path(run_dir) / "checkpoints" / f"global_step_{step}"
+COMPLETE_MARKER = layout.COMPLETE  # written last inside a checkpoint directory
+SLIM_MARKER = layout.SLIM_MARKER  # a kept best-dev checkpoint without optimizer state: not resumable
 
 
 def is_complete(ckpt_dir: str | Path) -> bool:
@@ -146,16 +144,7 @@ def _zip_problem(path: Path) -> Optional[str]:
 
 
 def complete_steps(run_dir: str | Path) -> list[int]:
-    root = Path(run_dir) / "checkpoints"
-    steps = []
-    for d in root.glob("global_step_*") if root.exists() else []:
-        try:
-            step = int(d.name.rsplit("_", 1)[1])
-        except ValueError:
-            continue
-        if is_complete(d):
-            steps.append(step)
-    return sorted(steps)
+    return [layout.checkpoint_step(d) for d in layout.checkpoint_dirs(run_dir) if is_complete(d)]
 
 
 @dataclass
@@ -163,18 +152,20 @@ class BestDevTracker:
     """Tracks dev metrics per step and the best complete checkpoint by `metric` (higher is better)."""
 
     run_dir: Path
-    metric: str = "dev/pass@1"
+    metric: str = metric_names.DEV_SELECTION
     history: list[dict] = field(default_factory=list)
 
     @property
     def path(self) -> Path:
-        return Path(self.run_dir) / BEST_DEV_FILE
+        return Path(self.run_dir) / layout.BEST_DEV
 
     @classmethod
-    def load(cls, run_dir: str | Path, metric: str = "dev/pass@1") -> "BestDevTracker":
+    def load(cls, run_dir: str | Path, metric: str = metric_names.DEV_SELECTION) -> BestDevTracker:
         tracker = cls(Path(run_dir), metric)
         if tracker.path.exists():
-            tracker.history = list(read_json(tracker.path).get("history", []))
+            # names as logged today: a history written before dev/pass@k became dev/pass_at_k still resumes
+            tracker.history = [{metric_names.metric_name(k): v for k, v in entry.items()}
+                               for entry in read_json(tracker.path).get("history", [])]
         return tracker
 
     def record_validation(self, step: int, metrics: dict) -> None:
@@ -209,7 +200,7 @@ class BestDevTracker:
         })
 
 
-def write_done(run_dir: str | Path, *, backend: str, final_step: int, tracker: "BestDevTracker",
+def write_done(run_dir: str | Path, *, backend: str, final_step: int, tracker: BestDevTracker,
                wall_time_s: float, **extra) -> dict:
     """A training run's `DONE` marker (its Snakemake output), written last by either trainer:
     final step, best dev step and value (the tracker's JSON is written first), why training
@@ -229,13 +220,11 @@ def write_done(run_dir: str | Path, *, backend: str, final_step: int, tracker: "
         **extra,
         "wall_time_s": wall_time_s,
     }
-    write_json_atomic(Path(run_dir) / DONE_FILE, done)
+    write_json_atomic(Path(run_dir) / layout.DONE, done)
     return done
 
 
 # --------------------------------------------------------------------------- training budget
-
-BUDGET_FILE = "budget.json"  # in a checkpoint directory: training time used up to that step
 
 
 @dataclass
@@ -253,7 +242,7 @@ class TrainingBudget:
 
     @classmethod
     def resume(cls, max_hours: Optional[float], ckpt_dir: Optional[str | Path],
-               started: Optional[float] = None) -> "TrainingBudget":
+               started: Optional[float] = None) -> TrainingBudget:
         used = read_budget(ckpt_dir).get("train_seconds", 0.0) if ckpt_dir is not None else 0.0
         return cls(max_hours, float(used), time.monotonic() if started is None else started)
 
@@ -269,13 +258,13 @@ class TrainingBudget:
         return self.max_hours is not None and self.used_before_s >= self.max_hours * 3600
 
     def save(self, ckpt_dir: str | Path) -> None:
-        write_json_atomic(Path(ckpt_dir) / BUDGET_FILE, {
+        write_json_atomic(Path(ckpt_dir) / layout.BUDGET, {
             "train_seconds": self.used_s(), "max_hours": self.max_hours, "exhausted": self.exhausted(),
         })
 
 
 def read_budget(ckpt_dir: Optional[str | Path]) -> dict:
-    path = Path(ckpt_dir) / BUDGET_FILE if ckpt_dir is not None else None
+    path = Path(ckpt_dir) / layout.BUDGET if ckpt_dir is not None else None
     return read_json(path) if path is not None and path.exists() else {}
 
 
@@ -347,7 +336,7 @@ def select(run_dir: str | Path, backend: str) -> dict:
     if backend == "trl":
         model_path, needs_merge = ckpt, False
     elif backend == "verl":
-        model_path, needs_merge = ckpt / "actor" / "hf", True
+        model_path, needs_merge = layout.merged_model_dir(ckpt), True
     else:
         raise ValueError(f"unknown backend {backend!r}")
     return {
@@ -365,7 +354,7 @@ def select(run_dir: str | Path, backend: str) -> dict:
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-dir", required=True, type=Path, help="training run directory")
-    parser.add_argument("--backend", required=True, choices=["trl", "verl"])
+    parser.add_argument("--backend", required=True, choices=BACKENDS)
     parser.add_argument("--out", required=True, type=Path, help="model pointer JSON to write")
 
 

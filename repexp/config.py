@@ -28,20 +28,26 @@ import math
 import os
 import re
 import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Optional
 
+from repexp import bonus_defaults as B
+from repexp import layout
 from repexp.verify.routing import DEFAULT_GRADER, GRADERS
 
 TASKS = ("math", "gsm8k", "aime24", "dapo-with-aime24", "arith")
 GENERATED_TASKS = ("arith",)  # built in (repexp.arith): read no data.source
 BACKENDS = ("trl", "verl")
 METHODS = ("repexp", "grpo", "base")
-REWARD_TYPES = ("leverage", "leave_one_out")
-NORMALIZATIONS = ("none", "rnd", "z_score")
+REWARD_TYPES = B.REWARD_TYPES
+NORMALIZATIONS = B.NORMALIZATIONS
 ENGINES = ("auto", "hf", "vllm")
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # sampling and feature-model dtypes (auto: by device)
+TRL_DTYPES = ("float32", "bfloat16")
+VERL_STRATEGIES = ("fsdp", "fsdp2")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 TRL_LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean")  # seq-mean-token-sum has no TRL loss_type
 # Every rule of the workflow (keys of `resources`).
@@ -88,8 +94,8 @@ class DataConfig:
 class SweepConfig:
     tasks: list[str] = _f(["math"], help="tasks to run", items_enum=TASKS)
     backends: list[str] = _f(["trl"], help="trainer backends", items_enum=BACKENDS)
-    sparse_dims: list[int] = _f([32], help="projection dimensions (RepExp runs)", items_minimum=1)
-    betas: list[float] = _f([0.01], help="bonus weights β > 0 (RepExp runs; GRPO is the β = 0 baseline)",
+    sparse_dims: list[int] = _f([B.SPARSE_DIM], help="projection dimensions (RepExp runs)", items_minimum=1)
+    betas: list[float] = _f([B.BETA], help="bonus weights β > 0 (RepExp runs; GRPO is the β = 0 baseline)",
                             items_exclusiveMinimum=0)
     seeds: list[int] = _f([42], help="training and sampling seeds", items_minimum=0)
     grpo_baseline: bool = _f(True, help="also train GRPO (β = 0) for every task × backend × seed")
@@ -98,18 +104,22 @@ class SweepConfig:
 
 @dataclass
 class BonusConfig:
-    lamb: float = _f(0.01, help="ridge λ of A = λI + Σ x xᵀ", exclusiveMinimum=0)
-    reward_type: str = _f("leverage", help="bonus form", enum=REWARD_TYPES)
-    normalization: str = _f("none", help="per-group bonus normalization", enum=NORMALIZATIONS)
-    center: bool = _f(True, help="centre features by the group mean")
-    randomize_projection: bool = _f(True, help="draw a new projection every step (seeded by seed and step)")
-    persist_covariance: bool = _f(False, help="accumulate per-prompt covariance across steps "
+    # Defaults: repexp.bonus_defaults (shared with the verl node and the bonus maths).
+    lamb: float = _f(B.LAMB, help="ridge λ of A = λI + Σ x xᵀ", exclusiveMinimum=0)
+    reward_type: str = _f(B.REWARD_TYPE, help="bonus form", enum=REWARD_TYPES)
+    normalization: str = _f(B.NORMALIZATION, help="per-group bonus normalization", enum=NORMALIZATIONS)
+    center: bool = _f(B.CENTER, help="centre features by the group mean")
+    randomize_projection: bool = _f(B.RANDOMIZE_PROJECTION,
+                                    help="draw a new projection every step (seeded by seed and step)")
+    persist_covariance: bool = _f(B.PERSIST_COVARIANCE, help="accumulate per-prompt covariance across steps "
                                   "(needs reward_type leverage and randomize_projection false)")
-    alpha: float = _f(1.0, help="verifier reward weight α", minimum=0)
-    turn_off_if_none_correct: bool = _f(True, help="zero the bonus of groups with no correct rollout")
-    turn_off_if_some_correct: bool = _f(False, help="zero the bonus of partially correct groups")
-    turn_off_if_all_correct: bool = _f(False, help="zero the bonus of fully correct groups")
-    turn_off_if_rollout_incorrect: bool = _f(False, help="zero the bonus of each incorrect rollout")
+    alpha: float = _f(B.ALPHA, help="verifier reward weight α", minimum=0)
+    turn_off_if_none_correct: bool = _f(B.TURN_OFF_IF_NONE_CORRECT,
+                                        help="zero the bonus of groups with no correct rollout")
+    turn_off_if_some_correct: bool = _f(B.TURN_OFF_IF_SOME_CORRECT, help="zero the bonus of partially correct groups")
+    turn_off_if_all_correct: bool = _f(B.TURN_OFF_IF_ALL_CORRECT, help="zero the bonus of fully correct groups")
+    turn_off_if_rollout_incorrect: bool = _f(B.TURN_OFF_IF_ROLLOUT_INCORRECT,
+                                             help="zero the bonus of each incorrect rollout")
     representation_model: Optional[str] = _f(None, help="frozen feature model (null: the initial policy)")
 
 
@@ -154,7 +164,7 @@ class EvalConfig:
     data_parallel_size: int = _f(1, help="vLLM data parallel size", minimum=1)
     gpu_memory_utilization: float = _f(0.85, help="vLLM memory fraction", exclusiveMinimum=0, maximum=1)
     max_model_len: Optional[int] = _f(None, help="vLLM context length (null: prompt + response)", minimum=1)
-    dtype: str = _f("auto", help="model dtype for sampling", enum=("auto", "float32", "bfloat16", "float16"))
+    dtype: str = _f("auto", help="model dtype for sampling", enum=DTYPES)
     enforce_eager: bool = _f(False, help="vLLM without CUDA graphs: a faster engine start, slower sampling "
                              "(worth it for small evaluations)")
 
@@ -164,11 +174,11 @@ class TesttimeConfig:
     # The test-time RepExp stage (repexp testtime): λ and centring are the training bonus's (`bonus.lamb`,
     # `bonus.center`) and the feature model is `bonus.representation_model` or the initial policy.
     enabled: bool = _f(True, help="order every evaluated run's samples by the elliptical bonus (testtime rule)")
-    sparse_dim: int = _f(32, help="projection dimension of the test-time features (the same for every run)", minimum=1)
+    sparse_dim: int = _f(B.SPARSE_DIM, help="projection dimension of the test-time features (the same for every run)",
+                         minimum=1)
     projection_seed: int = _f(0, help="seed of the test-time sparse projection", minimum=0)
     batch_size: int = _f(64, help="sequences per feature-model forward", minimum=1)
-    dtype: str = _f("auto", help="feature-model dtype (auto: bfloat16 on GPU, float32 on CPU)",
-                    enum=("auto", "float32", "bfloat16", "float16"))
+    dtype: str = _f("auto", help="feature-model dtype (auto: bfloat16 on GPU, float32 on CPU)", enum=DTYPES)
     bootstrap: int = _f(1000, help="bootstrap replicates over problems for the efficiency intervals", minimum=0)
 
 
@@ -184,7 +194,7 @@ class VerlConfig:
     enable_gradient_checkpointing: bool = _f(True, help="actor gradient checkpointing")
     use_remove_padding: bool = _f(True, help="packed sequences (flash-attn)")
     strategy: str = _f("fsdp", help="FSDP flavour of the actor and the frozen representation model",
-                       enum=("fsdp", "fsdp2"))
+                       enum=VERL_STRATEGIES)
     ray_num_cpus: Optional[int] = _f(None, help="CPUs Ray may use (null: all; set it under SLURM)", minimum=1,
                                      runtime=True)
     overrides: list[str] = _f([], help="extra raw Hydra overrides for verl (validated by verl)")
@@ -195,7 +205,7 @@ class TrlConfig:
     # Batch shapes come from `train` (micro_batch_size_per_gpu, ppo_mini_batch_size): one meaning, both backends.
     device: str = _f("auto", help="torch device (auto: cuda if available else cpu)", enum=("auto", "cpu", "cuda"))
     dtype: str = _f("float32", help="compute dtype: float32, or bfloat16 autocast over float32 weights "
-                    "(the frozen feature model is loaded in this dtype)", enum=("float32", "bfloat16"))
+                    "(the frozen feature model is loaded in this dtype)", enum=TRL_DTYPES)
     eval_batch_size: int = _f(16, help="dev prompts per validation generate call (each with train.val_n samples)",
                               minimum=1, runtime=True)
     logging_steps: int = _f(1, help="log every N training steps", minimum=1)
@@ -696,16 +706,6 @@ def check_paths(cfg: PipelineConfig, root: str | Path = ".") -> None:
                 raise ConfigError(f"{key}: {path} has no config.json (not a Hugging Face model directory)")
 
 
-def hub_model_dir(results_dir: str | Path, repo_id: str) -> Path:
-    """Where the download_model rule puts a hub model (jobs read only this local copy)."""
-    return Path(results_dir) / "models" / "hub" / repo_id.replace("/", "--")
-
-
-def hub_data_dir(results_dir: str | Path) -> Path:
-    """Where the download_data rule puts the hub datasets, in the layout of a local data source."""
-    return Path(results_dir) / "downloads" / "data"
-
-
 def task_section(cfg: PipelineConfig, task: str, section: str) -> Any:
     """`cfg.<section>` with `task_overrides.<task>.<section>` applied (values converted by `parse`)."""
     base = getattr(cfg, section)
@@ -864,7 +864,7 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, raw: Mapping) -> "RunConfig":
+    def from_dict(cls, raw: Mapping) -> RunConfig:
         return _to_dataclass(cls, raw)
 
 
@@ -905,8 +905,13 @@ def training_hash(run_config: RunConfig) -> str:
 def resolve_model(cfg: PipelineConfig) -> str:
     """The policy path jobs load: offline aliases live under results/models/."""
     if cfg.model in _MODEL_ALIASES:
-        return str(Path(cfg.results_dir) / "models" / cfg.model)
+        return str(layout.model_alias_dir(cfg.results_dir, cfg.model))
     return cfg.model
+
+
+def max_new_tokens(eval_cfg: EvalConfig, train: TrainConfig) -> int:
+    """Tokens per evaluation sample: `eval.max_new_tokens`, else `train.max_response_length`."""
+    return eval_cfg.max_new_tokens if eval_cfg.max_new_tokens is not None else train.max_response_length
 
 
 def compose(cfg: PipelineConfig, spec: RunSpec, *, cfg_hash: Optional[str] = None) -> RunConfig:
@@ -917,9 +922,7 @@ def compose(cfg: PipelineConfig, spec: RunSpec, *, cfg_hash: Optional[str] = Non
     seed = spec.seed if spec.seed is not None else cfg.sweep.seeds[0]
     eval_cfg = task_section(cfg, spec.task, "eval")
     train = task_section(cfg, spec.task, "train")
-    if eval_cfg.max_new_tokens is None:
-        eval_cfg.max_new_tokens = train.max_response_length
-    results = Path(cfg.results_dir)
+    eval_cfg.max_new_tokens = max_new_tokens(eval_cfg, train)
     return RunConfig(
         run=spec.name,
         task=spec.task,
@@ -929,8 +932,8 @@ def compose(cfg: PipelineConfig, spec: RunSpec, *, cfg_hash: Optional[str] = Non
         sparse_dim=spec.sparse_dim,
         beta=float(spec.beta),
         model=resolve_model(cfg),
-        data_dir=str(results / "data" / spec.task),
-        run_dir=str(results / "train" / spec.task / spec.name),
+        data_dir=str(layout.data_dir(cfg.results_dir, spec.task)),
+        run_dir=str(layout.train_run_dir(cfg.results_dir, spec.task, spec.name)),
         bonus=copy.deepcopy(cfg.bonus),
         train=train,
         eval=eval_cfg,

@@ -33,15 +33,16 @@ import hashlib
 import json
 import re
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional
 
-from repexp import arith
+from repexp import arith, layout
 from repexp import splits as sp
 
 TASKS = ("math", "gsm8k", "aime24", "dapo-with-aime24", "arith")
-SPLITS = ("train", "dev", "test")
+SPLITS = layout.SPLITS
 
 # Upstream instruction suffixes (the prompt is question + " " + suffix, one user turn).
 MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
@@ -81,7 +82,8 @@ TABLES = {
         TableSpec("gsm8k_train", "gsm8k/train.jsonl", (("openai/gsm8k", "main", "train"),)),
         TableSpec("gsm8k_test", "gsm8k/test.jsonl", (("openai/gsm8k", "main", "test"),)),
         # Upstream's AIME source; the local file is the HuggingFaceH4/aime_2024 copy (same answers).
-        TableSpec("aime24", "aime24/test.jsonl", (("MathArena/aime_2024_I", None, "train"), ("MathArena/aime_2024_II", None, "train"))),
+        TableSpec("aime24", "aime24/test.jsonl",
+                  (("MathArena/aime_2024_I", None, "train"), ("MathArena/aime_2024_II", None, "train"))),
         TableSpec("dapo", "", ((DAPO_HF_ID, None, "train"),)),
     )
 }
@@ -152,7 +154,7 @@ def read_rows_file(path: Path) -> list[dict]:
 
 
 def _manifest_hashes(source_dir: Path) -> dict[str, str]:
-    manifest = source_dir / "MANIFEST.json"
+    manifest = source_dir / layout.SOURCE_MANIFEST
     if not manifest.is_file():
         return {}
     try:
@@ -176,14 +178,15 @@ def load_local(names: Sequence[str], source_dir: Path, dapo_path: Optional[Path]
         rows = read_jsonl(path)
         digest = sha256_file(path)
         if spec.local_path in expected and expected[spec.local_path] != digest:
-            raise DataError(f"{path}: sha256 {digest[:12]}… differs from MANIFEST.json ({expected[spec.local_path][:12]}…): the file was modified")
+            raise DataError(f"{path}: sha256 {digest[:12]}… differs from "
+                            f"{layout.SOURCE_MANIFEST} ({expected[spec.local_path][:12]}…): the file was modified")
         tables[name] = RawTable(name, rows, str(path), digest, "local")
     return tables
 
 
 def load_dapo_file(path: Path) -> RawTable:
     if path.is_dir():
-        candidates = [path / "train.jsonl", path / "train.parquet"]
+        candidates = [path / Path(layout.DAPO_SOURCE_FILE).name, path / "train.parquet"]
         found = [c for c in candidates if c.is_file()]
         if not found:
             raise FileNotFoundError(f"{path}: DAPO source directory has neither train.jsonl nor train.parquet")
@@ -208,7 +211,8 @@ def _load_hf_part(dataset_id: str, config: Optional[str], split: str) -> list[di
     return [dict(row) for row in datasets.load_dataset(dataset_id, config, split=split)]
 
 
-def load_hf(names: Sequence[str], loader: Callable[[str, Optional[str], str], list[dict]] = _load_hf_part) -> dict[str, RawTable]:
+def load_hf(names: Sequence[str],
+            loader: Callable[[str, Optional[str], str], list[dict]] = _load_hf_part) -> dict[str, RawTable]:
     tables = {}
     for name in names:
         spec = TABLES[name]
@@ -344,7 +348,8 @@ def dapo_problems(table: RawTable) -> list[Problem]:
             prompt = turns[-1] if turns else None
         question = _text(table, i, prompt, "prompt")
         answer = _field(table, i, row, "answer", "solution")
-        problems.append(Problem(f"dapo/train/{i}", "dapo", "train", i, question, _answer_text(answer), DAPO_DATA_SOURCE))
+        problems.append(Problem(f"dapo/train/{i}", "dapo", "train", i, question, _answer_text(answer),
+                                DAPO_DATA_SOURCE))
     return problems
 
 
@@ -400,7 +405,8 @@ def build(task: str, tables: dict[str, RawTable], options: Options) -> Prepared:
         if all(p.unique_id for p in test_pool) and all(p.unique_id for p in dev_rows):
             keys, members, how = [p.unique_id for p in test_pool], [p.unique_id for p in dev_rows], "unique_id"
         else:  # the Hub's MATH-lighteval has no unique_id: match MATH-500 by problem text
-            keys, members, how = [sp.normalize_text(p.question) for p in test_pool], [sp.normalize_text(p.question) for p in dev_rows], "problem text"
+            keys = [sp.normalize_text(p.question) for p in test_pool]
+            members, how = [sp.normalize_text(p.question) for p in dev_rows], "problem text"
         try:
             dev_idx, test_idx = sp.split_by_membership(keys, members, what=f"MATH-500 in MATH test (by {how})")
         except sp.SplitError as err:
@@ -423,7 +429,8 @@ def build(task: str, tables: dict[str, RawTable], options: Options) -> Prepared:
             _missing_dapo()
         train = dapo_problems(tables["dapo"]) if wants_dapo else math_problems(tables["math_train"], "train")
     elif task == "arith":
-        generated = {name: [arith_problem(q) for q in questions] for name, questions in arith.split(options.seed).items()}
+        generated = {name: [arith_problem(q) for q in questions]
+                     for name, questions in arith.split(options.seed).items()}
         train, dev, test = generated["train"], generated["dev"], generated["test"]
         dev_equals_test = False
         notes.append(f"generated: {len(train)} train, {len(dev)} dev, {len(test)} test questions (repexp.arith)")
@@ -549,7 +556,8 @@ def write_parquet(rows: list[dict], path: Path) -> None:
 
     table = pa.Table.from_pylist(rows, schema=parquet_schema())
     with atomic_path(path) as tmp:
-        pq.write_table(table, tmp, compression="zstd", compression_level=3, use_dictionary=True, write_statistics=True, version="2.6")
+        pq.write_table(table, tmp, compression="zstd", compression_level=3, use_dictionary=True,
+                       write_statistics=True, version="2.6")
 
 
 # --------------------------------------------------------------------------- prepare
@@ -602,7 +610,7 @@ def prepare(
     outputs = {}
     for split in SPLITS:
         rows = [verl_row(p, split) for p in prepared.splits[split]]
-        path = out_dir / f"{split}.parquet"
+        path = layout.split_file(out_dir, split)
         write_parquet(rows, path)
         outputs[split] = {
             "file": path.name,
@@ -616,7 +624,8 @@ def prepare(
         "seed": options.seed,
         "source": source,
         "inputs": {
-            name: {"origin": t.origin, "kind": t.kind, "rows": len(t.rows), "sha256": t.sha256} for name, t in sorted(tables.items())
+            name: {"origin": t.origin, "kind": t.kind, "rows": len(t.rows), "sha256": t.sha256}
+            for name, t in sorted(tables.items())
         },
         "options": {
             "limit_train": options.limit_train,
@@ -633,7 +642,7 @@ def prepare(
         "instruction": {"gsm8k": GSM8K_INSTRUCTION, "arith": arith.SYSTEM_PROMPT}.get(task, MATH_INSTRUCTION),
         "versions": {"repexp": __version__, "pyarrow": pyarrow.__version__},
     }
-    write_json_atomic(out_dir / "manifest.json", manifest)
+    write_json_atomic(layout.manifest_file(out_dir), manifest)
     return manifest
 
 
@@ -667,16 +676,22 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     prep = sub.add_parser("prepare", help="write train/dev/test parquet splits and manifest.json for a task")
     prep.add_argument("task", choices=TASKS)
-    prep.add_argument("--source", default=defaults.source, help=f"directory of JSONL files, or 'hf' (default: {defaults.source})")
+    prep.add_argument("--source", default=defaults.source,
+                      help=f"directory of JSONL files, or 'hf' (default: {defaults.source})")
     prep.add_argument("--out", default=None, help="output directory (default: results/data/TASK)")
-    prep.add_argument("--seed", type=_seed, default=defaults.split_seed, help="split/subset seed (default: %(default)s)")
+    prep.add_argument("--seed", type=_seed, default=defaults.split_seed,
+                      help="split/subset seed (default: %(default)s)")
     prep.add_argument("--limit-train", type=_positive, default=None, help="seeded train subset size (default: all)")
     prep.add_argument("--limit-dev", type=_positive, default=None, help="seeded dev subset size (default: all)")
     prep.add_argument("--limit-test", type=_positive, default=None, help="seeded test subset size (default: all)")
-    prep.add_argument("--dapo-source", default=defaults.dapo_source, help="DAPO training set: JSONL/parquet file (or a directory with train.jsonl), or 'hf'")
-    prep.add_argument("--dapo-train-size", type=_positive, default=sp.DAPO_TRAIN_SIZE, help="DAPO training subset size (default: %(default)s)")
-    prep.add_argument("--gsm8k-dev-size", type=_positive, default=sp.GSM8K_DEV_SIZE, help="GSM8K dev size (default: %(default)s)")
-    prep.add_argument("--aime-train", choices=("math", "dapo"), default="math", help="aime24 task: train on MATH train or the DAPO subset")
+    prep.add_argument("--dapo-source", default=defaults.dapo_source,
+                      help="DAPO training set: JSONL/parquet file (or a directory with train.jsonl), or 'hf'")
+    prep.add_argument("--dapo-train-size", type=_positive, default=sp.DAPO_TRAIN_SIZE,
+                      help="DAPO training subset size (default: %(default)s)")
+    prep.add_argument("--gsm8k-dev-size", type=_positive, default=sp.GSM8K_DEV_SIZE,
+                      help="GSM8K dev size (default: %(default)s)")
+    prep.add_argument("--aime-train", choices=("math", "dapo"), default="math",
+                      help="aime24 task: train on MATH train or the DAPO subset")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -691,7 +706,9 @@ def run(args: argparse.Namespace) -> int:
         dapo_train_size=args.dapo_train_size,
         aime_train=args.aime_train,
     )
-    out = args.out or str(Path("results") / "data" / args.task)
+    from repexp.config import PipelineConfig
+
+    out = args.out or str(layout.data_dir(PipelineConfig.results_dir, args.task))
     try:
         manifest = prepare(args.task, out, source=args.source, options=options, dapo_source=args.dapo_source)
     except (DataError, sp.SplitError, FileNotFoundError) as err:

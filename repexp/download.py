@@ -22,13 +22,16 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
+
+from repexp import layout
 
 # Files a Hugging Face model directory needs for transformers, vLLM and verl.
 MODEL_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja", "*.py")
-DAPO_FILE = "dapo/train.jsonl"
-MANIFEST = "MANIFEST.json"
+DAPO_FILE = layout.DAPO_SOURCE_FILE
+MANIFEST = layout.SOURCE_MANIFEST
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 
 

@@ -25,12 +25,15 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+from collections.abc import Hashable
 from enum import IntEnum
-from typing import Any, Hashable, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from repexp import bonus_defaults as B
 
 __all__ = [
     "NORMALIZATIONS",
@@ -49,8 +52,9 @@ __all__ = [
     "sparse_projection",
 ]
 
-REWARD_TYPES = ("leverage", "leave_one_out")
-NORMALIZATIONS = ("none", "rnd", "z_score")
+# Choices and defaults of the bonus settings: repexp.bonus_defaults (shared with the pipeline config).
+REWARD_TYPES = B.REWARD_TYPES
+NORMALIZATIONS = B.NORMALIZATIONS
 SOLVERS = ("auto", "kernel", "covariance")
 
 # A group's bonus std counts as zero ("no spread, do not rescale") when it is below this
@@ -368,7 +372,8 @@ def _resolve_layout(
             raise ValueError("with num_groups given, groups must be an integer tensor of ids in [0, num_groups)")
         if groups.ndim != 1:
             raise ValueError(f"groups must be 1-D, got shape {tuple(groups.shape)}")
-        if groups.device.type == "cpu" and groups.numel() and (int(groups.min()) < 0 or int(groups.max()) >= num_groups):
+        on_host = groups.device.type == "cpu"  # never a device sync for the check
+        if on_host and groups.numel() and (int(groups.min()) < 0 or int(groups.max()) >= num_groups):
             raise ValueError(f"group ids must lie in [0, {num_groups}) when num_groups is given")
         if groups.shape[0] != batch_size:
             raise ValueError(f"groups has {groups.shape[0]} entries but the batch has {batch_size} rows")
@@ -501,10 +506,10 @@ def bonuses(
     features: Tensor,
     groups: Any,
     *,
-    lamb: float = 0.01,
-    reward_type: str = "leverage",
-    normalization: str = "none",
-    center: bool = True,
+    lamb: float = B.LAMB,
+    reward_type: str = B.REWARD_TYPE,
+    normalization: str = B.NORMALIZATION,
+    center: bool = B.CENTER,
     num_groups: int | None = None,
     max_group_size: int | None = None,
     solver: str = "auto",
@@ -599,9 +604,9 @@ class PersistentCovariance:
     def __init__(
         self,
         dim: int,
-        lamb: float = 0.01,
-        reward_type: str = "leverage",
-        normalization: str = "none",
+        lamb: float = B.LAMB,
+        reward_type: str = B.REWARD_TYPE,
+        normalization: str = B.NORMALIZATION,
         device: torch.device | str | None = None,
     ) -> None:
         self.dim = _check_positive_int(dim, "dim")
@@ -630,7 +635,8 @@ class PersistentCovariance:
         if self.device is None:
             self.device = features.device
         if self._count.device != self.device:
-            self._count, self._mean, self._scatter = (t.to(self.device) for t in (self._count, self._mean, self._scatter))
+            state = (self._count, self._mean, self._scatter)
+            self._count, self._mean, self._scatter = (t.to(self.device) for t in state)
         return self.device
 
     def _slots_for(self, labels: list[Hashable]) -> Tensor:
@@ -684,7 +690,8 @@ class PersistentCovariance:
         centred = torch.addcmul(values, new_mean[:, None, :], layout.row_mask, value=-1.0)
         want_one_minus = self.reward_type == "leave_one_out"
         leverage, one_minus = _leverage_covariance_form(centred, new_scatter, self.lamb, want_one_minus, check_finite)
-        per_group = _normalize_groups(_apply_reward_type(leverage, one_minus, self.reward_type), layout, self.normalization)
+        bonus = _apply_reward_type(leverage, one_minus, self.reward_type)
+        per_group = _normalize_groups(bonus, layout, self.normalization)
         return _gather_rows(per_group, layout).to(device=features.device, dtype=torch.float32)
 
     def state_dict(self) -> dict[str, Any]:
@@ -766,12 +773,12 @@ def combine_rewards(
     intrinsic: Tensor,
     groups: Any,
     *,
-    alpha: float = 1.0,
+    alpha: float = B.ALPHA,
     beta: float,
-    turn_off_if_none_correct: bool = True,
-    turn_off_if_some_correct: bool = False,
-    turn_off_if_all_correct: bool = False,
-    turn_off_if_rollout_incorrect: bool = False,
+    turn_off_if_none_correct: bool = B.TURN_OFF_IF_NONE_CORRECT,
+    turn_off_if_some_correct: bool = B.TURN_OFF_IF_SOME_CORRECT,
+    turn_off_if_all_correct: bool = B.TURN_OFF_IF_ALL_CORRECT,
+    turn_off_if_rollout_incorrect: bool = B.TURN_OFF_IF_ROLLOUT_INCORRECT,
     num_groups: int | None = None,
 ) -> CombinedRewards:
     """α·verifier + β·bonus per rollout, with the bonus switched off by upstream's rules.

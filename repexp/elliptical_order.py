@@ -28,12 +28,14 @@ Work is in float64 on the device of the features. No framework imports (torch an
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from repexp import bonus_defaults as B
 from repexp.elliptical import _check_lamb, _raise_if_not_finite
 
 __all__ = ["TIE_RTOL", "PoolOrder", "greedy_order", "greedy_order_reference", "pad_pools"]
@@ -92,7 +94,7 @@ def _check_inputs(features: Any, sizes: Any) -> tuple[Tensor, Tensor]:
     return features, sizes
 
 
-def greedy_order(features: Any, sizes: Any = None, *, lamb: float, center: bool = True,
+def greedy_order(features: Any, sizes: Any = None, *, lamb: float, center: bool = B.CENTER,
                  check_finite: bool = True) -> PoolOrder:
     """The greedy elliptical order of every pool (see the module docstring), all pools at once.
 
@@ -135,7 +137,7 @@ def greedy_order(features: Any, sizes: Any = None, *, lamb: float, center: bool 
     return PoolOrder(order, bonus, sizes)
 
 
-def greedy_order_reference(pool: Any, *, lamb: float, center: bool = True) -> tuple[list[int], list[float]]:
+def greedy_order_reference(pool: Any, *, lamb: float, center: bool = B.CENTER) -> tuple[list[int], list[float]]:
     """The greedy elliptical order of one pool [n, d] by definition: per step, solve with λI + Σ x xᵀ.
 
     Returns (pool indices in the order taken, each one's bonus when taken). Same tie rule as

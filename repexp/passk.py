@@ -24,8 +24,8 @@ Conventions (all estimators are per problem; average over problems afterwards):
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable, Sequence
 from itertools import combinations
-from typing import Hashable, Sequence
 
 import numpy as np
 

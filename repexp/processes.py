@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import subprocess
-from typing import Iterator
+from collections.abc import Iterator
 
 # SLURM (walltime, preemption, scancel) and Snakemake stop a job with SIGTERM; Ctrl-C sends SIGINT.
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)

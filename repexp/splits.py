@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from typing import Optional
 
 import numpy as np
 
@@ -168,6 +169,7 @@ def check_disjoint(splits: dict[str, Sequence[SplitRow]], *, may_share: Iterable
             shared_texts = texts[a].keys() & texts[b].keys()
             if shared_ids or shared_texts:
                 examples = sorted(shared_ids)[:3] + [f"{texts[a][t]} = {texts[b][t]}" for t in sorted(shared_texts)[:3]]
-                problems.append(f"{a}/{b}: {len(shared_ids)} shared problem_ids, {len(shared_texts)} shared problem texts (e.g. {examples})")
+                problems.append(f"{a}/{b}: {len(shared_ids)} shared problem_ids, {len(shared_texts)} shared problem "
+                                f"texts (e.g. {examples})")
     if problems:
         raise SplitError("splits overlap: " + "; ".join(problems))

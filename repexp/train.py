@@ -32,15 +32,15 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from repexp import checkpoints, tracking
-from repexp.tracking.names import ENV_ASYNC_LOGGING
-from repexp.tracking.outputs import split_datasets
+from repexp import layout, tracking
 from repexp.io import read_json, write_json_atomic, write_text_atomic
 from repexp.processes import describe_exit, exit_status, forwarding_signals
+from repexp.tracking.names import ENV_ASYNC_LOGGING
+from repexp.tracking.outputs import split_datasets
 
-STATE_FILE = "train_node.json"  # {"training_hash", "status": running|failed|done}
-DONE_FILE = checkpoints.DONE_FILE
-RUN_FILE = "mlflow_run.json"  # the node's MLflow run id, for the trainer (tracking.open_in_background)
+STATE_FILE = layout.NODE_STATE  # {"training_hash", "status": running|failed|done}
+DONE_FILE = layout.DONE
+RUN_FILE = layout.MLFLOW_RUN  # the node's MLflow run id, for the trainer (tracking.open_in_background)
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
                 f"{args.config}: the training config of {spec.path} hashes to {training_hash}, but the job was "
                 f"scheduled with {args.expect_hash}; was the config changed while the workflow ran?"
             )
-        command = trainer_command(run_config, Path(run_config.run_dir) / "job.yaml", mlflow=False)  # validates early
+        job_yaml = Path(run_config.run_dir) / layout.JOB_YAML
+        trainer_command(run_config, job_yaml, mlflow=False)  # built once here to fail before anything starts
     except (C.ConfigError, ValueError) as err:
         print(f"train: {err}", file=sys.stderr)
         return 2
@@ -98,7 +99,7 @@ def prepare_run_dir(run_dir: Path, training_hash: str) -> Optional[Path]:
     state_path = run_dir / STATE_FILE
     state = read_json(state_path) if state_path.exists() else None
     if state is None:
-        old_hash = _job_yaml_hash(run_dir / "job.yaml")
+        old_hash = _job_yaml_hash(run_dir / layout.JOB_YAML)
         if old_hash is None or old_hash == training_hash:
             return None  # nothing says it is stale: let the trainer resume what it finds
         state = {"training_hash": old_hash, "status": "unknown"}
@@ -106,7 +107,7 @@ def prepare_run_dir(run_dir: Path, training_hash: str) -> Optional[Path]:
         return None  # an interrupted attempt of this very config: resume
     why = "finished before (a deliberate rerun)" if state.get("training_hash") == training_hash else "config changed"
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    target = run_dir.parent / ".superseded" / f"{run_dir.name}-{state.get('training_hash')}-{stamp}"
+    target = layout.superseded_dir(run_dir) / f"{run_dir.name}-{state.get('training_hash')}-{stamp}"
     target.parent.mkdir(parents=True, exist_ok=True)
     os.replace(run_dir, target)
     print(f"train: {run_dir} {why}; moved to {target} and starting over", file=sys.stderr)
@@ -130,7 +131,7 @@ def _train(cfg, run_config, training_hash: str, attempt: int, snakemake_jobid: O
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / DONE_FILE).unlink(missing_ok=True)
     (run_dir / RUN_FILE).unlink(missing_ok=True)
-    job_yaml = write_text_atomic(run_dir / "job.yaml", C.dump_yaml(run_config))
+    job_yaml = write_text_atomic(run_dir / layout.JOB_YAML, C.dump_yaml(run_config))
     state = {"training_hash": training_hash, "status": "running", "attempt": attempt}
     write_json_atomic(run_dir / STATE_FILE, state)
 
@@ -161,8 +162,8 @@ def _train(cfg, run_config, training_hash: str, attempt: int, snakemake_jobid: O
         replayed = ensure_metrics(node, run_dir)
         if replayed:
             where = "into MLflow" if node.online else "into the outbox for `repexp mlflow sync`"
-            print(f"train: replayed {replayed} metric points from metrics.jsonl {where}", file=sys.stderr)
-        for name in ("best_dev.json", "metrics.jsonl"):
+            print(f"train: replayed {replayed} metric points from {layout.METRICS} {where}", file=sys.stderr)
+        for name in (layout.BEST_DEV, layout.METRICS):
             if (run_dir / name).exists():
                 node.log_artifact(run_dir / name)
         write_json_atomic(run_dir / STATE_FILE, {**state, "status": "done"})

@@ -35,7 +35,8 @@ def quiet_env(**extra: str) -> dict:
     return env
 
 
-def run(cmd: list[str], *, cwd: Path | None = None, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+def run(cmd: list[str], *, cwd: Path | None = None, env: dict | None = None,
+        timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=cwd, env=env or quiet_env(), capture_output=True, text=True, timeout=timeout)
 
 

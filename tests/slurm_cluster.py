@@ -185,7 +185,7 @@ class SlurmCluster:
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
-    def start_new(cls, **kwargs) -> "SlurmCluster":
+    def start_new(cls, **kwargs) -> SlurmCluster:
         """Install if needed, then start a fresh cluster in a new temp dir (SlurmUnavailable if impossible)."""
         ensure_installed()
         # munged demands that every directory above its socket is world-executable, which
@@ -200,7 +200,7 @@ class SlurmCluster:
             raise
         return cluster
 
-    def __enter__(self) -> "SlurmCluster":
+    def __enter__(self) -> SlurmCluster:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -56,7 +56,8 @@ def test_tidy_table_has_config_columns_and_values(sweep, tmp_path):
     assert list(table.columns) == list(aggregate.TIDY_COLUMNS)
     assert len(table) == 7 * len(KS)
     row = table[(table.run == "verl_repexp_k32_b0.01_s42") & (table.k == 16)].iloc[0]
-    assert (row.task, row.method, row.backend, row.sparse_dim, row.beta, row.seed) == ("math", "repexp", "verl", 32, 0.01, 42)
+    point = (row.task, row.method, row.backend, row.sparse_dim, row.beta, row.seed)
+    assert point == ("math", "repexp", "verl", 32, 0.01, 42)
     assert row.pass_at_k == pytest.approx(0.60 + 0.05 * 4)
     assert (row["sem"], row.n_samples, row.num_problems, row.checkpoint_step, row.split) == (0.01, 256, 50, 40, "test")
     base = table[table.run == "base"].iloc[0]
@@ -102,7 +103,8 @@ def test_k_efficiency_edge_cases(tmp_path):
     # RepExp = GRPO + 0.05 → reaches the target one log2 step earlier, between 32 and 64
     assert r.k_star == pytest.approx(2 ** (math.log2(100) - 1)) and r.k_star_evaluated == 64
     first = by[("gsm8k", "trl", 1.0)]
-    assert first.status == aggregate.STATUS_REACHED_FIRST and first.k_star == 1 and first.efficiency == pytest.approx(100)
+    assert first.status == aggregate.STATUS_REACHED_FIRST
+    assert first.k_star == 1 and first.efficiency == pytest.approx(100)
     sat = by[("math", "trl", 0.5)]
     assert sat.k_grpo == pytest.approx(4) and sat.k_star == pytest.approx(2) and sat.efficiency == pytest.approx(2)
     assert "saturates" in sat.note
@@ -118,7 +120,8 @@ def test_crossing_k():
 
 def test_cli_inputs_config_and_renderings(sweep, tmp_path, capsys):
     config = tmp_path / "cfg.yaml"
-    config.write_text("sweep: {tasks: [math], backends: [verl], sparse_dims: [32], betas: [0.01, 0.1], seeds: [41, 42, 43]}\n")
+    config.write_text("sweep: {tasks: [math], backends: [verl], sparse_dims: [32], betas: [0.01, 0.1], "
+                      "seeds: [41, 42, 43]}\n")
     paths = [str(p) for p in aggregate.find_eval_files(sweep)]
     out = tmp_path / "out"
     assert cli.main(["aggregate", "--inputs", *paths, "--out-dir", str(out), "--config", str(config)]) == 0
@@ -132,7 +135,8 @@ def test_cli_inputs_config_and_renderings(sweep, tmp_path, capsys):
     assert html.startswith("<!DOCTYPE html>") and "verl_repexp_k32_b0.1_s42" in html
     # --eval-dir with a config ignores runs outside it
     write_eval(sweep, "math", "trl_grpo_s41", log_linear(0.5))
-    assert cli.main(["aggregate", "--eval-dir", str(sweep), "--out-dir", str(tmp_path / "o2"), "--config", str(config)]) == 0
+    assert cli.main(["aggregate", "--eval-dir", str(sweep), "--out-dir", str(tmp_path / "o2"),
+                     "--config", str(config)]) == 0
     assert "ignored runs not in the config: math/trl_grpo_s41" in capsys.readouterr().err
     assert "trl_grpo_s41" not in set(pd.read_csv(tmp_path / "o2" / "pass_at_k.csv").run)
 
@@ -201,7 +205,8 @@ def test_sweep_points_carry_test_pass_at_k_in_mlflow(sweep, tmp_path, tmp_path_f
     uri = f"sqlite:///{results / 'mlflow' / 'mlflow.db'}"
     config = tmp_path / "cfg.yaml"
     config.write_text(f"name: agg-test\nresults_dir: {results}\ntracking: {{tracking_uri: '{uri}'}}\n"
-                      "sweep: {tasks: [math], backends: [verl], sparse_dims: [32], betas: [0.01, 0.1], seeds: [41, 42]}\n")
+                      "sweep: {tasks: [math], backends: [verl], sparse_dims: [32], betas: [0.01, 0.1], "
+                      "seeds: [41, 42]}\n")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     # the eval node of one sweep point already made its parent run, as in the pipeline
     with tracking.node_run("eval", "math", "verl_grpo_s41", config=str(config)) as node:
@@ -215,7 +220,8 @@ def test_sweep_points_carry_test_pass_at_k_in_mlflow(sweep, tmp_path, tmp_path_f
     assert code == 0
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name("agg-test")
-    parents = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{tracking.PARENT_KEY_TAG}` LIKE 'point:%'")
+    parents = client.search_runs([experiment.experiment_id],
+                                 filter_string=f"tags.`{tracking.PARENT_KEY_TAG}` LIKE 'point:%'")
     by_point = {r.data.tags[tracking.PARENT_KEY_TAG]: r for r in parents}
     assert len(parents) == len(by_point) == 7  # one parent per sweep point, none duplicated
     assert by_point["point:math/verl_grpo_s41"].info.run_id == existing_parent

@@ -40,7 +40,8 @@ def _schema_names(errors: list[tuple[str, str]], key: str) -> bool:
 
 
 def test_committed_schema_is_the_generated_one():
-    assert SCHEMA == C.json_schema(), "configs/schema.yaml is stale: run `repexp config schema --out configs/schema.yaml`"
+    assert SCHEMA == C.json_schema(), ("configs/schema.yaml is stale: run "
+                                       "`repexp config schema --out configs/schema.yaml`")
     assert SCHEMA["$schema"] == jsonschema.Draft202012Validator.META_SCHEMA["$schema"]  # no Snakemake draft warning
 
 
@@ -78,13 +79,15 @@ def test_paper_task_settings_follow_the_upstream_recipe():
     for task in ("math", "gsm8k"):
         train = C.task_section(paper, task, "train")
         assert (train.train_batch_size, train.ppo_mini_batch_size, train.micro_batch_size_per_gpu) == (1024, 256, 16)
-        assert (train.max_prompt_length, train.max_response_length, train.test_freq, train.save_freq) == (1024, 1024, 20, 20)
+        lengths = (train.max_prompt_length, train.max_response_length, train.test_freq, train.save_freq)
+        assert lengths == (1024, 1024, 20, 20)
         assert C.task_sweep(paper, task)[0] == [32]
     dapo = C.task_section(paper, "dapo-with-aime24", "train")
     assert (dapo.train_batch_size, dapo.ppo_mini_batch_size, dapo.micro_batch_size_per_gpu) == (512, 128, 8)
     assert (dapo.max_prompt_length, dapo.max_response_length, dapo.test_freq, dapo.save_freq) == (2048, 8192, 10, 10)
     verl = C.task_section(paper, "dapo-with-aime24", "verl")
-    assert (verl.max_num_batched_tokens, verl.gpu_memory_utilization, verl.repexp_micro_batch_size_per_gpu) == (10240, 0.5, 16)
+    memory = (verl.max_num_batched_tokens, verl.gpu_memory_utilization, verl.repexp_micro_batch_size_per_gpu)
+    assert memory == (10240, 0.5, 16)
     assert C.task_sweep(paper, "dapo-with-aime24")[0] == [128]
     assert paper.data.dapo_source == "hf"
 
@@ -294,7 +297,8 @@ def test_parse_run_rejects_non_canonical_or_unknown_names(name):
 
 def test_wildcard_patterns_separate_trained_verl_and_base_runs():
     assert re.fullmatch(C.TRAINED_RUN_PATTERN, "trl_grpo_s1") and not re.fullmatch(C.TRAINED_RUN_PATTERN, "base")
-    assert re.fullmatch(C.VERL_RUN_PATTERN, "verl_repexp_k8_b0.5_s3") and not re.fullmatch(C.VERL_RUN_PATTERN, "trl_grpo_s1")
+    assert re.fullmatch(C.VERL_RUN_PATTERN, "verl_repexp_k8_b0.5_s3")
+    assert not re.fullmatch(C.VERL_RUN_PATTERN, "trl_grpo_s1")
     assert all(re.fullmatch(C.TASK_PATTERN, t) for t in C.TASKS) and not re.fullmatch(C.TASK_PATTERN, "gsm8k/base")
 
 

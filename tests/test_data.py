@@ -77,10 +77,12 @@ def test_math_splits_are_the_papers(math_out):
     row = split_rows["train"][0]
     assert row["data_source"] == "DigitalLearningGmbH/MATH-lighteval" and row["ability"] == "math"
     assert row["prompt"] == [{"role": "user", "content": row["extra_info"]["question"] + " " + data.MATH_INSTRUCTION}]
-    assert set(row["extra_info"]) == {"split", "index", "problem_id", "source", "source_split", "question", "solution", "level", "subject"}
+    assert set(row["extra_info"]) == {"split", "index", "problem_id", "source", "source_split", "question", "solution",
+                                      "level", "subject"}
     assert [r["extra_info"]["index"] for r in split_rows["dev"]][:3] == [4, 6, 15]  # upstream's DEV_INDICES start
     assert manifest["splits"]["dev"]["sha256"] == sha256(out / "dev.parquet")
-    assert manifest["inputs"]["math_test"]["sha256"] == "f0f79583ec017aa22be99afb4cdf582013ab5c4a0def3b6c8bfbd51480ad7644"
+    math_test_sha256 = "f0f79583ec017aa22be99afb4cdf582013ab5c4a0def3b6c8bfbd51480ad7644"
+    assert manifest["inputs"]["math_test"]["sha256"] == math_test_sha256
 
 
 def test_gsm8k_dev_is_seeded_and_outputs_are_byte_deterministic(gsm8k_out, tmp_path):
@@ -141,7 +143,8 @@ def _synthetic_dapo(path: Path, n: int = 5000) -> tuple[Path, str]:
 
 def test_dapo_subset_is_a_seeded_4096_problem_draw(tmp_path):
     dapo_file, _ = _synthetic_dapo(tmp_path / "dapo.jsonl")
-    manifest = prepare("dapo-with-aime24", tmp_path / "s0", source=str(DATA), options=Options(seed=0), dapo_source=str(dapo_file))
+    manifest = prepare("dapo-with-aime24", tmp_path / "s0", source=str(DATA), options=Options(seed=0),
+                       dapo_source=str(dapo_file))
     train = rows_of(tmp_path / "s0" / "train.parquet")
     assert len(train) == 4096 and manifest["options"]["dapo_train_size"] == 4096
     assert {(d["problem_id"], d["reason"]) for d in manifest["dropped"]} == {
@@ -156,14 +159,16 @@ def test_dapo_subset_is_a_seeded_4096_problem_draw(tmp_path):
     assert train[0]["reward_model"]["ground_truth"] == str(8 * int(ids[0].rsplit("/", 1)[1]))
     assert manifest["inputs"]["dapo"]["sha256"] == sha256(dapo_file)
 
-    prepare("dapo-with-aime24", tmp_path / "again", source=str(DATA), options=Options(seed=0), dapo_source=str(dapo_file))
+    prepare("dapo-with-aime24", tmp_path / "again", source=str(DATA), options=Options(seed=0),
+            dapo_source=str(dapo_file))
     assert sha256(tmp_path / "again" / "train.parquet") == sha256(tmp_path / "s0" / "train.parquet")
     prepare("dapo-with-aime24", tmp_path / "s1", source=str(DATA), options=Options(seed=1), dapo_source=str(dapo_file))
     other = [r["extra_info"]["problem_id"] for r in rows_of(tmp_path / "s1" / "train.parquet")]
     assert len(other) == 4096 and other != ids
 
     # a tiny CPU run: a seeded subset of that subset
-    prepare("dapo-with-aime24", tmp_path / "tiny", source=str(DATA), options=Options(seed=0, limit_train=16), dapo_source=str(dapo_file))
+    prepare("dapo-with-aime24", tmp_path / "tiny", source=str(DATA), options=Options(seed=0, limit_train=16),
+            dapo_source=str(dapo_file))
     tiny = [r["extra_info"]["problem_id"] for r in rows_of(tmp_path / "tiny" / "train.parquet")]
     assert len(tiny) == 16 and set(tiny) <= set(ids)
 
@@ -172,14 +177,17 @@ def test_dapo_source_as_parquet_and_too_small_pools(tmp_path):
     rows = [{"problem": f"Find {i}.", "answer": i} for i in range(300)]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "dapo.parquet")
     options = Options(seed=3, dapo_train_size=100)
-    prepare("dapo-with-aime24", tmp_path / "out", source=str(DATA), options=options, dapo_source=str(tmp_path / "dapo.parquet"))
-    train = rows_of(tmp_path / "out" / "train.parquet")
-    assert len(train) == 100 and train[0]["reward_model"]["ground_truth"] == train[0]["extra_info"]["problem_id"].rsplit("/", 1)[1]
-    with pytest.raises(DataError, match=r"dapo\.parquet: the training pool has 300 rows, fewer than the 4096"):
-        prepare("dapo-with-aime24", tmp_path / "bad", source=str(DATA), options=Options(), dapo_source=str(tmp_path / "dapo.parquet"))
-    # aime24 trains on MATH by default, on DAPO when configured
-    prepare("aime24", tmp_path / "aime_dapo", source=str(DATA), options=Options(seed=3, dapo_train_size=100, aime_train="dapo"),
+    prepare("dapo-with-aime24", tmp_path / "out", source=str(DATA), options=options,
             dapo_source=str(tmp_path / "dapo.parquet"))
+    train = rows_of(tmp_path / "out" / "train.parquet")
+    assert len(train) == 100
+    assert train[0]["reward_model"]["ground_truth"] == train[0]["extra_info"]["problem_id"].rsplit("/", 1)[1]
+    with pytest.raises(DataError, match=r"dapo\.parquet: the training pool has 300 rows, fewer than the 4096"):
+        prepare("dapo-with-aime24", tmp_path / "bad", source=str(DATA), options=Options(),
+                dapo_source=str(tmp_path / "dapo.parquet"))
+    # aime24 trains on MATH by default, on DAPO when configured
+    prepare("aime24", tmp_path / "aime_dapo", source=str(DATA),
+            options=Options(seed=3, dapo_train_size=100, aime_train="dapo"), dapo_source=str(tmp_path / "dapo.parquet"))
     assert len(rows_of(tmp_path / "aime_dapo" / "train.parquet")) == 100
 
 
@@ -208,13 +216,15 @@ def test_limits_are_seeded_subsets_of_the_full_splits(gsm8k_out, tmp_path, capsy
 def _hub_from_local(dataset_id, config, split):
     """Rows shaped as `datasets.load_dataset` returns them, built from the offline copies."""
     if dataset_id == "DigitalLearningGmbH/MATH-lighteval":  # no answer / unique_id columns on the Hub
-        return [{k: r[k] for k in ("problem", "level", "solution", "type")} for r in jsonl(DATA / "math" / f"{split}.jsonl")]
+        return [{k: r[k] for k in ("problem", "level", "solution", "type")}
+                for r in jsonl(DATA / "math" / f"{split}.jsonl")]
     if dataset_id == "HuggingFaceH4/MATH-500":
         return jsonl(DATA / "math500" / "test.jsonl")
     if dataset_id.startswith("MathArena/aime_2024_"):  # integer answers, problem_idx, no url
         part = dataset_id.rsplit("_", 1)[1]
         rows = [r for r in jsonl(DATA / "aime24" / "test.jsonl") if f"AIME_{part}_Problems" in r["url"]]
-        return [{"problem_idx": int(r["url"].rsplit("_", 1)[1]), "problem": r["problem"], "answer": int(r["answer"])} for r in rows]
+        return [{"problem_idx": int(r["url"].rsplit("_", 1)[1]), "problem": r["problem"], "answer": int(r["answer"])}
+                for r in rows]
     raise AssertionError(f"unexpected dataset {dataset_id}")
 
 
@@ -231,7 +241,10 @@ def test_hub_shaped_rows_take_the_same_path_as_local_files(math_out, tmp_path):
     aime_tables.update(data.load_local(["math_train"], DATA, None))
     prepare("aime24", tmp_path / "aime_hf", source="hf", options=Options(), tables=aime_tables)
     prepare("aime24", tmp_path / "aime_local", source=str(DATA), options=Options())
-    key = lambda p: [(r["extra_info"]["problem_id"], r["reward_model"]["ground_truth"], r["prompt"]) for r in rows_of(p)]  # noqa: E731
+
+    def key(p):
+        return [(r["extra_info"]["problem_id"], r["reward_model"]["ground_truth"], r["prompt"]) for r in rows_of(p)]
+
     assert key(tmp_path / "aime_hf" / "test.parquet") == key(tmp_path / "aime_local" / "test.parquet")
 
 
@@ -298,7 +311,8 @@ def test_train_rows_leaking_into_test_are_dropped_and_dev_test_overlap_is_an_err
     leaked = {**test_rows[7], "question": "  " + test_rows[7]["question"].upper() + " "}  # same text up to case/space
     write_jsonl(train_file, jsonl(train_file) + [leaked])
     manifest = _prepare_small(small_gsm8k, tmp_path / "out")
-    assert manifest["dropped"] == [{"problem_id": "gsm8k/train/40", "reason": "problem text also in dev/test", "split": "train"}]
+    assert manifest["dropped"] == [{"problem_id": "gsm8k/train/40", "reason": "problem text also in dev/test",
+                                    "split": "train"}]
 
     # dev and test drawn from a test set with a duplicated problem: refused, not silently kept
     write_jsonl(small_gsm8k / "gsm8k" / "test.jsonl", [test_rows[0]] * 4)
@@ -315,7 +329,8 @@ def test_seeded_subsets_are_reproducible_sorted_and_stream_independent():
     assert a != splits.seeded_subset(1319, 512, seed=1, stream="gsm8k/dev")
     assert a != splits.seeded_subset(1319, 512, seed=0, stream="limit/dev")
     assert splits.seeded_subset(10, None, 0, "x") == list(range(10)) == splits.seeded_subset(10, 99, 0, "x")
-    assert splits.limit([5, 7, 9, 11], 2, 0, "limit/test") == [[5, 7, 9, 11][i] for i in splits.seeded_subset(4, 2, 0, "limit/test")]
+    subset = splits.seeded_subset(4, 2, 0, "limit/test")
+    assert splits.limit([5, 7, 9, 11], 2, 0, "limit/test") == [[5, 7, 9, 11][i] for i in subset]
     dev, test = splits.seeded_dev_test(1319, 512, seed=0)
     assert dev == a and len(test) == 807 and not set(dev) & set(test)
     with pytest.raises(splits.SplitError, match="fewer than the 4096"):
@@ -330,7 +345,8 @@ def test_membership_split_and_overlap_checks():
     with pytest.raises(splits.SplitError, match="toy: 1 dev keys not found"):
         splits.split_by_membership(["a", "b"], ["a", "z"], what="toy")
     rows = lambda *pairs: [splits.SplitRow(pid, text) for pid, text in pairs]  # noqa: E731
-    splits.check_disjoint({"train": rows(("t/1", "x")), "dev": rows(("d/1", "y")), "test": rows(("d/1", "y"))}, may_share=[("dev", "test")])
+    splits.check_disjoint({"train": rows(("t/1", "x")), "dev": rows(("d/1", "y")), "test": rows(("d/1", "y"))},
+                          may_share=[("dev", "test")])
     with pytest.raises(splits.SplitError, match="train/test: 0 shared problem_ids, 1 shared problem texts"):
         splits.check_disjoint({"train": rows(("t/1", "Same  Text")), "test": rows(("s/1", "same text"))})
     with pytest.raises(splits.SplitError, match="dev/test: 1 shared problem_ids"):

@@ -30,7 +30,8 @@ from repexp.elliptical import (
 )
 
 CUDA = pytest.param(
-    "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (runs on the GPU machine)")
+    "cuda",
+    marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (runs on the GPU machine)")
 )
 DEVICES = ["cpu", CUDA]
 WELL_CONDITIONED_RTOL = 1e-8
@@ -182,7 +183,8 @@ def test_bonuses_match_reference_paper_setting(reward_type, normalization):
     # λ = 0.01, d = 32 > n = 8: the paper's regime, where leverages sit near 1 − 1/n.
     features, labels = make_groups([8] * 6 + [4, 16], dim=32, seed=2)
     expected = reference_bonuses(features, labels, 0.01, reward_type, normalization)
-    actual = bonuses(features, labels, lamb=0.01, reward_type=reward_type, normalization=normalization, out_dtype=torch.float64)
+    actual = bonuses(features, labels, lamb=0.01, reward_type=reward_type, normalization=normalization,
+                     out_dtype=torch.float64)
     assert relative_error(actual, expected) <= WELL_CONDITIONED_RTOL
 
 
@@ -237,7 +239,8 @@ def test_group_layout_path_matches_label_path(device, normalization):
         for solver in ("kernel", "covariance"):
             kwargs = {"reward_type": reward_type, "normalization": normalization, "solver": solver}
             expected = bonuses(features, labels, **kwargs)
-            torch.testing.assert_close(bonuses(features, layout, check_finite=False, **kwargs), expected, rtol=0, atol=0)
+            fast = bonuses(features, layout, check_finite=False, **kwargs)
+            torch.testing.assert_close(fast, expected, rtol=0, atol=0)
     scores = torch.ones(len(labels), device=device)
     from_layout = combine_rewards(scores, expected, layout, beta=0.1)
     torch.testing.assert_close(from_layout.total, combine_rewards(scores, expected, labels, beta=0.1).total)
@@ -279,7 +282,8 @@ def test_degenerate_groups_give_finite_results(device, reward_type, normalizatio
     assert torch.isfinite(values).all()
     # centred identical / zero / single rows are all the zero vector: no novelty, no spread
     assert torch.equal(values.cpu(), torch.zeros(9))
-    no_dims = bonuses(torch.zeros(4, 0, device=device), [0, 0, 1, 1], reward_type=reward_type, normalization=normalization)
+    no_dims = bonuses(torch.zeros(4, 0, device=device), [0, 0, 1, 1], reward_type=reward_type,
+                      normalization=normalization)
     assert torch.equal(no_dims.cpu(), torch.zeros(4))
 
 
@@ -523,7 +527,8 @@ def test_combine_rewards_turn_off_rules_with_non_contiguous_groups(device):
     torch.testing.assert_close(kept(**none), intrinsic.cpu())
     torch.testing.assert_close(kept(), torch.tensor([0, 0.2, 0.3, 0, 0.5, 0.6, 0.7]))
     torch.testing.assert_close(kept(**none, turn_off_if_some_correct=True), torch.tensor([0.1, 0, 0.3, 0.4, 0, 0.6, 0]))
-    torch.testing.assert_close(kept(**none, turn_off_if_all_correct=True), torch.tensor([0.1, 0.2, 0, 0.4, 0.5, 0, 0.7]))
+    torch.testing.assert_close(kept(**none, turn_off_if_all_correct=True),
+                               torch.tensor([0.1, 0.2, 0, 0.4, 0.5, 0, 0.7]))
     torch.testing.assert_close(
         kept(**none, turn_off_if_rollout_incorrect=True), torch.tensor([0, 0.2, 0.3, 0, 0, 0.6, 0.7])
     )
@@ -534,7 +539,8 @@ def test_combine_rewards_turn_off_rules_with_non_contiguous_groups(device):
     torch.testing.assert_close(result.total.cpu(), (2.0 * extrinsic.cpu() + 0.01 * kept()).float())
     assert result.group_status.tolist() == [GroupStatus.NONE_CORRECT, GroupStatus.SOME_CORRECT, GroupStatus.ALL_CORRECT]
     assert result.group_index.tolist() == [0, 1, 2, 0, 1, 2, 1]
-    assert result.status_fractions() == pytest.approx({"none_correct": 1 / 3, "some_correct": 1 / 3, "all_correct": 1 / 3})
+    thirds = {"none_correct": 1 / 3, "some_correct": 1 / 3, "all_correct": 1 / 3}
+    assert result.status_fractions() == pytest.approx(thirds)
 
 
 def test_combine_rewards_non_binary_scores_count_correct_rollouts():

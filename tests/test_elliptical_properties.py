@@ -66,12 +66,14 @@ def test_leverage_lies_in_unit_interval(sizes, dim, seed, lamb, scale, center, s
     if center:  # a centred row of a group of n has leverage ≤ 1 − 1/n
         group_size = torch.as_tensor([labels.count(label) for label in labels], dtype=torch.float64)
         assert torch.all(leverage <= 1 - 1 / group_size + 1e-12)
-    loo = bonuses(features, labels, lamb=lamb, center=center, solver=solver, reward_type="leave_one_out", out_dtype=torch.float64)
+    loo = bonuses(features, labels, lamb=lamb, center=center, solver=solver, reward_type="leave_one_out",
+                  out_dtype=torch.float64)
     torch.testing.assert_close(loo, leverage / (1 - leverage), rtol=1e-7, atol=1e-12)
 
 
 @FAST
-@given(sizes=group_sizes, dim=st.integers(1, 20), seed=st.integers(0, 2**32 - 1), reward_type=st.sampled_from(REWARD_TYPES))
+@given(sizes=group_sizes, dim=st.integers(1, 20), seed=st.integers(0, 2**32 - 1),
+       reward_type=st.sampled_from(REWARD_TYPES))
 def test_kernel_and_covariance_forms_agree(sizes, dim, seed, reward_type):
     features, labels = random_batch(sizes, dim, seed)
     kwargs = {"lamb": 0.05, "reward_type": reward_type, "out_dtype": torch.float64}
@@ -89,8 +91,10 @@ def test_centred_bonus_ignores_group_shifts_and_rotations(sizes, dim, seed):
     shifted = features + torch.stack([shifts[label] for label in labels])
     rotation, _ = torch.linalg.qr(torch.as_tensor(rng.normal(size=(dim, dim))))
     baseline = bonuses(features, labels, lamb=0.1, out_dtype=torch.float64)
-    torch.testing.assert_close(bonuses(shifted, labels, lamb=0.1, out_dtype=torch.float64), baseline, rtol=1e-8, atol=1e-10)
-    torch.testing.assert_close(bonuses(features @ rotation, labels, lamb=0.1, out_dtype=torch.float64), baseline, rtol=1e-8, atol=1e-10)
+    shifted_bonus = bonuses(shifted, labels, lamb=0.1, out_dtype=torch.float64)
+    rotated_bonus = bonuses(features @ rotation, labels, lamb=0.1, out_dtype=torch.float64)
+    torch.testing.assert_close(shifted_bonus, baseline, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(rotated_bonus, baseline, rtol=1e-8, atol=1e-10)
 
 
 @FAST
@@ -116,7 +120,8 @@ def test_combine_rewards_keeps_or_zeroes_each_bonus(extrinsic, seed, alpha, beta
     torch.testing.assert_close(result.total.double(), alpha * scores + beta * kept, rtol=1e-6, atol=1e-6)
     for row, label in enumerate(labels):
         members = [s > 0 for s, other in zip(extrinsic, labels) if other == label]
-        status_off = (none and not any(members)) or (some and any(members) and not all(members)) or (all_ and all(members))
+        status_off = ((none and not any(members)) or (some and any(members) and not all(members))
+                      or (all_ and all(members)))
         should_be_off = status_off or (incorrect and extrinsic[row] <= 0)
         assert (kept[row] == 0) == should_be_off
 

@@ -25,12 +25,11 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import _reliability_fixtures as fx  # noqa: E402 (tests/ is on sys.path: tests/conftest.py)
 import psutil
 import pytest
 import yaml
 
-
-import _reliability_fixtures as fx  # noqa: E402 (tests/ is on sys.path: tests/conftest.py)
 REPO, VENV_BIN, SNAKEMAKE, REPEXP, TEST_CONFIG = fx.REPO, fx.VENV_BIN, fx.SNAKEMAKE, fx.REPEXP, fx.TEST_CONFIG
 quiet_env, run = fx.quiet_env, fx.run
 
@@ -195,7 +194,8 @@ def test_broken_config_fails_at_parse_time_naming_the_problem(broken_config_resu
         validate = run([REPEXP, "config", "validate", str(workdir / "broken.yaml")])
         assert_clear_failure(validate, "broken.yaml", "invalid YAML")
     else:
-        assert names_key(output, BROKEN_CONFIGS[name][1]), f"error does not name {BROKEN_CONFIGS[name][1]}:\n{output[-3000:]}"
+        key = BROKEN_CONFIGS[name][1]
+        assert names_key(output, key), f"error does not name {key}:\n{output[-3000:]}"
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     # nothing was scheduled: no job list, no job output
     assert "Job stats:" not in proc.stdout + proc.stderr
@@ -282,7 +282,8 @@ def mlflow_rest(server: MlflowServer, endpoint: str, payload: dict | None = None
 
 
 def server_runs(server: MlflowServer, experiment: str) -> list[dict]:
-    experiment_id = mlflow_rest(server, "experiments/get-by-name?experiment_name=" + experiment)["experiment"]["experiment_id"]
+    found = mlflow_rest(server, "experiments/get-by-name?experiment_name=" + experiment)
+    experiment_id = found["experiment"]["experiment_id"]
     runs, token = [], None
     while True:
         page = mlflow_rest(server, "runs/search", {"experiment_ids": [experiment_id], "max_results": 1000,
@@ -313,13 +314,13 @@ def finished_training_run(run_dir: Path, steps=(1, 2), dev=(0.25, 0.5)) -> None:
     from repexp.checkpoints import BestDevTracker, checkpoint_dir, mark_complete
 
     tracker = BestDevTracker(run_dir)
-    tracker.record_validation(0, {"dev/pass@1": 0.0})
+    tracker.record_validation(0, {"dev/pass_at_1": 0.0})
     for step, value in zip(steps, dev):
         ckpt = checkpoint_dir(run_dir, step)
         ckpt.mkdir(parents=True)
         (ckpt / "config.json").write_text("{}")
         mark_complete(ckpt)
-        tracker.record_validation(step, {"dev/pass@1": value})
+        tracker.record_validation(step, {"dev/pass_at_1": value})
     (run_dir / "DONE").write_text(json.dumps({"final_step": steps[-1]}))
 
 
@@ -418,9 +419,11 @@ def sqlite_counts(db: Path, experiment: str) -> dict:
         parents = sorted(tags[r]["repexp.parent_key"] for r, _ in runs if "repexp.parent_key" in tags.get(r, {}))
 
         def per_run(table):
-            return {r: con.execute(f"SELECT COUNT(*) FROM {table} WHERE run_uuid = ?", (r,)).fetchone()[0] for r in children}
+            query = f"SELECT COUNT(*) FROM {table} WHERE run_uuid = ?"
+            return {r: con.execute(query, (r,)).fetchone()[0] for r in children}
 
-        return {"children": len(children), "parents": parents, "params": per_run("params"), "metrics": per_run("metrics"),
+        return {"children": len(children), "parents": parents, "params": per_run("params"),
+                "metrics": per_run("metrics"),
                 "unfinished": [r for r, status in runs if r in children and status != "FINISHED"]}
 
 
@@ -435,7 +438,8 @@ def server_counts(server: MlflowServer, experiment: str) -> dict:
         metrics[run_id] = sum(len(metric_history(server, run_id, key)) for key in keys)
     return {"children": len(children), "parents": parents,
             "params": {c["info"]["run_id"]: len(c["data"].get("params", [])) for c in children},
-            "metrics": metrics, "unfinished": [c["info"]["run_id"] for c in children if c["info"]["status"] != "FINISHED"]}
+            "metrics": metrics,
+            "unfinished": [c["info"]["run_id"] for c in children if c["info"]["status"] != "FINISHED"]}
 
 
 @pytest.mark.slow
@@ -467,11 +471,13 @@ def test_32_concurrent_jobs_lose_nothing_in_sqlite_or_server(tmp_path, mlflow_se
     ):
         assert counts["children"] == CONCURRENT_JOBS, (name, counts)
         assert counts["parents"] == expected_parents, (name, counts["parents"])
-        assert sorted(counts["params"].values()) == sorted([JOB_PARAMS] * (CONCURRENT_JOBS // 4)
-                                                           + [JOB_PARAMS + point_params] * (CONCURRENT_JOBS * 3 // 4)), name
+        expected_params = ([JOB_PARAMS] * (CONCURRENT_JOBS // 4)
+                           + [JOB_PARAMS + point_params] * (CONCURRENT_JOBS * 3 // 4))
+        assert sorted(counts["params"].values()) == sorted(expected_params), name
         assert set(counts["metrics"].values()) == {JOB_METRIC_POINTS}, (name, counts["metrics"])
         assert counts["unfinished"] == [], name
-        assert not (results / "mlflow" / "outbox").exists() or not any((results / "mlflow" / "outbox").glob("*/record.json"))
+        outbox = results / "mlflow" / "outbox"
+        assert not outbox.exists() or not any(outbox.glob("*/record.json"))
 
 
 def kill_server(server: MlflowServer) -> float:
@@ -706,7 +712,7 @@ def test_select_skips_a_truncated_checkpoint_for_the_next_best_complete_one(tmp_
         run_dir = tmp_path / marker_kind / TRAIN_RUN
         shutil.copytree(source, run_dir)
         tracker = BestDevTracker.load(run_dir)
-        tracker.record_validation(TOTAL_STEPS, {"dev/pass@1": 1.0, "dev/pass@2": 1.0})  # the best score of all
+        tracker.record_validation(TOTAL_STEPS, {"dev/pass_at_1": 1.0, "dev/pass_at_2": 1.0})  # the best score of all
         best = checkpoint_dir(run_dir, TOTAL_STEPS)
         truncate(best / "model.safetensors")
         if marker_kind == "legacy":
@@ -752,8 +758,9 @@ def test_a_node_killed_by_sigterm_reports_it_in_one_wording(tmp_path, tiny_asset
 def test_corrupt_best_dev_json_fails_select_naming_the_file(tmp_path):
     run_dir = tmp_path / "trl_grpo_s42"
     finished_training_run(run_dir)
-    (run_dir / "best_dev.json").write_text('{"metric": "dev/pass@1", "history": [{"step": 1, ')  # cut off
-    proc = run([REPEXP, "select", "--run-dir", str(run_dir), "--backend", "trl", "--out", str(tmp_path / "select.json")])
+    (run_dir / "best_dev.json").write_text('{"metric": "dev/pass_at_1", "history": [{"step": 1, ')  # cut off
+    proc = run([REPEXP, "select", "--run-dir", str(run_dir), "--backend", "trl",
+                "--out", str(tmp_path / "select.json")])
     assert_clear_failure(proc, "best_dev.json")
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "select.json").exists()
@@ -937,8 +944,9 @@ def test_select_ignores_a_checkpoint_without_complete_marker(tmp_path_factory, t
     (partial / "COMPLETE").unlink()
     (partial / "model.safetensors").write_bytes((partial / "model.safetensors").read_bytes()[:1000])
     tracker = BestDevTracker.load(run_dir)
-    tracker.record_validation(TOTAL_STEPS + 1, {"dev/pass@1": 1.0, "dev/pass@2": 1.0})  # the best score of all
-    proc = run([REPEXP, "select", "--run-dir", str(run_dir), "--backend", "trl", "--out", str(tmp_path / "select.json")])
+    tracker.record_validation(TOTAL_STEPS + 1, {"dev/pass_at_1": 1.0, "dev/pass_at_2": 1.0})  # the best score of all
+    proc = run([REPEXP, "select", "--run-dir", str(run_dir), "--backend", "trl",
+                "--out", str(tmp_path / "select.json")])
     assert proc.returncode == 0, proc.stderr
     pointer = json.loads((tmp_path / "select.json").read_text())
     assert pointer["checkpoint_step"] <= TOTAL_STEPS
@@ -967,7 +975,8 @@ def test_eval_killed_mid_generation_resumes_from_complete_shards(kill_workdir, t
     assert (again.st_ino, again.st_mtime_ns) == (kept.st_ino, kept.st_mtime_ns), "a complete shard was regenerated"
 
     resumed = json.loads((out / "eval.json").read_text())
-    reference = json.loads((fx.results(fx.reference_run(tmp_path_factory)) / "eval" / "gsm8k" / "base" / "eval.json").read_text())
+    reference_results = fx.results(fx.reference_run(tmp_path_factory))
+    reference = json.loads((reference_results / "eval" / "gsm8k" / "base" / "eval.json").read_text())
     for key in ("pass_at_k", "per_problem", "num_problems", "n_samples", "data_hash"):
         assert resumed[key] == reference[key], key
     # the killed attempt's run (if it was open by then) was ended by the retry: nothing stays RUNNING

@@ -26,7 +26,8 @@ MATH = {"verl_grpo_s{}": (0.20, 0.25, 0.30), "verl_repexp_k32_b0.01_s{}": (0.25,
 MATH_BASE = 0.15
 GSM8K = {"verl_grpo_s{}": (0.80, 0.82, 0.84), "verl_repexp_k32_b0.01_s{}": (0.85, 0.86)}  # no seed 43, no base
 CONFIG = {
-    "sweep": {"tasks": ["math", "gsm8k"], "backends": ["verl"], "sparse_dims": [32], "betas": [0.01], "seeds": list(SEEDS)},
+    "sweep": {"tasks": ["math", "gsm8k"], "backends": ["verl"], "sparse_dims": [32], "betas": [0.01],
+              "seeds": list(SEEDS)},
     "task_overrides": {"gsm8k": {"sweep": {"sparse_dims": [32, 64]}}},
 }
 
@@ -41,7 +42,8 @@ def write_eval(root, task, run, values, n=256):
     path.write_text(json.dumps({
         "pass_at_k": {str(k): v for k, v in values.items()}, "pass_at_k_sem": {str(k): 0.01 for k in values},
         "mean_at_n": values[1], "num_problems": 30, "n_samples": n, "per_problem": [], "model_path": "m",
-        "checkpoint_step": 10, "engine": "hf", "sampling": {}, "seed": 0, "data_hash": "h", "task": task, "split": "test",
+        "checkpoint_step": 10, "engine": "hf", "sampling": {}, "seed": 0, "data_hash": "h", "task": task,
+        "split": "test",
     }))
 
 
@@ -56,7 +58,7 @@ def training_records(seed, repexp):
         record["reward/shaped/mean"] = record["reward/verifier/mean"] + record.get("repexp/bonus_scaled/mean", 0.0)
         lines.append(record)
         if step % 10 == 0:
-            lines.append({"step": step, "dev/pass@1": 0.2 + 0.01 * step + 0.01 * (seed - 41)})
+            lines.append({"step": step, "dev/pass_at_1": 0.2 + 0.01 * step + 0.01 * (seed - 41)})
     return lines
 
 
@@ -252,7 +254,7 @@ def test_bad_inputs_fail_clearly(tmp_path, capsys):
     code = cli.main(["figures", "--table", str(tmp_path / "none.csv"), "--out-dir", str(tmp_path / "f")])
     assert code == 1 and "none.csv: pass@k table not found" in capsys.readouterr().err
     bad = tmp_path / "metrics.jsonl"
-    bad.write_text('{"step": 1, "dev/pass@1": 0.5}\n{oops\n')
+    bad.write_text('{"step": 1, "dev/pass_at_1": 0.5}\n{oops\n')
     with pytest.raises(ValueError, match="metrics.jsonl:2: not valid JSON"):
         figures.read_metrics_jsonl(bad)
 
@@ -277,14 +279,15 @@ def test_mlflow_curves_and_figures_run(workspace, tmp_path, tmp_path_factory, mo
     from mlflow import MlflowClient
 
     from repexp import tracking
-    from repexp.trl.runlog import mlflow_metric_name
+    from repexp.metrics import metric_name as mlflow_metric_name
 
     db = tmp_path / "mlflow" / "mlflow.db"
     db.parent.mkdir()
     shutil.copy(mlflow_template(tmp_path_factory), db)
     uri = f"sqlite:///{db}"
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    config = load_config({**CONFIG, "name": "fig-test", "results_dir": str(tmp_path), "tracking": {"tracking_uri": uri}})
+    config = load_config({**CONFIG, "name": "fig-test", "results_dir": str(tmp_path),
+                          "tracking": {"tracking_uri": uri}})
     math_runs = [s for s in sweep_runs(config) if s.task == "math" and s.trains]
     for spec in math_runs:  # as the train node does: '@' → '_at_', step = training step
         with tracking.node_run("train", spec.task, spec.name, config=config) as node:
@@ -324,7 +327,8 @@ def test_mlflow_curves_and_figures_run(workspace, tmp_path, tmp_path_factory, mo
             "table/k_efficiency.csv", "table/pass_at_k.html"} <= artifacts
 
     # standalone (`--experiment`, no node): a run named 'figures' under the experiment's parent run
-    standalone = figures.log_figures_run(target, [out / "pass_at_k.png", out / "index.json"], [math_only / "pass_at_k.csv"])
+    standalone = figures.log_figures_run(target, [out / "pass_at_k.png", out / "index.json"],
+                                         [math_only / "pass_at_k.csv"])
     logged = client.get_run(standalone)
     assert logged.info.run_name == "figures" and logged.info.status == "FINISHED"
     assert logged.data.tags["mlflow.parentRunId"] == run.data.tags["mlflow.parentRunId"]
@@ -346,7 +350,8 @@ def test_figures_from_real_eval_outputs(tmp_path):
     out = tmp_path / "agg"
     assert cli.main(["aggregate", "--eval-dir", str(eval_dir), "--out-dir", str(out)]) == 0
     table = aggregate.read_table(out / "pass_at_k.csv")
-    evals = {(p.parent.parent.name, p.parent.name): json.loads(p.read_text()) for p in aggregate.find_eval_files(eval_dir)}
+    evals = {(p.parent.parent.name, p.parent.name): json.loads(p.read_text())
+             for p in aggregate.find_eval_files(eval_dir)}
     for row in table.itertuples():
         assert row.pass_at_k == pytest.approx(evals[(row.task, row.run)]["pass_at_k"][str(row.k)])
     assert cli.main(["figures", "--table", str(out / "pass_at_k.csv"), "--out-dir", str(tmp_path / "figs")]) == 0

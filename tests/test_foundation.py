@@ -52,14 +52,14 @@ def _save(run_dir, step, complete=True):
 def test_best_dev_never_points_at_missing_or_partial_checkpoints(tmp_path):
     run_dir = tmp_path / "run"
     tracker = checkpoints.BestDevTracker(run_dir)
-    tracker.record_validation(0, {"dev/pass@1": 0.9})  # the base model: no checkpoint
+    tracker.record_validation(0, {"dev/pass_at_1": 0.9})  # the base model: no checkpoint
     assert tracker.best() is None
     _save(run_dir, 10)
-    tracker.record_validation(10, {"dev/pass@1": 0.4})
+    tracker.record_validation(10, {"dev/pass_at_1": 0.4})
     _save(run_dir, 20, complete=False)  # killed while saving
-    tracker.record_validation(20, {"dev/pass@1": 0.8})
+    tracker.record_validation(20, {"dev/pass_at_1": 0.8})
     _save(run_dir, 30)
-    tracker.record_validation(30, {"dev/pass@1": 0.6})
+    tracker.record_validation(30, {"dev/pass_at_1": 0.6})
     best = json.loads(tracker.path.read_text())
     assert best["best_step"] == 30 and best["initial_value"] == 0.9
     pointer = checkpoints.select(run_dir, "trl")
@@ -73,7 +73,7 @@ def test_best_dev_ties_pick_the_earliest_step_and_reload(tmp_path):
     tracker = checkpoints.BestDevTracker(run_dir)
     for step in (5, 10):
         _save(run_dir, step)
-        tracker.record_validation(step, {"dev/pass@1": 0.5})
+        tracker.record_validation(step, {"dev/pass_at_1": 0.5})
     assert checkpoints.BestDevTracker.load(run_dir).best()["step"] == 5
 
 
@@ -81,10 +81,10 @@ def test_select_errors_are_clear(tmp_path):
     with pytest.raises(FileNotFoundError, match="best_dev.json"):
         checkpoints.select(tmp_path, "trl")
     tracker = checkpoints.BestDevTracker(tmp_path)
-    tracker.record_validation(0, {"dev/pass@1": 0.1})
+    tracker.record_validation(0, {"dev/pass_at_1": 0.1})
     with pytest.raises(ValueError, match="no validated step has a complete checkpoint"):
         checkpoints.select(tmp_path, "trl")
-    with pytest.raises(KeyError, match="dev/pass@1"):
+    with pytest.raises(KeyError, match="dev/pass_at_1"):
         tracker.record_validation(5, {"dev/mean@4": 0.1})
 
 
@@ -115,7 +115,7 @@ def test_every_cli_module_has_the_contract():
 def test_select_command_end_to_end(tmp_path):
     run_dir = tmp_path / "run"
     _save(run_dir, 2)
-    checkpoints.BestDevTracker(run_dir).record_validation(2, {"dev/pass@1": 0.25})
+    checkpoints.BestDevTracker(run_dir).record_validation(2, {"dev/pass_at_1": 0.25})
     out = tmp_path / "select.json"
     proc = subprocess.run(
         [sys.executable, "-m", "repexp", "select", "--run-dir", str(run_dir), "--backend", "trl", "--out", str(out)],

@@ -69,6 +69,7 @@ def test_no_accounting_database_so_status_comes_from_squeue(cluster):
 
 
 import _reliability_fixtures as fx  # noqa: E402 (tests/ is on sys.path: tests/conftest.py)
+
 # The rules of configs/test.yaml's DAG and how many jobs each has (1 task, 2 trained runs + base):
 # through sbatch, and the localrules that run in the main Snakemake process on the submit host.
 EXPECTED_JOBS = {"model": 1, "preprocess": 1, "train": 2, "eval": 3, "testtime": 3}
@@ -109,7 +110,8 @@ def test_pipeline_end_to_end_through_slurm_matches_the_local_run(cluster, tmp_pa
         logs = sorted((slurm_logs / f"rule_{rule}").rglob("*.log"))
         assert len(logs) == count, (rule, logs)
         assert {log.stem for log in logs} <= set(jobs)
-    submitted = [line for line in proc.stdout.splitlines() + proc.stderr.splitlines() if "submitted with SLURM jobid" in line]
+    submitted = [line for line in proc.stdout.splitlines() + proc.stderr.splitlines()
+                 if "submitted with SLURM jobid" in line]
     assert len(submitted) == len(jobs)
     for rule in LOCAL_JOBS:  # localrules never reach sbatch
         assert not (slurm_logs / f"rule_{rule}").exists(), rule
@@ -123,7 +125,8 @@ def test_pipeline_end_to_end_through_slurm_matches_the_local_run(cluster, tmp_pa
         mine, theirs = json.loads((ours / rel).read_text()), json.loads((reference / rel).read_text())
         for key in ("pass_at_k", "per_problem", "num_problems", "n_samples", "checkpoint_step", "data_hash"):
             assert mine[key] == theirs[key], (rel, key, mine[key], theirs[key])
-    assert _table_without_paths(ours / "aggregate" / "pass_at_k.csv") == _table_without_paths(reference / "aggregate" / "pass_at_k.csv")
+    table = Path("aggregate") / "pass_at_k.csv"
+    assert _table_without_paths(ours / table) == _table_without_paths(reference / table)
 
     # MLflow went through the workflow's tracking server: started before the first job, stopped at the end;
     # no job opened a SQLite file on the shared results directory.

@@ -100,9 +100,9 @@ def evaluation(tmp_path_factory):
     """A real `repexp eval` of the tiny model (6 problems × 8 samples), with correct samples planted in its
     shards (the tiny model solves nothing): problem i gets sample i marked correct, problem 5 none."""
     import pyarrow as pa
+    from test_evaluate import write_split
 
     from repexp.models import build_tiny_qwen2
-    from test_evaluate import write_split
 
     root = tmp_path_factory.mktemp("testtime")
     model = build_tiny_qwen2(root / "tiny", seed=0)

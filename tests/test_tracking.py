@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from repexp import checkpoints, cli
+from repexp import metrics as metric_names
 from repexp import tracking as T
 from repexp.evaluate.core import eval_result
 
@@ -113,7 +114,8 @@ def test_node_runs_nest_under_their_parents_with_tags_params_metrics_artifacts(s
     assert parent.info.status == "FINISHED" and "mlflow.parentRunId" not in parent.data.tags
     assert parent.data.tags[T.RESULTS_ID_TAG] == T.results_id(tmp_path / "results")
     tags = train.data.tags
-    assert tags["snakemake.rule"] == "train" and json.loads(tags["snakemake.wildcards"]) == {"task": "gsm8k", "run": SPEC}
+    assert tags["snakemake.rule"] == "train"
+    assert json.loads(tags["snakemake.wildcards"]) == {"task": "gsm8k", "run": SPEC}
     assert tags["snakemake.attempt"] == "2" and tags["slurm.job_id"] == "4242"
     assert len(tags["repexp.config_hash"]) == 12 and tags[T.SWEEP_POINT_TAG] == f"gsm8k/{SPEC}"
     if (T.REPO_ROOT / ".git").exists():
@@ -235,7 +237,7 @@ def test_node_wrapper_runs_the_command_and_logs_its_outputs(store, tmp_path, cap
         ckpt = checkpoints.checkpoint_dir(run_dir, step)
         ckpt.mkdir(parents=True)
         checkpoints.mark_complete(ckpt)
-        tracker.record_validation(step, {"dev/pass@1": 0.1 * step})
+        tracker.record_validation(step, {"dev/pass_at_1": 0.1 * step})
     pointer = run_dir / "select.json"
     wrapper = ["mlflow", "node", "--config", str(cfg), "--rule", "select", "--snakemake-jobid", "{12}",
                "--task", "gsm8k", "--run", SPEC, "--output", str(pointer), "--"]
@@ -268,7 +270,8 @@ def test_a_jobsteps_own_snakemake_jobid_is_not_tagged(store, monkeypatch):
     monkeypatch.setenv(T.ENV_SNAKEMAKE_EXEC, "remote")  # inside a SLURM job: Snakemake renumbers its jobs
     assert "snakemake.jobid" not in T.prepare_node("eval", "gsm8k", SPEC, config=cfg, snakemake_jobid="{0}").record.tags
     monkeypatch.setenv(T.ENV_SNAKEMAKE_EXEC, "main")
-    assert T.prepare_node("eval", "gsm8k", SPEC, config=cfg, snakemake_jobid="{5}").record.tags["snakemake.jobid"] == "5"
+    node = T.prepare_node("eval", "gsm8k", SPEC, config=cfg, snakemake_jobid="{5}")
+    assert node.record.tags["snakemake.jobid"] == "5"
 
 
 def test_a_deferred_node_writes_nothing_itself_and_its_record_uploads_once(store, tmp_path):
@@ -557,7 +560,7 @@ def test_the_mlflow_ui_sorts_eval_runs_by_pass_at_n_with_their_beta_and_seed(tmp
     results = fx.results(workdir)
     evals = {p.parent.name: json.loads(p.read_text()) for p in (results / "eval" / "gsm8k").glob("*/eval.json")}
     n = max(int(k) for k in evals["base"]["pass_at_k"])
-    metric = T.pass_at_k_metric("test", n)
+    metric = metric_names.pass_at_k("test", n)
     serve = subprocess.run([REPEXP, "mlflow", "serve", "--config", str(workdir / "config.yaml"), "--background",
                             "--host", "127.0.0.1", "--store", T.default_tracking_uri(results), "--workers", "1"],
                            capture_output=True, text=True, timeout=600, env={**os.environ, "MLFLOW_TRACKING_URI": ""})

@@ -151,13 +151,14 @@ def test_pruning_keeps_newest_whole_and_best_without_resume_state(tmp_path):
         mark_complete(directory)
     tracker = BestDevTracker(tmp_path)
     for step, value in ((2, 0.1), (4, 0.5), (6, 0.2), (8, 0.3)):
-        tracker.record_validation(step, {"dev/pass@1": value})
+        tracker.record_validation(step, {"dev/pass_at_1": value})
     assert prune_checkpoints(tmp_path, None, 4, RESUME_ONLY) == []  # null keeps everything
     assert complete_steps(tmp_path) == [2, 4, 6, 8]
     assert prune_checkpoints(tmp_path, 2, tracker.best()["step"], RESUME_ONLY) == [2]
     assert complete_steps(tmp_path) == [4, 6, 8]  # newest two plus the best (step 4)
     best = checkpoint_dir(tmp_path, 4)
-    assert sorted(p.name for p in best.iterdir()) == sorted(["COMPLETE", SLIM_MARKER, "config.json", "model.safetensors"])
+    assert sorted(p.name for p in best.iterdir()) == sorted(["COMPLETE", SLIM_MARKER, "config.json",
+                                                             "model.safetensors"])
     assert len(list(checkpoint_dir(tmp_path, 8).iterdir())) == 6  # the newest stay whole
     assert resumable_steps(tmp_path) == [6, 8]  # a retry never resumes from the slimmed one
     assert tracker.best()["step"] == 4  # still selectable
@@ -201,7 +202,8 @@ def constructed_batch(tokenizer):
     """Two groups of 4: every completion of group 0 wrong; group 1 has two correct ones (answer 7)."""
     texts = ["#### 3", "the answer is 5", "#### 12", "no idea",
              "3 + 4 = 7\n#### 7", "#### 8", "so #### 7", "#### 6"]
-    prompts = [[{"role": "user", "content": "What is 2 + 5?"}]] * 4 + [[{"role": "user", "content": "What is 3 + 4?"}]] * 4
+    prompts = ([[{"role": "user", "content": "What is 2 + 5?"}]] * 4
+               + [[{"role": "user", "content": "What is 3 + 4?"}]] * 4)
     eos = tokenizer.eos_token_id
     completion_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] + [eos] for t in texts]
     return dict(prompts=prompts, completions=[[{"role": "assistant", "content": t}] for t in texts],
@@ -271,9 +273,12 @@ def test_repexp_training_steps(uninterrupted, tiny_model):
         assert torch.isfinite(torch.tensor(record["actor/pg_loss"]))
         assert record["repexp/bonus_raw/mean"] > 0 and record["repexp/bonus_scaled/mean"] > 0
         for key in ("reward/verifier/mean", "reward/shaped/mean", "repexp/groups/none_correct_frac",
+                    "repexp/bonus_turned_off_frac", "repexp/hidden_norm/mean",  # the verl backend's set too
                     "timing_s/repexp_forward", "timing_s/repexp_bonus", "timing_s/step"):
             assert key in record
-    assert {"dev/pass@1", "dev/pass@2"} <= set(records[0]) and "dev/pass@1" in records[2]
+    dev_keys = {"dev/pass_at_1", "dev/pass_at_2", "dev/num_problems", "dev/samples_per_problem"}  # as verl logs them
+    assert dev_keys <= set(records[0]) and dev_keys <= set(records[2]) and records[0]["dev/num_problems"] > 0
+    assert records[4]["dev/best_step"] == 2  # validated before its own checkpoint exists: the best saved one
     assert any(r["actor/grad_norm"] > 0 for r in records[1:])
 
     best = json.loads((run_dir / "best_dev.json").read_text())
@@ -314,7 +319,7 @@ def test_beta_zero_is_plain_grpo_without_representation_model(tmp_path, tiny_mod
 
     logged = client.get_run(run_id).data.metrics
     assert logged["reward/verifier/mean"] == record["reward/verifier/mean"]
-    assert logged["dev/pass_at_1"] == record["dev/pass@1"]  # '@' sanitised as verl's MLflow logger does
+    assert logged["dev/pass_at_1"] == record["dev/pass_at_1"]  # one name in metrics.jsonl and MLflow
     with pytest.warns(RuntimeWarning, match="MLflow tracking switched off"):
         broken = MlflowSink(run_id="no-such-run", tracking_uri=uri)
         broken.log({"step": 1, "x": 1.0}, 1)  # a tracking failure warns; it never raises
@@ -333,7 +338,7 @@ def test_wall_clock_budget_ends_the_run_with_a_validated_checkpoint(tmp_path, ti
     assert (result.done["final_step"], result.done["stopped_by"], result.done["best_step"]) == (1, "max_hours", 1)
     assert complete_steps(run_dir) == [1] and read_budget(checkpoint_dir(run_dir, 1))["exhausted"]
     assert [h["step"] for h in json.loads((run_dir / "best_dev.json").read_text())["history"]] == [1]
-    assert [r["step"] for r in read_metrics(run_dir)] == [1] and "dev/pass@1" in read_metrics(run_dir)[0]
+    assert [r["step"] for r in read_metrics(run_dir)] == [1] and "dev/pass_at_1" in read_metrics(run_dir)[0]
 
     # DONE lost (killed between the last save and DONE): the next attempt trains nothing and finishes
     (run_dir / "DONE").unlink()

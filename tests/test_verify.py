@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from repexp import verify
-from repexp.verify import compare, pool as verify_pool
-from repexp.verify import extract_answer, last_boxed, score, score_answer, score_batch
+from repexp.verify import compare, extract_answer, last_boxed, score, score_answer, score_batch
+from repexp.verify import pool as verify_pool
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 MATH = "DigitalLearningGmbH/MATH-lighteval"
@@ -404,23 +404,3 @@ def test_watchdog_survives_many_short_guards():
     time.sleep(0.2)
     assert sum(range(100_000)) == 4999950000  # a leaked pending exception would be raised by now
     assert fired <= 21
-
-
-def test_the_verifier_is_a_pure_core():
-    """Scoring under both graders, batches and the pool import no framework (verl, trl, transformers, mlflow, vllm)."""
-    import subprocess
-    import sys
-
-    code = (
-        "import sys\n"
-        "from repexp import verify\n"
-        "assert verify.score('aime24', 'so \\\\boxed{33}', '33', grader='paper') == 1.0\n"
-        "assert verify.score('openai/gsm8k', '#### 18.00', '18') == 1.0\n"
-        "verify.score_batch(['DigitalLearningGmbH/MATH-lighteval'] * 2, ['\\\\boxed{0.5}', '\\\\fbox{1}'],"
-        " '\\\\frac12', workers=1)\n"
-        "loaded = sorted(m for m in ('verl', 'trl', 'transformers', 'mlflow', 'vllm', 'torch') if m in sys.modules)\n"
-        "assert not loaded, loaded\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                            cwd=Path(__file__).resolve().parents[1])
-    assert result.returncode == 0, result.stderr[-2000:]

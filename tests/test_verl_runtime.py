@@ -130,7 +130,8 @@ def test_pooling_equals_transformers_in_every_layout(runtime, reference_backbone
         "v0 padded": hidden_means(worker, v0_batch(prompts, responses), use_remove_padding=False),
         # token-budget micro-batches in verl's workload order, restored to the input order
         "v1 packed, dynamic batch size": hidden_means(
-            worker, v1_batch(prompts, responses), use_remove_padding=True, use_dynamic_bsz=True, max_token_len_per_gpu=16
+            worker, v1_batch(prompts, responses), use_remove_padding=True, use_dynamic_bsz=True,
+            max_token_len_per_gpu=16,
         ),
     }
     for name, means in layouts.items():
@@ -139,19 +140,20 @@ def test_pooling_equals_transformers_in_every_layout(runtime, reference_backbone
 
 
 def test_worker_methods_are_registered_for_verls_worker_group():
+    import ray
+
     from repexp.verl.worker import RepExpActorRolloutRefWorker
 
     from verl.single_controller.base.decorator import MAGIC_ATTR, Dispatch
     from verl.single_controller.ray.base import RayClassWithInitArgs, create_colocated_worker_cls
-
-    import ray
 
     init = getattr(RepExpActorRolloutRefWorker.init_model, MAGIC_ATTR)
     assert init["dispatch_mode"] == Dispatch.ONE_TO_ALL
     compute = getattr(RepExpActorRolloutRefWorker.compute_repexp_hidden_mean, MAGIC_ATTR)
     assert compute["dispatch_mode"]["dispatch_fn"].args == ("repexp",)
     colocated = create_colocated_worker_cls(
-        {"actor_rollout": RayClassWithInitArgs(cls=ray.remote(RepExpActorRolloutRefWorker), config=None, role="actor_rollout")}
+        {"actor_rollout": RayClassWithInitArgs(cls=ray.remote(RepExpActorRolloutRefWorker), config=None,
+                                               role="actor_rollout")}
     )
     methods = set(dir(colocated.cls.__ray_actor_class__))
     assert {"actor_rollout_init_model", "actor_rollout_compute_repexp_hidden_mean"} <= methods
@@ -383,7 +385,8 @@ def _actor_worker(cfg):
 
 
 def _full_state(module) -> dict[str, torch.Tensor]:
-    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in module.state_dict().items()}
+    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+            for k, v in module.state_dict().items()}
 
 
 def _perturb(module, seed: int) -> None:
@@ -420,7 +423,8 @@ def test_checkpoints_resume_and_merge(runtime, tmp_path):
     module = actor.engine.module
 
     def dataloader():
-        return StatefulDataLoader(list(range(40)), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(0))
+        return StatefulDataLoader(list(range(40)), batch_size=4, shuffle=True,
+                                  generator=torch.Generator().manual_seed(0))
 
     gen = torch.Generator().manual_seed(3)
     hidden = [torch.randn(8, 128, generator=gen) for _ in range(4)]
@@ -438,9 +442,10 @@ def test_checkpoints_resume_and_merge(runtime, tmp_path):
         _perturb(module, step)  # "training"
         states[step] = _full_state(module)
         first._save_checkpoint()
-        assert is_complete(checkpoint_dir(run_dir, step)) and (checkpoint_dir(run_dir, step) / "repexp_state.pt").exists()
+        assert is_complete(checkpoint_dir(run_dir, step))
+        assert (checkpoint_dir(run_dir, step) / "repexp_state.pt").exists()
         dev = _validate(first, pass_rate)
-        assert dev["dev/pass@1"] == pytest.approx(pass_rate) and dev["dev/best_step"] == 2
+        assert dev["dev/pass_at_1"] == pytest.approx(pass_rate) and dev["dev/best_step"] == 2
         first.metrics_logger.log({"step_metric": float(step), **dev}, step)
     first.metrics_logger.log({"step_metric": 8.0}, 8)  # logged after the last checkpoint: forgotten on resume
 
@@ -470,7 +475,7 @@ def test_checkpoints_resume_and_merge(runtime, tmp_path):
     again = compute_step_bonus(hidden[3], uids, scores, none, resumed.repexp, 7, resumed.bonus_state, keys)
     torch.testing.assert_close(again.bonus_raw, expected_bonus.bonus_raw)
     logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [row["step"] for row in logged] == [2, 4, 6] and logged[0]["dev/pass@1"] == pytest.approx(0.75)
+    assert [row["step"] for row in logged] == [2, 4, 6] and logged[0]["dev/pass_at_1"] == pytest.approx(0.75)
 
     # select -> merge the best checkpoint -> identical logits with plain transformers
     pointer = tmp_path / "select.json"
@@ -528,7 +533,7 @@ def test_wall_clock_budget_ends_fit_at_a_validated_saved_step(runtime, tmp_path)
     assert trainer.total_training_steps == 3, "fit's loop ends after step 3"
     assert is_complete(checkpoint_dir(run_dir, 3)) and read_budget(checkpoint_dir(run_dir, 3))["exhausted"]
     (logged,) = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert logged["step"] == 3 and logged["dev/pass@1"] == pytest.approx(0.5)
+    assert logged["step"] == 3 and logged["dev/pass_at_1"] == pytest.approx(0.5)
     assert json.loads((run_dir / "best_dev.json").read_text())["best_step"] == 3
 
     from repexp.verl.train import write_done

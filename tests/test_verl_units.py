@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-
 import math
 
 import numpy as np
@@ -138,7 +137,8 @@ def test_projection_is_seeded_by_seed_and_step():
     assert torch.equal(state.projection(64, 10), sparse_projection(64, 8, seed=projection_seed(3, 10)))
     assert torch.equal(state.projection(64, 10), BonusState(settings).projection(64, 10))
     assert not torch.equal(state.projection(64, 10), state.projection(64, 11))
-    assert not torch.equal(state.projection(64, 10), BonusState(RepExpSettings(sparse_dim=8, seed=4)).projection(64, 10))
+    other_seed = BonusState(RepExpSettings(sparse_dim=8, seed=4))
+    assert not torch.equal(state.projection(64, 10), other_seed.projection(64, 10))
     fixed = BonusState(RepExpSettings(sparse_dim=8, seed=3, randomize_projection=False))
     assert torch.equal(fixed.projection(64, 1), fixed.projection(64, 99))
     assert torch.equal(fixed.projection(64, 1), sparse_projection(64, 8, seed=projection_seed(3, 0, randomize=False)))
@@ -180,10 +180,11 @@ def test_dev_pass_at_k_is_unbiased_and_checks_scores():
     uids = ["a"] * 4 + ["b"] * 4
     scores = [1, 0, 0, 0, 1, 1, 0, 0]
     metrics = dev_pass_at_k(uids, scores)
-    assert set(metrics) == {"dev/pass@1", "dev/pass@2", "dev/pass@4", "dev/num_problems", "dev/samples_per_problem"}
-    assert math.isclose(metrics["dev/pass@1"], (0.25 + 0.5) / 2)
-    assert math.isclose(metrics["dev/pass@2"], ((1 - 3 / 6) + (1 - 1 / 6)) / 2)
-    assert metrics["dev/pass@4"] == 1.0 and metrics["dev/num_problems"] == 2.0
+    assert set(metrics) == {"dev/pass_at_1", "dev/pass_at_2", "dev/pass_at_4", "dev/num_problems",
+                            "dev/samples_per_problem"}
+    assert math.isclose(metrics["dev/pass_at_1"], (0.25 + 0.5) / 2)
+    assert math.isclose(metrics["dev/pass_at_2"], ((1 - 3 / 6) + (1 - 1 / 6)) / 2)
+    assert metrics["dev/pass_at_4"] == 1.0 and metrics["dev/num_problems"] == 2.0
     with pytest.raises(ValueError, match="0/1"):
         dev_pass_at_k(uids, [1, -1, -1, -1, 1, 1, -1, -1])
 

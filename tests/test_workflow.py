@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -289,8 +288,8 @@ def test_report_embeds_figures_and_tables(pipeline):
               workdir=workdir)
     html = report.read_text(errors="ignore")
     assert report.stat().st_size > 10_000
-    for name in ("pass_at_k.png", "testtime_pass_at_k.png", "heatmap_gsm8k_trl.png", "training_gsm8k_trl.png", "pass_at_k.html",
-                 "k_efficiency.csv"):
+    for name in ("pass_at_k.png", "testtime_pass_at_k.png", "heatmap_gsm8k_trl.png", "training_gsm8k_trl.png",
+                 "pass_at_k.html", "k_efficiency.csv"):
         assert name in html, name
 
 
@@ -305,14 +304,16 @@ def test_every_node_has_its_mlflow_run(pipeline):
          "testtime", "aggregate", "figures"])
     assert all(r.info.status == "FINISHED" for r in runs)
     assert sorted(p.data.tags["repexp.parent_key"] for p in parents.values()) == sorted(
-        ["experiment", "task:gsm8k", "point:gsm8k/base", "point:gsm8k/trl_grpo_s42", "point:gsm8k/trl_repexp_k8_b0.01_s42"])
+        ["experiment", "task:gsm8k", "point:gsm8k/base", "point:gsm8k/trl_grpo_s42",
+         "point:gsm8k/trl_repexp_k8_b0.01_s42"])
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     for node in nodes:
         tags = node.data.tags
         parent = parents[tags["mlflow.parentRunId"]]
         assert tags["repexp.scope_key"] == parent.data.tags["repexp.parent_key"]
         expected_wildcards = {"model": {"alias": "tiny"}, "preprocess": {"task": "gsm8k"}, "aggregate": {},
-                              "figures": {}}.get(tags["snakemake.rule"], {"task": "gsm8k", "run": tags.get("repexp.run")})
+                              "figures": {}}.get(tags["snakemake.rule"],
+                                                 {"task": "gsm8k", "run": tags.get("repexp.run")})
         assert json.loads(tags["snakemake.wildcards"]) == expected_wildcards
         assert len(tags["repexp.config_hash"]) == 12 and tags["snakemake.attempt"] == "1"
         assert tags["snakemake.jobid"].isdigit()  # the id in Snakemake's log
@@ -509,10 +510,11 @@ def test_train_node_refuses_a_config_that_changed_after_scheduling(tmp_path):
     raw["results_dir"] = str(tmp_path / "results")
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(yaml.safe_dump(raw))
-    proc = subprocess.run([str(Path(sys.executable).parent / "repexp"), "train", "--config", str(cfg), "--task", "gsm8k",
+    repexp = str(Path(sys.executable).parent / "repexp")
+    proc = subprocess.run([repexp, "train", "--config", str(cfg), "--task", "gsm8k",
                            "--run", "trl_grpo_s42", "--expect-hash", "0123456789ab"], capture_output=True, text=True)
     assert proc.returncode == 2 and "scheduled with 0123456789ab" in proc.stderr
     assert not (tmp_path / "results").exists()
-    base = subprocess.run([str(Path(sys.executable).parent / "repexp"), "train", "--config", str(cfg), "--task", "gsm8k",
-                           "--run", "base"], capture_output=True, text=True)
+    base = subprocess.run([repexp, "train", "--config", str(cfg), "--task", "gsm8k", "--run", "base"],
+                          capture_output=True, text=True)
     assert base.returncode == 2 and "base does not train" in base.stderr

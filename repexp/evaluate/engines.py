@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
-from repexp.evaluate.core import SamplingSettings
-
-ENGINES = ("auto", "hf", "vllm")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+from repexp.config import DTYPES, ENGINES
+from repexp.evaluate.core import EVAL_DEFAULTS, SamplingSettings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,12 +34,12 @@ class Completion:
 class EngineOptions:
     """Engine settings that do not change the sample distribution."""
 
-    batch_size: int = 64  # hf: sequences per forward pass
-    dtype: str = "auto"
-    tensor_parallel_size: int = 1  # vllm
-    gpu_memory_utilization: float = 0.9  # vllm
-    max_model_len: int | None = None
-    enforce_eager: bool = False  # vllm
+    batch_size: int = EVAL_DEFAULTS.batch_size  # hf: sequences per forward pass
+    dtype: str = EVAL_DEFAULTS.dtype
+    tensor_parallel_size: int = EVAL_DEFAULTS.tensor_parallel_size  # vllm
+    gpu_memory_utilization: float = EVAL_DEFAULTS.gpu_memory_utilization  # vllm
+    max_model_len: int | None = EVAL_DEFAULTS.max_model_len
+    enforce_eager: bool = EVAL_DEFAULTS.enforce_eager  # vllm
     enable_prefix_caching: bool = True  # vllm
     max_num_seqs: int | None = None  # vllm
     max_num_batched_tokens: int | None = None  # vllm
@@ -179,7 +178,7 @@ class HFEngine:
         self.max_model_len = int(limit) if limit else None
 
     @classmethod
-    def load(cls, model_path: str, options: EngineOptions = EngineOptions()) -> "HFEngine":
+    def load(cls, model_path: str, options: EngineOptions = EngineOptions()) -> HFEngine:
         import torch
         from transformers import AutoModelForCausalLM
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from repexp import layout
 from repexp.evaluate import core
 from repexp.evaluate.core import SamplingSettings
 from repexp.evaluate.engines import EngineOptions
@@ -26,7 +26,7 @@ from repexp.evaluate.store import SampleStore
 from repexp.io import read_json, write_json_atomic
 from repexp.verify.routing import DEFAULT_GRADER, GRADERS, check_grader
 
-EVAL_JSON = "eval.json"
+EVAL_JSON = layout.EVAL_JSON
 # meta.json keys a resumed run must match; engine options that do not change the samples
 # (memory, parallelism, eager mode) and file locations may differ.
 RESUME_KEYS = ("format", "generation", "num_shards")  # problem ids are covered by data_hash
@@ -43,8 +43,8 @@ class EvalConfig:
     checkpoint_step: int | None = None
     task: str | None = None
     split: str | None = None
-    shard_size: int = 32
-    data_parallel_size: int = 1
+    shard_size: int = core.EVAL_DEFAULTS.shard_size
+    data_parallel_size: int = core.EVAL_DEFAULTS.data_parallel_size
     limit: int | None = None
     ks: tuple[int, ...] | None = None
     maj_draws: int = 1000
@@ -66,8 +66,7 @@ class EvalConfig:
 
 def infer_checkpoint_step(model_path: str) -> int | None:
     """`…/global_step_<N>/…` → N (the training-run layout); None for a base model."""
-    steps = re.findall(r"global_step_(\d+)", str(model_path))
-    return int(steps[-1]) if steps else None
+    return layout.step_in_path(model_path)
 
 
 def resolve_model(model: str | None, pointer: str | Path | None) -> tuple[str, int | None]:
@@ -293,7 +292,8 @@ def _generate_data_parallel(cfg: EvalConfig, todo: list[int]) -> None:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
     if gpus and len(gpus) < dp * tp:
-        raise ValueError(f"data_parallel_size {dp} × tensor_parallel_size {tp} needs {dp * tp} GPUs; {len(gpus)} visible")
+        raise ValueError(f"data_parallel_size {dp} × tensor_parallel_size {tp} needs {dp * tp} GPUs; "
+                         f"{len(gpus)} visible")
     ctx = multiprocessing.get_context("spawn")
     workers = []
     for rank in range(dp):
@@ -322,7 +322,7 @@ def _read_samples(store: SampleStore, plan, n: int, other: str, workers: int | N
                "data_source", "ground_truth"]
     per_problem: dict[str, dict[str, list]] = {}
     with verify.VerifierPool(workers) as pool:  # its processes start on first use: only for big Math-Verify shards
-        for i, idx in enumerate(plan):
+        for i in range(len(plan)):
             shard = store.read_shard(i, columns)
             big = len(shard["response"]) >= verify.MIN_POOL_ITEMS
             others = verify.score_batch(shard["data_source"], shard["response"], shard["ground_truth"],

@@ -11,13 +11,14 @@ different settings is refused rather than mixing samples from two configurations
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import sys
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
+from repexp import layout
 from repexp.io import atomic_path, read_json, write_json_atomic
 
 SHARD_COLUMNS = (
@@ -34,8 +35,7 @@ SHARD_COLUMNS = (
 FINISH_REASONS = ("stop", "length")
 # Read back when a store is opened: everything eval.json is assembled from (the responses are not needed)
 CHECKED_COLUMNS = ("problem_id", "sample_index", "num_tokens", "finish_reason", "score", "answer")
-CORRUPT_DIR = "corrupt"
-_SHARD_NAME = re.compile(r"^shard-(\d{5})\.parquet$")
+SHARD_SUFFIX = "parquet"
 
 
 def _schema():
@@ -58,11 +58,11 @@ def _schema():
 
 class SampleStore:
     def __init__(self, out_dir: str | Path):
-        self.dir = Path(out_dir) / "samples"
-        self.meta_path = self.dir / "meta.json"
+        self.dir = layout.samples_dir(out_dir)
+        self.meta_path = self.dir / layout.SAMPLES_META
 
     def shard_path(self, index: int) -> Path:
-        return self.dir / f"shard-{index:05d}.parquet"
+        return self.dir / layout.shard_name(index, SHARD_SUFFIX)
 
     # -- metadata -------------------------------------------------------------------------
     def read_meta(self) -> dict[str, Any] | None:
@@ -92,9 +92,10 @@ class SampleStore:
                     f"({'; '.join(diffs)}); use another --out or pass --overwrite to discard them"
                 )
             shutil.rmtree(self.dir)
-        elif self.dir.exists() and any(self.dir.glob("shard-*.parquet")):
+        elif self.dir.exists() and any(self.dir.glob(layout.shard_glob(SHARD_SUFFIX))):
             if not overwrite:
-                raise ValueError(f"{self.dir}: shard files without meta.json; pass --overwrite to start afresh")
+                raise ValueError(f"{self.dir}: shard files without {layout.SAMPLES_META}; "
+                                 "pass --overwrite to start afresh")
             shutil.rmtree(self.dir)
         write_json_atomic(self.meta_path, meta)
         return []
@@ -102,7 +103,8 @@ class SampleStore:
     def complete_shards(self) -> list[int]:
         if not self.dir.exists():
             return []
-        return sorted(int(m.group(1)) for p in self.dir.iterdir() if (m := _SHARD_NAME.match(p.name)))
+        indices = (layout.shard_index(p.name, SHARD_SUFFIX) for p in self.dir.iterdir())
+        return sorted(i for i in indices if i is not None)
 
     def shard_problem(self, index: int, rows: int) -> str | None:
         """Why shard `index` cannot be used (unreadable, or not `rows` rows), or None."""
@@ -117,7 +119,7 @@ class SampleStore:
     def set_aside(self, index: int, why: str) -> Path:
         """Move a damaged shard to samples/corrupt/ (with a timestamp), so it is regenerated."""
         path = self.shard_path(index)
-        target = self.dir / CORRUPT_DIR / f"{path.name}.{time.strftime('%Y%m%d-%H%M%S')}"
+        target = self.dir / layout.CORRUPT_DIR / f"{path.name}.{time.strftime('%Y%m%d-%H%M%S')}"
         target.parent.mkdir(parents=True, exist_ok=True)
         path.replace(target)
         print(f"eval: {path} is damaged ({why}); moved to {target}, it will be regenerated", file=sys.stderr)
@@ -160,7 +162,7 @@ class SampleStore:
 
     # -- timings (kept apart so that shard files are byte-identical across reruns) --------
     def timing_path(self, index: int) -> Path:
-        return self.dir / "timing" / f"shard-{index:05d}.json"
+        return self.dir / layout.SAMPLES_TIMING_DIR / layout.shard_name(index, "json")
 
     def write_timing(self, index: int, timing: dict[str, Any]) -> None:
         write_json_atomic(self.timing_path(index), timing)

@@ -32,23 +32,38 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
+from repexp import layout
 from repexp.config import RunSpec
-from repexp.io import write_json_atomic
+
 # the package's public names, importable from `repexp.figures` as before the split
 from repexp.figures.curves import plot_pass_at_k  # noqa: F401
 from repexp.figures.heatmaps import heatmap_grid, plot_heatmap  # noqa: F401
 from repexp.figures.publish import log_figures_run  # noqa: F401
-from repexp.figures.series import (Series, compact_runs, completeness_notes, expected_from_config,  # noqa: F401
-                                   seed_curve, select_repexp_points, series_of, table_specs)
+from repexp.figures.series import (  # noqa: F401
+    Series,
+    compact_runs,
+    completeness_notes,
+    expected_from_config,
+    seed_curve,
+    select_repexp_points,
+    series_of,
+    table_specs,
+)
 from repexp.figures.style import DPI, MAX_REPEXP_LINES, _save  # noqa: F401
 from repexp.figures.testtime import STEM as TESTTIME_STEM
 from repexp.figures.testtime import plot_testtime
-from repexp.figures.training import (plot_training, read_metrics_jsonl, training_curves_from_jsonl,  # noqa: F401
-                                     training_curves_from_mlflow)
-
+from repexp.figures.training import (  # noqa: F401
+    plot_training,
+    read_metrics_jsonl,
+    training_curves_from_jsonl,
+    training_curves_from_mlflow,
+)
+from repexp.io import write_json_atomic
+from repexp.layout import figure_pairs
 
 # --------------------------------------------------------------------------- CLI
 
@@ -60,36 +75,26 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--train-dir", type=Path, help="results/train: training curves from <task>/<run>/metrics.jsonl")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI)")
     parser.add_argument("--experiment",
-                        help="MLflow experiment: log the figures and tables as a 'figures' run (default: the enclosing "
-                             "`repexp mlflow node` run, if any) and, with --curves-from auto, read training curves from it")
+                        help="MLflow experiment: log the figures and tables as a 'figures' run (default: the "
+                             "enclosing `repexp mlflow node` run, if any) and, with --curves-from auto, read training "
+                             "curves from it")
     parser.add_argument("--curves-from", choices=("auto", "mlflow", "jsonl", "none"), default="auto",
-                        help="training-curve source (auto: MLflow with --experiment, else metrics.jsonl with --train-dir, "
-                             "else none)")
+                        help="training-curve source (auto: MLflow with --experiment, else metrics.jsonl with "
+                             "--train-dir, else none)")
     parser.add_argument("--max-repexp-lines", type=int, default=MAX_REPEXP_LINES,
                         help="RepExp sweep points drawn in the pass@k figure before only the main one is kept")
 
 
-def figure_pairs(specs: Sequence[RunSpec]) -> list[tuple[str, str]]:
-    """(task, backend) pairs that get a heatmap and a training figure: those with trained runs, in sweep order."""
-    return list(dict.fromkeys((s.task, s.backend) for s in specs if s.trains))
-
-
 def figure_files(specs: Sequence[RunSpec], *, training: bool = True) -> dict[str, list[str]]:
-    """File names `repexp figures` writes for these runs (for the Snakemake rule's outputs).
+    """File names `repexp figures` writes for these runs, by kind (repexp.layout names them).
 
     {"pass_at_k": [...], "testtime": [...], "heatmaps": [...], "training": [...], "index": ["index.json"]},
     PNG before PDF.
-    Cheap: the workflow imports it at parse time.
     """
-    pairs = figure_pairs(specs)
-    both = lambda stem: [f"{stem}.png", f"{stem}.pdf"]  # noqa: E731
-    return {
-        "pass_at_k": both("pass_at_k"),
-        "testtime": both(TESTTIME_STEM),
-        "heatmaps": [name for t, b in pairs for name in both(f"heatmap_{t}_{b}")],
-        "training": [name for t, b in pairs for name in both(f"training_{t}_{b}")] if training else [],
-        "index": ["index.json"],
-    }
+    files: dict[str, list[str]] = {kind: [] for kind in layout.FIGURE_KINDS}
+    for stem in layout.figure_stems(figure_pairs(specs), training=training):
+        files[layout.figure_kind(stem)] += layout.figure_names(stem)
+    return {**files, "index": [layout.FIGURE_INDEX]}
 
 
 def make_figures(table, out_dir: Path, *, expected: Sequence[RunSpec] | None = None,
@@ -106,7 +111,7 @@ def make_figures(table, out_dir: Path, *, expected: Sequence[RunSpec] | None = N
     figures = []
 
     fig, record = plot_pass_at_k(table, tasks=tasks, expected=expected, max_repexp_lines=max_repexp_lines)
-    record["files"] = _save(fig, out_dir, "pass_at_k")
+    record["files"] = _save(fig, out_dir, layout.PASS_AT_K_FIGURE)
     figures.append(record)
     fig, record = plot_testtime(table, tasks=tasks, expected=expected)
     record["files"] = _save(fig, out_dir, TESTTIME_STEM)
@@ -123,10 +128,12 @@ def make_figures(table, out_dir: Path, *, expected: Sequence[RunSpec] | None = N
             figures.append(record)
     index = {"generated_by": "repexp figures", "table": table_path, "dpi": DPI,
              "expected_from_config": expected is not None,
-             "missing_evaluations": sorted({m for f in figures if f["kind"] != "training" for m in f["missing_runs"]}),
-             "missing_training_metrics": sorted({m for f in figures if f["kind"] == "training" for m in f["missing_runs"]}),
+             "missing_evaluations": sorted({m for f in figures if f["kind"] != "training"
+                                            for m in f["missing_runs"]}),
+             "missing_training_metrics": sorted({m for f in figures if f["kind"] == "training"
+                                                 for m in f["missing_runs"]}),
              "training_curves": curves_source or None, "figures": figures}
-    write_json_atomic(out_dir / "index.json", _json_safe(index))
+    write_json_atomic(out_dir / layout.FIGURE_INDEX, _json_safe(index))
     return index
 
 
@@ -161,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError("--curves-from jsonl needs --train-dir")
             if not args.train_dir.is_dir():
                 raise FileNotFoundError(f"{args.train_dir}: training directory not found")
-            curves, curves_source = training_curves_from_jsonl(args.train_dir, specs), "metrics.jsonl"
+            curves, curves_source = training_curves_from_jsonl(args.train_dir, specs), layout.METRICS
         elif source == "mlflow":
             target = aggregate.mlflow_target(args.tracking_uri, args.experiment, args.config)
             if target is None:
@@ -182,7 +189,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"figures: {len(index['figures'])} figures → {args.out_dir}")
     target = aggregate.mlflow_target(args.tracking_uri, args.experiment, args.config)
     if target is not None:
-        figure_paths = [args.out_dir / name for f in index["figures"] for name in f["files"]] + [args.out_dir / "index.json"]
+        figure_paths = [args.out_dir / name for f in index["figures"] for name in f["files"]]
+        figure_paths.append(args.out_dir / layout.FIGURE_INDEX)
         table_files = [p for p in sorted(args.table.parent.iterdir())
                        if p.is_file() and p.suffix in (".csv", ".md", ".html") and not p.name.startswith(".")]
         try:

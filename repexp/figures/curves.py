@@ -3,14 +3,35 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
+from repexp import layout
 from repexp.config import RunSpec, canonical
-from repexp.figures.series import Series, _series_sort_key, completeness_notes, seed_curve, select_repexp_points, \
-    series_of, table_specs
-from repexp.figures.style import (BACKEND_LINESTYLES, BASE_COLOR, FONT, GRPO_COLOR, LINE_STYLE, MAX_REPEXP_LINES,
-                                  REPEXP_COLORS, REPEXP_MARKERS, TASK_TITLES, _figure_with_footer, _finish_curve_panel,
-                                  _size_px, _style)
+from repexp.figures.series import (
+    Series,
+    _series_sort_key,
+    completeness_notes,
+    seed_curve,
+    select_repexp_points,
+    series_of,
+    table_specs,
+)
+from repexp.figures.style import (
+    BACKEND_LINESTYLES,
+    BASE_COLOR,
+    FONT,
+    GRPO_COLOR,
+    LINE_STYLE,
+    MAX_REPEXP_LINES,
+    REPEXP_COLORS,
+    REPEXP_MARKERS,
+    TASK_TITLES,
+    _figure_with_footer,
+    _finish_curve_panel,
+    _size_px,
+    _style,
+)
 
 
 def _curve_panels(found: Sequence[RunSpec], tasks: Sequence[str], expected: Sequence[RunSpec] | None,
@@ -93,21 +114,23 @@ def plot_pass_at_k(table, *, tasks: Sequence[str] | None = None, expected: Seque
                 data_series.append({**series.to_dict(), "label": style["label"], **curve, "band": band})
             ylim = _finish_curve_panel(ax, plotted=bool(data_series), empty_message=f"no evaluated runs for {task}",
                                        k_max=k_max, lows=lows, highs=highs, xlabel="k", first=j == 0)
-            record_panels.append({"task": task, "title": TASK_TITLES.get(task, task), "ylim": list(ylim) if ylim else None,
-                                  "series": data_series})
+            record_panels.append({"task": task, "title": TASK_TITLES.get(task, task),
+                                  "ylim": list(ylim) if ylim else None, "series": data_series})
         if handles:
-            footer.legend([handles[l] for l in labels if l in handles], [l for l in labels if l in handles],
+            shown = [label for label in labels if label in handles]
+            footer.legend([handles[label] for label in shown], shown,
                           loc="upper center", ncol=ncol, frameon=False, fontsize=FONT["legend"],
                           bbox_to_anchor=(0.5, 1.0))
     caption = (
         "pass@k on the test split over k (log2 axis) per task: mean over seeds "
-        + ("with a ±1 SEM band across seeds (ddof 1)" if not single_seed else "(±1 SEM band across seeds where ≥ 2 seeds; one seed: no band)")
+        + ("with a ±1 SEM band across seeds (ddof 1)" if not single_seed
+           else "(±1 SEM band across seeds where ≥ 2 seeds; one seed: no band)")
         + ". pass@k is the unbiased estimator from n samples per problem, averaged over problems. "
         + ("RepExp lines are labelled by their sweep point (dim = sparse_dim, β). " if show_point else "")
         + "The base model is evaluated once (no band)."
     )
-    record = {"id": "pass_at_k", "kind": "pass_at_k", "caption": caption, "notes": notes, "missing_runs": missing,
-              "size_px": _size_px(fig), "panels": record_panels}
+    record = {"id": layout.PASS_AT_K_FIGURE, "kind": "pass_at_k", "caption": caption, "notes": notes,
+              "missing_runs": missing, "size_px": _size_px(fig), "panels": record_panels}
     return fig, record
 
 
@@ -116,7 +139,9 @@ def _series_styles(series: Sequence[Series], *, show_point: bool, show_backend: 
     backends = sorted({s.backend for s in series if s.backend})
     styles = {}
     for s in series:
-        linestyle = BACKEND_LINESTYLES[backends.index(s.backend) % len(BACKEND_LINESTYLES)] if s.backend and show_backend else "-"
+        linestyle = "-"
+        if s.backend and show_backend:
+            linestyle = BACKEND_LINESTYLES[backends.index(s.backend) % len(BACKEND_LINESTYLES)]
         if s.method == "repexp":
             i = points.index((s.sparse_dim, s.beta))
             color, marker = REPEXP_COLORS[i % len(REPEXP_COLORS)], REPEXP_MARKERS[i % len(REPEXP_MARKERS)]

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
+from repexp import layout
 from repexp.config import RunSpec, canonical
 from repexp.figures.series import Series, completeness_notes, seed_curve, table_specs
 from repexp.figures.style import FONT, HEADLINE_K, TASK_TITLES, _figure_with_footer, _no_data, _size_px, _style
-
-
 
 
 def heatmap_grid(table, task: str, backend: str, expected: Sequence[RunSpec] | None) -> tuple[list[int], list[float]]:
@@ -33,7 +32,8 @@ def _pass_cells(table, task: str, backend: str, sparse_dims, betas, k: int | Non
             curve = seed_curve(table, Series(task, "repexp", backend, d, b))
             if k is None or curve is None or k not in curve["k"]:
                 text[i, j] = "missing"
-                cells.append({"sparse_dim": d, "beta": b, "value": None, "n_seeds": 0 if curve is None else curve["n_seeds"]})
+                cells.append({"sparse_dim": d, "beta": b, "value": None,
+                              "n_seeds": 0 if curve is None else curve["n_seeds"]})
                 continue
             at = curve["k"].index(k)
             values[i, j] = curve["mean"][at]
@@ -174,7 +174,7 @@ def plot_heatmap(table, task: str, backend: str, *, expected: Sequence[RunSpec] 
         "RepExp's pass@k reaches GRPO's pass@K, k_GRPO the same for GRPO's own curve (K unless GRPO saturates); "
         "\"not reached\" when RepExp never does."
     )
-    record = {"id": f"heatmap_{task}_{backend}", "kind": "heatmap", "task": task, "backend": backend,
+    record = {"id": layout.heatmap_figure(task, backend), "kind": "heatmap", "task": task, "backend": backend,
               "caption": caption, "notes": notes, "missing_runs": missing, "size_px": _size_px(fig),
               "sparse_dims": sparse_dims, "betas": betas, "panels": panels}
     return fig, record

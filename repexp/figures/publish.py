@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
-
-
 
 
 def log_figures_run(target, figure_paths: Sequence[Path], table_files: Sequence[Path]) -> str | None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from repexp.config import METHODS, TASKS, RunSpec, canonical, parse_run
 from repexp.figures.style import PAPER_POINTS
-
 
 # --------------------------------------------------------------------------- series
 
@@ -77,7 +77,8 @@ def seed_curve(table, series: Series) -> dict[str, Any] | None:
     rows = table[mask]
     if rows.empty:
         return None
-    per_run = {run: dict(zip(g["k"].astype(int), g["pass_at_k"].astype(float))) for run, g in rows.groupby("run", sort=True)}
+    per_run = {run: dict(zip(g["k"].astype(int), g["pass_at_k"].astype(float)))
+               for run, g in rows.groupby("run", sort=True)}
     ks = sorted(set.intersection(*(set(c) for c in per_run.values())))
     values = np.array([[curve[k] for k in ks] for curve in per_run.values()])
     n = len(per_run)
@@ -102,7 +103,8 @@ def table_specs(table) -> list[RunSpec]:
                                  s.beta, s.seed or 0))
 
 
-def completeness_notes(task: str, found: Sequence[RunSpec], expected: Sequence[RunSpec] | None) -> tuple[list[str], list[str]]:
+def completeness_notes(task: str, found: Sequence[RunSpec],
+                       expected: Sequence[RunSpec] | None) -> tuple[list[str], list[str]]:
     """(missing run paths, human notes) for one task.
 
     With a config, missing = expected runs without an evaluation. Without one, a series with fewer

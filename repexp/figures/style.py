@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import math
 import textwrap
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
+from repexp import layout
+from repexp import metrics as M
 from repexp.io import atomic_path
-
 
 HEADLINE_K = 256
 DPI = 200
@@ -25,8 +26,8 @@ BACKEND_LINESTYLES = ("-", "--", ":")
 # the paper's main setting (upstream §14): β = 0.01, sparse_dim 32 (MATH, GSM8K) or 128 (AIME via DAPO)
 PAPER_POINTS = {"math": (32, 0.01), "gsm8k": (32, 0.01), "aime24": (128, 0.01), "dapo-with-aime24": (128, 0.01)}
 MAX_REPEXP_LINES = 4
-TRAINING_METRICS = ("dev/pass@1", "repexp/bonus_raw/mean", "repexp/bonus_scaled/mean",
-                    "reward/verifier/mean", "reward/shaped/mean")
+TRAINING_METRICS = (M.DEV_SELECTION, M.statistic(M.BONUS_RAW, "mean"), M.statistic(M.BONUS_SCALED, "mean"),
+                    M.REWARD_VERIFIER_MEAN, M.REWARD_SHAPED_MEAN)
 LINE_STYLE = dict(marker="o", linewidth=1.275, markersize=6, markeredgewidth=0.9, markeredgecolor="#F7F7FF")
 FONT = {"label": 10, "title": 11, "tick": 8, "legend": 8, "note": 7}
 
@@ -108,8 +109,9 @@ def _save(fig, out_dir: Path, stem: str) -> list[str]:
     import matplotlib.pyplot as plt
 
     files = []
-    for ext in ("png", "pdf"):
-        target = out_dir / f"{stem}.{ext}"
+    for name in layout.figure_names(stem):
+        target = out_dir / name
+        ext = target.suffix[1:]
         with atomic_path(target) as tmp:
             fig.savefig(tmp, format=ext, dpi=DPI)
         files.append(target.name)

@@ -9,15 +9,24 @@ random order; they meet at k = n by construction.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
+from repexp import layout
 from repexp.config import RunSpec
 from repexp.figures.curves import _series_styles
 from repexp.figures.series import Series, _series_sort_key, series_of, table_specs
-from repexp.figures.style import (FONT, LINE_STYLE, TASK_TITLES, _figure_with_footer, _finish_curve_panel, _size_px,
-                                  _style)
+from repexp.figures.style import (
+    FONT,
+    LINE_STYLE,
+    TASK_TITLES,
+    _figure_with_footer,
+    _finish_curve_panel,
+    _size_px,
+    _style,
+)
 
-STEM = "testtime_pass_at_k"
+STEM = layout.TESTTIME_FIGURE
 ORDERS = (("testtime_pass_at_k", "RepExp order", "-"), ("pass_at_k", "random order", "--"))
 
 
@@ -92,8 +101,9 @@ def plot_testtime(table, *, tasks: Sequence[str] | None = None, expected: Sequen
             record_panels.append({"task": task, "title": TASK_TITLES.get(task, task),
                                   "ylim": list(ylim) if ylim else None, "series": plotted})
         order_handles = [ax.plot([], [], color="#444444", linestyle=ls, linewidth=1.275)[0] for _, _, ls in ORDERS]
-        names = [l for l in labels if l in handles] + [name for _, name, _ in ORDERS]
-        footer.legend([handles[l] for l in labels if l in handles] + order_handles, names, loc="upper center",
+        shown = [label for label in labels if label in handles]
+        names = shown + [name for _, name, _ in ORDERS]
+        footer.legend([handles[label] for label in shown] + order_handles, names, loc="upper center",
                       ncol=ncol, frameon=False, fontsize=FONT["legend"], bbox_to_anchor=(0.5, 1.0))
     caption = (
         "Test-time RepExp (the paper's inference-time exploration) on each run's test samples: pass@k when the "

@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
+from repexp import layout
+from repexp import metrics as M
 from repexp.config import RunSpec
 from repexp.figures.curves import _series_styles
 from repexp.figures.series import Series, _series_sort_key, compact_runs, series_of
-from repexp.figures.style import FONT, TASK_TITLES, TRAINING_METRICS, _adaptive_ylim, _figure_with_footer, _no_data, \
-    _size_px, _style
-
-
+from repexp.figures.style import (
+    FONT,
+    TASK_TITLES,
+    TRAINING_METRICS,
+    _adaptive_ylim,
+    _figure_with_footer,
+    _no_data,
+    _size_px,
+    _style,
+)
 
 
 def read_metrics_jsonl(path: str | Path) -> dict[str, dict[int, float]]:
@@ -34,15 +42,17 @@ def read_metrics_jsonl(path: str | Path) -> dict[str, dict[int, float]]:
             for key, value in record.items():
                 if key == "step" or isinstance(value, bool) or not isinstance(value, (int, float)):
                     continue
-                curves.setdefault(key, {})[step] = float(value)
+                # by the names logged today (a file from before dev/pass@k became dev/pass_at_k reads the same)
+                curves.setdefault(M.metric_name(key), {})[step] = float(value)
     return curves
 
 
-def training_curves_from_jsonl(train_dir: str | Path, specs: Sequence[RunSpec]) -> dict[str, dict[str, dict[int, float]]]:
+def training_curves_from_jsonl(train_dir: str | Path,
+                               specs: Sequence[RunSpec]) -> dict[str, dict[str, dict[int, float]]]:
     """{'<task>/<run>': {metric: {step: value}}} for every trained spec whose metrics.jsonl exists."""
     out = {}
     for spec in specs:
-        path = Path(train_dir) / spec.task / spec.name / "metrics.jsonl"
+        path = Path(train_dir) / spec.task / spec.name / layout.METRICS
         if spec.trains and path.is_file():
             out[spec.path] = {k: v for k, v in read_metrics_jsonl(path).items() if k in TRAINING_METRICS}
     return out
@@ -51,9 +61,8 @@ def training_curves_from_jsonl(train_dir: str | Path, specs: Sequence[RunSpec]) 
 def training_curves_from_mlflow(target, specs: Sequence[RunSpec]) -> dict[str, dict[str, dict[int, float]]]:
     """Same as `training_curves_from_jsonl`, read from the MLflow store (`target`: aggregate.MlflowTarget).
 
-    Every run of a sweep point (its parent and its node runs, see repexp.tracking) is searched; a
-    metric logged under its MLflow-safe name (`@` → `_at_`) is the same metric. For a step logged by
-    several runs (retried attempts), the latest run wins.
+    Every run of a sweep point (its parent and its node runs, see repexp.tracking) is searched. For a
+    step logged by several runs (retried attempts), the latest run wins.
     """
     from repexp import aggregate
 
@@ -66,10 +75,9 @@ def training_curves_from_mlflow(target, specs: Sequence[RunSpec]) -> dict[str, d
         runs = sweep_point_runs(store.client, experiment_id, spec, getattr(target, "results_id", None))
         for run in sorted(runs, key=lambda r: r.info.start_time or 0):
             for metric in TRAINING_METRICS:
-                for key in dict.fromkeys((metric, metric.replace("@", "_at_"))):
-                    if key in run.data.metrics:
-                        for point in store.client.get_metric_history(run.info.run_id, key):
-                            curves.setdefault(metric, {})[int(point.step)] = float(point.value)
+                if metric in run.data.metrics:
+                    for point in store.client.get_metric_history(run.info.run_id, metric):
+                        curves.setdefault(metric, {})[int(point.step)] = float(point.value)
         if curves:
             out[spec.path] = curves
     return out
@@ -105,10 +113,10 @@ def _seed_mean_over_steps(per_seed: Sequence[dict[int, float]]) -> dict[str, lis
 
 
 TRAINING_PANELS = (
-    ("dev pass@1", ("dev/pass@1",)),
-    ("bonus (raw), mean", ("repexp/bonus_raw/mean",)),
-    ("bonus (× β), mean", ("repexp/bonus_scaled/mean",)),
-    ("reward: shaped (—) vs verifier (- -)", ("reward/shaped/mean", "reward/verifier/mean")),
+    ("dev pass@1", (M.DEV_SELECTION,)),
+    ("bonus (raw), mean", (M.statistic(M.BONUS_RAW, "mean"),)),
+    ("bonus (× β), mean", (M.statistic(M.BONUS_SCALED, "mean"),)),
+    ("reward: shaped (—) vs verifier (- -)", (M.REWARD_SHAPED_MEAN, M.REWARD_VERIFIER_MEAN)),
 )
 
 
@@ -133,8 +141,8 @@ def plot_training(curves: dict[str, dict[str, dict[int, float]]], task: str, bac
     ncol = min(max(1, len(labels)), 4)
     panels_record = []
     with _style():
-        fig, axes, footer = _figure_with_footer(9.0, 4.6, legend_rows=math.ceil(max(1, len(labels)) / ncol), notes=notes,
-                                                ncols=2, nrows=2)
+        fig, axes, footer = _figure_with_footer(9.0, 4.6, legend_rows=math.ceil(max(1, len(labels)) / ncol),
+                                                notes=notes, ncols=2, nrows=2)
         fig.suptitle(f"{TASK_TITLES.get(task, task)} [{backend}]: training", fontsize=FONT["title"])
         handles = {}
         for ax, (title, metrics) in zip([a for row in axes for a in row], TRAINING_PANELS):
@@ -149,8 +157,8 @@ def plot_training(curves: dict[str, dict[str, dict[int, float]]], task: str, bac
                     data = _seed_mean_over_steps(per_seed)
                     style = styles[s]
                     sparse = len(data["step"]) <= 30  # dev metrics are logged every test_freq steps: show points
-                    line, = ax.plot(data["step"], data["mean"], color=style["color"], linestyle=linestyle, linewidth=1.0,
-                                    marker=style["marker"] if sparse else None, markersize=3.5)
+                    line, = ax.plot(data["step"], data["mean"], color=style["color"], linestyle=linestyle,
+                                    linewidth=1.0, marker=style["marker"] if sparse else None, markersize=3.5)
                     if linestyle == "-":
                         handles.setdefault(style["label"], line)
                     lo = [m - e if e is not None else m for m, e in zip(data["mean"], data["sem"])]
@@ -178,11 +186,12 @@ def plot_training(curves: dict[str, dict[str, dict[int, float]]], task: str, bac
             footer.legend(list(handles.values()), list(handles), loc="upper center", ncol=ncol, frameon=False,
                           fontsize=FONT["legend"], bbox_to_anchor=(0.5, 1.0))
     caption = (
-        f"Training on {TASK_TITLES.get(task, task)} ({backend}), from {source}: dev pass@1 at each validation, the mean "
+        f"Training on {TASK_TITLES.get(task, task)} ({backend}), from {source}: dev pass@1 at each validation, "
+        "the mean "
         "raw and β-scaled RepExp bonus per step, and the mean shaped reward (α·verifier + β·bonus, solid) against "
         "the verifier reward (dashed). Lines are means over seeds with a ±1 SEM band where ≥ 2 seeds logged the step."
     )
-    record = {"id": f"training_{task}_{backend}", "kind": "training", "task": task, "backend": backend,
+    record = {"id": layout.training_figure(task, backend), "kind": "training", "task": task, "backend": backend,
               "source": source, "caption": caption, "notes": notes, "missing_runs": missing, "size_px": _size_px(fig),
               "panels": panels_record}
     return fig, record

@@ -23,12 +23,13 @@ import sys
 import time
 from pathlib import Path
 
+from repexp import layout
 from repexp.testtime.core import mlflow_metrics  # noqa: F401  (public: MLflow logging of testtime.json)
 
 __all__ = ["configure_parser", "run", "mlflow_metrics", "TESTTIME_JSON", "ORDER_FILE"]
 
-TESTTIME_JSON = "testtime.json"
-ORDER_FILE = "order.parquet"
+TESTTIME_JSON = layout.TESTTIME_JSON
+ORDER_FILE = layout.ORDER_FILE
 
 
 def _ks(text: str) -> tuple[int, ...]:
@@ -90,7 +91,6 @@ def _load_evaluation(eval_dir: Path, data: Path | None):
     """(store, meta, problems, plan) of a complete evaluation, checked against its data file."""
     from repexp.evaluate import core as eval_core
     from repexp.evaluate.problems import load_problems
-    from repexp.evaluate.runner import EVAL_JSON
     from repexp.evaluate.store import SampleStore
 
     store = SampleStore(eval_dir)
@@ -99,8 +99,9 @@ def _load_evaluation(eval_dir: Path, data: Path | None):
         raise FileNotFoundError(f"{store.meta_path}: no sample store (run `repexp eval` first)")
     if meta.get("format") != eval_core.STORE_FORMAT:
         raise ValueError(f"{store.meta_path}: store format {meta.get('format')} is not {eval_core.STORE_FORMAT}")
-    if not (eval_dir / EVAL_JSON).is_file():
-        raise FileNotFoundError(f"{eval_dir / EVAL_JSON}: the evaluation is not complete (no eval.json)")
+    if not (eval_dir / layout.EVAL_JSON).is_file():
+        raise FileNotFoundError(f"{eval_dir / layout.EVAL_JSON}: the evaluation is not complete "
+                                f"(no {layout.EVAL_JSON})")
     gen = meta["generation"]
     data_path = Path(data or meta.get("data_path") or "")
     problems = load_problems(data_path, limit=gen["num_problems"])

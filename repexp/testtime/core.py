@@ -20,10 +20,12 @@ efficiency and of the samples-to-correct ratio, with a seeded generator.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
+from repexp import metrics as metric_names
 from repexp import passk
 
 EQUAL_TOLERANCE = 1e-12  # pass@k means that agree to this count as equal (float noise in the means)
@@ -184,18 +186,18 @@ def testtime_result(
 
 
 def mlflow_metrics(result: dict[str, Any]) -> dict[str, float]:
-    """Flat MLflow metrics of one `testtime.json` (reference ks only; '@' is not allowed in names)."""
+    """Flat MLflow metrics of one `testtime.json` (reference ks only; names from repexp.metrics)."""
     metrics: dict[str, float] = {}
     ks = result["k"]
     eff = result["efficiency"]
     for k, ratio in zip(eff["reference_k"], eff["ratio"]):
         at = ks.index(k)
-        metrics[f"testtime/pass_at_{k}_repexp"] = float(result["pass_at_k_repexp"][at])
-        metrics[f"testtime/pass_at_{k}_random"] = float(result["pass_at_k_random"][at])
+        metrics[metric_names.testtime_pass_at_k(k, "repexp")] = float(result["pass_at_k_repexp"][at])
+        metrics[metric_names.testtime_pass_at_k(k, "random")] = float(result["pass_at_k_random"][at])
         if ratio is not None:
-            metrics[f"testtime/efficiency_at_{k}"] = float(ratio)
+            metrics[metric_names.testtime_efficiency(k)] = float(ratio)
     for name in ("repexp", "random", "ratio"):
         value = result["samples_to_correct"].get(name)
         if value is not None:
-            metrics[f"testtime/samples_to_correct_{name}"] = float(value)
+            metrics[metric_names.testtime_samples_to_correct(name)] = float(value)
     return metrics

@@ -20,9 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from repexp import layout
 from repexp.io import atomic_path, read_json, write_json_atomic
 
-FEATURES_DIR = "features"
+FEATURES_DIR = layout.FEATURES_DIR
 FEATURES_FORMAT = 1
 
 
@@ -65,10 +66,10 @@ def _response_ids(tokenizer, responses: list[str], finish_reasons: list[str]) ->
 
 
 def _open_cache(cache_dir: Path, key: dict[str, Any]) -> None:
-    meta = cache_dir / "meta.json"
+    meta = cache_dir / layout.SAMPLES_META
     if meta.exists() and read_json(meta) != key:
         print(f"testtime: {cache_dir} holds features made with other settings; recomputing them", file=sys.stderr)
-        for stale in cache_dir.glob("shard-*.pt"):
+        for stale in cache_dir.glob(layout.shard_glob("pt")):
             stale.unlink()
     cache_dir.mkdir(parents=True, exist_ok=True)
     if not meta.exists() or read_json(meta) != key:
@@ -96,7 +97,7 @@ def shard_features(store, problems, plan, settings: FeatureSettings, out_dir: Pa
     computed, started = 0, time.perf_counter()
     for i in range(len(plan)):
         shard = store.read_shard(i, ["problem_id", "sample_index", "response", "finish_reason", "score"])
-        cached = cache_dir / f"shard-{i:05d}.pt"
+        cached = cache_dir / layout.shard_name(i, "pt")
         if cached.exists():
             features = torch.load(cached, weights_only=True)
         else:

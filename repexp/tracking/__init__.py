@@ -14,7 +14,7 @@ Modules, in the order a node uses them:
 
 | module | what it holds |
 |---|---|
-| `names` | environment variables, tags, files under `<results>/mlflow/`, metric names |
+| `names` | environment variables, tags, files under `<results>/mlflow/` (metric names: `repexp.metrics`) |
 | `scopes` | which parent a node hangs under |
 | `gitinfo`, `context` | git tags; the `mlflow.run_context_provider` entry point |
 | `store` | tracking URI resolution, the reachability check, the `MlflowClient` calls (`Store`) |
@@ -36,16 +36,40 @@ written to ``<results>/mlflow/outbox/<record>/`` for ``repexp mlflow sync``.
 
 from __future__ import annotations
 
+from repexp.metrics import metric_name
 from repexp.tracking.cli import configure_parser, run
 from repexp.tracking.gitinfo import REPO_ROOT, git_commit
 from repexp.tracking.names import (
-    ENV_CONFIG, ENV_RUN_FILE, ENV_SNAKEMAKE_EXEC, ENV_TRACKING, EXECUTION_TAG, PARENT_KEY_TAG, RECORD_FILE,
-    RESULTS_ID_TAG, SCOPE_KEY_TAG, SCOPE_TAG, SNAKEMAKE_JOBID_HELP, SUPERSEDED_TAG, SWEEP_POINT_TAG, SYNCED_FILE,
-    default_tracking_uri, metric_name, outbox_dir, pass_at_k_metric, results_id,
+    ENV_CONFIG,
+    ENV_RUN_FILE,
+    ENV_SNAKEMAKE_EXEC,
+    ENV_TRACKING,
+    EXECUTION_TAG,
+    PARENT_KEY_TAG,
+    RECORD_FILE,
+    RESULTS_ID_TAG,
+    SCOPE_KEY_TAG,
+    SCOPE_TAG,
+    SNAKEMAKE_JOBID_HELP,
+    SUPERSEDED_TAG,
+    SWEEP_POINT_TAG,
+    SYNCED_FILE,
+    default_tracking_uri,
+    outbox_dir,
+    results_id,
 )
 from repexp.tracking.node import (
-    NodeFailed, NodeRun, await_node_run, current_node, flatten, node_run, node_scope, open_in_background,
-    prepare_node, start_node, tracking_enabled,
+    NodeFailed,
+    NodeRun,
+    await_node_run,
+    current_node,
+    flatten,
+    node_run,
+    node_scope,
+    open_in_background,
+    prepare_node,
+    start_node,
+    tracking_enabled,
 )
 from repexp.tracking.outbox import pending_records, sync, sync_one, sync_record, upload_in_background
 from repexp.tracking.outputs import eval_metrics, flag_params, log_outputs, pass_at_k_curve
@@ -59,7 +83,7 @@ __all__ = [
     "SUPERSEDED_TAG", "SWEEP_POINT_TAG", "SYNCED_FILE", "NodeFailed", "NodeRun", "Record", "Scope", "Store",
     "artifact_location", "await_node_run", "configure_parser", "current_node", "default_tracking_uri",
     "eval_metrics", "flag_params", "flatten", "git_commit", "log_outputs", "metric_name", "node_run", "node_scope",
-    "open_in_background", "outbox_dir", "pass_at_k_curve", "pass_at_k_metric", "pending_records", "prepare_node",
+    "open_in_background", "outbox_dir", "pass_at_k_curve", "pending_records", "prepare_node",
     "reachable", "resolve_tracking_uri", "results_id", "run", "scope_for", "scope_for_rule", "start_node", "sync",
     "sync_one", "sync_record", "tracking_enabled", "upload_in_background",
 ]

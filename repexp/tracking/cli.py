@@ -9,8 +9,8 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Iterator, Mapping
 
 from repexp.tracking.names import ENV_MLFLOW_URI, SNAKEMAKE_JOBID_HELP
 from repexp.tracking.node import load_config, node_run, prepare_node

@@ -1,13 +1,15 @@
-"""Every name the tracking layer uses: environment variables, run tags, files under
-`<results>/mlflow/`, and MLflow metric names. Defined here once (no MLflow import).
+"""Every name the tracking layer uses: environment variables, run tags and files under
+`<results>/mlflow/` (the results layout, repexp.layout, names the directory itself; metric names:
+repexp.metrics). Defined here once (no MLflow import).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import uuid
 from pathlib import Path
+
+from repexp.layout import mlflow_dir  # noqa: F401  (`<results>/mlflow`, for the modules of this package)
 
 # --------------------------------------------------------------------------- environment
 
@@ -45,21 +47,20 @@ PARENT_RUN_TAG = "mlflow.parentRunId"  # MLflow's own nesting tag
 
 # --------------------------------------------------------------------------- files under <results>/mlflow/
 
-MLFLOW_DIR = "mlflow"
 DB_FILE = "mlflow.db"  # the embedded SQLite store (local runs)
-ARTIFACTS_DIR = "artifacts"
+ARTIFACTS_DIR = "artifacts"  # the server's artifact root; in an outbox record: its copied artifacts
 OUTBOX_DIR = "outbox"
+OUTBOX_STAGING_DIR = ".staging"  # <outbox>/.staging/<record id>/: log_dict files until the run ends
 RECORD_FILE = "record.json"  # <outbox>/<record id>/record.json
 SYNCED_FILE = "SYNCED"  # next to an uploaded record
+SYNC_LOG = "sync.log"  # <outbox>/<record id>/sync.log: the detached upload's output
+SERVER_LOG = "server.log"  # `repexp mlflow serve`'s output
+PARENTS_LOG = "parents.log"  # the workflow's parent-run creation (onstart)
 STORE_LOCK_FILE = ".repexp-tracking.lock"
 SYNC_LOCK_FILE = ".sync.lock"
 RESULTS_ID_FILE = "results_id"
 PARENTS_FILE = "parents.json"  # parent run ids, written once at workflow start (`repexp mlflow parents`)
 SERVER_FILE = "server.json"  # the tracking server `repexp mlflow serve` runs for this results directory
-
-
-def mlflow_dir(results_dir: str | os.PathLike) -> Path:
-    return Path(results_dir) / MLFLOW_DIR
 
 
 def outbox_dir(results_dir: str | os.PathLike) -> Path:
@@ -95,27 +96,8 @@ def results_id(results_dir: str | os.PathLike) -> str:
     return path.read_text().strip()
 
 
-# --------------------------------------------------------------------------- metric names
+# --------------------------------------------------------------------------- MLflow features per node
 
-_INVALID_METRIC_CHARS = re.compile(r"[^/\w.\- :]")
-
-
-def metric_name(key: str) -> str:
-    """An MLflow-valid metric name, mapped as verl and repexp.trl do (`@` -> `_at_`)."""
-    return _INVALID_METRIC_CHARS.sub("_", re.sub(r"/+", "/", str(key).replace("@", "_at_")))
-
-
-def pass_at_k_metric(split: str, k: int) -> str:
-    """`test/pass_at_16`: one metric per k (eval runs, sweep-point parents); dev: `dev/pass_at_1` (trainers)."""
-    return f"{split}/pass_at_{int(k)}"
-
-
-def split_metric(split: str, name: str) -> str:
-    """`test/mean_at_n`, `test/pass_at_4_sem`, `test/maj_at_4`, ...: an eval scalar under its split."""
-    return f"{split}/{name}"
-
-
-PASS_AT_K_TABLE = "pass_at_k_curve.json"  # `<split>/pass_at_k_curve.json`: the full curve, k = 1..n (an MLflow table)
 SYSTEM_METRICS_RULES = ("train", "eval")  # nodes that log MLflow's system metrics (CPU, memory, GPU, disk, network)
 
 # Dataset contexts (`mlflow.data.context` on log_input)

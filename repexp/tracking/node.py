@@ -20,15 +20,34 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Optional
 
 from repexp.io import read_json, write_json_atomic, write_text_atomic
+from repexp.metrics import metric_name
 from repexp.tracking.gitinfo import git_tags
 from repexp.tracking.names import (
-    ATTEMPT_TAG, ENV_CONFIG, ENV_RUN_FILE, ENV_SNAKEMAKE_EXEC, ENV_SYSTEM_METRICS, ENV_TRACKING, ERROR_TAG,
-    EXECUTION_TAG, PARENTS_FILE, PID_TAG, RESULTS_DIR_TAG, RESULTS_ID_TAG, RULE_TAG, SCOPE_KEY_TAG, SYSTEM_METRICS_RULES,
-    WILDCARDS_TAG, metric_name, mlflow_dir, outbox_dir, results_id,
+    ATTEMPT_TAG,
+    ENV_CONFIG,
+    ENV_RUN_FILE,
+    ENV_SNAKEMAKE_EXEC,
+    ENV_SYSTEM_METRICS,
+    ENV_TRACKING,
+    ERROR_TAG,
+    EXECUTION_TAG,
+    OUTBOX_STAGING_DIR,
+    PARENTS_FILE,
+    PID_TAG,
+    RESULTS_DIR_TAG,
+    RESULTS_ID_TAG,
+    RULE_TAG,
+    SCOPE_KEY_TAG,
+    SYSTEM_METRICS_RULES,
+    WILDCARDS_TAG,
+    mlflow_dir,
+    outbox_dir,
+    results_id,
 )
 from repexp.tracking.record import Record, now_ms
 from repexp.tracking.scopes import Scope, scope_for_rule
@@ -79,7 +98,7 @@ class NodeRun:
         self._parent_created = False
         self._monitor = None
         self.offline_reason: Optional[str] = None
-        self._staging = outbox / ".staging" / record.record_id  # log_dict files until the run ends
+        self._staging = outbox / OUTBOX_STAGING_DIR / record.record_id  # log_dict files until the run ends
         self._gate = threading.Lock()  # `start` (maybe on another thread) vs `defer`
         self._deferred = False
         self._checked = False
@@ -117,7 +136,7 @@ class NodeRun:
             self._go_offline(f"{what}: {type(err).__name__}: {err}")
 
     # ---- lifecycle
-    def start(self) -> "NodeRun":
+    def start(self) -> NodeRun:
         """Open the run in the store: its parent (from parents.json, else found or created), then the
         node run, marking earlier executions of this node that a killed process left RUNNING. The
         MLflow import comes first and takes seconds; nothing is written if `defer` was called meanwhile."""

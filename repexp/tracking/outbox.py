@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from repexp.io import write_text_atomic
-from repexp.tracking.names import RECORD_FILE, SYNC_LOCK_FILE, SYNCED_FILE, outbox_dir
+from repexp.tracking.names import RECORD_FILE, SYNC_LOCK_FILE, SYNC_LOG, SYNCED_FILE, outbox_dir
 from repexp.tracking.record import Record
 from repexp.tracking.scopes import Scope
 from repexp.tracking.store import Store, artifact_location, reachable
@@ -111,6 +111,6 @@ def _sync_locked(root: Path, pending, tracking_uri: Optional[str]) -> tuple[int,
 
 def upload_in_background(record_dir: Path) -> None:
     """Start `repexp mlflow sync --record DIR` in its own session (it outlives this job's process group)."""
-    with open(record_dir / "sync.log", "ab") as log_file:
+    with open(record_dir / SYNC_LOG, "ab") as log_file:
         subprocess.Popen([sys.executable, "-m", "repexp", "mlflow", "sync", "--record", str(record_dir)],
                          stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, start_new_session=True)

@@ -15,19 +15,18 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
+from repexp import layout
+from repexp import metrics as metric_names
 from repexp.io import read_json
-from repexp.tracking.names import DATASET_CONTEXTS, PASS_AT_K_TABLE, pass_at_k_metric, split_metric
+from repexp.tracking.names import DATASET_CONTEXTS
 from repexp.tracking.record import now_ms
 
 ARTIFACT_MAX_BYTES = 50 * 1024 * 1024
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".parquet")  # never copied into MLflow
-EVAL_JSON = "eval.json"
-SELECT_JSON = "select.json"
-MANIFEST_JSON = "manifest.json"
-TESTTIME_JSON = "testtime.json"
 DIGEST_CHARS = 16  # MLflow shows a dataset's digest beside its name
 
 
@@ -76,17 +75,17 @@ def _loggable(path: Path) -> bool:
 
 def _log_known_output(node, path: Path) -> None:
     try:
-        if path.name == EVAL_JSON:
+        if path.name == layout.EVAL_JSON:
             log_eval(node, read_json(path))
-        elif path.name == SELECT_JSON:
+        elif path.name == layout.SELECT:
             pointer = read_json(path)
             node.log_params({f"select.{k}": v for k, v in pointer.items() if k not in ("value", "skipped")})
             if pointer.get("value") is not None:
-                node.log_metric_rows([["best_dev_value", pointer["value"], int(pointer.get("checkpoint_step") or 0),
-                                       now_ms()]])
-        elif path.name == MANIFEST_JSON:
+                step = int(pointer.get("checkpoint_step") or 0)
+                node.log_metric_rows([[metric_names.BEST_DEV_VALUE, pointer["value"], step, now_ms()]])
+        elif path.name == layout.MANIFEST:
             node.log_inputs(source_datasets(read_json(path)))
-        elif path.name == TESTTIME_JSON:
+        elif path.name == layout.TESTTIME_JSON:
             from repexp.testtime.core import mlflow_metrics as testtime_metrics
 
             node.log_metric_rows([[name, value, 0, now_ms()] for name, value in
@@ -107,13 +106,13 @@ def eval_metrics(result: dict[str, Any]) -> dict[str, float]:
     metrics = mlflow_metrics(result)
     out: dict[str, float] = {}
     for k, value in sorted(metrics["pass_at_k"].items()):
-        out[pass_at_k_metric(split, k)] = value
+        out[metric_names.pass_at_k(split, k)] = value
     for k, value in sorted(metrics["pass_at_k_sem"].items()):
-        out[split_metric(split, f"pass_at_{k}_sem")] = value
+        out[metric_names.pass_at_k_sem(split, k)] = value
     for k, value in sorted(metrics["maj_at_k"].items()):
-        out[split_metric(split, f"maj_at_{k}")] = value
+        out[metric_names.maj_at_k(split, k)] = value
     for name, value in metrics["scalars"].items():
-        out[split_metric(split, name)] = value
+        out[metric_names.split_metric(split, name)] = value
     return out
 
 
@@ -140,7 +139,7 @@ def log_eval(node, result: dict[str, Any]) -> None:
     node.log_metric_rows([[name, value, 0, ts] for name, value in eval_metrics(result).items()])
     curve = pass_at_k_curve(result)
     if curve:
-        node.log_table(f"{split}/{PASS_AT_K_TABLE}", curve)
+        node.log_table(metric_names.pass_at_k_table(split), curve)
     data_path = result.get("data_path")
     if data_path:
         node.log_inputs(split_datasets(Path(data_path).parent, [split]))
@@ -164,7 +163,7 @@ def dataset(name: str, digest: str, source: str, *, context: Optional[str] = Non
 
 def split_datasets(data_dir: Path, splits: Sequence[str]) -> list[dict[str, Any]]:
     """The prepared splits of a task (`<results>/data/<task>/`), from its manifest.json."""
-    manifest_path = Path(data_dir) / MANIFEST_JSON
+    manifest_path = layout.manifest_file(data_dir)
     if not manifest_path.exists():
         return []
     manifest = read_json(manifest_path)
@@ -174,7 +173,7 @@ def split_datasets(data_dir: Path, splits: Sequence[str]) -> list[dict[str, Any]
         info = (manifest.get("splits") or {}).get(split)
         if not info or not info.get("sha256"):
             continue
-        source = Path(data_dir).resolve() / info.get("file", f"{split}.parquet")
+        source = Path(data_dir).resolve() / info.get("file", layout.split_file(data_dir, split).name)
         out.append(dataset(f"{task}/{split}", info["sha256"], source, context=DATASET_CONTEXTS.get(split, split),
                            rows=info.get("rows"),
                            schema=["data_source", "prompt", "ability", "reward_model", "extra_info"]))

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from repexp.io import read_json, write_json_atomic
-from repexp.tracking.names import RECORD_FILE
+from repexp.tracking.names import ARTIFACTS_DIR, RECORD_FILE
 
 
 def now_ms() -> int:
@@ -46,14 +46,14 @@ class Record:
     results_dir: Optional[str] = None  # absolute; where parents.json and the outbox live
 
     @classmethod
-    def load(cls, directory: Path) -> "Record":
+    def load(cls, directory: Path) -> Record:
         raw = read_json(Path(directory) / RECORD_FILE)
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in raw.items() if k in known})
 
     def write(self, directory: Path) -> None:
         """Copy the artifacts next to the record, so later changes to the outputs cannot alter it."""
-        files = Path(directory) / "artifacts"
+        files = Path(directory) / ARTIFACTS_DIR
         kept = []
         for i, (path, artifact_path) in enumerate(self.artifacts):
             src = Path(path)

@@ -12,7 +12,8 @@ results directories that log to the same store and experiment get parents of the
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Optional
+from collections.abc import Mapping
+from typing import Optional
 
 from repexp.tracking.names import RESULTS_ID_TAG, SWEEP_POINT_TAG
 
@@ -32,7 +33,7 @@ class Scope:
     tags: Mapping[str, str] = dataclasses.field(default_factory=dict)  # on the parent and its node runs
     results_id: Optional[str] = None  # None only for standalone use without a results directory
 
-    def with_results(self, results_id: Optional[str]) -> "Scope":
+    def with_results(self, results_id: Optional[str]) -> Scope:
         return dataclasses.replace(self, results_id=results_id)
 
     @property

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Optional
 
 from repexp.io import read_json, write_json_atomic
-from repexp.tracking.names import ARTIFACTS_DIR, DB_FILE, SERVER_FILE, mlflow_dir, results_id
+from repexp.tracking.names import ARTIFACTS_DIR, DB_FILE, SERVER_FILE, SERVER_LOG, mlflow_dir, results_id
 from repexp.tracking.store import reachable
 
 START_TIMEOUT_S = 300.0  # `mlflow server` took 20-40 s to answer /health on a loaded 2-core machine
@@ -37,7 +37,6 @@ STOP_TIMEOUT_S = 20.0
 DEFAULT_WORKERS = 2
 LOCAL_STORE_ROOT = Path("/var/tmp")  # local disk on the submit host (not the shared results filesystem)
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
-SERVER_LOG = "server.log"
 
 
 class ServerStartError(RuntimeError):

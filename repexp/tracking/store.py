@@ -18,12 +18,23 @@ import json
 import os
 import urllib.error
 import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Optional
 
 from repexp.tracking.names import (
-    ARTIFACTS_DIR, ENV_MLFLOW_URI, EXECUTION_TAG, PARENT_KEY_TAG, PARENT_RUN_TAG, RECORD_TAG, RULE_TAG, SCOPE_TAG,
-    STORE_LOCK_FILE, SUPERSEDED_TAG, WILDCARDS_TAG, ERROR_TAG, default_tracking_uri,
+    ARTIFACTS_DIR,
+    ENV_MLFLOW_URI,
+    ERROR_TAG,
+    EXECUTION_TAG,
+    PARENT_RUN_TAG,
+    RECORD_TAG,
+    RULE_TAG,
+    SCOPE_TAG,
+    STORE_LOCK_FILE,
+    SUPERSEDED_TAG,
+    WILDCARDS_TAG,
+    default_tracking_uri,
 )
 from repexp.tracking.scopes import Scope
 

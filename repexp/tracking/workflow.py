@@ -16,13 +16,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from repexp.tracking.names import ENV_MLFLOW_URI, mlflow_dir
+from repexp.tracking.names import ENV_MLFLOW_URI, PARENTS_LOG, mlflow_dir
 from repexp.tracking.node import load_config, tracking_enabled
 from repexp.tracking.outbox import pending_records
 from repexp.tracking.store import is_sqlite, resolve_tracking_uri
 
 PARENTS_TIMEOUT_S = 300
-PARENTS_LOG = "parents.log"
 _started_server = False
 
 

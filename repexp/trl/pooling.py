@@ -9,7 +9,7 @@ those of an unpadded forward. An empty completion gives a zero vector (upstream 
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -38,7 +38,8 @@ def right_padded_batch(
 def masked_mean(hidden: Tensor, mask: Tensor) -> Tensor:
     """Mean of hidden [B, T, H] over the positions where mask [B, T] is true → [B, H] float32 (0 if none)."""
     if hidden.dim() != 3 or tuple(mask.shape) != tuple(hidden.shape[:2]):
-        raise ValueError(f"expected hidden [B, T, H] and mask [B, T], got {tuple(hidden.shape)} and {tuple(mask.shape)}")
+        raise ValueError(f"expected hidden [B, T, H] and mask [B, T], got {tuple(hidden.shape)} and "
+                         f"{tuple(mask.shape)}")
     weights = mask.to(device=hidden.device, dtype=torch.float32)
     sums = torch.einsum("bt,bth->bh", weights, hidden.float())
     return sums / weights.sum(dim=1).clamp(min=1.0).unsqueeze(1)

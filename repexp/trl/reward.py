@@ -26,16 +26,18 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 
-from repexp import elliptical, verify
+from repexp import elliptical, layout, verify
+from repexp import metrics as metric_names
 from repexp.config import ConfigError, RunConfig
 from repexp.trl.pooling import completion_features
 
-COVARIANCE_STATE_FILE = "repexp_covariance.pt"
+COVARIANCE_STATE_FILE = layout.TRL_COVARIANCE
 GRPO_EPSILON = 1e-6  # verl's compute_grpo_outcome_advantage
 
 
@@ -47,19 +49,6 @@ def group_normalized(rewards: torch.Tensor, group_size: int, epsilon: float = GR
     normalized = (grouped - grouped.mean(dim=1, keepdim=True)) / (grouped.std(dim=1, keepdim=True) + epsilon)
     return normalized.view(-1).float()
 
-
-
-def summary(prefix: str, values: torch.Tensor) -> dict[str, float]:
-    """{prefix/mean, /std, /min, /max} of a 1-D tensor (std unbiased; 0 for fewer than 2 values)."""
-    values = values.detach().double().cpu()
-    if values.numel() == 0:
-        return {f"{prefix}/{name}": 0.0 for name in ("mean", "std", "min", "max")}
-    return {
-        f"{prefix}/mean": float(values.mean()),
-        f"{prefix}/std": float(values.std()) if values.numel() > 1 else 0.0,
-        f"{prefix}/min": float(values.min()),
-        f"{prefix}/max": float(values.max()),
-    }
 
 
 def load_backbone(path: str, *, dtype: torch.dtype, device: torch.device, key: str) -> torch.nn.Module:
@@ -215,6 +204,7 @@ class RepExpReward:
         groups = torch.arange(batch) // self.n
         extrinsic = torch.tensor(scores, dtype=torch.float64)
         metrics: dict[str, float] = {}
+        hidden_norms = None
         if self.enabled:
             backbone = self.backbone  # loaded on first use, outside the timed forward
             start = time.perf_counter()
@@ -226,8 +216,9 @@ class RepExpReward:
                 micro_batch_size=self.cfg.trl.bonus_micro_batch_size,
             )
             self.forward_calls += 1
-            metrics["timing_s/repexp_forward"] = time.perf_counter() - start
+            metrics[metric_names.timing(metric_names.TIMER_REPEXP_FORWARD)] = time.perf_counter() - start
             start = time.perf_counter()
+            hidden_norms = features.double().norm(dim=1).cpu()
             raw = self._bonus(features, groups.to(features.device), num_groups, step, prompt_keys)
         else:
             raw = torch.zeros(batch, dtype=torch.float32)
@@ -246,13 +237,10 @@ class RepExpReward:
             num_groups=num_groups,
         )
         if self.enabled:
-            metrics["timing_s/repexp_bonus"] = time.perf_counter() - start
-            metrics.update(summary("repexp/bonus_raw", raw))
-            metrics.update(summary("repexp/bonus_scaled", self.beta * combined.intrinsic))
-        fractions = combined.status_fractions()
-        metrics.update({f"repexp/groups/{name}_frac": value for name, value in fractions.items()})
-        metrics["reward/verifier/mean"] = float(extrinsic.mean()) if batch else 0.0
-        metrics["reward/shaped/mean"] = float(combined.total.double().mean()) if batch else 0.0
+            metrics[metric_names.timing(metric_names.TIMER_REPEXP_BONUS)] = time.perf_counter() - start
+            metrics.update(metric_names.bonus_metrics(raw.double().cpu(), combined.intrinsic.double().cpu(),
+                                                      self.beta, hidden_norms))
+        metrics.update(metric_names.group_metrics(combined.status_fractions(), extrinsic, combined.total.double()))
         return combined.total, metrics
 
     def _bonus(

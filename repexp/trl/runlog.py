@@ -6,8 +6,8 @@ from) are dropped, so the file of a resumed run equals that of an uninterrupted 
 
 MLflow: only into the node's run: `MLFLOW_RUN_ID`, or the id that the `repexp train` wrapper
 publishes in `$REPEXP_MLFLOW_RUN_FILE` (set for this process only) while the trainer starts up,
-read at the first log. Metric names are sanitised as verl's MLflow logger
-does (`@` → `_at_`, other invalid characters → `_`). Batches go through MLflow's async logging
+read at the first log. Metric names are sanitised as verl's MLflow logger does
+(`repexp.metrics.metric_name`: `@` → `_at_`, other invalid characters → `_`). Batches go through MLflow's async logging
 when `MLFLOW_ENABLE_ASYNC_LOGGING` is true (`repexp train` sets it): a step never waits for the
 store; a failed batch is seen at the next log. Any tracking failure is reported once as a
 warning and tracking is switched off; it never fails training (the wrapper replays what is
@@ -19,16 +19,16 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import time
 import warnings
 from pathlib import Path
 from typing import Any, Optional
 
-from repexp import tracking
+from repexp import layout, tracking
 from repexp.io import write_text_atomic
+from repexp.metrics import metric_name
 
-METRICS_FILE = "metrics.jsonl"
+METRICS_FILE = layout.METRICS
 
 
 def _jsonable(value: Any) -> Any:
@@ -76,12 +76,6 @@ class MetricsLog:
             handle.flush()
 
 
-_INVALID = re.compile(r"[^/\w.\- :]")
-_SLASHES = re.compile(r"/+")
-
-
-def mlflow_metric_name(key: str) -> str:
-    return _INVALID.sub("_", _SLASHES.sub("/", key.replace("@", "_at_")))
 
 
 class MlflowSink:
@@ -132,7 +126,7 @@ class MlflowSink:
 
             now = int(time.time() * 1000)
             entries = [
-                Metric(mlflow_metric_name(key), float(value), now, int(step))
+                Metric(metric_name(key), float(value), now, int(step))
                 for key, value in metrics.items()
                 if key != "step" and isinstance(_jsonable(value), (int, float)) and not isinstance(value, bool)
                 and _jsonable(value) is not None

@@ -71,7 +71,8 @@ def check_run_config(cfg: RunConfig) -> None:
     if cfg.beta < 0:
         raise ConfigError(f"beta: must be >= 0, got {cfg.beta}")
     if cfg.beta > 0 and (cfg.sparse_dim is None or cfg.sparse_dim < 1):
-        raise ConfigError(f"sparse_dim: a positive projection dimension is required when beta > 0, got {cfg.sparse_dim}")
+        raise ConfigError(f"sparse_dim: a positive projection dimension is required when beta > 0, "
+                          f"got {cfg.sparse_dim}")
     if cfg.train.loss_agg_mode not in LOSS_TYPES:
         raise ConfigError(
             f"train.loss_agg_mode: {cfg.train.loss_agg_mode!r} has no TRL equivalent "

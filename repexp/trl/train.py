@@ -25,11 +25,13 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
+from repexp import layout
+from repexp import metrics as metric_names
 from repexp.checkpoints import (
-    DONE_FILE,
     BestDevTracker,
     TrainingBudget,
     budget_actions,
@@ -46,23 +48,7 @@ from repexp.io import read_json, write_json_atomic
 from repexp.trl import settings as trl_settings
 from repexp.trl.runlog import MetricsLog, MlflowSink
 
-STAGING_DIR = "trl_staging"
-SETTINGS_FILE = "trl_settings.json"
-CHECKPOINT_INFO_FILE = "repexp_checkpoint.json"
 REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model", "extra_info")
-
-# TRL/transformers log keys → the verl backend's name for the same quantity (others are kept as TRL names them).
-RENAMES = {
-    "loss": "actor/pg_loss",
-    "grad_norm": "actor/grad_norm",
-    "learning_rate": "actor/lr",
-    "entropy": "actor/entropy",
-    "clip_ratio/region_mean": "actor/pg_clipfrac",
-    "completions/mean_length": "response_length/mean",
-    "completions/max_length": "response_length/max",
-    "completions/min_length": "response_length/min",
-    "completions/clipped_ratio": "response_length/clip_ratio",
-}
 
 
 @dataclasses.dataclass
@@ -80,7 +66,7 @@ def read_split(data_dir: str | Path, split: str) -> list[dict]:
     """Rows of `<data_dir>/<split>.parquet` (verl row format) as Python dicts."""
     import pyarrow.parquet as pq
 
-    path = Path(data_dir) / f"{split}.parquet"
+    path = layout.split_file(data_dir, split)
     if not path.exists():
         raise FileNotFoundError(f"{path}: not found (run `repexp data prepare` for this task first)")
     try:
@@ -122,12 +108,11 @@ def drop_long_prompts(rows: list[dict], tokenizer: Any, max_prompt_length: int) 
 def prepare_run_dir(run_dir: Path, resume: str) -> Optional[int]:
     """Clean up after a kill and return the step to resume from (None: start fresh)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(run_dir / STAGING_DIR, ignore_errors=True)
-    root = run_dir / "checkpoints"
+    shutil.rmtree(run_dir / layout.TRL_STAGING_DIR, ignore_errors=True)
     if resume == "never":
-        shutil.rmtree(root, ignore_errors=True)
-        (run_dir / DONE_FILE).unlink(missing_ok=True)
-    for directory in root.glob("global_step_*") if root.exists() else []:
+        shutil.rmtree(layout.checkpoints_dir(run_dir), ignore_errors=True)
+        (run_dir / layout.DONE).unlink(missing_ok=True)
+    for directory in layout.checkpoint_dirs(run_dir):
         if not is_complete(directory):
             shutil.rmtree(directory)  # a save cut short by a kill
     steps = resumable_steps(run_dir)
@@ -138,13 +123,10 @@ def prepare_run_dir(run_dir: Path, resume: str) -> Optional[int]:
 RESUME_ONLY = ("optimizer.pt", "scheduler.pt", "rng_state*.pth", "repexp_state*")
 
 
-# TRL's reward statistics describe what the reward function returns, here the group-normalised
-# advantage (mean 0, std 1 by construction); reward/shaped/mean and reward/verifier/mean replace them.
-DROPPED = ("reward", "reward_std", "rewards/repexp/mean", "rewards/repexp/std")
-
-
 def rename_metrics(logs: dict) -> dict:
-    return {RENAMES.get(key, key): value for key, value in logs.items() if key not in DROPPED}
+    """TRL's log keys under verl's names (repexp.metrics.TRL_TO_VERL), without TRL's advantage statistics."""
+    renames, dropped = metric_names.TRL_TO_VERL, metric_names.TRL_DROPPED
+    return {renames.get(key, key): value for key, value in logs.items() if key not in dropped}
 
 
 # --------------------------------------------------------------------------- TRL pieces (imported lazily)
@@ -220,7 +202,10 @@ def _callback_class():
             start = time.perf_counter()
             dev = self.validate(model, step)
             self.tracker.record_validation(step, dev)
-            return {**dev, "timing_s/testing": time.perf_counter() - start}
+            best = self.tracker.best()
+            if best is not None:
+                dev[metric_names.DEV_BEST_STEP] = float(best["step"])
+            return {**dev, metric_names.timing(metric_names.TIMER_TESTING): time.perf_counter() - start}
 
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             if state.global_step == 0 and self.cfg.train.val_before_train:
@@ -236,7 +221,7 @@ def _callback_class():
                 control.should_save = False
                 return
             step = self.plan.step_of(state.global_step)
-            self.pending["timing_s/step"] = time.perf_counter() - self.step_started
+            self.pending[metric_names.timing(metric_names.TIMER_STEP)] = time.perf_counter() - self.step_started
             last = state.global_step >= state.max_steps
             if not last and self.budget.exhausted():  # train.max_hours: this step is the last one
                 last, self.final_step = True, step
@@ -268,7 +253,7 @@ def _callback_class():
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(source, target)
             self.reward.save_state(target)
-            write_json_atomic(target / CHECKPOINT_INFO_FILE, {
+            write_json_atomic(target / layout.TRL_CHECKPOINT_INFO, {
                 "step": step, "optimizer_steps": state.global_step, "run": self.cfg.run,
                 "config_hash": self.cfg.config_hash,
             })
@@ -307,8 +292,8 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
         os.environ.setdefault(key, value)
 
     run_dir = Path(cfg.run_dir)
-    if resume == "auto" and (run_dir / DONE_FILE).exists():
-        return TrainResult(run_dir, read_json(run_dir / DONE_FILE))
+    if resume == "auto" and (run_dir / layout.DONE).exists():
+        return TrainResult(run_dir, read_json(run_dir / layout.DONE))
     resume_step = prepare_run_dir(run_dir, resume)
 
     import torch
@@ -330,7 +315,8 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
     train_rows, _ = drop_long_prompts(read_split(cfg.data_dir, "train"), tokenizer, cfg.train.max_prompt_length)
     dev_rows, dev_ids = drop_long_prompts(read_split(cfg.data_dir, "dev"), tokenizer, cfg.train.max_prompt_length)
     if not dev_rows:
-        raise ValueError(f"{cfg.data_dir}/dev.parquet: no prompt fits train.max_prompt_length {cfg.train.max_prompt_length}")
+        raise ValueError(f"{layout.split_file(cfg.data_dir, 'dev')}: no prompt fits train.max_prompt_length "
+                         f"{cfg.train.max_prompt_length}")
     plan = trl_settings.plan_steps(cfg, len(train_rows))
     if resume_step is not None and resume_step > plan.total_steps:
         raise ConfigError(
@@ -345,9 +331,9 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
     tracker.write()
 
     kwargs = trl_settings.grpo_config_kwargs(
-        cfg, plan, output_dir=str(run_dir / STAGING_DIR), use_cpu=device.type == "cpu"
+        cfg, plan, output_dir=str(run_dir / layout.TRL_STAGING_DIR), use_cpu=device.type == "cpu"
     )
-    write_json_atomic(run_dir / SETTINGS_FILE, {"plan": dataclasses.asdict(plan), "grpo_config": kwargs,
+    write_json_atomic(run_dir / layout.TRL_SETTINGS, {"plan": dataclasses.asdict(plan), "grpo_config": kwargs,
                                                 "train_prompts": len(train_rows), "dev_prompts": len(dev_rows)})
     reward = RepExpReward(
         cfg, tokenizer, optimizer_steps_per_step=plan.optimizer_steps_per_step, device=device,
@@ -391,7 +377,7 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
             checkpoint = checkpoint_dir(run_dir, resume_step)
             reward.load_state(checkpoint)
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
-        shutil.rmtree(run_dir / STAGING_DIR, ignore_errors=True)
+        shutil.rmtree(run_dir / layout.TRL_STAGING_DIR, ignore_errors=True)
         final_step = callback.final_step
 
     final = complete_steps(run_dir)

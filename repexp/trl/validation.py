@@ -4,20 +4,23 @@ Sampling uses HF `generate` at the training temperature/top-p (top-k off), `max_
 new tokens, inside a forked RNG seeded by (seed, step): the result depends only on the model
 and the step, and validation never perturbs the training RNG (so a resumed run matches an
 uninterrupted one). Responses are decoded up to the first EOS with special tokens skipped and
-scored with `repexp.verify.score` under the run's grader; pass@k is the unbiased estimator of
-`repexp.passk`, averaged over problems, for k = 1, 2, 4, … ≤ val_n (and val_n).
+scored with `repexp.verify.score` under the run's grader; `repexp.metrics.dev_metrics` (the verl
+backend's function too) gives the unbiased pass@k of `repexp.passk`, averaged over problems, for
+k = 1, 2, 4, … ≤ val_n (and val_n), and the problem and sample counts.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-from repexp import passk, verify
+from repexp import verify
+from repexp.metrics import dev_metrics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +31,8 @@ class DevProblem:
 
 
 def validation_seed(seed: int, step: int) -> int:
-    return int(np.random.SeedSequence([int(seed), int(step), 0xDE5]).generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+    state = np.random.SeedSequence([int(seed), int(step), 0xDE5]).generate_state(1, dtype=np.uint64)[0]
+    return int(state >> np.uint64(1))
 
 
 @contextlib.contextmanager
@@ -108,13 +112,6 @@ def sample_and_score(
     return correct
 
 
-def pass_at_k_metrics(num_correct: np.ndarray, n: int, prefix: str = "dev") -> dict[str, float]:
-    """{prefix/pass@k: mean over problems} for k = 1, 2, 4, … < n and n."""
-    ks = passk.power_of_two_ks(n)
-    values = passk.pass_at_k(n, num_correct, ks).mean(axis=0)
-    return {f"{prefix}/pass@{k}": float(v) for k, v in zip(ks, values)}
-
-
 def validate(model: Any, problems: Sequence[DevProblem], *, step: int, cfg: Any, tokenizer: Any,
              eos_token_ids: Sequence[int]) -> dict[str, float]:
     """Dev pass@k of `model` at `step` under the run config `cfg` (a RunConfig)."""
@@ -135,4 +132,4 @@ def validate(model: Any, problems: Sequence[DevProblem], *, step: int, cfg: Any,
         seed=validation_seed(cfg.seed, step),
         grader=cfg.grader,
     )
-    return pass_at_k_metrics(correct, n)
+    return dev_metrics(n, correct)

@@ -18,7 +18,8 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import time
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
 
 import numpy as np
 
@@ -237,7 +238,7 @@ class VerifierPool:
     def close(self) -> None:
         self._pool.close()
 
-    def __enter__(self) -> "VerifierPool":
+    def __enter__(self) -> VerifierPool:
         return self
 
     def __exit__(self, *exc: Any) -> None:

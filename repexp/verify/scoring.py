@@ -13,7 +13,8 @@ GSM8K numbers as exact rationals — and otherwise Math-Verify (`compare`).
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 import numpy as np
 

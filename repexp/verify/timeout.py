@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Any, Optional
 
+
 class VerifyTimeout(BaseException):
     """Raised inside a thread whose `time_limit` expired.
 
@@ -62,7 +63,7 @@ class _Deadline:
                 pass
         return time.monotonic() - self.wall_start
 
-    def __lt__(self, other: "_Deadline") -> bool:
+    def __lt__(self, other: _Deadline) -> bool:
         return (self.when, self.seq) < (other.when, other.seq)
 
 
@@ -161,7 +162,7 @@ class time_limit:
         self.seconds = seconds
         self._deadline: Optional[_Deadline] = None
 
-    def __enter__(self) -> "time_limit":
+    def __enter__(self) -> time_limit:
         if self.seconds is not None and self.seconds > 0:
             self._deadline = _WATCHDOG.arm(float(self.seconds))
         return self

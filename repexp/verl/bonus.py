@@ -2,8 +2,8 @@
 
 Inputs are what the trainer reads from TransferQueue after the representation forward: the
 response-mean hidden states (B, H), the prompt uid of each row, its verifier score and which rows
-take no part (verl's padding rows, empty responses). The maths is `repexp.elliptical`; everything stays on the device of ``hidden`` (the
-trainer passes CPU tensors):
+take no part (verl's padding rows, empty responses). The maths is `repexp.elliptical`; everything
+stays on the device of ``hidden`` (the trainer passes CPU tensors):
 
 1. project with `sparse_projection(H, sparse_dim, seed=projection_seed(seed, step))`: a fresh
    projection every step when ``randomize_projection`` (upstream drew it from an unseeded RNG),
@@ -14,25 +14,23 @@ trainer passes CPU tensors):
 
 Excluded rows get bonus 0 and are left out of every group and statistic.
 
-Metric names (shared with the TRL backend, docs/architecture.md):
-``repexp/bonus_raw/*`` is the elliptical bonus before the turn-off rules and beta,
-``repexp/bonus_scaled/*`` is ``beta *`` the bonus after the turn-off rules (what is added to the
-reward), ``repexp/groups/{none,some,all}_correct_frac`` count uid groups,
-``reward/verifier/mean`` and ``reward/shaped/mean`` average over the rows that take part.
-Standard deviations are unbiased (0 for a single row), as in the TRL backend.
+Metrics: `repexp.metrics.bonus_metrics` and `group_metrics` over the rows that take part, the same
+functions and names as the TRL backend (``repexp/bonus_raw/*``, ``repexp/bonus_scaled/*``,
+``repexp/groups/*``, ``reward/verifier/mean``, ...); none when no row takes part.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
+from repexp import metrics as metric_names
 from repexp.elliptical import PersistentCovariance, bonuses, combine_rewards, projection_seed, sparse_projection
 from repexp.verl.settings import RepExpSettings
-
 
 
 class BonusState:
@@ -83,18 +81,6 @@ class StepBonus:
     metrics: dict[str, float]
 
 
-def _stats(prefix: str, values: Tensor) -> dict[str, float]:
-    if values.numel() == 0:
-        return {}
-    values = values.double()
-    return {
-        f"{prefix}/mean": float(values.mean()),
-        f"{prefix}/std": float(values.std()) if values.numel() > 1 else 0.0,
-        f"{prefix}/min": float(values.min()),
-        f"{prefix}/max": float(values.max()),
-    }
-
-
 def _validate_inputs(uids: Sequence[Any], scores: Tensor, excluded: Tensor, rows: int) -> None:
     if len(uids) != rows or scores.shape != (rows,) or excluded.shape != (rows,):
         raise ValueError(
@@ -116,10 +102,7 @@ def group_metrics(
         kept_scores, torch.zeros_like(kept_scores), [uids[i] for i in keep.tolist()], beta=0.0
     )
     shaped = kept_scores if shaped is None else shaped[keep].double()
-    metrics = {f"repexp/groups/{name}_frac": value for name, value in combined.status_fractions().items()}
-    metrics["reward/verifier/mean"] = float(kept_scores.mean())
-    metrics["reward/shaped/mean"] = float(shaped.mean())
-    return metrics
+    return metric_names.group_metrics(combined.status_fractions(), kept_scores.cpu(), shaped.cpu())
 
 
 def compute_step_bonus(
@@ -166,10 +149,8 @@ def compute_step_bonus(
         )
         bonus_raw[keep] = raw.double()
         kept_bonus[keep] = combined.intrinsic.double()
-        metrics.update(_stats("repexp/bonus_raw", bonus_raw[keep]))
-        metrics.update(_stats("repexp/bonus_scaled", settings.beta * kept_bonus[keep]))
-        metrics["repexp/bonus_turned_off_frac"] = float(((combined.intrinsic == 0) & (raw != 0)).double().mean())
-        metrics["repexp/hidden_norm/mean"] = float(hidden[keep].double().norm(dim=1).mean())
+        metrics.update(metric_names.bonus_metrics(raw.double().cpu(), combined.intrinsic.double().cpu(), settings.beta,
+                                                  hidden[keep].double().norm(dim=1).cpu()))
     bonus_scaled = settings.beta * kept_bonus
     shaped = settings.alpha * scores + bonus_scaled
     metrics.update(group_metrics(uids, scores, excluded, shaped))

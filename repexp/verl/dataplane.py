@@ -11,7 +11,7 @@ becomes unreadable, so `write_fields` always writes every key of the batch (padd
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 import transfer_queue as tq

@@ -45,7 +45,8 @@ def v1_batch(prompts, responses) -> TensorDict:
 
 
 def v0_batch(prompts, responses, pad_id: int = 0) -> TensorDict:
-    """The legacy trainer's layout: left-padded prompts + right-padded responses through verl's left_right_2_no_padding."""
+    """The legacy trainer's layout: left-padded prompts + right-padded responses through verl's
+    left_right_2_no_padding."""
     from verl.workers.utils.padding import left_right_2_no_padding
 
     p_width, r_width = max(map(len, prompts)), max(map(len, responses))
@@ -78,7 +79,8 @@ def reference_means(backbone, prompts, responses, device) -> torch.Tensor:
     """Plain transformers: one unpadded forward per sequence, float32 mean over the response tokens."""
     with torch.no_grad():
         return torch.stack([
-            backbone(torch.cat([p, r])[None].to(device), use_cache=False).last_hidden_state[0, len(p):].float().mean(0).cpu()
+            backbone(torch.cat([p, r])[None].to(device), use_cache=False)
+            .last_hidden_state[0, len(p):].float().mean(0).cpu()
             for p, r in zip(prompts, responses)
         ])
 
@@ -138,7 +140,8 @@ def check_strategy(args, strategy: str, prompts, responses, reference, device) -
     layouts = {
         "v1_packed": dict(use_remove_padding=True),
         "v1_padded": dict(use_remove_padding=False),
-        "v1_packed_dynamic_bsz": dict(use_remove_padding=True, use_dynamic_bsz=True, max_token_len_per_gpu=args.max_tokens),
+        "v1_packed_dynamic_bsz": dict(use_remove_padding=True, use_dynamic_bsz=True,
+                                      max_token_len_per_gpu=args.max_tokens),
     }
     for name, flags in layouts.items():
         start = time.perf_counter()
@@ -191,7 +194,8 @@ def main(argv=None) -> int:
             strategies = args.strategies
             device = torch.device("cuda")
         vocab = AutoConfig.from_pretrained(args.model).vocab_size
-        prompts, responses = random_rollouts(0, args.rollouts, vocab, 200 if not args.cpu else 12, 300 if not args.cpu else 12)
+        prompt_len, response_len = (12, 12) if args.cpu else (200, 300)
+        prompts, responses = random_rollouts(0, args.rollouts, vocab, prompt_len, response_len)
         dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
         backbone = AutoModel.from_pretrained(args.model, dtype=dtype, attn_implementation=args.attn).to(device).eval()
         reference = reference_means(backbone, prompts, responses, device)

@@ -115,8 +115,10 @@ def pooling_checks(model, device, vocab: int, quick: bool) -> dict:
             mask[i, p_width - len(p): p_width + len(r)] = 1
             response_mask[i, p_width: p_width + len(r)] = 1
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-        hidden = model(ids.to(device), attention_mask=mask.to(device), position_ids=position_ids.to(device)).last_hidden_state
-        results["recipe_left_right_padded"] = _cosines(response_mean_masked(hidden, response_mask.to(device)).cpu(), reference)
+        hidden = model(ids.to(device), attention_mask=mask.to(device),
+                       position_ids=position_ids.to(device)).last_hidden_state
+        recipe = response_mean_masked(hidden, response_mask.to(device)).cpu()
+        results["recipe_left_right_padded"] = _cosines(recipe, reference)
         # packed (verl's remove-padding path): one row, positions restart per sequence, no attention mask
         packed = torch.cat(sequences)[None].to(device)
         positions = torch.cat([torch.arange(len(s)) for s in sequences])[None].to(device)
@@ -127,7 +129,8 @@ def pooling_checks(model, device, vocab: int, quick: bool) -> dict:
             response_mean_packed(hidden, offsets.to(device), response_lengths.to(device)).cpu(), reference)
         # the feature is the final-norm output: hidden_states[-1] == last_hidden_state
         out = model(sequences[0][None].to(device), output_hidden_states=True)
-        results["hidden_states_last_is_last_hidden_state"] = bool(torch.equal(out.hidden_states[-1], out.last_hidden_state))
+        same = torch.equal(out.hidden_states[-1], out.last_hidden_state)
+        results["hidden_states_last_is_last_hidden_state"] = bool(same)
     return {"num_sequences": count, "prompt_lengths": prompt_lengths.tolist(),
             "response_lengths": response_lengths.tolist(), "layouts": results}
 

@@ -14,37 +14,33 @@ Inputs: ``--checkpoint-dir <run>/checkpoints/global_step_N`` or ``--pointer sele
 from __future__ import annotations
 
 import argparse
-import re
 import subprocess
 import sys
 from pathlib import Path
 
+from repexp import layout
 from repexp.checkpoints import is_complete
 from repexp.io import atomic_path, read_json, write_json_atomic
-
-MERGED_SUBDIR = ("actor", "hf")
-_STEP = re.compile(r"^global_step_(\d+)$")
-
-
-def merged_model_dir(checkpoint_dir: str | Path) -> Path:
-    return Path(checkpoint_dir).joinpath(*MERGED_SUBDIR)
+from repexp.layout import merged_model_dir
 
 
 def checkpoint_step(checkpoint_dir: str | Path) -> int:
-    match = _STEP.match(Path(checkpoint_dir).name)
-    if not match:
-        raise ValueError(f"{checkpoint_dir}: not a verl checkpoint directory (expected .../global_step_<N>)")
-    return int(match.group(1))
+    step = layout.checkpoint_step(checkpoint_dir)
+    if step is None:
+        raise ValueError(f"{checkpoint_dir}: not a verl checkpoint directory "
+                         f"(expected .../{layout.STEP_PREFIX}<N>)")
+    return step
 
 
 def _check_checkpoint(checkpoint_dir: Path) -> Path:
-    actor = checkpoint_dir / "actor"
+    hf_dir = checkpoint_dir.joinpath(*layout.VERL_HF_DIR)
+    actor = hf_dir.parent
     if not checkpoint_dir.is_dir():
         raise FileNotFoundError(f"{checkpoint_dir}: checkpoint directory not found")
     if not is_complete(checkpoint_dir):
         raise ValueError(f"{checkpoint_dir}: checkpoint is not marked complete (training died while saving it?)")
-    if not (actor / "huggingface" / "config.json").exists():
-        raise FileNotFoundError(f"{actor / 'huggingface' / 'config.json'}: missing; not an FSDP actor checkpoint")
+    if not (hf_dir / "config.json").exists():
+        raise FileNotFoundError(f"{hf_dir / 'config.json'}: missing; not an FSDP actor checkpoint")
     if not any(actor.glob("model_world_size_*_rank_0.pt")):
         raise FileNotFoundError(f"{actor}: no model_world_size_*_rank_0.pt shards")
     return actor

@@ -13,9 +13,11 @@ Pure: no verl import.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
+from repexp import layout
 from repexp.config import DEAD_VERL_KEY_PREFIXES, RunConfig
 from repexp.verl import reward
 
@@ -25,8 +27,6 @@ from repexp.verl import reward
 DEAD_KEY_PREFIXES = DEAD_VERL_KEY_PREFIXES
 
 REWARD_FUNCTION = "pkg://repexp.verl.reward"
-CHECKPOINTS_SUBDIR = "checkpoints"
-HYDRA_SUBDIR = "hydra"
 
 _BARE = re.compile(r"^[A-Za-z0-9_./:-]+$")
 
@@ -81,15 +81,16 @@ def build_overrides(run_config: RunConfig, *, loggers: Optional[Sequence[str]] =
     if rc.method == "grpo" and rc.beta != 0:
         raise ValueError(f"beta: the GRPO baseline needs beta = 0, got {rc.beta}")
     if rc.method == "repexp" and (rc.beta <= 0 or rc.sparse_dim is None):
-        raise ValueError(f"beta/sparse_dim: a RepExp run needs beta > 0 and a sparse_dim, got {rc.beta}/{rc.sparse_dim}")
+        raise ValueError(f"beta/sparse_dim: a RepExp run needs beta > 0 and a sparse_dim, "
+                         f"got {rc.beta}/{rc.sparse_dim}")
     train, verl, bonus = rc.train, rc.verl, rc.bonus
     run_dir = Path(rc.run_dir).resolve()
     data_dir = Path(rc.data_dir).resolve()
     model = _model_path(rc.model)
     settings: list[tuple[str, Any]] = [
         # data: seeded order, the task's splits, the recipe's filters
-        ("data.train_files", str(data_dir / "train.parquet")),
-        ("data.val_files", str(data_dir / "dev.parquet")),
+        ("data.train_files", str(layout.split_file(data_dir, "train"))),
+        ("data.val_files", str(layout.split_file(data_dir, "dev"))),
         ("data.prompt_key", "prompt"),
         ("data.train_batch_size", train.train_batch_size),
         ("data.max_prompt_length", train.max_prompt_length),
@@ -165,7 +166,7 @@ def build_overrides(run_config: RunConfig, *, loggers: Optional[Sequence[str]] =
         ("trainer.save_freq", train.save_freq),
         ("trainer.val_before_train", train.val_before_train),
         ("trainer.critic_warmup", 0),
-        ("trainer.default_local_dir", str(run_dir / CHECKPOINTS_SUBDIR)),
+        ("trainer.default_local_dir", str(layout.checkpoints_dir(run_dir))),
         ("trainer.resume_mode", "auto"),
         ("trainer.max_actor_ckpt_to_keep", None),
         ("repexp_run.run_dir", str(run_dir)),
@@ -173,7 +174,7 @@ def build_overrides(run_config: RunConfig, *, loggers: Optional[Sequence[str]] =
         ("repexp_run.max_hours", train.max_hours),
         ("repexp_run.mlflow_tracking_uri", rc.tracking.tracking_uri),
         ("ray_kwargs.ray_init.num_cpus", verl.ray_num_cpus),
-        ("hydra.run.dir", str(run_dir / HYDRA_SUBDIR)),
+        ("hydra.run.dir", str(run_dir / layout.VERL_HYDRA_DIR)),
     ]
     overrides = [f"{key}={hydra_value(value)}" for key, value in settings]
     for raw in verl.overrides:

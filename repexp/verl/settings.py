@@ -7,40 +7,45 @@ verl never converts these nodes, so nothing else would notice a misspelled or ou
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
-from repexp.config import NORMALIZATIONS, REWARD_TYPES
+from repexp import bonus_defaults as B
+from repexp.config import NORMALIZATIONS, REWARD_TYPES, VERL_STRATEGIES, VerlConfig, check_bonus
 
 NODE = "actor_rollout_ref.repexp"
 RUN_NODE = "repexp_run"
 DTYPES = ("bf16", "fp16", "fp32")
-STRATEGIES = ("fsdp", "fsdp2")
+STRATEGIES = VERL_STRATEGIES
 
 
 @dataclass(frozen=True)
 class RepExpSettings:
-    beta: float = 0.01
-    alpha: float = 1.0
-    sparse_dim: int = 32
-    lamb: float = 0.01
-    reward_type: str = "leverage"
-    normalization: str = "none"
-    center: bool = True
-    randomize_projection: bool = True
-    persist_covariance: bool = False
-    turn_off_if_none_correct: bool = True
-    turn_off_if_some_correct: bool = False
-    turn_off_if_all_correct: bool = False
-    turn_off_if_rollout_incorrect: bool = False
+    # Defaults: the bonus's are repexp.bonus_defaults', the ones the pipeline config's `verl` section also
+    # has are its defaults; config/repexp_trainer.yaml repeats them for people reading the node, and
+    # tests/test_single_source.py keeps the two equal.
+    beta: float = B.BETA
+    alpha: float = B.ALPHA
+    sparse_dim: int = B.SPARSE_DIM
+    lamb: float = B.LAMB
+    reward_type: str = B.REWARD_TYPE
+    normalization: str = B.NORMALIZATION
+    center: bool = B.CENTER
+    randomize_projection: bool = B.RANDOMIZE_PROJECTION
+    persist_covariance: bool = B.PERSIST_COVARIANCE
+    turn_off_if_none_correct: bool = B.TURN_OFF_IF_NONE_CORRECT
+    turn_off_if_some_correct: bool = B.TURN_OFF_IF_SOME_CORRECT
+    turn_off_if_all_correct: bool = B.TURN_OFF_IF_ALL_CORRECT
+    turn_off_if_rollout_incorrect: bool = B.TURN_OFF_IF_ROLLOUT_INCORRECT
     seed: int = 0
     model_path: Optional[str] = None
-    strategy: str = "fsdp"
+    strategy: str = VerlConfig.strategy
     dtype: str = "bf16"
     attn_implementation: str = "flash_attention_2"
-    use_remove_padding: bool = True
+    use_remove_padding: bool = VerlConfig.use_remove_padding
     use_dynamic_bsz: bool = False
-    micro_batch_size_per_gpu: int = 32
+    micro_batch_size_per_gpu: int = VerlConfig.repexp_micro_batch_size_per_gpu
     max_token_len_per_gpu: int = 32768
 
     @property
@@ -49,7 +54,7 @@ class RepExpSettings:
         return self.beta > 0
 
     @classmethod
-    def from_mapping(cls, raw: Mapping[str, Any], where: str = NODE) -> "RepExpSettings":
+    def from_mapping(cls, raw: Mapping[str, Any], where: str = NODE) -> RepExpSettings:
         values = _strict_fields(cls, raw, where)
         settings = cls(**values)
         settings._check(where)
@@ -69,10 +74,7 @@ class RepExpSettings:
         _require(self.dtype in DTYPES, f"{where}.dtype", f"{self.dtype!r} is not one of {DTYPES}")
         _require(self.micro_batch_size_per_gpu >= 1, f"{where}.micro_batch_size_per_gpu", "must be >= 1")
         _require(self.max_token_len_per_gpu >= 1, f"{where}.max_token_len_per_gpu", "must be >= 1")
-        _require(not (self.persist_covariance and self.reward_type == "leave_one_out"), f"{where}.persist_covariance",
-                 "a persistent covariance supports reward_type leverage only")
-        _require(not (self.persist_covariance and self.randomize_projection), f"{where}.persist_covariance",
-                 "needs randomize_projection=false: accumulating features of different projections is meaningless")
+        check_bonus(self, where)  # the pipeline config's own rules (this node has the same keys)
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ class RunSettings:
     mlflow_tracking_uri: Optional[str] = None
 
     @classmethod
-    def from_mapping(cls, raw: Mapping[str, Any], where: str = RUN_NODE) -> "RunSettings":
+    def from_mapping(cls, raw: Mapping[str, Any], where: str = RUN_NODE) -> RunSettings:
         settings = cls(**_strict_fields(cls, raw, where))
         if settings.max_checkpoints_to_keep is not None:
             _require(settings.max_checkpoints_to_keep >= 1, f"{where}.max_checkpoints_to_keep", "must be >= 1 or null")

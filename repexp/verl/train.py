@@ -20,9 +20,8 @@ import hydra
 import ray
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from repexp import tracking
-from repexp import checkpoints
-from repexp.checkpoints import DONE_FILE, BestDevTracker, complete_steps
+from repexp import checkpoints, layout, tracking
+from repexp.checkpoints import BestDevTracker, complete_steps
 from repexp.verl.settings import RUN_NODE, RepExpSettings, RunSettings
 
 from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
@@ -36,12 +35,13 @@ TRAINER_MODE = "repexp"
 def run_dir_of(config: DictConfig) -> Path:
     """The run directory; verl's checkpoint dir must be ``<run_dir>/checkpoints`` (the shared layout)."""
     run = RunSettings.from_mapping(OmegaConf.to_container(config.get(RUN_NODE, {}), resolve=True))
-    checkpoints = Path(config.trainer.default_local_dir)
-    run_dir = Path(run.run_dir) if run.run_dir else checkpoints.parent
-    if checkpoints.resolve() != (run_dir / "checkpoints").resolve():
+    local_dir = Path(config.trainer.default_local_dir)
+    run_dir = Path(run.run_dir) if run.run_dir else local_dir.parent
+    expected = layout.checkpoints_dir(run_dir)
+    if local_dir.resolve() != expected.resolve():
         raise ValueError(
-            f"trainer.default_local_dir: {checkpoints} must be {run_dir / 'checkpoints'} "
-            "(best_dev.json and repexp select expect <run_dir>/checkpoints/global_step_N)"
+            f"trainer.default_local_dir: {local_dir} must be {expected} "
+            f"({layout.BEST_DEV} and repexp select expect {layout.checkpoint_dir('<run_dir>', 'N')})"
         )
     return run_dir
 
@@ -55,7 +55,8 @@ def check_config(config: DictConfig) -> RepExpSettings:
     if not config.trainer.use_v1:
         raise ValueError("trainer.use_v1: RepExp plugs into verl's V1 trainer; must be true")
     if config.algorithm.adv_estimator != "grpo":
-        raise ValueError(f"algorithm.adv_estimator: RepExp shapes GRPO's outcome reward; got {config.algorithm.adv_estimator!r}")
+        raise ValueError("algorithm.adv_estimator: RepExp shapes GRPO's outcome reward; "
+                         f"got {config.algorithm.adv_estimator!r}")
     test_freq, save_freq = config.trainer.test_freq, config.trainer.save_freq
     if test_freq > 0 and (save_freq <= 0 or test_freq % save_freq):
         raise ValueError(
@@ -94,7 +95,7 @@ def write_done(run_dir: Path, wall_time_s: float) -> dict:
     """The run's `DONE` marker (the Snakemake output), written last, once training returned."""
     steps = complete_steps(run_dir)
     if not steps:
-        raise RuntimeError(f"{run_dir}: verl returned without a complete checkpoint; not writing {DONE_FILE}")
+        raise RuntimeError(f"{run_dir}: verl returned without a complete checkpoint; not writing {layout.DONE}")
     return checkpoints.write_done(run_dir, backend="verl", final_step=steps[-1],
                                   tracker=BestDevTracker.load(run_dir), wall_time_s=wall_time_s)
 

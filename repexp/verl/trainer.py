@@ -11,7 +11,7 @@ What it changes, each through an overridable method of verl's `PPOTrainer`:
   and ``token_level_rewards`` holds the shaped reward, so verl's ``critic/score`` stays comparable
   with plain GRPO and ``critic/rewards`` shows what was optimised. beta = 0 (the GRPO baseline)
   leaves verl's computation untouched and builds no representation model.
-- `_val_metrics_update`: adds unbiased ``dev/pass@k`` and records it in ``best_dev.json``
+- `_val_metrics_update`: adds unbiased ``dev/pass_at_k`` and records it in ``best_dev.json``
   (`repexp.checkpoints.BestDevTracker`, same file as the TRL backend).
 - `_save_checkpoint` / `_load_checkpoint`: the persistent covariance is saved into
   ``global_step_N/repexp_state.pt``, the training time used into ``budget.json``; a checkpoint is
@@ -37,6 +37,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 from transfer_queue import KVBatchMeta
 
+from repexp import layout
+from repexp import metrics as metric_names
 from repexp.checkpoints import (
     BestDevTracker,
     TrainingBudget,
@@ -61,8 +63,8 @@ from verl.utils.debug import marked_timer
 
 logger = logging.getLogger(__name__)
 
-STATE_FILE = "repexp_state.pt"
-METRICS_FILE = "metrics.jsonl"
+STATE_FILE = layout.VERL_STATE
+METRICS_FILE = layout.METRICS
 # Files of a verl checkpoint that only resuming reads (the kept best-dev checkpoint drops them;
 # `repexp merge` needs the model shards, fsdp_config.json and huggingface/ only).
 RESUME_ONLY = ("actor/optim_world_size_*", "actor/extra_state_world_size_*", "data.pt", STATE_FILE)
@@ -147,9 +149,9 @@ class RepExpTrainer(PPOTrainerSync):
             metrics.update(group_metrics(dataplane.non_tensor_list(data, "uid"), scores, dataplane.padding_rows(batch)))
             return super()._compute_advantage(batch, metrics)
 
-        with marked_timer("repexp_forward", self.timing_raw, color="purple"):
+        with marked_timer(metric_names.TIMER_REPEXP_FORWARD, self.timing_raw, color="purple"):
             hidden = self._hidden_means(batch)
-        with marked_timer("repexp_bonus", self.timing_raw, color="purple"):
+        with marked_timer(metric_names.TIMER_REPEXP_BONUS, self.timing_raw, color="purple"):
             names = ["uid", "rm_scores"] + (["extra_info"] if self.repexp.persist_covariance else [])
             data = dataplane.read_fields(batch, names)
             rm_scores = data["rm_scores"]
@@ -187,7 +189,7 @@ class RepExpTrainer(PPOTrainerSync):
         self.best_dev.record_validation(self.global_steps, dev)
         best = self.best_dev.best()
         if best is not None:
-            dev["dev/best_step"] = float(best["step"])
+            dev[metric_names.DEV_BEST_STEP] = float(best["step"])
         return {**metric_dict, **dev}
 
     # ------------------------------------------------------------------ checkpoints

@@ -1,19 +1,20 @@
 """Unbiased dev pass@k from verl's validation samples (pure numpy + repexp.passk).
 
 verl's own ``val-aux/.../pass@k`` counts the *sum* of scores as correct samples and only knows
-its bootstrap helpers; the pipeline's selection metric is ``dev/pass@k`` from `repexp.passk`,
-computed here from the per-sample uids and verifier scores that verl collects in ``_validate``.
+its bootstrap helpers; the pipeline's selection metric is ``dev/pass_at_k`` from `repexp.passk`
+(`repexp.metrics.dev_metrics`, the TRL backend's function too), computed here from the per-sample
+uids and verifier scores that verl collects in ``_validate``.
 Scores must be the 0/1 verifier's (a ±1 scorer silently corrupted upstream's AIME pass@k).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from repexp.passk import pass_at_k, power_of_two_ks
+from repexp.metrics import dev_metrics
 
 
 def per_problem_counts(uids: Sequence[str], scores: Sequence[float]) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -32,11 +33,6 @@ def per_problem_counts(uids: Sequence[str], scores: Sequence[float]) -> tuple[li
 
 
 def dev_pass_at_k(uids: Sequence[str], scores: Sequence[float]) -> dict[str, float]:
-    """``dev/pass@k`` for k = 1, 2, 4, ... up to the smallest per-problem sample count, plus bookkeeping."""
+    """``dev/pass_at_k`` for k = 1, 2, 4, ... up to the smallest per-problem sample count, plus bookkeeping."""
     _, n, c = per_problem_counts(uids, scores)
-    ks = power_of_two_ks(int(n.min()))
-    values = pass_at_k(n, c, ks).mean(axis=0)
-    metrics = {f"dev/pass@{k}": float(v) for k, v in zip(ks, values)}
-    metrics["dev/num_problems"] = float(len(n))
-    metrics["dev/samples_per_problem"] = float(n.min())
-    return metrics
+    return dev_metrics(n, c)

@@ -90,6 +90,7 @@ class RepExpActorRolloutRefWorker(ActorRolloutRefWorker):
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name=REPEXP_MESH))
     def compute_repexp_hidden_mean(self, data: TensorDict) -> TensorDict:
         if self.repexp is None:
-            raise RuntimeError("compute_repexp_hidden_mean called but the representation model was not built (beta = 0)")
+            raise RuntimeError("compute_repexp_hidden_mean called but the representation model was not built "
+                               "(beta = 0)")
         output = self.repexp.infer_batch(data=data)
         return output.cpu() if output is not None else None

@@ -1,4 +1,4 @@
-# aggregate: every eval.json -> one tidy pass@k table (+ k-efficiency, markdown/HTML views);
+# aggregate: every evaluation -> one tidy pass@k table (+ k-efficiency, markdown/HTML views);
 # also logs pass@1/16/256 on each sweep point's MLflow parent run.
 
 
@@ -7,23 +7,33 @@ rule aggregate:
         evals=all_eval_files(),
         testtime=all_testtime_files(),
     output:
-        table=f"{RESULTS}/aggregate/pass_at_k.csv",
-        k_efficiency=report(f"{RESULTS}/aggregate/k_efficiency.csv", caption="../report/k_efficiency.rst",
-                            category="Results", subcategory="Tables", labels={"table": "k-efficiency"}),
-        markdown=f"{RESULTS}/aggregate/pass_at_k.md",
-        html=report(f"{RESULTS}/aggregate/pass_at_k.html", caption="../report/pass_at_k_table.rst",
-                    category="Results", subcategory="Tables", labels={"table": "pass@k"}),
-    params:
-        experiment=EXPERIMENT,
+        table=aggregate_file(L.PASS_AT_K_CSV),
+        k_efficiency=report(
+            aggregate_file(L.K_EFFICIENCY_CSV),
+            caption="../report/k_efficiency.rst",
+            category="Results",
+            subcategory="Tables",
+            labels={"table": "k-efficiency"},
+        ),
+        markdown=aggregate_file(L.PASS_AT_K_MD),
+        html=report(
+            aggregate_file(L.PASS_AT_K_HTML),
+            caption="../report/pass_at_k_table.rst",
+            category="Results",
+            subcategory="Tables",
+            labels={"table": "pass@k"},
+        ),
     log:
         log_path("aggregate", "all"),
     benchmark:
         benchmark_path("aggregate", "all")
+    conda:
+        "../envs/report.yaml"
     threads: rule_threads("aggregate")
     resources:
         **rule_resources("aggregate"),
-    conda:
-        "../envs/report.yaml"
+    params:
+        experiment=EXPERIMENT,
     shell:
         'repexp mlflow node --config "$REPEXP_CONFIG" --rule aggregate --snakemake-jobid {{{jobid}}} --attempt {resources.attempt} --output {output} --'
         ' repexp aggregate --inputs {input.evals} --testtime {input.testtime} --out-dir $(dirname {output.table}) --config "$REPEXP_CONFIG"'

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from repexp import config as C
+from repexp import layout as L
 from repexp.io import write_text_atomic
 
 REPO_ROOT = Path(workflow.main_snakefile).resolve().parent
@@ -48,7 +49,7 @@ def _model_for_jobs(model, results_dir):
     if kind == "alias":
         return model
     if kind == "hub":
-        return str(C.hub_model_dir(results_dir, model))
+        return str(L.hub_model_dir(results_dir, model))
     return _for_jobs(_from_root(os.path.expanduser(model)))
 
 
@@ -72,15 +73,18 @@ def slurm_settings(cfg):
     for name, variable in SLURM_VARIABLES.items():
         value = os.environ.get(variable, "").strip()
         if value and not re.fullmatch(r"[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*", value):
-            raise C.ConfigError(f"{variable}: {value!r} is not a SLURM account or partition name"
-                                + (" (an unexpanded shell variable?)" if "$" in value else ""))
+            raise C.ConfigError(
+                f"{variable}: {value!r} is not a SLURM account or partition name"
+                + (" (an unexpanded shell variable?)" if "$" in value else "")
+            )
         settings[name] = value or None
     gpu_rules = [rule for rule in C.RULES if C.rule_resources(cfg, rule).gpu > 0]
     if settings["partition"] and not settings["gpu_partition"] and gpu_rules:
         raise C.ConfigError(
             f"{SLURM_VARIABLES['gpu_partition']}: not set, but {SLURM_VARIABLES['partition']}="
             f"{settings['partition']} is, and rules {', '.join(gpu_rules)} request GPUs; set it to the GPU "
-            f"partition (or to {settings['partition']} if that one has the GPUs)")
+            f"partition (or to {settings['partition']} if that one has the GPUs)"
+        )
     return settings
 
 
@@ -107,11 +111,11 @@ _results = _for_jobs(_from_root(_loaded.results_dir))
 # The hub models and datasets the sweep needs; download_model / download_data fetch them once,
 # on the submit host, into results/ (docs/pipeline.md, "Downloads").
 HUB_MODELS = {
-    str(C.hub_model_dir(_results, value)): value
+    str(L.hub_model_dir(_results, value)): value
     for value in (_loaded.model, _loaded.bonus.representation_model)
     if value is not None and C.model_kind(value, REPO_ROOT) == "hub"
 }
-HUB_DATA_DIR = str(C.hub_data_dir(_results))
+HUB_DATA_DIR = str(L.hub_data_dir(_results))
 HUB_DATA = _loaded.data.source == "hf" or _loaded.data.dapo_source == "hf"
 
 # The effective config with every path as jobs see it. Jobs read its snapshot (not the
@@ -123,18 +127,24 @@ CFG = dataclasses.replace(
     data=dataclasses.replace(
         _loaded.data,
         source=HUB_DATA_DIR if _loaded.data.source == "hf" else _source_for_jobs(_loaded.data.source),
-        dapo_source=(str(Path(HUB_DATA_DIR, "dapo")) if _loaded.data.dapo_source == "hf"
-                     else _source_for_jobs(_loaded.data.dapo_source)),
+        dapo_source=(
+            str(L.hub_dapo_dir(_results))
+            if _loaded.data.dapo_source == "hf"
+            else _source_for_jobs(_loaded.data.dapo_source)
+        ),
     ),
     bonus=dataclasses.replace(
         _loaded.bonus,
-        representation_model=(_model_for_jobs(_loaded.bonus.representation_model, _results)
-                              if _loaded.bonus.representation_model else None),
+        representation_model=(
+            _model_for_jobs(_loaded.bonus.representation_model, _results)
+            if _loaded.bonus.representation_model
+            else None
+        ),
     ),
 )
 RESULTS = CFG.results_dir
 CONFIG_HASH = C.config_hash(CFG)
-CONFIG_SNAPSHOT = WORKDIR / RESULTS / "config" / f"{CFG.name}-{CONFIG_HASH}.yaml"
+CONFIG_SNAPSHOT = WORKDIR / L.config_snapshot(RESULTS, CFG.name, CONFIG_HASH)
 # Every job's shell reads "$REPEXP_CONFIG"; local jobs inherit it, SLURM jobs get it through
 # sbatch --export=ALL and set it again when their jobstep parses this file.
 os.environ.update(
@@ -197,38 +207,64 @@ wildcard_constraints:
 
 
 # --------------------------------------------------------------------------- paths
+# Every path comes from repexp.layout (the results layout the commands write); defaults are the
+# rules' wildcard patterns.
 
 
 def log_path(rule, *parts):
-    return str(Path(RESULTS, "logs", rule, *parts)) + ".log"
+    return str(L.log_file(RESULTS, rule, *parts))
 
 
 def benchmark_path(rule, *parts):
-    return str(Path(RESULTS, "benchmarks", rule, *parts)) + ".tsv"
+    return str(L.benchmark_file(RESULTS, rule, *parts))
 
 
-def data_file(split):
-    return f"{RESULTS}/data/{{task}}/{split}.parquet"
+def data_file(split, task="{task}"):
+    return str(L.data_file(RESULTS, task, split))
 
 
-def train_file(name):
-    return f"{RESULTS}/train/{{task}}/{{run}}/{name}"
+def manifest_file(task="{task}"):
+    return str(L.manifest_file(L.data_dir(RESULTS, task)))
 
 
-def eval_file(task, run):
-    return f"{RESULTS}/eval/{task}/{run}/eval.json"
+def train_file(name, task="{task}", run="{run}"):
+    return str(L.train_run_dir(RESULTS, task, run) / name)
+
+
+def eval_file(task="{task}", run="{run}"):
+    return str(L.eval_json(RESULTS, task, run))
+
+
+def testtime_file(task="{task}", run="{run}"):
+    return str(L.testtime_json(RESULTS, task, run))
+
+
+def aggregate_file(name):
+    return str(L.aggregate_file(RESULTS, name))
+
+
+def alias_model_dir(alias="{alias}"):
+    return str(L.model_alias_dir(RESULTS, alias))
+
+
+def hub_model_dir(hub_model="{hub_model}"):
+    return str(L.hub_model_dir(RESULTS, hub_model))
+
+
+def figure_index():
+    return str(L.figure_index(RESULTS))
 
 
 def model_dir():
     """The model directories the rules depend on: an offline alias (the model rule) and the hub
     models (download_model); a local directory given in the config has no rule."""
-    return ([f"{RESULTS}/models/{MODEL_ALIAS}"] if MODEL_ALIAS else []) + list(HUB_MODELS)
+    return ([alias_model_dir(MODEL_ALIAS)] if MODEL_ALIAS else []) + list(HUB_MODELS)
 
 
 def policy_dir():
     """The initial policy's directory when a rule makes it (alias or hub download), else []."""
     if MODEL_ALIAS:
-        return [f"{RESULTS}/models/{MODEL_ALIAS}"]
+        return [alias_model_dir(MODEL_ALIAS)]
     return [CFG.model] if CFG.model in HUB_MODELS else []
 
 
@@ -238,9 +274,12 @@ def hub_data_files():
         return []
     from repexp.download import data_files  # imports numpy: only for configs that download
 
-    return [str(Path(HUB_DATA_DIR, name)) for name in
-            data_files(CFG.sweep.tasks, source_hf=PARSED_CONFIG.data.source == "hf",
-                       dapo_hf=PARSED_CONFIG.data.dapo_source == "hf")]
+    return [
+        str(Path(HUB_DATA_DIR, name))
+        for name in data_files(
+            CFG.sweep.tasks, source_hf=PARSED_CONFIG.data.source == "hf", dapo_hf=PARSED_CONFIG.data.dapo_source == "hf"
+        )
+    ]
 
 
 def preprocess_inputs(wildcards):
@@ -264,10 +303,6 @@ def all_eval_files():
     return [eval_file(spec.task, spec.name) for spec in RUNS]
 
 
-def testtime_file(task, run):
-    return f"{RESULTS}/testtime/{task}/{run}/testtime.json"
-
-
 def all_testtime_files():
     """The test-time ordering of every evaluated run (`testtime.enabled`)."""
     return [testtime_file(spec.task, spec.name) for spec in RUNS] if CFG.testtime.enabled else []
@@ -281,46 +316,57 @@ def testtime_model(wildcards):
 
 def testtime_flags(wildcards):
     tt, bonus = CFG.testtime, CFG.bonus
-    flags = ["--sparse-dim", tt.sparse_dim, "--projection-seed", tt.projection_seed, "--batch-size", tt.batch_size,
-             "--dtype", tt.dtype, "--bootstrap", tt.bootstrap, "--lamb", C.canonical(bonus.lamb)]
-    if not bonus.center:
-        flags.append("--no-center")
-    return shlex.join(map(str, flags))
+    options = {
+        "--sparse-dim": tt.sparse_dim,
+        "--projection-seed": tt.projection_seed,
+        "--batch-size": tt.batch_size,
+        "--dtype": tt.dtype,
+        "--bootstrap": tt.bootstrap,
+        "--lamb": C.canonical(bonus.lamb),
+    }
+    return shlex.join(command_flags(options, {"--no-center": not bonus.center}))
+
+
+def command_flags(options, switches=None):
+    """`--flag value` for every option that is set (not None), then every switch that is on."""
+    flags = [str(token) for flag, value in options.items() if value is not None for token in (flag, value)]
+    return flags + [flag for flag, on in (switches or {}).items() if on]
 
 
 def all_train_markers():
-    return [f"{RESULTS}/train/{spec.task}/{spec.name}/DONE" for spec in RUNS if spec.trains]
+    return [train_file(L.DONE, spec.task, spec.name) for spec in RUNS if spec.trains]
+
+
+# `snakemake --report` entries of the figures: (subcategory, caption file) per kind of figure
+FIGURE_REPORTS = {
+    "pass_at_k": ("pass@k curves", "pass_at_k.rst"),
+    "testtime": ("test-time RepExp", "testtime.rst"),
+    "heatmaps": ("sweep heatmaps", "heatmap.rst"),
+    "training": ("training curves", "training.rst"),
+}
 
 
 def figure_files():
-    """What `repexp figures` draws: pass@k over tasks, a heatmap and training curves per (task, backend)."""
-    stems = ["pass_at_k", "testtime_pass_at_k"]
-    for task, backend in dict.fromkeys((s.task, s.backend) for s in RUNS if s.trains):
-        stems += [f"heatmap_{task}_{backend}", f"training_{task}_{backend}"]
+    """What `repexp figures` draws (repexp.layout names them): PDFs, and the PNGs for the report."""
     files = []
-    for stem in stems:
-        files.append(f"{RESULTS}/figures/{stem}.pdf")
-        files.append(_figure_report(stem))
+    for stem in L.figure_stems(L.figure_pairs(RUNS)):
+        kind, caption = FIGURE_REPORTS[L.figure_kind(stem)]
+        # (`report(` must not start a line: Snakemake's parser would read it as the `report:` keyword)
+        png = report(
+            str(L.figure_file(RESULTS, stem, "png")),
+            caption=f"../report/{caption}",
+            category="Figures",
+            subcategory=kind,
+            labels={"figure": stem},
+        )
+        files += [str(L.figure_file(RESULTS, stem, "pdf")), png]
     return files
-
-
-def _figure_report(stem):
-    """The PNG of a figure, registered for `snakemake --report` with its caption."""
-    kind, caption = ("pass@k curves", "pass_at_k.rst")
-    if stem.startswith("testtime_"):
-        kind, caption = ("test-time RepExp", "testtime.rst")
-    elif stem.startswith("heatmap_"):
-        kind, caption = ("sweep heatmaps", "heatmap.rst")
-    elif stem.startswith("training_"):
-        kind, caption = ("training curves", "training.rst")
-    return report(f"{RESULTS}/figures/{stem}.png", caption=f"../report/{caption}", category="Figures",
-                  subcategory=kind, labels={"figure": stem})
 
 
 def training_curve_flags(wildcards):
     if not any(spec.trains for spec in RUNS):
         return "--curves-from none"
-    return f"--curves-from jsonl --train-dir {shlex.quote(str(Path(RESULTS, 'train')))}"
+    return f"--curves-from jsonl --train-dir {shlex.quote(str(Path(RESULTS, L.TRAIN_DIR)))}"
 
 
 # --------------------------------------------------------------------------- per-job config
@@ -349,7 +395,7 @@ def backend_of(wildcards):
 def preprocess_flags(wildcards):
     data = CFG.data
     flags = ["--source", data.source, "--seed", str(data.split_seed)]  # local paths only (downloads)
-    for name in ("train", "dev", "test"):
+    for name in L.SPLITS:
         limit = getattr(data, f"limit_{name}")
         if limit is not None:
             flags += [f"--limit-{name}", str(limit)]
@@ -361,28 +407,33 @@ def preprocess_flags(wildcards):
 def eval_flags(wildcards):
     rc = run_config(wildcards.task, wildcards.run)
     ev = rc.eval
-    flags = [
-        "--task", rc.task, "--engine", ev.engine, "--n-samples", ev.n_samples,
-        "--temperature", C.canonical(ev.temperature), "--top-p", C.canonical(ev.top_p),
-        "--max-new-tokens", ev.max_new_tokens, "--seed", rc.seed, "--batch-size", ev.batch_size,
-        "--shard-size", ev.shard_size, "--dtype", ev.dtype,
-        "--tensor-parallel-size", ev.tensor_parallel_size, "--data-parallel-size", ev.data_parallel_size,
-        "--gpu-memory-utilization", C.canonical(ev.gpu_memory_utilization), "--grader", rc.grader,
-    ]
-    if ev.max_model_len is not None:
-        flags += ["--max-model-len", ev.max_model_len]
-    if ev.enforce_eager:
-        flags.append("--enforce-eager")
-    return shlex.join(map(str, flags))
+    options = {
+        "--task": rc.task,
+        "--engine": ev.engine,
+        "--n-samples": ev.n_samples,
+        "--temperature": C.canonical(ev.temperature),
+        "--top-p": C.canonical(ev.top_p),
+        "--max-new-tokens": ev.max_new_tokens,
+        "--seed": rc.seed,
+        "--batch-size": ev.batch_size,
+        "--shard-size": ev.shard_size,
+        "--dtype": ev.dtype,
+        "--tensor-parallel-size": ev.tensor_parallel_size,
+        "--data-parallel-size": ev.data_parallel_size,
+        "--gpu-memory-utilization": C.canonical(ev.gpu_memory_utilization),
+        "--grader": rc.grader,
+        "--max-model-len": ev.max_model_len,
+    }
+    return shlex.join(command_flags(options, {"--enforce-eager": ev.enforce_eager}))
 
 
 def eval_inputs(wildcards):
     """Test split + the model: the pointer of a trained run (merged for verl), or the base model."""
-    inputs = {"data": data_file("test").format(task=wildcards.task)}
+    inputs = {"data": data_file("test", wildcards.task)}
     spec = run_spec(wildcards.task, wildcards.run)
     if spec.trains:
-        pointer = "merged.json" if spec.backend == "verl" else "select.json"
-        inputs["pointer"] = f"{RESULTS}/train/{wildcards.task}/{wildcards.run}/{pointer}"
+        pointer = L.MERGED if spec.backend == "verl" else L.SELECT
+        inputs["pointer"] = train_file(pointer, wildcards.task, wildcards.run)
     elif policy_dir():
         inputs["model"] = policy_dir()[0]
     return inputs
@@ -396,8 +447,8 @@ def eval_model_flag(wildcards, input):
 
 def train_inputs(wildcards):
     return {
-        "train": data_file("train").format(task=wildcards.task),
-        "dev": data_file("dev").format(task=wildcards.task),
+        "train": data_file("train", wildcards.task),
+        "dev": data_file("dev", wildcards.task),
         "model": model_dir(),
     }
 
@@ -445,5 +496,4 @@ def rule_threads(rule):
 
 
 def final_targets():
-    return [*all_eval_files(), *all_testtime_files(), f"{RESULTS}/aggregate/pass_at_k.csv",
-            f"{RESULTS}/figures/index.json"]
+    return [*all_eval_files(), *all_testtime_files(), aggregate_file(L.PASS_AT_K_CSV), figure_index()]

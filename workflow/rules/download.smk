@@ -5,9 +5,7 @@
 
 rule download_model:
     output:
-        directory(f"{RESULTS}/models/hub/{{hub_model}}"),
-    params:
-        repo_id=hub_repo_id,
+        directory(hub_model_dir()),
     log:
         log_path("download_model", "{hub_model}"),
     benchmark:
@@ -15,11 +13,13 @@ rule download_model:
     wildcard_constraints:
         hub_model=HUB_MODEL_PATTERN,
     retries: 2  # transient network errors; a partial download resumes from the Hub cache
+    conda:
+        "../envs/hf.yaml"
     threads: rule_threads("download_model")
     resources:
         **rule_resources("download_model"),
-    conda:
-        "../envs/hf.yaml"
+    params:
+        repo_id=hub_repo_id,
     shell:
         'repexp mlflow node --config "$REPEXP_CONFIG" --rule download_model --snakemake-jobid {{{jobid}}}'
         " --wildcard hub_model={wildcards.hub_model} --attempt {resources.attempt} --output {output} --"
@@ -29,18 +29,18 @@ rule download_model:
 rule download_data:
     output:
         hub_data_files(),
-    params:
-        flags=download_data_flags,
     log:
         log_path("download_data", "all"),
     benchmark:
         benchmark_path("download_data", "all")
     retries: 2
+    conda:
+        "../envs/core.yaml"
     threads: rule_threads("download_data")
     resources:
         **rule_resources("download_data"),
-    conda:
-        "../envs/core.yaml"
+    params:
+        flags=download_data_flags,
     shell:
         'repexp mlflow node --config "$REPEXP_CONFIG" --rule download_data --snakemake-jobid {{{jobid}}}'
         " --attempt {resources.attempt} --output {output} --"

@@ -6,20 +6,20 @@ rule eval:
     input:
         unpack(eval_inputs),
     output:
-        eval=f"{RESULTS}/eval/{{task}}/{{run}}/eval.json",
-    params:
-        model=eval_model_flag,
-        flags=eval_flags,
+        eval=eval_file(),
     log:
         log_path("eval", "{task}", "{run}"),
     benchmark:
         benchmark_path("eval", "{task}", "{run}")
     retries: 1  # resumes from its complete sample shards
+    conda:
+        "../envs/eval.yaml"
     threads: rule_threads("eval")
     resources:
         **rule_resources("eval"),
-    conda:
-        "../envs/eval.yaml"
+    params:
+        model=eval_model_flag,
+        flags=eval_flags,
     shell:
         'repexp mlflow node --config "$REPEXP_CONFIG" --rule eval --snakemake-jobid {{{jobid}}} --task {wildcards.task} --run {wildcards.run}'
         " --attempt {resources.attempt} --output {output} --"

@@ -7,18 +7,18 @@ rule figures:
         train=all_train_markers(),
     output:
         figures=figure_files(),
-        index=f"{RESULTS}/figures/index.json",
-    params:
-        curves=training_curve_flags,
+        index=figure_index(),
     log:
         log_path("figures", "all"),
     benchmark:
         benchmark_path("figures", "all")
+    conda:
+        "../envs/report.yaml"
     threads: rule_threads("figures")
     resources:
         **rule_resources("figures"),
-    conda:
-        "../envs/report.yaml"
+    params:
+        curves=training_curve_flags,
     shell:
         'repexp mlflow node --config "$REPEXP_CONFIG" --rule figures --snakemake-jobid {{{jobid}}} --attempt {resources.attempt} --output {output} --'
         ' repexp figures --table {input.table} --out-dir $(dirname {output.index}) --config "$REPEXP_CONFIG"'

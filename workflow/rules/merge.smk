@@ -3,9 +3,9 @@
 
 rule merge:
     input:
-        pointer=train_file("select.json"),
+        pointer=train_file(L.SELECT),
     output:
-        merged=train_file("merged.json"),
+        merged=train_file(L.MERGED),
     log:
         log_path("merge", "{task}", "{run}"),
     benchmark:
@@ -13,11 +13,11 @@ rule merge:
     wildcard_constraints:
         run=C.VERL_RUN_PATTERN,
     retries: 1  # large checkpoints on shared filesystems: a transient I/O error can pass on retry
+    conda:
+        "../envs/train.yaml"
     threads: rule_threads("merge")
     resources:
         **rule_resources("merge"),
-    conda:
-        "../envs/train.yaml"
     shell:
         'repexp mlflow node --config "$REPEXP_CONFIG" --rule merge --snakemake-jobid {{{jobid}}} --task {wildcards.task} --run {wildcards.run}'
         " --attempt {resources.attempt} --output {output} --"

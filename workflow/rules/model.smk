@@ -3,16 +3,16 @@
 
 rule model:
     output:
-        directory(f"{RESULTS}/models/{{alias}}"),
+        directory(alias_model_dir()),
     log:
         log_path("model", "{alias}"),
     benchmark:
         benchmark_path("model", "{alias}")
+    conda:
+        "../envs/hf.yaml"
     threads: rule_threads("model")
     resources:
         **rule_resources("model"),
-    conda:
-        "../envs/hf.yaml"
     shell:
         'repexp mlflow node --config "$REPEXP_CONFIG" --rule model --snakemake-jobid {{{jobid}}} --wildcard alias={wildcards.alias}'
         " --attempt {resources.attempt} --output {output} --"

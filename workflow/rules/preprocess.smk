@@ -8,18 +8,18 @@ rule preprocess:
         train=data_file("train"),
         dev=data_file("dev"),
         test=data_file("test"),
-        manifest=f"{RESULTS}/data/{{task}}/manifest.json",
-    params:
-        flags=preprocess_flags,
+        manifest=manifest_file(),
     log:
         log_path("preprocess", "{task}"),
     benchmark:
         benchmark_path("preprocess", "{task}")
+    conda:
+        "../envs/core.yaml"
     threads: rule_threads("preprocess")
     resources:
         **rule_resources("preprocess"),
-    conda:
-        "../envs/core.yaml"
+    params:
+        flags=preprocess_flags,
     shell:
         'repexp mlflow node --config "$REPEXP_CONFIG" --rule preprocess --snakemake-jobid {{{jobid}}} --task {wildcards.task}'
         " --attempt {resources.attempt} --output {output} --"

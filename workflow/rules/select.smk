@@ -3,22 +3,22 @@
 
 rule select:
     input:
-        done=train_file("DONE"),
+        done=train_file(L.DONE),
     output:
-        pointer=train_file("select.json"),
-    params:
-        backend=backend_of,
+        pointer=train_file(L.SELECT),
     log:
         log_path("select", "{task}", "{run}"),
     benchmark:
         benchmark_path("select", "{task}", "{run}")
     wildcard_constraints:
         run=C.TRAINED_RUN_PATTERN,
+    conda:
+        "../envs/core.yaml"
     threads: rule_threads("select")
     resources:
         **rule_resources("select"),
-    conda:
-        "../envs/core.yaml"
+    params:
+        backend=backend_of,
     shell:
         'repexp mlflow node --config "$REPEXP_CONFIG" --rule select --snakemake-jobid {{{jobid}}} --task {wildcards.task} --run {wildcards.run}'
         " --attempt {resources.attempt} --output {output} --"

@@ -1,27 +1,27 @@
 # testtime: the paper's inference-time exploration on every evaluated run's stored samples. The
 # samples are taken in RepExp order (features of the frozen initial policy) and compared with a random
-# order of the same samples: pass@k of both, verifier efficiency, samples-to-correct (testtime.json).
+# order of the same samples: pass@k of both, verifier efficiency, samples-to-correct.
 
 
 rule testtime:
     input:
-        eval=f"{RESULTS}/eval/{{task}}/{{run}}/eval.json",
+        eval=eval_file(),
         model=model_dir(),
     output:
-        result=f"{RESULTS}/testtime/{{task}}/{{run}}/testtime.json",
-    params:
-        model=testtime_model,
-        flags=testtime_flags,
+        result=testtime_file(),
     log:
         log_path("testtime", "{task}", "{run}"),
     benchmark:
         benchmark_path("testtime", "{task}", "{run}")
     retries: 1  # resumes from its cached feature shards
+    conda:
+        "../envs/eval.yaml"
     threads: rule_threads("testtime")
     resources:
         **rule_resources("testtime"),
-    conda:
-        "../envs/eval.yaml"
+    params:
+        model=testtime_model,
+        flags=testtime_flags,
     shell:
         'repexp mlflow node --config "$REPEXP_CONFIG" --rule testtime --snakemake-jobid {{{jobid}}} --task {wildcards.task} --run {wildcards.run}'
         " --attempt {resources.attempt} --output {output} --"

@@ -7,9 +7,7 @@ rule train:
     input:
         unpack(train_inputs),
     output:
-        done=train_file("DONE"),
-    params:
-        training_hash=training_hash,
+        done=train_file(L.DONE),
     log:
         log_path("train", "{task}", "{run}"),
     benchmark:
@@ -19,11 +17,13 @@ rule train:
     # preemption, node failure or walltime: the next attempt resumes from a checkpoint (and from the
     # wall-clock budget used so far; config checks train.max_hours against these attempts)
     retries: C.TRAIN_RETRIES
+    conda:
+        "../envs/train.yaml"
     threads: rule_threads("train")
     resources:
         **rule_resources("train"),
-    conda:
-        "../envs/train.yaml"
+    params:
+        training_hash=training_hash,
     shell:
         'bash "$REPEXP_WORKFLOW_DIR/scripts/ray_slurm.sh" {resources.nodes} {resources.gpus_per_node} {threads}'
         ' repexp train --config "$REPEXP_CONFIG" --snakemake-jobid {{{jobid}}} --task {wildcards.task} --run {wildcards.run}'

@@ -1,0 +1,205 @@
+"""Every metric name repexp logs, defined once, and the metric dicts both trainer backends build.
+
+One spelling everywhere: what a trainer writes to `metrics.jsonl` and `best_dev.json` is what MLflow
+shows. MLflow forbids '@' in names, so pass@k is always `pass_at_<k>`, under its split:
+
+    dev/pass_at_<k>                    training validation, both backends (best-dev selection: dev/pass_at_1)
+    dev/num_problems, dev/samples_per_problem, dev/best_step
+    test/pass_at_<k>, test/pass_at_<k>_sem, test/maj_at_<k>, test/mean_at_n, test/<scalar>
+                                       eval node runs; sweep-point parents (aggregate) for k = 1, 16, 256, n
+    test/pass_at_k_curve.json          the full curve k = 1..n (an MLflow table on eval runs)
+    testtime/pass_at_<k>_repexp, testtime/pass_at_<k>_random, testtime/efficiency_at_<k>,
+    testtime/samples_to_correct_{repexp,random,ratio}                    testtime node runs, parents
+    best_dev_value                     select node runs, at the selected step
+
+Per training step, both backends (`bonus_metrics`, `group_metrics`, `dev_metrics` below):
+
+    repexp/bonus_raw/{mean,std,min,max}     the elliptical bonus before the turn-off rules and β
+    repexp/bonus_scaled/{mean,std,min,max}  β × the bonus after the turn-off rules (added to the reward)
+    repexp/bonus_turned_off_frac, repexp/hidden_norm/mean
+    repexp/groups/{none,some,all}_correct_frac, reward/verifier/mean, reward/shaped/mean
+    timing_s/repexp_forward, timing_s/repexp_bonus  (verl: its timers of these names), timing_s/step,
+    timing_s/testing
+
+A statistic of no rows is left out (never logged as 0). verl's own metrics keep verl's names; the
+TRL backend maps TRL's names onto them (`TRL_TO_VERL`).
+
+Pure: numpy and repexp.passk.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+DEV = "dev"
+TEST = "test"
+TESTTIME = "testtime"
+
+# --------------------------------------------------------------------------- pass@k and eval scalars
+
+
+def pass_at_k(split: str, k: int) -> str:
+    """`dev/pass_at_1`, `test/pass_at_16`."""
+    return f"{split}/pass_at_{int(k)}"
+
+
+def pass_at_k_sem(split: str, k: int) -> str:
+    return f"{pass_at_k(split, k)}_sem"
+
+
+def maj_at_k(split: str, k: int) -> str:
+    return f"{split}/maj_at_{int(k)}"
+
+
+def split_metric(split: str, name: str) -> str:
+    """An eval scalar under its split: `test/mean_at_n`, `test/num_problems`, ..."""
+    return f"{split}/{name}"
+
+
+PASS_AT_K_TABLE = "pass_at_k_curve.json"  # `<split>/pass_at_k_curve.json`: the full curve, k = 1..n
+
+
+def pass_at_k_table(split: str) -> str:
+    return split_metric(split, PASS_AT_K_TABLE)
+
+
+# --------------------------------------------------------------------------- training
+
+DEV_SELECTION = pass_at_k(DEV, 1)  # the metric best-dev selection maximises
+DEV_NUM_PROBLEMS = split_metric(DEV, "num_problems")
+DEV_SAMPLES_PER_PROBLEM = split_metric(DEV, "samples_per_problem")
+DEV_BEST_STEP = split_metric(DEV, "best_step")
+BEST_DEV_VALUE = "best_dev_value"  # select: the selected checkpoint's dev value
+
+BONUS_RAW = "repexp/bonus_raw"
+BONUS_SCALED = "repexp/bonus_scaled"
+STATISTICS = ("mean", "std", "min", "max")
+BONUS_TURNED_OFF = "repexp/bonus_turned_off_frac"
+HIDDEN_NORM_MEAN = "repexp/hidden_norm/mean"
+REWARD_VERIFIER_MEAN = "reward/verifier/mean"
+REWARD_SHAPED_MEAN = "reward/shaped/mean"
+GROUP_STATUSES = ("none_correct", "some_correct", "all_correct")
+
+TIMING_PREFIX = "timing_s/"  # verl's prefix of its timers (`marked_timer(name)` -> timing_s/<name>)
+TIMER_REPEXP_FORWARD = "repexp_forward"  # the frozen model's forward
+TIMER_REPEXP_BONUS = "repexp_bonus"  # projection, bonus and reward shaping
+TIMER_STEP = "step"
+TIMER_TESTING = "testing"  # validation
+
+
+def timing(timer: str) -> str:
+    return f"{TIMING_PREFIX}{timer}"
+
+
+def statistic(prefix: str, name: str) -> str:
+    return f"{prefix}/{name}"
+
+
+def group_fraction(status: str) -> str:
+    """`repexp/groups/none_correct_frac`: the fraction of prompt groups with that status."""
+    return f"repexp/groups/{status}_frac"
+
+
+# TRL/transformers log keys -> verl's name for the same quantity (others are kept as TRL names them)
+TRL_TO_VERL = {
+    "loss": "actor/pg_loss",
+    "grad_norm": "actor/grad_norm",
+    "learning_rate": "actor/lr",
+    "entropy": "actor/entropy",
+    "clip_ratio/region_mean": "actor/pg_clipfrac",
+    "completions/mean_length": "response_length/mean",
+    "completions/max_length": "response_length/max",
+    "completions/min_length": "response_length/min",
+    "completions/clipped_ratio": "response_length/clip_ratio",
+}
+# TRL's reward statistics describe what the reward function returns, here the group-normalised
+# advantage (mean 0, std 1 by construction); reward/shaped/mean and reward/verifier/mean replace them.
+TRL_DROPPED = ("reward", "reward_std", "rewards/repexp/mean", "rewards/repexp/std")
+
+# --------------------------------------------------------------------------- test-time RepExp
+
+
+def testtime_pass_at_k(k: int, order: str) -> str:
+    """pass@k of the samples taken in `order` (repexp | random)."""
+    return f"{TESTTIME}/pass_at_{int(k)}_{order}"
+
+
+def testtime_efficiency(k: int) -> str:
+    return f"{TESTTIME}/efficiency_at_{int(k)}"
+
+
+def testtime_samples_to_correct(name: str) -> str:
+    return f"{TESTTIME}/samples_to_correct_{name}"
+
+
+# --------------------------------------------------------------------------- MLflow-valid names
+
+_INVALID_CHARS = re.compile(r"[^/\w.\- :]")
+
+
+def metric_name(key: str) -> str:
+    """An MLflow-valid name for any key (verl's own `.../mean@4` too), mapped as verl's MLflow logger
+    maps it: `@` -> `_at_`, repeated slashes -> one, other invalid characters -> `_`."""
+    return _INVALID_CHARS.sub("_", re.sub(r"/+", "/", str(key).replace("@", "_at_")))
+
+
+# --------------------------------------------------------------------------- the metric dicts of both backends
+
+
+def summary(prefix: str, values: Any) -> dict[str, float]:
+    """{prefix/mean, /std, /min, /max} of the values (std unbiased; 0 for one value); {} for none."""
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    if values.size == 0:
+        return {}
+    return {
+        statistic(prefix, "mean"): float(values.mean()),
+        statistic(prefix, "std"): float(values.std(ddof=1)) if values.size > 1 else 0.0,
+        statistic(prefix, "min"): float(values.min()),
+        statistic(prefix, "max"): float(values.max()),
+    }
+
+
+def bonus_metrics(raw: Any, kept: Any, beta: float, hidden_norms: Any) -> dict[str, float]:
+    """The bonus statistics of one step over the rows that take part ({} for none): `raw` before the
+    turn-off rules, `kept` after them (unscaled), the norms of the rows' pooled hidden states."""
+    raw = np.asarray(raw, dtype=np.float64).reshape(-1)
+    kept = np.asarray(kept, dtype=np.float64).reshape(-1)
+    if raw.size == 0:
+        return {}
+    return {
+        **summary(BONUS_RAW, raw),
+        **summary(BONUS_SCALED, float(beta) * kept),
+        BONUS_TURNED_OFF: float(np.mean((kept == 0) & (raw != 0))),
+        HIDDEN_NORM_MEAN: float(np.mean(np.asarray(hidden_norms, dtype=np.float64))),
+    }
+
+
+def group_metrics(fractions: dict[str, float], verifier: Any, shaped: Any) -> dict[str, float]:
+    """Group-status fractions and the mean verifier and shaped reward of one step ({} for no rows)."""
+    verifier = np.asarray(verifier, dtype=np.float64).reshape(-1)
+    if verifier.size == 0:
+        return {}
+    metrics = {group_fraction(status): float(fractions[status]) for status in GROUP_STATUSES}
+    metrics[REWARD_VERIFIER_MEAN] = float(verifier.mean())
+    metrics[REWARD_SHAPED_MEAN] = float(np.mean(np.asarray(shaped, dtype=np.float64)))
+    return metrics
+
+
+def dev_metrics(num_samples: Any, num_correct: Any) -> dict[str, float]:
+    """Dev validation from per-problem sample counts: unbiased pass@k averaged over problems for
+    k = 1, 2, 4, ... up to the smallest sample count (and it), plus the problem and sample counts."""
+    from repexp.passk import pass_at_k as estimate
+    from repexp.passk import power_of_two_ks
+
+    n = np.broadcast_to(np.asarray(num_samples, dtype=np.int64), np.shape(num_correct))
+    if n.size == 0:
+        raise ValueError("validation produced no problems")
+    ks = power_of_two_ks(int(n.min()))
+    values = estimate(n, np.asarray(num_correct, dtype=np.int64), ks).mean(axis=0)
+    metrics = {pass_at_k(DEV, k): float(v) for k, v in zip(ks, values, strict=True)}
+    metrics[DEV_NUM_PROBLEMS] = float(n.size)
+    metrics[DEV_SAMPLES_PER_PROBLEM] = float(n.min())
+    return metrics

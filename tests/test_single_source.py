@@ -1,0 +1,301 @@
+"""One source of truth (issue 17): every results path, metric name and default is defined once.
+
+These tests fail when a copy reappears: a results file name or a metric name spelled outside
+`repexp.layout` / `repexp.metrics`, a bonus default or enum that differs between the pipeline
+config, the verl config node (Python and YAML) and the bonus maths, or a `repexp eval` default that
+is not the config's. The pure cores are checked to import no framework.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from repexp import bonus_defaults as B
+from repexp import config as C
+from repexp import layout
+from repexp import metrics as M
+
+REPO = Path(__file__).resolve().parents[1]
+OWNERS = {"repexp/layout.py", "repexp/metrics.py"}
+
+# --------------------------------------------------------------------------- spellings outside the owners
+
+_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'')
+# The slash-separated names of repexp.metrics (`dev/pass_at_1`, `repexp/bonus_raw/mean`, ...); human-readable
+# labels ("pass@1") and the keys of eval.json / the tidy table ("pass_at_k", "mean_at_n") are not metric names.
+_METRIC = re.compile(r"(^|[^\w.])(dev|test|testtime)/|repexp/(bonus|groups|hidden)|reward/(verifier|shaped)|"
+                     r"timing_s/|^best_dev_value$")
+
+
+def _layout_names() -> set[str]:
+    """The file and marker names of repexp.layout that no other module may spell as a path."""
+    names = {value for key, value in vars(layout).items() if key.isupper() and isinstance(value, str)
+             and (("." in value and not value.startswith(".") or value == layout.SUPERSEDED_DIR)
+                  or any(c.isupper() for c in value))}
+    return names | {layout.CHECKPOINTS_DIR, layout.STEP_PREFIX, layout.TRL_STAGING_DIR}
+
+
+def _python_strings(text: str):
+    """(line, string) of every string constant and f-string piece that is not a docstring."""
+    tree = ast.parse(text)
+    docstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docstrings.add(id(first.value))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            yield node.lineno, node.value
+
+
+def _snakemake_strings(text: str):
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.lstrip().startswith("#"):
+            for match in _STRING.finditer(line):
+                yield number, match.group(0)[1:-1]
+
+
+def spellings(path: Path, rel: str) -> list[str]:
+    """Where `path` spells a results file name or a metric name as code (a string without spaces: a
+    path or a key, not a message or help text)."""
+    text = path.read_text()
+    strings = _python_strings(text) if path.suffix == ".py" else _snakemake_strings(text)
+    found = []
+    names = _layout_names()
+    for line, value in strings:
+        if any(c.isspace() for c in value):
+            continue
+        for name in names:
+            if re.search(rf"(^|/){re.escape(name)}" + ("" if name.endswith("_") else "($|/)"), value):
+                found.append(f"{rel}:{line}: results name {name!r} in {value!r} (use repexp.layout)")
+        if _METRIC.search(value):
+            found.append(f"{rel}:{line}: metric name in {value!r} (use repexp.metrics)")
+    return found
+
+
+def _code_files() -> list[tuple[Path, str]]:
+    files = sorted((REPO / "repexp").rglob("*.py")) + sorted((REPO / "workflow" / "rules").glob("*.smk"))
+    files.append(REPO / "Snakefile")
+    return [(p, str(p.relative_to(REPO))) for p in files if str(p.relative_to(REPO)) not in OWNERS]
+
+
+def test_results_paths_and_metric_names_are_spelled_only_by_their_owners():
+    found = [hit for path, rel in _code_files() for hit in spellings(path, rel)]
+    assert not found, "\n".join(found)
+
+
+def test_the_spelling_check_finds_copies(tmp_path):
+    copy = tmp_path / "copy.py"
+    copy.write_text('"""eval.json in a docstring is prose."""\n'
+                    'A = f"{root}/eval/{task}/eval.json"\nB = "metrics.jsonl"\nC = f"global_step_{n}"\n'
+                    'D = "dev/pass_at_1"\nE = f"timing_s/{name}"\nF = "no eval.json here"\nG = "pass_at_k"\n')
+    rule = tmp_path / "x.smk"
+    rule.write_text('rule x:\n    output:\n        f"{RESULTS}/train/{{task}}/{{run}}/DONE",\n'
+                    '    # "DONE" in a comment\n')
+    assert sorted(int(h.split(":")[1]) for h in spellings(copy, "copy.py")) == [2, 3, 4, 5, 6]
+    assert [int(h.split(":")[1]) for h in spellings(rule, "x.smk")] == [3]
+
+
+def test_the_rules_take_their_outputs_from_the_layout():
+    """No rule builds a results path itself: the Snakefile's helpers (common.smk) use repexp.layout."""
+    for path in sorted((REPO / "workflow" / "rules").glob("*.smk")):
+        text = path.read_text()
+        assert "{RESULTS}" not in text, f"{path.name} builds a results path from RESULTS"
+    common = (REPO / "workflow" / "rules" / "common.smk").read_text()
+    assert "from repexp import layout as L" in common and "L.figure_stems(" in common  # not its own figure list
+
+
+# --------------------------------------------------------------------------- bonus defaults and enums
+
+
+def test_the_bonus_enums_are_one_object_everywhere():
+    from repexp import elliptical
+    from repexp.evaluate import engines
+    from repexp.verl import settings as verl_settings
+
+    assert C.REWARD_TYPES is B.REWARD_TYPES is elliptical.REWARD_TYPES
+    assert C.NORMALIZATIONS is B.NORMALIZATIONS is elliptical.NORMALIZATIONS
+    assert verl_settings.STRATEGIES is C.VERL_STRATEGIES
+    assert engines.DTYPES is C.DTYPES and engines.ENGINES is C.ENGINES
+    fields = {f.name: f for f in dataclasses.fields(C.BonusConfig)}
+    assert tuple(fields["reward_type"].metadata["enum"]) == B.REWARD_TYPES
+    assert tuple(fields["normalization"].metadata["enum"]) == B.NORMALIZATIONS
+
+
+def _bonus_default_of(name: str):
+    return getattr(B, name.upper())
+
+
+def test_bonus_defaults_agree_across_config_verl_node_and_maths():
+    from repexp.elliptical import PersistentCovariance, bonuses, combine_rewards
+    from repexp.elliptical_order import greedy_order
+    from repexp.verl.settings import RepExpSettings
+
+    bonus, verl = C.BonusConfig(), RepExpSettings()
+    shared = [f.name for f in dataclasses.fields(C.BonusConfig) if f.name != "representation_model"]
+    for name in shared:
+        assert getattr(bonus, name) == getattr(verl, name) == _bonus_default_of(name), name
+    assert C.SweepConfig().betas == [verl.beta] == [B.BETA]
+    pipeline_verl = C.VerlConfig()
+    assert (verl.strategy, verl.use_remove_padding, verl.micro_batch_size_per_gpu) == \
+        (pipeline_verl.strategy, pipeline_verl.use_remove_padding, pipeline_verl.repexp_micro_batch_size_per_gpu)
+    assert C.SweepConfig().sparse_dims == [verl.sparse_dim] == [B.SPARSE_DIM]
+    for function in (bonuses, PersistentCovariance, combine_rewards, greedy_order):
+        for name, parameter in inspect.signature(function).parameters.items():
+            if hasattr(B, name.upper()) and parameter.default is not inspect.Parameter.empty:
+                assert parameter.default == _bonus_default_of(name), f"{function.__name__}({name}=...)"
+
+
+def _yaml_node(*keys: str) -> dict:
+    node = yaml.safe_load((REPO / "repexp" / "verl" / "config" / "repexp_trainer.yaml").read_text())
+    for key in keys:
+        node = node[key]
+    return node
+
+
+@pytest.mark.parametrize("keys, cls_name", [(("actor_rollout_ref", "repexp"), "RepExpSettings"),
+                                            (("repexp_run",), "RunSettings")])
+def test_the_verl_yaml_nodes_equal_the_settings_dataclasses(keys, cls_name):
+    """The verl config node repeats the defaults for people reading it; they must be the dataclass's."""
+    from repexp.verl import settings as verl_settings
+
+    cls = getattr(verl_settings, cls_name)
+    node = _yaml_node(*keys)
+    assert set(node) == {f.name for f in dataclasses.fields(cls)}, f"{'.'.join(keys)}: keys differ from {cls_name}"
+    defaults = cls()
+    for name, value in node.items():
+        if isinstance(value, str) and value.startswith("${"):
+            continue  # an interpolation of verl's own setting (the actor's strategy, its packing)
+        assert value == getattr(defaults, name), f"{'.'.join(keys)}.{name}: {value!r} in the YAML"
+
+
+# --------------------------------------------------------------------------- eval defaults
+
+
+def _eval_args(*argv: str) -> argparse.Namespace:
+    from repexp import evaluate
+
+    parser = argparse.ArgumentParser()
+    evaluate.configure_parser(parser)
+    return parser.parse_args(["--out", "x", *argv])
+
+
+def test_repexp_eval_defaults_are_the_config_defaults():
+    from repexp.evaluate.core import SamplingSettings
+    from repexp.evaluate.engines import EngineOptions
+    from repexp.evaluate.runner import EvalConfig as RunnerConfig
+
+    args, ev = _eval_args(), C.EvalConfig()
+    for name in ("n_samples", "temperature", "top_p", "engine", "batch_size", "shard_size", "dtype",
+                 "tensor_parallel_size", "data_parallel_size", "gpu_memory_utilization", "max_model_len",
+                 "enforce_eager"):
+        assert getattr(args, name) == getattr(ev, name), f"repexp eval --{name.replace('_', '-')}"
+    assert args.max_new_tokens == C.max_new_tokens(ev, C.TrainConfig()) == C.TrainConfig().max_response_length
+    sampling, options = SamplingSettings(), EngineOptions()
+    assert (sampling.n, sampling.temperature, sampling.top_p, sampling.max_new_tokens, sampling.seed) == \
+        (args.n_samples, args.temperature, args.top_p, args.max_new_tokens, args.seed)
+    for name in ("batch_size", "dtype", "tensor_parallel_size", "gpu_memory_utilization", "max_model_len",
+                 "enforce_eager"):
+        assert getattr(options, name) == getattr(ev, name), f"EngineOptions.{name}"
+    assert (RunnerConfig.shard_size, RunnerConfig.data_parallel_size, RunnerConfig.maj_draws) == \
+        (ev.shard_size, ev.data_parallel_size, args.maj_draws)
+
+
+def test_repexp_testtime_defaults_are_the_config_defaults():
+    from repexp import testtime
+
+    parser = argparse.ArgumentParser()
+    testtime.configure_parser(parser)
+    args = parser.parse_args(["--eval-dir", "e", "--model", "m", "--out", "o"])
+    tt = C.TesttimeConfig()
+    assert (args.sparse_dim, args.projection_seed, args.batch_size, args.dtype, args.bootstrap) == \
+        (tt.sparse_dim, tt.projection_seed, tt.batch_size, tt.dtype, tt.bootstrap)
+    assert args.lamb == C.BonusConfig().lamb and not args.no_center == C.BonusConfig().center
+
+
+# --------------------------------------------------------------------------- both backends, one set of metrics
+
+
+def test_both_backends_build_their_step_and_dev_metrics_with_one_function():
+    """verl's bonus glue and TRL's reward build their metrics with repexp.metrics: the same names, and
+    nothing (never zeros) for a step in which no row takes part."""
+    import torch
+
+    from repexp.verl.bonus import BonusState, compute_step_bonus
+    from repexp.verl.settings import RepExpSettings
+    from repexp.verl.validation import dev_pass_at_k
+
+    settings = RepExpSettings(sparse_dim=4)
+    hidden = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
+    scores = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    uids = ["a", "a", "b", "b"]
+    result = compute_step_bonus(hidden, uids, scores, torch.zeros(4, dtype=torch.bool), settings, 1,
+                                BonusState(settings))
+    expected = {M.statistic(prefix, s) for prefix in (M.BONUS_RAW, M.BONUS_SCALED) for s in M.STATISTICS}
+    expected |= {M.BONUS_TURNED_OFF, M.HIDDEN_NORM_MEAN, M.REWARD_VERIFIER_MEAN, M.REWARD_SHAPED_MEAN}
+    expected |= {M.group_fraction(status) for status in M.GROUP_STATUSES}
+    assert set(result.metrics) == expected
+    excluded = compute_step_bonus(hidden, uids, scores, torch.ones(4, dtype=torch.bool), settings, 1,
+                                  BonusState(settings))
+    assert excluded.metrics == {}
+    assert M.bonus_metrics([], [], 0.1, []) == {} and M.group_metrics({}, [], []) == {} and M.summary("x", []) == {}
+
+    dev = dev_pass_at_k(["p", "p", "q", "q"], [1.0, 0.0, 0.0, 0.0])
+    assert dev == M.dev_metrics([2, 2], [1, 0])  # repexp.trl.validation.validate returns dev_metrics(n, correct)
+    assert dev == {"dev/pass_at_1": 0.25, "dev/pass_at_2": 0.5, "dev/num_problems": 2.0,
+                   "dev/samples_per_problem": 2.0}
+    source = (REPO / "repexp" / "trl" / "validation.py").read_text()
+    assert "return dev_metrics(n, correct)" in source
+
+
+# --------------------------------------------------------------------------- pure cores
+
+PURE_CORES = ("repexp.elliptical", "repexp.elliptical_order", "repexp.passk", "repexp.verify",
+              "repexp.verify.compare", "repexp.verify.extract", "repexp.verify.normalize", "repexp.verify.paper",
+              "repexp.verify.pool", "repexp.verify.routing", "repexp.verify.scoring", "repexp.verify.timeout",
+              "repexp.splits", "repexp.config", "repexp.arith", "repexp.testtime.core", "repexp.layout",
+              "repexp.metrics", "repexp.bonus_defaults", "repexp.io")
+FRAMEWORKS = ("verl", "trl", "transformers", "mlflow", "vllm", "snakemake", "ray", "hydra")
+
+
+def test_every_verify_submodule_is_listed():
+    listed = {m for m in PURE_CORES if m.startswith("repexp.verify.")}
+    assert listed == {f"repexp.verify.{p.stem}" for p in (REPO / "repexp" / "verify").glob("*.py")
+                      if p.stem != "__init__"}
+
+
+def test_the_pure_cores_import_no_framework():
+    """In a fresh interpreter, importing (and using) the pure cores loads none of the frameworks; the
+    verifier and the config stay free of torch too."""
+    code = (
+        "import importlib, sys\n"
+        f"for name in {PURE_CORES!r}:\n"
+        "    importlib.import_module(name)\n"
+        "from repexp import config, verify\n"
+        "config.load('configs/test.yaml')\n"
+        "assert verify.score('openai/gsm8k', '#### 18.00', '18') == 1.0\n"
+        "assert verify.score('aime24', 'so \\\\boxed{33}', '33', grader='paper') == 1.0\n"
+        "verify.score_batch(['DigitalLearningGmbH/MATH-lighteval'] * 2, ['\\\\boxed{0.5}', '\\\\fbox{1}'],"
+        " '\\\\frac12', workers=1)\n"
+        f"print(sorted(m for m in {FRAMEWORKS!r} if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split("\n")[-2] == "[]", result.stdout
+    torch_free = ("repexp.config", "repexp.verify", "repexp.layout", "repexp.metrics", "repexp.passk", "repexp.splits")
+    code = ("import importlib, sys\n"
+            f"for name in {torch_free!r}:\n    importlib.import_module(name)\n"
+            "print('torch' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0 and result.stdout.strip() == "False", result.stdout + result.stderr[-3000:]
