@@ -466,7 +466,9 @@ def test_settings_that_do_not_change_training_rerun_no_training(finished_paper, 
 
 def test_bonus_settings_rerun_the_repexp_runs_only(finished_paper):
     counts, text = dry_paper(finished_paper, "bonus.lamb=0.1")
-    assert counts == {"train": 9, "select": 9, "merge": 9, "eval": 9, "testtime": 9, "aggregate": 1, "figures": 1,
+    # Test-time RepExp selects with the training bonus's λ, so every run's testtime node (18 trained + 3 base)
+    # reruns on its existing samples; only the 9 RepExp trainings (and what follows them) retrain.
+    assert counts == {"train": 9, "select": 9, "merge": 9, "eval": 9, "testtime": 21, "aggregate": 1, "figures": 1,
                       "all": 1}
     trained = re.findall(r"^rule train:\n(?:.*\n)*?\s+wildcards: task=\S+, run=(\S+)\n", text, re.M)
     assert trained and all("_repexp_" in run for run in trained)  # none of the β = 0 (GRPO) runs

@@ -54,6 +54,13 @@ head_node=${hosts[0]}
 head_ip=$(srun --overlap --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address | awk '{print $1}')
 port=${REPEXP_RAY_PORT:-6379}
 export RAY_ADDRESS="$head_ip:$port"
+# Ray 2.60 turns token authentication on for a head that `ray start` creates, and a node or driver
+# without the head's token is refused. One fresh token per job, exported so that every srun step
+# (srun passes the environment on) and COMMAND's ray.init() hold it; never ~/.ray/auth_token, which
+# every job and the user's own clusters share.
+export RAY_AUTH_MODE=token
+RAY_AUTH_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(32))')
+export RAY_AUTH_TOKEN
 # Ray's temp dir per job: several jobs may share a node.
 ray_tmp="${TMPDIR:-/tmp}/ray-$SLURM_JOB_ID"
 
