@@ -237,7 +237,7 @@ def test_bad_inputs_are_named(tiny_model, data_file, tmp_path, capsys):
     assert cli.main(eval_args(tmp_path / "no_model", data_file, tmp_path / "e")) == 2
     assert "model directory not found" in capsys.readouterr().err
     assert cli.main(["eval", "--rescore", "--out", str(tmp_path / "nothing")]) == 2
-    assert "no sample store to rescore" in capsys.readouterr().err
+    assert "no sample store (nothing to rescore)" in capsys.readouterr().err
 
 
 def test_mlflow_metrics_shape(reference_run):

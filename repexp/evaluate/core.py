@@ -153,6 +153,11 @@ def eval_result(
     if truncated is not None:
         cut = np.concatenate([np.asarray(t, dtype=bool) for t in truncated])
         result["truncated_fraction"] = float(cut.mean())
+    return add_metadata(result, metadata)
+
+
+def add_metadata(result: dict[str, Any], metadata: dict[str, Any] | None) -> dict[str, Any]:
+    """`result` with the caller's metadata keys added; a key that would overwrite a computed one is refused."""
     if metadata:
         overlap = set(metadata) & set(result)
         if overlap:

@@ -408,11 +408,7 @@ def rescore(out_dir: str | Path, *, ks=None, maj_draws: int = 1000, verifier_wor
     """
     out_dir = Path(out_dir)
     store = SampleStore(out_dir)
-    meta = store.read_meta()
-    if meta is None:
-        raise FileNotFoundError(f"{store.meta_path}: no sample store to rescore")
-    if meta.get("format") != core.STORE_FORMAT:
-        raise ValueError(f"{store.meta_path}: store format {meta.get('format')} is not {core.STORE_FORMAT}")
+    meta = store.require_meta(core.STORE_FORMAT, "nothing to rescore")
     gen = meta["generation"]
     settings = SamplingSettings(**gen["sampling"])
     problem_ids = meta["problem_ids"]

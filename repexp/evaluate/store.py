@@ -68,6 +68,15 @@ class SampleStore:
     def read_meta(self) -> dict[str, Any] | None:
         return read_json(self.meta_path) if self.meta_path.exists() else None
 
+    def require_meta(self, store_format: int, missing: str) -> dict[str, Any]:
+        """The meta of a store that must exist in `store_format`; `missing` says what to do if it does not."""
+        meta = self.read_meta()
+        if meta is None:
+            raise FileNotFoundError(f"{self.meta_path}: no sample store ({missing})")
+        if meta.get("format") != store_format:
+            raise ValueError(f"{self.meta_path}: store format {meta.get('format')} is not {store_format}")
+        return meta
+
     def open(self, meta: dict[str, Any], *, compare: Sequence[str] | None = None, overwrite: bool = False,
              shard_rows: Sequence[int] | None = None) -> list[int]:
         """Start or resume the store for `meta`; returns the indices of complete shards.

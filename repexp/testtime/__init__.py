@@ -94,11 +94,7 @@ def _load_evaluation(eval_dir: Path, data: Path | None):
     from repexp.evaluate.store import SampleStore
 
     store = SampleStore(eval_dir)
-    meta = store.read_meta()
-    if meta is None:
-        raise FileNotFoundError(f"{store.meta_path}: no sample store (run `repexp eval` first)")
-    if meta.get("format") != eval_core.STORE_FORMAT:
-        raise ValueError(f"{store.meta_path}: store format {meta.get('format')} is not {eval_core.STORE_FORMAT}")
+    meta = store.require_meta(eval_core.STORE_FORMAT, "run `repexp eval` first")
     if not (eval_dir / layout.EVAL_JSON).is_file():
         raise FileNotFoundError(f"{eval_dir / layout.EVAL_JSON}: the evaluation is not complete "
                                 f"(no {layout.EVAL_JSON})")

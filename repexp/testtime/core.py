@@ -27,6 +27,7 @@ import numpy as np
 
 from repexp import metrics as metric_names
 from repexp import passk
+from repexp.evaluate.core import add_metadata
 
 EQUAL_TOLERANCE = 1e-12  # pass@k means that agree to this count as equal (float noise in the means)
 DEFAULT_BOOTSTRAP = 1000
@@ -177,12 +178,7 @@ def testtime_result(
             if np.isfinite(boot_ratio).any() else [None] * len(reference_ks)
         stc = samples_to_correct(first, n, c, weights)[2]
         result["samples_to_correct"]["ratio_ci95"] = _interval(stc[:, None])[0]
-    if metadata:
-        overlap = set(metadata) & set(result)
-        if overlap:
-            raise ValueError(f"metadata would overwrite result keys {sorted(overlap)}")
-        result.update(metadata)
-    return result
+    return add_metadata(result, metadata)
 
 
 def mlflow_metrics(result: dict[str, Any]) -> dict[str, float]:
