@@ -1,5 +1,5 @@
-"""Shared by tests/test_faults.py and tests/test_slurm.py: the uninterrupted reference run of the
-test config, made once per pytest session (`import _reliability_fixtures`; tests/conftest.py puts
+"""Shared by tests/test_faults.py, test_slurm.py, test_tracking.py and test_workflow.py: the uninterrupted
+reference run of the test config, made once per pytest session (`import _reliability_fixtures`; tests/conftest.py puts
 tests/ on sys.path, so both modules share this one module and its cache).
 """
 
@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -17,7 +18,9 @@ REPEXP = str(VENV_BIN / "repexp")
 TEST_CONFIG = REPO / "configs" / "test.yaml"
 TEST_TASK = "gsm8k"  # configs/test.yaml
 
-_reference: dict[str, Path] = {}
+# The session's one uninterrupted local run of the test DAG (its workdir and snakemake's output), read by the
+# fault, SLURM, tracking and workflow tests; made once because it is the suite's most expensive step.
+_reference: dict[str, Any] = {}
 
 
 def quiet_env(**extra: str) -> dict:
@@ -72,13 +75,20 @@ def output_tail(proc: subprocess.CompletedProcess, chars: int = 6000) -> str:
 
 
 def reference_run(tmp_path_factory) -> Path:
-    """The workdir of one uninterrupted `snakemake all --profile local --configfile configs/test.yaml`."""
+    """The workdir of one uninterrupted `snakemake all --profile local --configfile configs/test.yaml` on 2 cores
+    (the CI run). Shared by every test that reads it: no test may write into it."""
     if "local" not in _reference:
         workdir = tmp_path_factory.mktemp("reference_local_run")
         isolated_config(workdir)
         proc = run(snakemake_cmd(workdir, "--cores", "2", "all"), cwd=REPO, timeout=1800)
         if proc.returncode != 0:
             raise AssertionError(f"the reference local run failed (exit {proc.returncode}):\n{output_tail(proc)}")
-        _reference["local"] = workdir
+        _reference["local"], _reference["local_proc"] = workdir, proc
     return _reference["local"]
+
+
+def reference_run_output(tmp_path_factory) -> subprocess.CompletedProcess:
+    """Snakemake's output of the reference run (job counts, the order it ran in)."""
+    reference_run(tmp_path_factory)
+    return _reference["local_proc"]
 

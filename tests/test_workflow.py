@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _reliability_fixtures as fx  # noqa: E402 (tests/ is on sys.path: tests/conftest.py)
 import pytest
 import yaml
 
@@ -239,12 +240,10 @@ def test_non_canonical_run_names_are_rejected(tmp_path):
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
-    """configs/test.yaml end to end with the local profile on 2 cores (the CI run)."""
-    workdir = tmp_path_factory.mktemp("pipeline")
-    results = workdir / "results"
-    proc = snakemake("all", "--profile", "local", "--cores", "2", "--configfile", str(TEST),
-                     "--config", f"results_dir={results}", workdir=workdir, timeout=1500)
-    return workdir, results, proc
+    """configs/test.yaml end to end with the local profile on 2 cores (the CI run): the session's reference
+    run, which the fault, SLURM and tracking tests read too (tests/_reliability_fixtures.py)."""
+    workdir = fx.reference_run(tmp_path_factory)
+    return workdir, fx.results(workdir), fx.reference_run_output(tmp_path_factory)
 
 
 def _mlflow_runs(results: Path) -> list:
