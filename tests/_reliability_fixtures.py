@@ -1,6 +1,6 @@
 """Shared by tests/test_faults.py, test_slurm.py, test_tracking.py and test_workflow.py: the uninterrupted
 reference run of the test config, made once per pytest session (`import _reliability_fixtures`; tests/conftest.py puts
-tests/ on sys.path, so both modules share this one module and its cache).
+tests/ on sys.path, so these modules share this one module and its cache).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def output_tail(proc: subprocess.CompletedProcess, chars: int = 6000) -> str:
 
 def reference_run(tmp_path_factory) -> Path:
     """The workdir of one uninterrupted `snakemake all --profile local --configfile configs/test.yaml` on 2 cores
-    (the CI run). Shared by every test that reads it: no test may write into it."""
+    (the CI run). Shared: a test may add beside it (a report, a server's log) but never change its results."""
     if "local" not in _reference:
         workdir = tmp_path_factory.mktemp("reference_local_run")
         isolated_config(workdir)
