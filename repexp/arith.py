@@ -1,4 +1,4 @@
-"""The built-in arithmetic task `arith`: single-digit `a + b`, `a - b` (a ≥ b) and `a * b` questions.
+"""The built-in arithmetic tasks: `arith` (single-digit `a + b`, `a - b`, `a * b`) and `arith-hard`.
 
 Why it exists: the README run has to show the method on a 2-core CPU in minutes, with pass@k
 curves that are not all zero. On GSM8K a CPU-sized model (SmolLM2-135M-Instruct, offline) solves
@@ -48,3 +48,88 @@ def split(seed: int) -> dict[str, list[Question]]:
     dev = sorted(order[TEST_SIZE:TEST_SIZE + DEV_SIZE].tolist())
     train = sorted(order[TEST_SIZE + DEV_SIZE:].tolist())
     return {name: [questions[i] for i in idx] for name, idx in (("train", train), ("dev", dev), ("test", test))}
+
+
+# --------------------------------------------------------------------------- arith-hard (the pilot's task)
+#
+# Why: the GPU pilot (configs/pilot.yaml, docs/pilot.md) needs questions on which
+# SmolLM2-135M-Instruct is right sometimes but not always (base pass@1 of a few percent, pass@256
+# clearly below 1), with enough distinct problems for a 512-question test split. Single-digit
+# `arith` saturates (pass@256 = 1 for the base model); these leave room for exploration to matter.
+# Each kind is a finite, enumerable space; the split draws questions without replacement from the
+# union of `HARD_KINDS`, so train, dev and test are disjoint by construction.
+
+TWO_DIGITS = range(10, 100)
+SMALL = range(2, 10)  # one-digit factors; 0 and 1 make trivial products
+
+KINDS = {
+    # name: (description, generator of (expression, value))
+    "one": ("one-digit a + b, a - b (a >= b), a * b: the `arith` questions", lambda: (
+        (q.text.removeprefix("What is ").removesuffix("?"), q.answer) for q in all_questions())),
+    "add21": ("two-digit + one-digit", lambda: ((f"{a} + {b}", a + b) for a in TWO_DIGITS for b in DIGITS)),
+    "sub21": ("two-digit - one-digit", lambda: ((f"{a} - {b}", a - b) for a in TWO_DIGITS for b in DIGITS)),
+    "add2": ("two-digit + two-digit", lambda: ((f"{a} + {b}", a + b) for a in TWO_DIGITS for b in TWO_DIGITS)),
+    "sub2": ("two-digit - two-digit, a > b",
+             lambda: ((f"{a} - {b}", a - b) for a in TWO_DIGITS for b in TWO_DIGITS if a > b)),
+    "mul21": ("two-digit * one-digit", lambda: ((f"{a} * {b}", a * b) for a in TWO_DIGITS for b in SMALL)),
+    "addmul": ("two-digit + one-digit * one-digit",
+               lambda: ((f"{a} + {b} * {c}", a + b * c) for a in TWO_DIGITS for b in SMALL for c in SMALL)),
+    "mul22": ("two-digit * two-digit", lambda: ((f"{a} * {b}", a * b) for a in TWO_DIGITS for b in TWO_DIGITS)),
+}
+
+
+def kind_questions(kind: str) -> list[Question]:
+    """Every question of one kind, in a fixed order (index = position within the kind)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown arith-hard kind {kind!r} (known: {', '.join(KINDS)})")
+    return [Question(i, f"What is {expr}?", value) for i, (expr, value) in enumerate(KINDS[kind][1]())]
+
+
+HARD_SYSTEM_PROMPT = "Answer with just the number."
+# Worked examples shown as earlier chat turns: the model copies their form (the number alone), so
+# answers end in a few tokens instead of running into the token cap. None of them belongs to any
+# kind above (three-digit operands, or a one-digit first factor of a two-digit one), so no split
+# question is shown.
+HARD_SHOTS = (("What is 120 + 35?", "155"), ("What is 6 * 12?", "72"), ("What is 300 - 47?", "253"))
+HARD_MAX_NEW_TOKENS = 16
+
+
+def hard_messages(question_text: str, shots: bool = True) -> list[dict]:
+    """The arith-hard prompt as chat messages: the system instruction, the worked examples, the question."""
+    messages = [{"role": "system", "content": HARD_SYSTEM_PROMPT}]
+    for question, answer in HARD_SHOTS if shots else ():
+        messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    return messages + [{"role": "user", "content": question_text}]
+
+# kind: (test, dev, at most this many train questions). Test and dev are balanced over kinds; the
+# one-digit kind (base pass@1 about 0.2, the rest about 0.02-0.03: docs/pilot.md) gives the model
+# a reward signal from the first step, the multi-digit kinds keep pass@256 below 1. Train is capped
+# per kind so that the two largest spaces (add2, sub2) do not drown the others.
+HARD_KINDS = {"one": (64, 16, 640), "add21": (96, 32, 640), "sub21": (96, 32, 640), "add2": (96, 32, 640),
+              "sub2": (96, 32, 640), "mul21": (96, 32, 640)}
+
+
+def hard_questions() -> list[Question]:
+    """Every arith-hard question: the kinds of `HARD_KINDS` one after another, indexed across them."""
+    out: list[Question] = []
+    for kind in HARD_KINDS:
+        out += [Question(len(out) + q.index, q.text, q.answer) for q in kind_questions(kind)]
+    return out
+
+
+def hard_split(seed: int) -> dict[str, list[Question]]:
+    """Seeded disjoint train/dev/test split of `hard_questions()`: per kind, a seeded permutation
+    gives its test, then dev, then (up to the cap) train questions (`HARD_KINDS`)."""
+    questions = hard_questions()
+    parts: dict[str, list[int]] = {"train": [], "dev": [], "test": []}
+    start = 0
+    for number, (kind, (test, dev, train)) in enumerate(HARD_KINDS.items()):
+        size = sum(1 for _ in KINDS[kind][1]())
+        if size < test + dev + 1:
+            raise ValueError(f"arith-hard kind {kind}: {size} questions cannot give {test} test + {dev} dev + train")
+        order = start + np.random.default_rng(np.random.SeedSequence([seed, 0xA218, number])).permutation(size)
+        parts["test"] += order[:test].tolist()
+        parts["dev"] += order[test:test + dev].tolist()
+        parts["train"] += order[test + dev:test + dev + train].tolist()
+        start += size
+    return {name: [questions[i] for i in sorted(idx)] for name, idx in parts.items()}

@@ -38,8 +38,8 @@ from repexp import bonus_defaults as B
 from repexp import layout
 from repexp.verify.routing import DEFAULT_GRADER, GRADERS
 
-TASKS = ("math", "gsm8k", "aime24", "dapo-with-aime24", "arith")
-GENERATED_TASKS = ("arith",)  # built in (repexp.arith): read no data.source
+TASKS = ("math", "gsm8k", "aime24", "dapo-with-aime24", "arith", "arith-hard")
+GENERATED_TASKS = ("arith", "arith-hard")  # built in (repexp.arith): read no data.source
 BACKENDS = ("trl", "verl")
 METHODS = ("repexp", "grpo", "base")
 REWARD_TYPES = B.REWARD_TYPES
@@ -163,6 +163,10 @@ class EvalConfig:
     tensor_parallel_size: int = _f(1, help="vLLM tensor parallel size", minimum=1)
     data_parallel_size: int = _f(1, help="vLLM data parallel size", minimum=1)
     gpu_memory_utilization: float = _f(0.85, help="vLLM memory fraction", exclusiveMinimum=0, maximum=1)
+    kv_cache_gib: Optional[float] = _f(None, help="vLLM KV-cache size in GiB instead of profiling free memory "
+                                       "(null: profile); jobs that start beside others on one GPU need it, since "
+                                       "vLLM's profiling fails when a neighbour frees memory meanwhile",
+                                       exclusiveMinimum=0, runtime=True)
     max_model_len: Optional[int] = _f(None, help="vLLM context length (null: prompt + response)", minimum=1)
     dtype: str = _f("auto", help="model dtype for sampling", enum=DTYPES)
     enforce_eager: bool = _f(False, help="vLLM without CUDA graphs: a faster engine start, slower sampling "
@@ -214,6 +218,9 @@ class TrlConfig:
     bonus_micro_batch_size: int = _f(32, help="sequences per frozen-model forward of the bonus features", minimum=1,
                                      runtime=True)
     num_threads: Optional[int] = _f(None, help="torch CPU threads (null: torch's default)", minimum=1, runtime=True)
+    gpu_memory_fraction: Optional[float] = _f(None, help="cap on the job's CUDA memory as a fraction of the GPU "
+                                              "(torch's per-process fraction), so jobs can share one GPU; null: none",
+                                              exclusiveMinimum=0, maximum=1, runtime=True)
 
 
 @dataclass
@@ -237,6 +244,9 @@ class RuleResources:
     cpus_per_task: int = _f(1, help="CPU cores (per node)", minimum=1)
     mem_mb: int = _f(4000, help="memory per node (MB)", minimum=1)
     runtime: int = _f(60, help="wall-clock limit (minutes)", minimum=1)
+    gpu_share: int = _f(100, help="percent of one GPU a job with gpu > 0 takes when jobs share a GPU on one machine "
+                        "(`--resources gpu_share=100` per GPU runs jobs side by side while their shares fit; "
+                        "SLURM gives each job whole GPUs and ignores it)", minimum=1, maximum=100)
 
 
 def _default_resources() -> dict:
@@ -600,8 +610,14 @@ def _check_training(cfg: PipelineConfig, task: str) -> None:
         if sequences % micro:
             raise ConfigError(f"{key('micro_batch_size_per_gpu')}: {micro} does not divide the {sequences} "
                               f"sequences of a PPO mini-batch (ppo_mini_batch_size × n_rollouts)")
+        trl = task_section(cfg, task, "trl")
+        if trl.device != "cpu":
+            _check_share(trl.gpu_memory_fraction, rule_resources(cfg, "train"), "train",
+                         _key(cfg, task, "trl", "gpu_memory_fraction"))
     if "verl" in cfg.sweep.backends:
         _check_verl(cfg, task, train, repexp_runs=bool(betas))
+        _check_share(task_section(cfg, task, "verl").gpu_memory_utilization, rule_resources(cfg, "train"), "train",
+                     _key(cfg, task, "verl", "gpu_memory_utilization"))
 
 
 def _check_verl(cfg: PipelineConfig, task: str, train: TrainConfig, repexp_runs: bool) -> None:
@@ -648,6 +664,17 @@ def _check_eval(cfg: PipelineConfig, task: str) -> None:
             raise ConfigError(
                 f"{_key(cfg, task, 'eval', 'tensor_parallel_size')}: {ev.tensor_parallel_size} × data_parallel_size "
                 f"{ev.data_parallel_size} needs {needed} GPUs, but resources.eval.gpu grants {res.gpu} (task {task})")
+        _check_share(ev.gpu_memory_utilization, res, "eval", _key(cfg, task, "eval", "gpu_memory_utilization"))
+
+
+def _check_share(fraction: Optional[float], res: RuleResources, rule: str, key: str) -> None:
+    """A job that shares its GPU (resources.<rule>.gpu_share < 100) must cap its memory within its share."""
+    if res.gpu == 0 or res.gpu_share == 100:
+        return
+    if fraction is None or fraction * 100 > res.gpu_share + 1e-9:
+        raise ConfigError(
+            f"{key}: {fraction} of the GPU's memory, but resources.{rule}.gpu_share is {res.gpu_share}%: jobs side by "
+            f"side on one GPU would not fit; set it to at most {res.gpu_share / 100:g}")
 
 
 # --------------------------------------------------------------------------- local paths

@@ -41,7 +41,7 @@ from typing import Any, Optional
 from repexp import arith, layout
 from repexp import splits as sp
 
-TASKS = ("math", "gsm8k", "aime24", "dapo-with-aime24", "arith")
+TASKS = ("math", "gsm8k", "aime24", "dapo-with-aime24", "arith", "arith-hard")
 SPLITS = layout.SPLITS
 
 # Upstream instruction suffixes (the prompt is question + " " + suffix, one user turn).
@@ -54,6 +54,7 @@ GSM8K_DATA_SOURCE = "openai/gsm8k"
 AIME_DATA_SOURCE = "aime24"
 DAPO_DATA_SOURCE = "math_dapo"
 ARITH_DATA_SOURCE = "repexp/arith"  # built in (repexp.arith); routes to repexp.verify's arith family
+ARITH_HARD_DATA_SOURCE = "repexp/arith-hard"  # built in (repexp.arith); the final-number family
 
 DAPO_HF_ID = "ftajwar/deduplicated_dapo_dataset"
 HF = "hf"
@@ -234,7 +235,7 @@ def load_hf(names: Sequence[str],
 @dataclass
 class Problem:
     problem_id: str
-    source: str  # math | gsm8k | aime24 | dapo | arith
+    source: str  # math | gsm8k | aime24 | dapo | arith | arith-hard
     source_split: str
     index: int  # row index in the source split (upstream's extra_info.index)
     question: str
@@ -385,7 +386,7 @@ def tables_needed(task: str, options: Options) -> list[str]:
         return ["dapo" if options.aime_train == "dapo" else "math_train", "aime24"]
     if task == "dapo-with-aime24":
         return ["dapo", "aime24"]
-    if task == "arith":
+    if task in ("arith", "arith-hard"):
         return []  # generated (repexp.arith): no source files
     raise DataError(f"unknown task {task!r} (choose from {', '.join(TASKS)})")
 
@@ -434,6 +435,13 @@ def build(task: str, tables: dict[str, RawTable], options: Options) -> Prepared:
         train, dev, test = generated["train"], generated["dev"], generated["test"]
         dev_equals_test = False
         notes.append(f"generated: {len(train)} train, {len(dev)} dev, {len(test)} test questions (repexp.arith)")
+    elif task == "arith-hard":
+        generated = {name: [arith_hard_problem(q) for q in questions]
+                     for name, questions in arith.hard_split(options.seed).items()}
+        train, dev, test = generated["train"], generated["dev"], generated["test"]
+        dev_equals_test = False
+        notes.append(f"generated: {len(train)} train, {len(dev)} dev, {len(test)} test questions "
+                     f"(repexp.arith, kinds {', '.join(arith.HARD_KINDS)})")
     else:
         raise DataError(f"unknown task {task!r} (choose from {', '.join(TASKS)})")
 
@@ -488,12 +496,19 @@ def arith_problem(question: arith.Question) -> Problem:
                    str(question.answer), ARITH_DATA_SOURCE)
 
 
+def arith_hard_problem(question: arith.Question) -> Problem:
+    return Problem(f"arith-hard/{question.index}", "arith-hard", "generated", question.index, question.text,
+                   str(question.answer), ARITH_HARD_DATA_SOURCE)
+
+
 def chat_prompt(problem: Problem) -> list[dict]:
     """The prompt as chat messages: question + instruction in one user turn; the built-in arithmetic
     task puts its instruction in a short system turn instead (it replaces the chat template's default
     system prompt, which would be most of the prompt's tokens)."""
     if problem.source == "arith":
         return [{"role": "system", "content": arith.SYSTEM_PROMPT}, {"role": "user", "content": problem.question}]
+    if problem.source == "arith-hard":
+        return arith.hard_messages(problem.question)
     return [{"role": "user", "content": f"{problem.question} {instruction_for(problem)}"}]
 
 
@@ -639,7 +654,8 @@ def prepare(
         "dev_equals_test": prepared.dev_equals_test,
         "dropped": prepared.dropped,
         "notes": prepared.notes,
-        "instruction": {"gsm8k": GSM8K_INSTRUCTION, "arith": arith.SYSTEM_PROMPT}.get(task, MATH_INSTRUCTION),
+        "instruction": {"gsm8k": GSM8K_INSTRUCTION, "arith": arith.SYSTEM_PROMPT,
+                        "arith-hard": arith.HARD_SYSTEM_PROMPT}.get(task, MATH_INSTRUCTION),
         "versions": {"repexp": __version__, "pyarrow": pyarrow.__version__},
     }
     write_json_atomic(layout.manifest_file(out_dir), manifest)

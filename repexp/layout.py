@@ -14,7 +14,7 @@ file name of this module is spelled as a path anywhere else in repexp/ or workfl
       train/<task>/.superseded/<run>-<hash>-<time>/   a run directory set aside (repexp train)
       eval/<task>/<run>/      samples/ (shard-<i>.parquet, meta.json, timing/), eval.json (last)    eval
       testtime/<task>/<run>/  features/, order.parquet, testtime.json (last)                   testtime
-      aggregate/              pass_at_k.csv (the rule's table), k_efficiency.csv, .md, .html   aggregate
+      aggregate/              pass_at_k.csv (the rule's table), k_efficiency{,_by_k}.csv, .md, .html  aggregate
       figures/                <stem>.png/.pdf per figure, index.json (last)                      figures
       models/<alias>/         offline policies (tiny, smollm2)                                       model
       models/hub/<org>--<name>/   hub models                                                download_model
@@ -201,9 +201,10 @@ def testtime_json(results: PathLike, task: str, run: str) -> Path:
 
 PASS_AT_K_CSV = "pass_at_k.csv"  # the tidy table (the aggregate rule's first output)
 K_EFFICIENCY_CSV = "k_efficiency.csv"
+K_EFFICIENCY_BY_K_CSV = "k_efficiency_by_k.csv"  # the same per reference k (the k-efficiency figure's data)
 PASS_AT_K_MD = "pass_at_k.md"
 PASS_AT_K_HTML = "pass_at_k.html"
-AGGREGATE_FILES = (PASS_AT_K_CSV, K_EFFICIENCY_CSV, PASS_AT_K_MD, PASS_AT_K_HTML)
+AGGREGATE_FILES = (PASS_AT_K_CSV, K_EFFICIENCY_CSV, K_EFFICIENCY_BY_K_CSV, PASS_AT_K_MD, PASS_AT_K_HTML)
 
 
 def aggregate_dir(results: PathLike) -> Path:
@@ -222,7 +223,8 @@ FIGURE_INDEX = "index.json"  # written last: the figures rule's marker
 FIGURE_FORMATS = ("png", "pdf")  # each figure in both; the PNG is the one `snakemake --report` shows
 PASS_AT_K_FIGURE = "pass_at_k"
 TESTTIME_FIGURE = "testtime_pass_at_k"
-FIGURE_KINDS = ("pass_at_k", "testtime", "heatmaps", "training")
+K_EFFICIENCY_FIGURE = "k_efficiency"
+FIGURE_KINDS = ("pass_at_k", "testtime", "k_efficiency", "heatmaps", "training", "dynamics")
 
 
 def heatmap_figure(task: str, backend: str) -> str:
@@ -233,16 +235,25 @@ def training_figure(task: str, backend: str) -> str:
     return f"training_{task}_{backend}"
 
 
+def dynamics_figure(task: str, backend: str) -> str:
+    """Policy entropy and rollout diversity over training steps."""
+    return f"dynamics_{task}_{backend}"
+
+
 def figure_kind(stem: str) -> str:
     """Which of FIGURE_KINDS a figure stem belongs to."""
     if stem == PASS_AT_K_FIGURE:
         return "pass_at_k"
     if stem == TESTTIME_FIGURE:
         return "testtime"
+    if stem == K_EFFICIENCY_FIGURE:
+        return "k_efficiency"
     if stem.startswith("heatmap_"):
         return "heatmaps"
     if stem.startswith("training_"):
         return "training"
+    if stem.startswith("dynamics_"):
+        return "dynamics"
     raise ValueError(f"{stem}: not a figure of repexp figures")
 
 
@@ -253,11 +264,12 @@ def figure_pairs(specs: Sequence) -> list[tuple[str, str]]:
 
 
 def figure_stems(pairs: Sequence[tuple[str, str]], *, training: bool = True) -> list[str]:
-    """Every figure `repexp figures` draws: pass@k, test-time, and per (task, backend) with trained runs a
-    heatmap and (with training curves) a training figure."""
-    stems = [PASS_AT_K_FIGURE, TESTTIME_FIGURE]
+    """Every figure `repexp figures` draws: pass@k, test-time, k-efficiency, and per (task, backend) with
+    trained runs a heatmap and (with training curves) a training and a training-dynamics figure."""
+    stems = [PASS_AT_K_FIGURE, TESTTIME_FIGURE, K_EFFICIENCY_FIGURE]
     for task, backend in pairs:
-        stems += [heatmap_figure(task, backend)] + ([training_figure(task, backend)] if training else [])
+        stems += [heatmap_figure(task, backend)]
+        stems += [training_figure(task, backend), dynamics_figure(task, backend)] if training else []
     return stems
 
 

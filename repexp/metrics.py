@@ -30,7 +30,8 @@ Pure: numpy and repexp.passk.
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Hashable, Sequence
+from typing import Any, Optional
 
 import numpy as np
 
@@ -82,6 +83,10 @@ HIDDEN_NORM_MEAN = "repexp/hidden_norm/mean"
 REWARD_VERIFIER_MEAN = "reward/verifier/mean"
 REWARD_SHAPED_MEAN = "reward/shaped/mean"
 GROUP_STATUSES = ("none_correct", "some_correct", "all_correct")
+POLICY_ENTROPY = "actor/entropy"  # verl's name; TRL's `entropy` maps onto it (TRL_TO_VERL)
+# Rollout diversity: per prompt group, the number of distinct responses (token-identical ones count
+# once) over n, averaged over the step's groups. 1 = every rollout differs; 1/n = all identical.
+DISTINCT_FRACTION = "rollout/distinct_frac"
 
 TIMING_PREFIX = "timing_s/"  # verl's prefix of its timers (`marked_timer(name)` -> timing_s/<name>)
 TIMER_REPEXP_FORWARD = "repexp_forward"  # the frozen model's forward
@@ -108,7 +113,7 @@ TRL_TO_VERL = {
     "loss": "actor/pg_loss",
     "grad_norm": "actor/grad_norm",
     "learning_rate": "actor/lr",
-    "entropy": "actor/entropy",
+    "entropy": POLICY_ENTROPY,
     "clip_ratio/region_mean": "actor/pg_clipfrac",
     "completions/mean_length": "response_length/mean",
     "completions/max_length": "response_length/max",
@@ -186,6 +191,27 @@ def group_metrics(fractions: dict[str, float], verifier: Any, shaped: Any) -> di
     metrics[REWARD_VERIFIER_MEAN] = float(verifier.mean())
     metrics[REWARD_SHAPED_MEAN] = float(np.mean(np.asarray(shaped, dtype=np.float64)))
     return metrics
+
+
+def distinct_fraction(
+    groups: Sequence[Hashable], responses: Sequence[Sequence[int]], lengths: Optional[Sequence[int]] = None
+) -> dict[str, float]:
+    """Rollout diversity of one step ({} for no rows): per prompt group (rows of one key), the number of
+    distinct responses (token-identical ones count once) over the group's rows, averaged over groups.
+    `responses` are the rows' response token ids; with `lengths`, only a row's first lengths[i] tokens
+    are its response (the rest is padding)."""
+    if len(groups) != len(responses) or (lengths is not None and len(lengths) != len(responses)):
+        raise ValueError(f"{len(groups)} group keys, {len(responses)} responses"
+                         + ("" if lengths is None else f", {len(lengths)} lengths") + ": expected one per row")
+    members: dict[Hashable, list[tuple[int, ...]]] = {}
+    for i, (key, tokens) in enumerate(zip(groups, responses)):
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if lengths is not None:
+            tokens = tokens[: int(lengths[i])]
+        members.setdefault(key, []).append(tuple(tokens.tolist()))
+    if not members:
+        return {}
+    return {DISTINCT_FRACTION: float(np.mean([len(set(rows)) / len(rows) for rows in members.values()]))}
 
 
 def dev_metrics(num_samples: Any, num_correct: Any) -> dict[str, float]:

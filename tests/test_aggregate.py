@@ -239,3 +239,182 @@ def test_tracking_off_disables_mlflow_logging(monkeypatch):
     monkeypatch.setenv("REPEXP_TRACKING", "on")
     assert aggregate.mlflow_target("sqlite:///x.db", "exp") == aggregate.MlflowTarget("sqlite:///x.db", "exp")
     assert aggregate.mlflow_target(None, None) is None  # no flags, no enclosing node run: nothing to log
+
+
+# --------------------------------------------------------------------------- bootstrap of the k-efficiency
+
+
+def write_counts(root, task, run, counts, n):
+    """An eval.json whose pass@k and per_problem come from per-problem correct counts (n samples each)."""
+    import numpy as np
+
+    from repexp import passk
+
+    ks = passk.power_of_two_ks(n)
+    mean, sem = passk.summarize(passk.pass_at_k(np.full(len(counts), n), counts, ks))
+    return write_eval(root, task, run, dict(zip(ks, mean.tolist())), n=n,
+                      per_problem=[{"problem_id": f"p{i}", "n": n, "c": int(c)} for i, c in enumerate(counts)],
+                      num_problems=len(counts))
+
+
+def random_counts(rng, num_seeds, num_problems, n, shift, difficulty):
+    """[seeds, problems] correct counts: each problem's success rate is `difficulty` · shift (capped)."""
+    import numpy as np
+
+    rate = np.clip(difficulty[:num_problems] * shift, 0, 1)
+    return rng.binomial(n, np.broadcast_to(rate, (num_seeds, num_problems)))
+
+
+def test_crossing_k_batch_equals_crossing_k():
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    ks = [1, 2, 4, 8, 16, 64]
+    curves = np.sort(rng.random((300, len(ks))), axis=1)
+    curves[::7, 2] = curves[::7, 1]  # flat pieces
+    targets = rng.random(300)
+    k_star, k_eval = aggregate.crossing_k_batch(ks, curves, targets)
+    for row, target, got, got_eval in zip(curves, targets, k_star, k_eval):
+        want = crossing_k(dict(zip(ks, row)), target)
+        if want is None:
+            assert math.isnan(got) and got_eval == 0
+        else:
+            assert got == pytest.approx(want[0], rel=1e-12) and got_eval == want[1]
+
+
+def test_bootstrap_known_value_when_every_problem_is_alike():
+    """GRPO solves 1 of 8 samples of every problem (pass@k = k/8), RepExp 2 of 8 (pass@k = 1 − (8−k)(7−k)/56):
+    at reference k = 4 the target is 1/2, RepExp crosses it 1/9 of the way from k = 2 to 4 in log2 k, so the
+    efficiency is 4 / 2^(1 + 1/9) = 2^(8/9); resampling alike problems changes nothing: the interval is a point."""
+    import numpy as np
+
+    n = np.full((1, 20), 8)
+    result = aggregate.bootstrap_k_efficiency(n, np.full((1, 20), 2), n, np.full((1, 20), 1), [1, 2, 4, 8],
+                                              reference_ks=[2, 4, 8], diff_ks=[1, 8], replicates=200)
+    at4 = result["efficiency"][4]
+    assert at4["estimate"] == pytest.approx(2 ** (8 / 9)) and at4["k_star"] == pytest.approx(2 ** (10 / 9))
+    assert at4["lo"] == pytest.approx(2 ** (8 / 9)) and at4["hi"] == pytest.approx(2 ** (8 / 9))
+    assert result["efficiency"][8]["estimate"] == pytest.approx(1.0)  # both reach pass@8 = 1 at k = 8
+    assert result["efficiency"][2]["estimate"] == pytest.approx(2.0)  # RepExp's pass@1 = GRPO's pass@2
+    assert result["difference"][1] == {"estimate": pytest.approx(0.125), "lo": pytest.approx(0.125),
+                                       "hi": pytest.approx(0.125)}
+    assert result["resampled"] == "problems" and result["replicates"] == 200
+
+
+def test_bootstrap_of_identical_methods_is_centred_on_one_and_zero():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    difficulty = rng.beta(0.7, 1.5, 200)
+    counts = random_counts(rng, 1, 200, 32, 1.0, difficulty)
+    n = np.full_like(counts, 32)
+    ks = [1, 2, 4, 8, 16, 32]
+    paired = aggregate.bootstrap_k_efficiency(n, counts, n, counts, ks, diff_ks=[1, 32])
+    # one seed each and the same problems in every replicate: RepExp = GRPO exactly, whatever is drawn
+    assert paired["efficiency"][32] == {"estimate": pytest.approx(1.0), "k_star": pytest.approx(32.0),
+                                        "lo": pytest.approx(1.0), "hi": pytest.approx(1.0), "not_reached": 0.0,
+                                        "undefined": 0.0}
+    assert paired["difference"][1]["lo"] == paired["difference"][1]["hi"] == 0.0
+    # three seeds, the same three for both methods: seeds are resampled per method, so the interval is wide
+    # but centred: efficiency 1 and difference 0 inside, on both sides
+    seeds = random_counts(rng, 3, 200, 32, 1.0, difficulty)
+    n3 = np.full_like(seeds, 32)
+    result = aggregate.bootstrap_k_efficiency(n3, seeds, n3, seeds, ks, diff_ks=[1, 32])
+    eff = result["efficiency"][32]
+    assert eff["estimate"] == pytest.approx(1.0) and eff["lo"] < 1.0 < eff["hi"]
+    for k in (1, 32):
+        diff = result["difference"][k]
+        assert diff["estimate"] == pytest.approx(0.0, abs=1e-15) and diff["lo"] < 0.0 < diff["hi"]
+    assert result["resampled"] == "problems, RepExp seeds, GRPO seeds"
+
+
+def test_bootstrap_is_seeded_contains_the_estimate_and_narrows_with_more_problems():
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    difficulty = rng.beta(0.6, 1.2, 1600)
+    ks = [1, 2, 4, 8, 16, 32, 64]
+
+    def run(num_problems, seed=0):
+        grpo = random_counts(rng, 3, num_problems, 64, 0.7, difficulty)
+        repexp = random_counts(rng, 3, num_problems, 64, 1.0, difficulty)
+        n = np.full_like(grpo, 64)
+        return aggregate.bootstrap_k_efficiency(n, repexp, n, grpo, ks, reference_ks=[8, 32], diff_ks=[1, 64],
+                                                seed=seed), (n, repexp, grpo)
+
+    small, data = run(100)
+    n, repexp, grpo = data
+    again = aggregate.bootstrap_k_efficiency(n, repexp, n, grpo, ks, reference_ks=[8, 32], diff_ks=[1, 64])
+    assert repr(again) == repr(small)  # the same seed, the same numbers (repr: NaN equals NaN)
+    other = aggregate.bootstrap_k_efficiency(n, repexp, n, grpo, ks, reference_ks=[8, 32], diff_ks=[1, 64], seed=1)
+    assert other["efficiency"][8]["lo"] != small["efficiency"][8]["lo"]
+    assert other["efficiency"][8]["estimate"] == small["efficiency"][8]["estimate"]  # the seed moves only the interval
+    for ref in (8, 32):
+        eff = small["efficiency"][ref]
+        assert eff["lo"] <= eff["estimate"] <= eff["hi"] and eff["estimate"] > 1
+    for k in (1, 64):
+        diff = small["difference"][k]
+        assert diff["lo"] <= diff["estimate"] <= diff["hi"]
+    assert small["difference"][1]["lo"] > 0  # RepExp solves more at k = 1
+    large, _ = run(1600)
+    for ref in (8, 32):
+        width = small["efficiency"][ref]["hi"] - small["efficiency"][ref]["lo"]
+        assert large["efficiency"][ref]["hi"] - large["efficiency"][ref]["lo"] < 0.6 * width
+    assert (large["difference"][1]["hi"] - large["difference"][1]["lo"]
+            < 0.6 * (small["difference"][1]["hi"] - small["difference"][1]["lo"]))
+
+
+def test_bootstrap_counts_misses_and_refuses_unpaired_problems():
+    import numpy as np
+
+    n = np.full((1, 10), 4)
+    result = aggregate.bootstrap_k_efficiency(n, np.zeros((1, 10), int), n, np.full((1, 10), 2), [1, 2, 4],
+                                              replicates=50)
+    assert math.isnan(result["efficiency"][4]["estimate"]) and result["efficiency"][4]["not_reached"] == 1.0
+    assert result["efficiency"][4]["lo"] == result["efficiency"][4]["hi"] == 0.0  # misses count as efficiency 0
+    with pytest.raises(ValueError, match="paired bootstrap"):
+        aggregate.bootstrap_k_efficiency(n, n, np.full((1, 9), 4), np.full((1, 9), 4), [1, 2, 4])
+
+
+def test_k_efficiency_tables_carry_the_bootstrap(tmp_path):
+    import numpy as np
+
+    rng = np.random.default_rng(2)
+    difficulty = rng.beta(0.6, 1.2, 60)
+    root = tmp_path / "eval"
+    for seed in (41, 42, 43):
+        write_counts(root, "math", f"verl_grpo_s{seed}", random_counts(rng, 1, 60, 16, 0.8, difficulty)[0], 16)
+        write_counts(root, "math", f"verl_repexp_k32_b0.01_s{seed}",
+                     random_counts(rng, 1, 60, 16, 1.0, difficulty)[0], 16)
+    write_eval(root, "math", "verl_repexp_k32_b0.1_s41", log_linear(0.5, ks=[1, 2, 4, 8, 16]), n=16)  # no counts
+    result = aggregate.aggregate(aggregate.find_eval_files(root), tmp_path / "out")
+    keff = pd.read_csv(tmp_path / "out" / "k_efficiency.csv")
+    by_k = aggregate.read_k_efficiency(tmp_path / "out" / "k_efficiency_by_k.csv")
+    assert list(by_k.columns) == list(aggregate.K_EFFICIENCY_COLUMNS)
+    row = keff[keff.beta == 0.01].iloc[0]
+    assert row.reference_k == 16 and row.bootstrap_replicates == aggregate.BOOTSTRAP_REPLICATES
+    assert row.bootstrap_resampled == "problems, RepExp seeds, GRPO seeds"
+    assert row.efficiency_lo <= row.efficiency <= row.efficiency_hi
+    assert row.diff_pass_at_1_lo <= row.diff_pass_at_1 <= row.diff_pass_at_1_hi
+    assert row.diff_pass_at_ref_lo <= row.diff_pass_at_ref <= row.diff_pass_at_ref_hi
+    # the interval equals the pure function's on the same counts
+    counts = {r.spec.name: r.per_problem for r in result["runs"]}
+    grpo = np.array([[c for _, _, c in counts[f"verl_grpo_s{s}"]] for s in (41, 42, 43)])
+    repexp = np.array([[c for _, _, c in counts[f"verl_repexp_k32_b0.01_s{s}"]] for s in (41, 42, 43)])
+    n = np.full_like(grpo, 16)
+    direct = aggregate.bootstrap_k_efficiency(n, repexp, n, grpo, [1, 2, 4, 8, 16], reference_ks=[1, 2, 4, 8, 16],
+                                              diff_ks=[1, 2, 4, 8, 16])
+    assert (row.efficiency_lo, row.efficiency_hi) == (pytest.approx(direct["efficiency"][16]["lo"]),
+                                                      pytest.approx(direct["efficiency"][16]["hi"]))
+    assert row.efficiency == pytest.approx(direct["efficiency"][16]["estimate"])  # table and counts agree
+    # one row per grid k in the by-k table; its last is k_efficiency.csv's row
+    point = by_k[by_k.beta == 0.01]
+    assert list(point.reference_k) == [1, 2, 4, 8, 16]
+    assert point.iloc[-1].efficiency_hi == pytest.approx(row.efficiency_hi)
+    assert point.iloc[2].efficiency_lo == pytest.approx(direct["efficiency"][4]["lo"])
+    # a point without per-problem counts: the value, no interval, and the note says why
+    bare = keff[keff.beta == 0.1].iloc[0]
+    assert math.isnan(bare.efficiency_lo) and "no bootstrap interval: no per-problem counts" in bare.note
+    md = (tmp_path / "out" / "pass_at_k.md").read_text()
+    assert "efficiency [95% CI]" in md and "Δpass@1 [95% CI]" in md
+    assert f"{row.efficiency:.2f} [{row.efficiency_lo:.2f}, {row.efficiency_hi:.2f}]" in md

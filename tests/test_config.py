@@ -54,7 +54,7 @@ def test_every_shipped_config_validates(path):
 
 
 def test_shipped_configs_are_the_documented_ones():
-    assert {p.name for p in SHIPPED} == {"paper.yaml", "local.yaml", "test.yaml", "gpu.yaml"}
+    assert {p.name for p in SHIPPED} == {"paper.yaml", "local.yaml", "test.yaml", "gpu.yaml", "pilot.yaml"}
     paper = C.load(REPO / "configs" / "paper.yaml")
     assert paper.model == "Qwen/Qwen2.5-7B-Instruct" and paper.sweep.backends == ["verl"]
     assert paper.sweep.seeds == [41, 42, 43] and paper.sweep.betas == [0.01]
@@ -393,7 +393,7 @@ def test_runtime_settings_are_marked_in_the_dataclasses():
         "TrainConfig.max_checkpoints_to_keep", "VerlConfig.ray_num_cpus",
         "VerlConfig.log_prob_micro_batch_size_per_gpu",
         "VerlConfig.repexp_micro_batch_size_per_gpu", "TrlConfig.eval_batch_size", "TrlConfig.gradient_checkpointing",
-        "TrlConfig.bonus_micro_batch_size", "TrlConfig.num_threads"}
+        "TrlConfig.bonus_micro_batch_size", "TrlConfig.num_threads", "TrlConfig.gpu_memory_fraction"}
 
 
 def test_rule_resources_fill_defaults():

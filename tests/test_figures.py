@@ -48,10 +48,13 @@ def write_eval(root, task, run, values, n=256):
 
 
 def training_records(seed, repexp):
-    """metrics.jsonl lines: dev pass@1 every 10 steps, per-step rewards (and bonuses for RepExp)."""
+    """metrics.jsonl lines: dev pass@1 every 10 steps, per-step rewards, policy entropy and rollout diversity
+    (and bonuses for RepExp)."""
     lines = []
     for step in range(0, 21):
-        record = {"step": step, "reward/verifier/mean": 0.3 + 0.01 * step + 0.001 * seed}
+        record = {"step": step, "reward/verifier/mean": 0.3 + 0.01 * step + 0.001 * seed,
+                  "actor/entropy": (1.2 if repexp else 1.0) * math.exp(-step / 15) + 0.03 * (seed - 41) ** 2,
+                  "rollout/distinct_frac": min(1.0, 0.95 - (0.01 if repexp else 0.03) * step + 0.02 * (seed % 3))}
         if repexp:
             record["repexp/bonus_raw/mean"] = 2.0 + 0.1 * (seed - 41)
             record["repexp/bonus_scaled/mean"] = 0.01 * record["repexp/bonus_raw/mean"]
@@ -238,7 +241,8 @@ def test_every_file_exists_and_pngs_have_the_recorded_size(rendered):
     out, index = rendered
     listed = [name for f in index["figures"] for name in f["files"]]
     spec = figures.figure_files(sweep_runs(load_config(CONFIG)))
-    assert sorted(listed) == sorted(spec["pass_at_k"] + spec["testtime"] + spec["heatmaps"] + spec["training"])
+    assert sorted(listed) == sorted(name for kind, names in spec.items() if kind != "index" for name in names)
+    assert {"k_efficiency.png", "dynamics_math_verl.pdf", "dynamics_gsm8k_verl.png"} <= set(listed)
     for figure in index["figures"]:
         png, pdf = (out / name for name in figure["files"])
         assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > 5000
@@ -248,6 +252,112 @@ def test_every_file_exists_and_pngs_have_the_recorded_size(rendered):
         assert pixels.std() > 10  # drawn, not blank
         assert figure["caption"]
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temp debris
+
+
+def test_dynamics_figure_is_the_seed_mean_and_sem_of_metrics_jsonl(rendered):
+    _, index = rendered
+    record = by_id(index, "dynamics_math_verl")
+    assert record["kind"] == "dynamics" and record["missing_runs"] == [] and record["notes"] == []
+    panels = {tuple(p["metrics"]): p for p in record["panels"]}
+    assert set(panels) == {("actor/entropy",), ("rollout/distinct_frac",)}
+    for metric in ("actor/entropy", "rollout/distinct_frac"):
+        series = {s["label"]: s for s in panels[(metric,)]["series"]}
+        assert list(series) == ["RepExp", "GRPO"]
+        for label, repexp in (("RepExp", True), ("GRPO", False)):
+            # by hand, from the lines written to the three seeds' metrics.jsonl
+            per_seed = np.array([[r[metric] for r in training_records(seed, repexp) if metric in r] for seed in SEEDS])
+            line = series[label]
+            assert line["step"] == list(range(21)) and line["n_seeds"] == [3] * 21 and len(line["runs"]) == 3
+            np.testing.assert_allclose(line["mean"], per_seed.mean(axis=0), rtol=1e-12)
+            np.testing.assert_allclose(line["sem"], per_seed.std(axis=0, ddof=1) / math.sqrt(3), rtol=1e-9)
+    gsm8k = by_id(index, "dynamics_gsm8k_verl")  # no metrics.jsonl: the panels are empty and the runs named
+    assert len(gsm8k["missing_runs"]) == 9 and not any(p["series"] for p in gsm8k["panels"])
+    assert "no training metrics" in gsm8k["notes"][0]
+
+
+def test_dynamics_panel_without_its_metric_says_what_is_missing(workspace, expected):
+    curves = figures.training_curves_from_jsonl(workspace / "train", expected)
+    for path, metrics in curves.items():
+        if "grpo" in path:  # runs from before the trainers logged rollout diversity
+            metrics.pop("rollout/distinct_frac")
+    fig, record = figures.plot_dynamics(curves, "math", "verl", specs=expected, source="metrics.jsonl")
+    matplotlib.pyplot.close(fig)
+    diversity = record["panels"][1]
+    assert [s["label"] for s in diversity["series"]] == ["RepExp"]
+    assert diversity["runs_without_metric"] == [f"verl_grpo_s{s}" for s in SEEDS]
+    assert any("rollout/distinct_frac not logged by verl_grpo_s{41,42,43}" in n for n in record["notes"])
+    for metrics in curves.values():
+        metrics.pop("rollout/distinct_frac", None)
+    fig, record = figures.plot_dynamics(curves, "math", "verl", specs=expected, source="metrics.jsonl")
+    texts = [t.get_text().replace("\n", " ") for t in fig.axes[1].texts]
+    matplotlib.pyplot.close(fig)
+    assert record["panels"][1]["series"] == [] and record["panels"][0]["series"]
+    assert any("no rollout/distinct_frac logged by any run" in t for t in texts)
+    assert any("no run logged rollout/distinct_frac" in n for n in record["notes"])
+
+
+def test_k_efficiency_figure_without_counts_has_values_but_no_intervals(rendered):
+    _, index = rendered
+    record = by_id(index, "k_efficiency")
+    assert record["kind"] == "k_efficiency" and record["bootstrap"] is None
+    assert any(n.startswith("No bootstrap intervals") for n in record["notes"])
+    math_panel = {p["task"]: p for p in record["panels"]}["math"]
+    (line,) = math_panel["series"]
+    assert line["reference_k"] == KS[1:] and line["lo"] == [None] * 8
+    # RepExp = GRPO + 0.06 on a 0.05·log2 k slope: k* = ref / 2^1.2 at every reference k ≥ 4; at k = 2 RepExp's
+    # pass@1 already beats GRPO's pass@2: reached at the smallest k, 2× (a lower bound, drawn as such)
+    np.testing.assert_allclose(line["efficiency"], [2.0] + [2 ** 1.2] * 7)
+    assert line["status"] == ["reached at the smallest k"] + ["reached"] * 7
+    assert set(record["missing_runs"]) == set(index["missing_evaluations"])
+
+
+def test_k_efficiency_figure_draws_the_bootstrap_intervals(tmp_path):
+    from repexp import passk
+
+    rng = np.random.default_rng(5)
+    rate = rng.beta(0.6, 1.2, 40)
+    n, ks = 16, passk.power_of_two_ks(16)
+
+    def write_counts(run, counts):
+        mean, _ = passk.summarize(passk.pass_at_k(np.full(len(counts), n), counts, ks))
+        write_eval(tmp_path / "eval", "math", run, dict(zip(ks, mean.tolist())), n=n)
+        path = tmp_path / "eval" / "math" / run / "eval.json"
+        data = json.loads(path.read_text())
+        data["per_problem"] = [{"problem_id": f"p{i}", "n": n, "c": int(c)} for i, c in enumerate(counts)]
+        path.write_text(json.dumps(data))
+
+    for seed in SEEDS:  # RepExp solves two more samples of every problem than the GRPO seed beside it
+        grpo = rng.binomial(n, 0.6 * rate)
+        write_counts(f"verl_grpo_s{seed}", grpo)
+        write_counts(f"verl_repexp_k32_b0.01_s{seed}", np.minimum(n, grpo + 2))
+    write_counts("verl_repexp_k32_b0.1_s41", np.zeros(40, dtype=int))  # solves nothing: never reaches GRPO
+    assert cli.main(["aggregate", "--eval-dir", str(tmp_path / "eval"), "--out-dir", str(tmp_path / "agg")]) == 0
+    # `repexp figures` finds k_efficiency_by_k.csv beside the table
+    assert cli.main(["figures", "--table", str(tmp_path / "agg" / "pass_at_k.csv"),
+                     "--out-dir", str(tmp_path / "figs")]) == 0
+    index = json.loads((tmp_path / "figs" / "index.json").read_text())
+    record = by_id(index, "k_efficiency")
+    assert record["files"] == ["k_efficiency.png", "k_efficiency.pdf"]
+    assert record["bootstrap"] == {"replicates": [aggregate.BOOTSTRAP_REPLICATES],
+                                   "resampled": ["problems, GRPO seeds", "problems, RepExp seeds, GRPO seeds"]}
+    assert "paired bootstrap" in record["caption"]
+    by_k = aggregate.read_k_efficiency(tmp_path / "agg" / "k_efficiency_by_k.csv")
+    (panel,) = record["panels"]
+    lines = {line["beta"]: line for line in panel["series"]}
+    good, bad = lines[0.01], lines[0.1]
+    rows = by_k[by_k.beta == 0.01].set_index("reference_k")
+    assert good["reference_k"] == [2, 4, 8, 16] and good["n_repexp_seeds"] == 3
+    for i, k in enumerate(good["reference_k"]):
+        row = rows.loc[k]
+        assert good["efficiency"][i] == pytest.approx(row.efficiency)
+        assert (good["lo"][i], good["hi"][i]) == (pytest.approx(row.efficiency_lo), pytest.approx(row.efficiency_hi))
+        assert good["lo"][i] <= good["efficiency"][i] <= good["hi"][i] and good["drawn_at"][i] == good["efficiency"][i]
+    # never reached: drawn on the bottom edge of the axis, with a note, never left out
+    assert bad["status"] == ["not reached"] * 4 and bad["efficiency"] == [None] * 4
+    assert bad["on_edge"] == [True] * 4 and bad["drawn_at"] == [panel["ylim"][0]] * 4 == [panel["edge"]] * 4
+    assert bad["not_reached_fraction"] == [1.0] * 4
+    assert any("RepExp (dim=32, β=0.1) at k = 2, 4, 8, 16: does not reach" in n for n in record["notes"])
+    assert panel["ylim"][0] < 1.0 < panel["ylim"][1]
 
 
 def test_bad_inputs_fail_clearly(tmp_path, capsys):

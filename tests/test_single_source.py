@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -257,6 +258,25 @@ def test_both_backends_build_their_step_and_dev_metrics_with_one_function():
                    "dev/samples_per_problem": 2.0}
     source = (REPO / "repexp" / "trl" / "validation.py").read_text()
     assert "return dev_metrics(n, correct)" in source
+
+
+def test_distinct_fraction_counts_token_identical_responses_once_per_group():
+    n = 4
+    distinct = [[1, 2], [1, 3], [2], []]  # the empty response is one response too
+    assert M.distinct_fraction(["a"] * n, distinct) == {M.DISTINCT_FRACTION: 1.0}
+    assert M.distinct_fraction(["a"] * n, [[5, 6, 2]] * n) == {M.DISTINCT_FRACTION: 1 / n}
+    # group keys are any hashables, rows of a group need not be adjacent; groups are averaged unweighted
+    mixed = M.distinct_fraction([7, "u", 7, "u", 7, "u", 7, "u"],
+                                [[1], [9, 9], [1], [9, 8], [1, 0], [9, 9], [1], [9]])
+    assert mixed[M.DISTINCT_FRACTION] == pytest.approx((2 / 4 + 3 / 4) / 2)
+    # a prefix is not the same response; padding after a row's length is ignored
+    assert M.distinct_fraction(["a", "a"], [[3, 4], [3, 4, 2]]) == {M.DISTINCT_FRACTION: 1.0}
+    padded = np.array([[3, 4, 2, 0, 0], [3, 4, 2, 2, 2], [3, 4, 0, 0, 0], [3, 4, 2, 9, 9]])
+    assert M.distinct_fraction(["a"] * 4, padded, lengths=[3, 3, 2, 3]) == {M.DISTINCT_FRACTION: 2 / 4}
+    assert M.distinct_fraction(["a"] * 4, padded) == {M.DISTINCT_FRACTION: 1.0}  # without lengths: whole rows
+    assert M.distinct_fraction([], []) == {}
+    with pytest.raises(ValueError, match="one per row"):
+        M.distinct_fraction(["a"], [[1], [2]])
 
 
 # --------------------------------------------------------------------------- pure cores

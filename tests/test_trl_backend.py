@@ -229,7 +229,20 @@ def test_turn_off_rule_zeroes_bonus_of_group_without_correct_completion(tmp_path
     assert logged["repexp/groups/none_correct_frac"] == 0.5 and logged["repexp/groups/some_correct_frac"] == 0.5
     assert logged["repexp/bonus_raw/min"] > 0  # raw bonuses exist for both groups before the rule
     assert logged["reward/verifier/mean"] == 0.25
+    assert logged["rollout/distinct_frac"] == 1.0  # 8 different completions
     assert logged["timing_s/repexp_forward"] > 0 and logged["timing_s/repexp_bonus"] >= 0
+
+
+def test_distinct_fraction_takes_consecutive_blocks_of_n_as_groups(tmp_path, tiny_model):
+    cfg = run_config(tmp_path, tiny_model, tmp_path, beta=0.0)  # GRPO logs it too (no representation model)
+    reward, tokenizer = make_reward(cfg, tiny_model)
+    batch = constructed_batch(tokenizer)
+    batch["completion_ids"][5:8] = [batch["completion_ids"][4]] * 3  # group 1: one completion four times
+    batch["completion_ids"][1] = list(batch["completion_ids"][0])  # group 0: three distinct of four
+    logged = {}
+    reward(**batch, log_metric=logged.__setitem__)
+    assert logged["rollout/distinct_frac"] == pytest.approx((3 / 4 + 1 / 4) / 2)
+    assert reward.forward_calls == 0
 
 
 def test_persistent_covariance_state_survives_save_and_load(tmp_path, tiny_model):
@@ -271,6 +284,8 @@ def test_repexp_training_steps(uninterrupted, tiny_model):
     assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
     for record in records[1:]:
         assert torch.isfinite(torch.tensor(record["actor/pg_loss"]))
+        assert 1 / N_ROLLOUTS <= record["rollout/distinct_frac"] <= 1  # rollout diversity, every step
+        assert record["actor/entropy"] > 0 and "entropy" not in record  # TRL's entropy under verl's name
         assert record["repexp/bonus_raw/mean"] > 0 and record["repexp/bonus_scaled/mean"] > 0
         for key in ("reward/verifier/mean", "reward/shaped/mean", "repexp/groups/none_correct_frac",
                     "repexp/bonus_turned_off_frac", "repexp/hidden_norm/mean",  # the verl backend's set too
@@ -315,11 +330,13 @@ def test_beta_zero_is_plain_grpo_without_representation_model(tmp_path, tiny_mod
     (record,) = read_metrics(Path(cfg.run_dir))
     assert not any(key.startswith(("repexp/bonus", "timing_s/repexp")) for key in record)
     assert record["reward/shaped/mean"] == record["reward/verifier/mean"]  # α = 1, no bonus
+    assert 1 / N_ROLLOUTS <= record["rollout/distinct_frac"] <= 1 and record["actor/entropy"] > 0
     assert is_complete(checkpoint_dir(cfg.run_dir, 1))
 
     logged = client.get_run(run_id).data.metrics
     assert logged["reward/verifier/mean"] == record["reward/verifier/mean"]
     assert logged["dev/pass_at_1"] == record["dev/pass_at_1"]  # one name in metrics.jsonl and MLflow
+    assert logged["rollout/distinct_frac"] == record["rollout/distinct_frac"]
     with pytest.warns(RuntimeWarning, match="MLflow tracking switched off"):
         broken = MlflowSink(run_id="no-such-run", tracking_uri=uri)
         broken.log({"step": 1, "x": 1.0}, 1)  # a tracking failure warns; it never raises

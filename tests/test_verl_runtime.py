@@ -313,6 +313,8 @@ def test_bonus_enters_verls_advantage_and_padding_rows_get_none(runtime, referen
         assert name in metrics, name
     assert metrics["repexp/groups/none_correct_frac"] == 0.5
     np.testing.assert_allclose(metrics["reward/shaped/mean"], shaped.mean(), atol=1e-5)
+    # 8 different responses; verl's 4 padding rows (one pad uid, response [eos] each) would add a group at 1/4
+    assert metrics["rollout/distinct_frac"] == 1.0
     assert set(trainer.timing_raw) == {"repexp_forward", "repexp_bonus"}
     tq.kv_clear(keys=batch.keys, partition_id="train")
 
@@ -323,6 +325,8 @@ def test_beta_zero_leaves_verls_advantage_unchanged(runtime, transfer_queue_sess
     tq = transfer_queue_session
     cfg = compose_config(runtime["model"], runtime["root"] / "run_grpo", "actor_rollout_ref.repexp.beta=0")
     uids, prompts, responses, scores = _rollout_data(5, "g")
+    responses[1] = responses[2] = responses[0].clone()  # group g u0: 2 distinct responses of 4
+    responses[5] = responses[4][:2].clone()  # group g u1: a prefix is another response (4 of 4)
     ours = _put_rollouts(tq, "ours_", uids, prompts, responses, scores)
     plain = _put_rollouts(tq, "plain_", uids, prompts, responses, scores)
 
@@ -339,6 +343,7 @@ def test_beta_zero_leaves_verls_advantage_unchanged(runtime, transfer_queue_sess
     for name in fields:
         assert torch.equal(got[name].to_padded_tensor(0.0), want[name].to_padded_tensor(0.0)), name
     assert metrics["reward/verifier/mean"] == metrics["reward/shaped/mean"] == 0.25
+    assert metrics["rollout/distinct_frac"] == (2 / 4 + 4 / 4) / 2
     assert not any(key.startswith("repexp/bonus") for key in metrics)
     tq.kv_clear(keys=ours.keys + plain.keys, partition_id="train")
 

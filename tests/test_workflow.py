@@ -271,7 +271,7 @@ def test_pipeline_produces_evals_table_and_figures(pipeline):
     assert table[0].split(",")[-1] == "testtime_pass_at_k" and all(line.split(",")[-1] for line in table[1:])
     index = json.loads((results / "figures" / "index.json").read_text())
     assert {f["id"] for f in index["figures"]} == {"pass_at_k", "testtime_pass_at_k", "heatmap_gsm8k_trl",
-                                                   "training_gsm8k_trl"}
+                                                   "training_gsm8k_trl", "k_efficiency", "dynamics_gsm8k_trl"}
     for figure in index["figures"]:
         assert all((results / "figures" / name).stat().st_size > 0 for name in figure["files"])
     # every job left its log and benchmark

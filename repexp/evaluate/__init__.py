@@ -77,6 +77,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                      help="engine processes, each on its own GPUs; shards are dealt round-robin")
     eng.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
                      help="vllm (default %(default)s)")
+    eng.add_argument("--kv-cache-gib", type=float, default=d.kv_cache_gib,
+                     help="vllm: KV-cache GiB instead of profiling free memory (GPUs shared by several jobs)")
     eng.add_argument("--max-model-len", type=int, default=d.max_model_len,
                      help="prompt + response token limit (vllm; hf checks it)")
     eng.add_argument("--max-num-seqs", type=int, help="vllm scheduler limit")
@@ -148,6 +150,7 @@ def _config_from_args(args: argparse.Namespace):
         dtype=args.dtype,
         tensor_parallel_size=args.tensor_parallel_size,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        kv_cache_gib=args.kv_cache_gib,
         max_model_len=args.max_model_len,
         enforce_eager=args.enforce_eager,
         enable_prefix_caching=not args.no_prefix_caching,

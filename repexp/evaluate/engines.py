@@ -38,6 +38,7 @@ class EngineOptions:
     dtype: str = EVAL_DEFAULTS.dtype
     tensor_parallel_size: int = EVAL_DEFAULTS.tensor_parallel_size  # vllm
     gpu_memory_utilization: float = EVAL_DEFAULTS.gpu_memory_utilization  # vllm
+    kv_cache_gib: float | None = EVAL_DEFAULTS.kv_cache_gib  # vllm: fixed KV cache, no memory profiling
     max_model_len: int | None = EVAL_DEFAULTS.max_model_len
     enforce_eager: bool = EVAL_DEFAULTS.enforce_eager  # vllm
     enable_prefix_caching: bool = True  # vllm
@@ -311,6 +312,8 @@ class VLLMEngine:
             seed=seed,
             generation_config="vllm",  # ignore the checkpoint's sampling defaults, as the hf engine does
         )
+        if options.kv_cache_gib is not None:
+            kwargs["kv_cache_memory_bytes"] = int(options.kv_cache_gib * 2**30)
         for key in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(options, key) is not None:
                 kwargs[key] = getattr(options, key)

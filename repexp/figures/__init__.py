@@ -1,8 +1,10 @@
-"""`repexp figures`: pass@k curves, test-time curves, sweep heatmaps and training curves, plus `index.json`.
+"""`repexp figures`: pass@k curves, test-time curves, k-efficiency, sweep heatmaps, training curves and
+training dynamics, plus `index.json`.
 
-Input: the tidy table of `repexp aggregate` (`pass_at_k.csv`), optionally the pipeline config (the
-expected runs: anything missing is named on the figure, in `index.json` and on stderr) and the
-training metrics (`results/train/<task>/<run>/metrics.jsonl`, or the MLflow store).
+Input: the tidy table of `repexp aggregate` (`pass_at_k.csv`) and its per-reference-k k-efficiency table
+(`k_efficiency_by_k.csv`, with the bootstrap intervals), optionally the pipeline config (the expected runs:
+anything missing is named on the figure, in `index.json` and on stderr) and the training metrics
+(`results/train/<task>/<run>/metrics.jsonl`, or the MLflow store).
 
 Outputs in `--out-dir` (each written atomically; `index.json` last):
 
@@ -12,15 +14,20 @@ Outputs in `--out-dir` (each written atomically; `index.json` last):
 * `testtime_pass_at_k.{pdf,png}` — per task, pass@k of each run's samples taken in RepExp order (the
   paper's inference-time exploration, `repexp testtime`) and in random order (the table's
   `testtime_pass_at_k` and `pass_at_k` columns), log2 k;
+* `k_efficiency.{pdf,png}` — per task, each RepExp point's k-efficiency over GRPO at the reference ks
+  2, 4, … up to the largest, with the paired bootstrap interval as error bars and a line at 1 (GRPO);
 * `heatmap_<task>_<backend>.{pdf,png}` — pass@1, pass@K (K = the largest k ≤ 256 every run has) and
   the k-efficiency over sparse_dim × β;
 * `training_<task>_<backend>.{pdf,png}` — dev pass@1, raw and scaled bonus means, verifier vs shaped
   reward over training steps (mean over seeds ± SEM);
+* `dynamics_<task>_<backend>.{pdf,png}` — policy entropy and rollout diversity (distinct responses per
+  prompt group) over training steps (mean over seeds ± SEM);
 * `index.json` — every figure: files, caption, notes (missing runs), pixel size and the plotted data,
   so tests and readers can check numbers without looking at pixels.
 
 Modules: `style` (look and scaffolding), `series` (what a line is, seed means, missing-run notes),
-`curves`, `testtime`, `heatmaps`, `training` (one figure kind each), `publish` (MLflow artifacts);
+`curves`, `testtime`, `efficiency`, `heatmaps`, `training` (training and dynamics) (one figure kind each),
+`publish` (MLflow artifacts);
 the CLI and `make_figures` are here.
 
 Figures are never skipped silently: a figure without data is drawn as a panel that says what is
@@ -41,6 +48,7 @@ from repexp.config import RunSpec
 
 # the package's public names, importable from `repexp.figures` as before the split
 from repexp.figures.curves import plot_pass_at_k  # noqa: F401
+from repexp.figures.efficiency import plot_k_efficiency
 from repexp.figures.heatmaps import heatmap_grid, plot_heatmap  # noqa: F401
 from repexp.figures.publish import log_figures_run  # noqa: F401
 from repexp.figures.series import (  # noqa: F401
@@ -57,6 +65,7 @@ from repexp.figures.style import DPI, MAX_REPEXP_LINES, _save  # noqa: F401
 from repexp.figures.testtime import STEM as TESTTIME_STEM
 from repexp.figures.testtime import plot_testtime
 from repexp.figures.training import (  # noqa: F401
+    plot_dynamics,
     plot_training,
     read_metrics_jsonl,
     training_curves_from_jsonl,
@@ -72,6 +81,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--table", type=Path, required=True, help="pass_at_k.csv written by `repexp aggregate`")
     parser.add_argument("--out-dir", type=Path, required=True, help="where figures and index.json go")
     parser.add_argument("--config", type=Path, help="pipeline config: its runs are expected (missing ones are named)")
+    parser.add_argument("--k-efficiency", type=Path,
+                        help=f"{layout.K_EFFICIENCY_BY_K_CSV} written by `repexp aggregate` (default: the one beside "
+                             "--table, if any; without it the k-efficiency figure has no bootstrap intervals)")
     parser.add_argument("--train-dir", type=Path, help="results/train: training curves from <task>/<run>/metrics.jsonl")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI)")
     parser.add_argument("--experiment",
@@ -88,8 +100,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def figure_files(specs: Sequence[RunSpec], *, training: bool = True) -> dict[str, list[str]]:
     """File names `repexp figures` writes for these runs, by kind (repexp.layout names them).
 
-    {"pass_at_k": [...], "testtime": [...], "heatmaps": [...], "training": [...], "index": ["index.json"]},
-    PNG before PDF.
+    {"pass_at_k": [...], "testtime": [...], "k_efficiency": [...], "heatmaps": [...], "training": [...],
+    "dynamics": [...], "index": ["index.json"]}, PNG before PDF.
     """
     files: dict[str, list[str]] = {kind: [] for kind in layout.FIGURE_KINDS}
     for stem in layout.figure_stems(figure_pairs(specs), training=training):
@@ -99,9 +111,16 @@ def figure_files(specs: Sequence[RunSpec], *, training: bool = True) -> dict[str
 
 def make_figures(table, out_dir: Path, *, expected: Sequence[RunSpec] | None = None,
                  curves: dict | None = None, curves_source: str = "",
-                 max_repexp_lines: int = MAX_REPEXP_LINES, table_path: str | None = None) -> dict:
-    """Draw and save every figure; write `index.json` last. Returns the index."""
+                 max_repexp_lines: int = MAX_REPEXP_LINES, table_path: str | None = None,
+                 k_efficiency=None, k_efficiency_source: str = "") -> dict:
+    """Draw and save every figure; write `index.json` last. Returns the index.
+
+    `k_efficiency`: the per-reference-k table with bootstrap intervals (`aggregate.read_k_efficiency` of
+    `k_efficiency_by_k.csv`); None: computed from `table`, without intervals.
+    """
     import matplotlib
+
+    from repexp import aggregate
 
     matplotlib.use("Agg")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -116,6 +135,13 @@ def make_figures(table, out_dir: Path, *, expected: Sequence[RunSpec] | None = N
     fig, record = plot_testtime(table, tasks=tasks, expected=expected)
     record["files"] = _save(fig, out_dir, TESTTIME_STEM)
     figures.append(record)
+    if k_efficiency is None:
+        k_efficiency = aggregate.k_efficiency(table, by_reference_k=True)
+        k_efficiency_source = (f"computed from the pass@k table: no {layout.K_EFFICIENCY_BY_K_CSV}, "
+                               "no per-problem counts")
+    fig, record = plot_k_efficiency(k_efficiency, table, tasks=tasks, expected=expected, source=k_efficiency_source)
+    record["files"] = _save(fig, out_dir, layout.K_EFFICIENCY_FIGURE)
+    figures.append(record)
     pairs = figure_pairs(specs)
     for task, backend in pairs:
         fig, record = plot_heatmap(table, task, backend, expected=expected)
@@ -123,14 +149,16 @@ def make_figures(table, out_dir: Path, *, expected: Sequence[RunSpec] | None = N
         figures.append(record)
     if curves is not None:
         for task, backend in pairs:
-            fig, record = plot_training(curves, task, backend, specs=specs, source=curves_source)
-            record["files"] = _save(fig, out_dir, record["id"])
-            figures.append(record)
+            for plot in (plot_training, plot_dynamics):
+                fig, record = plot(curves, task, backend, specs=specs, source=curves_source)
+                record["files"] = _save(fig, out_dir, record["id"])
+                figures.append(record)
+    from_training = ("training", "dynamics")
     index = {"generated_by": "repexp figures", "table": table_path, "dpi": DPI,
              "expected_from_config": expected is not None,
-             "missing_evaluations": sorted({m for f in figures if f["kind"] != "training"
+             "missing_evaluations": sorted({m for f in figures if f["kind"] not in from_training
                                             for m in f["missing_runs"]}),
-             "missing_training_metrics": sorted({m for f in figures if f["kind"] == "training"
+             "missing_training_metrics": sorted({m for f in figures if f["kind"] in from_training
                                                  for m in f["missing_runs"]}),
              "training_curves": curves_source or None, "figures": figures}
     write_json_atomic(out_dir / layout.FIGURE_INDEX, _json_safe(index))
@@ -174,8 +202,13 @@ def run(args: argparse.Namespace) -> int:
             if target is None:
                 raise ValueError("--curves-from mlflow needs --experiment (or a `repexp mlflow node` run)")
             curves, curves_source = training_curves_from_mlflow(target, specs), "MLflow"
+        keff_path = args.k_efficiency
+        if keff_path is None and (args.table.parent / layout.K_EFFICIENCY_BY_K_CSV).is_file():
+            keff_path = args.table.parent / layout.K_EFFICIENCY_BY_K_CSV
+        keff = aggregate.read_k_efficiency(keff_path) if keff_path is not None else None
         index = make_figures(table, args.out_dir, expected=expected, curves=curves, curves_source=curves_source,
-                             max_repexp_lines=args.max_repexp_lines, table_path=str(args.table))
+                             max_repexp_lines=args.max_repexp_lines, table_path=str(args.table), k_efficiency=keff,
+                             k_efficiency_source=str(keff_path or ""))
     except (ValueError, FileNotFoundError) as err:
         print(f"figures: error: {err}", file=sys.stderr)
         return 1

@@ -28,6 +28,8 @@ PAPER_POINTS = {"math": (32, 0.01), "gsm8k": (32, 0.01), "aime24": (128, 0.01), 
 MAX_REPEXP_LINES = 4
 TRAINING_METRICS = (M.DEV_SELECTION, M.statistic(M.BONUS_RAW, "mean"), M.statistic(M.BONUS_SCALED, "mean"),
                     M.REWARD_VERIFIER_MEAN, M.REWARD_SHAPED_MEAN)
+DYNAMICS_METRICS = (M.POLICY_ENTROPY, M.DISTINCT_FRACTION)  # the training-dynamics figure
+CURVE_METRICS = TRAINING_METRICS + DYNAMICS_METRICS  # what is read from metrics.jsonl / MLflow
 LINE_STYLE = dict(marker="o", linewidth=1.275, markersize=6, markeredgewidth=0.9, markeredgecolor="#F7F7FF")
 FONT = {"label": 10, "title": 11, "tick": 8, "legend": 8, "note": 7}
 

@@ -1,4 +1,5 @@
-"""Training curves (dev pass@1, bonus, shaped vs verifier reward) from metrics.jsonl or the MLflow store."""
+"""Training curves from metrics.jsonl or the MLflow store: the training figure (dev pass@1, bonus, shaped vs
+verifier reward) and the training-dynamics figure (policy entropy, rollout diversity)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from repexp.config import RunSpec
 from repexp.figures.curves import _series_styles
 from repexp.figures.series import Series, _series_sort_key, compact_runs, series_of
 from repexp.figures.style import (
+    CURVE_METRICS,
     FONT,
     TASK_TITLES,
-    TRAINING_METRICS,
     _adaptive_ylim,
     _figure_with_footer,
     _no_data,
@@ -54,7 +55,7 @@ def training_curves_from_jsonl(train_dir: str | Path,
     for spec in specs:
         path = Path(train_dir) / spec.task / spec.name / layout.METRICS
         if spec.trains and path.is_file():
-            out[spec.path] = {k: v for k, v in read_metrics_jsonl(path).items() if k in TRAINING_METRICS}
+            out[spec.path] = {k: v for k, v in read_metrics_jsonl(path).items() if k in CURVE_METRICS}
     return out
 
 
@@ -74,7 +75,7 @@ def training_curves_from_mlflow(target, specs: Sequence[RunSpec]) -> dict[str, d
         curves: dict[str, dict[int, float]] = {}
         runs = sweep_point_runs(store.client, experiment_id, spec, getattr(target, "results_id", None))
         for run in sorted(runs, key=lambda r: r.info.start_time or 0):
-            for metric in TRAINING_METRICS:
+            for metric in CURVE_METRICS:
                 if metric in run.data.metrics:
                     for point in store.client.get_metric_history(run.info.run_id, metric):
                         curves.setdefault(metric, {})[int(point.step)] = float(point.value)
@@ -118,43 +119,68 @@ TRAINING_PANELS = (
     ("bonus (× β), mean", (M.statistic(M.BONUS_SCALED, "mean"),)),
     ("reward: shaped (—) vs verifier (- -)", (M.REWARD_SHAPED_MEAN, M.REWARD_VERIFIER_MEAN)),
 )
+DYNAMICS_PANELS = (
+    ("policy entropy", (M.POLICY_ENTROPY,)),
+    ("rollout diversity: distinct responses / group", (M.DISTINCT_FRACTION,)),
+)
+# panels whose values are fractions in [0, 1]: limits kept near that range
+BOUNDED_PANELS = ("dev pass@1", "rollout diversity: distinct responses / group")
 
 
-def plot_training(curves: dict[str, dict[str, dict[int, float]]], task: str, backend: str, *,
-                  specs: Sequence[RunSpec], source: str):
-    """Training curves of one task and backend: one line per method/point, mean over seeds ± SEM."""
-    from matplotlib.ticker import MaxNLocator
-
+def _trained_series(curves, task: str, backend: str, specs: Sequence[RunSpec]):
+    """(series in plotting order, their runs with curves, trained runs without any curves)."""
     trained = [s for s in specs if s.task == task and s.backend == backend and s.trains]
     missing = [s.path for s in trained if s.path not in curves]
     series_runs: dict[Series, list[RunSpec]] = {}
     for s in trained:
         if s.path in curves:
             series_runs.setdefault(series_of(s), []).append(s)
-    series = sorted(series_runs, key=_series_sort_key)
+    return sorted(series_runs, key=_series_sort_key), series_runs, missing
+
+
+def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], source: str, panels, title: str,
+                  size: tuple[float, float], grid: tuple[int, int], name_lacking: bool):
+    """A figure of metric panels over training steps: one line per method/point, mean over seeds ± SEM.
+
+    Returns (figure, notes, missing runs, panel records). A panel without any logged value says what is
+    missing; with `name_lacking`, runs without a panel's metric while others logged it are named in a note
+    (not for the training figure, where GRPO has no bonus by design).
+    """
+    from matplotlib.ticker import MaxNLocator
+
+    series, series_runs, missing = _trained_series(curves, task, backend, specs)
     show_point = len({(s.sparse_dim, s.beta) for s in series if s.method == "repexp"}) > 1
     styles = _series_styles(series, show_point=show_point, show_backend=False)
     notes = []
     if missing:
         notes.append(f"no training metrics ({source}) for: {compact_runs([m.split('/', 1)[1] for m in missing])}")
+    runs_with_curves = [r for s in series for r in series_runs[s]]
+    for panel_title, metrics in panels if name_lacking and runs_with_curves else ():
+        lacking = [r.name for r in runs_with_curves if not any(m in curves[r.path] for m in metrics)]
+        if len(lacking) == len(runs_with_curves):
+            notes.append(f"{panel_title}: no run logged {', '.join(metrics)}")
+        elif lacking:
+            notes.append(f"{panel_title}: {', '.join(metrics)} not logged by {compact_runs(lacking)}")
     labels = [styles[s]["label"] for s in series]
     ncol = min(max(1, len(labels)), 4)
     panels_record = []
     with _style():
-        fig, axes, footer = _figure_with_footer(9.0, 4.6, legend_rows=math.ceil(max(1, len(labels)) / ncol),
-                                                notes=notes, ncols=2, nrows=2)
-        fig.suptitle(f"{TASK_TITLES.get(task, task)} [{backend}]: training", fontsize=FONT["title"])
+        fig, axes, footer = _figure_with_footer(size[0], size[1], legend_rows=math.ceil(max(1, len(labels)) / ncol),
+                                                notes=notes, ncols=grid[1], nrows=grid[0])
+        fig.suptitle(f"{TASK_TITLES.get(task, task)} [{backend}]: {title}", fontsize=FONT["title"])
         handles = {}
-        for ax, (title, metrics) in zip([a for row in axes for a in row], TRAINING_PANELS):
-            ax.set_title(title, fontsize=FONT["label"])
+        for ax, (panel_title, metrics) in zip([a for row in axes for a in row], panels):
+            ax.set_title(panel_title, fontsize=FONT["label"])
             plotted = []
             lows, highs = [], []
+            lacking: list[str] = []
             for s in series:
                 for metric, linestyle in zip(metrics, ("-", "--")):
-                    per_seed = [curves[r.path][metric] for r in series_runs[s] if metric in curves[r.path]]
-                    if not per_seed:
+                    runs = [r for r in series_runs[s] if metric in curves[r.path]]
+                    lacking += [r.name for r in series_runs[s] if metric not in curves[r.path]]
+                    if not runs:
                         continue
-                    data = _seed_mean_over_steps(per_seed)
+                    data = _seed_mean_over_steps([curves[r.path][metric] for r in runs])
                     style = styles[s]
                     sparse = len(data["step"]) <= 30  # dev metrics are logged every test_freq steps: show points
                     line, = ax.plot(data["step"], data["mean"], color=style["color"], linestyle=linestyle,
@@ -168,23 +194,33 @@ def plot_training(curves: dict[str, dict[str, dict[int, float]]], task: str, bac
                     lows += lo
                     highs += hi
                     plotted.append({**s.to_dict(), "label": style["label"], "metric": metric,
-                                    "runs": [r.name for r in series_runs[s] if metric in curves[r.path]], **data})
+                                    "runs": [r.name for r in runs], **data})
             if not plotted:
-                _no_data(ax, f"no {', '.join(metrics)} logged")
+                _no_data(ax, f"no {', '.join(metrics)} logged" + (" by any run" if series else ""))
             else:
                 ax.set_xlabel("step")
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
                 ax.tick_params(axis="both", labelsize=FONT["tick"])
-                if title == "dev pass@1":
+                if panel_title in BOUNDED_PANELS:
                     ax.set_ylim(*_adaptive_ylim(lows, highs))
                 else:
                     span = max(highs) - min(lows)
                     pad = 0.08 * span if span > 0 else max(1e-3, 0.05 * abs(max(highs)))
                     ax.set_ylim(min(lows) - pad, max(highs) + pad)
-            panels_record.append({"title": title, "metrics": list(metrics), "series": plotted})
+            panels_record.append({"title": panel_title, "metrics": list(metrics), "series": plotted,
+                                  "runs_without_metric": sorted(set(lacking))})
         if handles:
             footer.legend(list(handles.values()), list(handles), loc="upper center", ncol=ncol, frameon=False,
                           fontsize=FONT["legend"], bbox_to_anchor=(0.5, 1.0))
+    return fig, notes, missing, panels_record
+
+
+def plot_training(curves: dict[str, dict[str, dict[int, float]]], task: str, backend: str, *,
+                  specs: Sequence[RunSpec], source: str):
+    """Training curves of one task and backend: one line per method/point, mean over seeds ± SEM."""
+    fig, notes, missing, panels = _curve_figure(curves, task, backend, specs=specs, source=source,
+                                                panels=TRAINING_PANELS, title="training", size=(9.0, 4.6),
+                                                grid=(2, 2), name_lacking=False)
     caption = (
         f"Training on {TASK_TITLES.get(task, task)} ({backend}), from {source}: dev pass@1 at each validation, "
         "the mean "
@@ -193,5 +229,26 @@ def plot_training(curves: dict[str, dict[str, dict[int, float]]], task: str, bac
     )
     record = {"id": layout.training_figure(task, backend), "kind": "training", "task": task, "backend": backend,
               "source": source, "caption": caption, "notes": notes, "missing_runs": missing, "size_px": _size_px(fig),
-              "panels": panels_record}
+              "panels": panels}
+    return fig, record
+
+
+def plot_dynamics(curves: dict[str, dict[str, dict[int, float]]], task: str, backend: str, *,
+                  specs: Sequence[RunSpec], source: str):
+    """Training dynamics of one task and backend: policy entropy and rollout diversity over training steps,
+    one line per method/point (GRPO, each RepExp point), mean over seeds ± SEM."""
+    fig, notes, missing, panels = _curve_figure(curves, task, backend, specs=specs, source=source,
+                                                panels=DYNAMICS_PANELS, title="training dynamics", size=(9.0, 2.8),
+                                                grid=(1, 2), name_lacking=True)
+    caption = (
+        f"Training dynamics on {TASK_TITLES.get(task, task)} ({backend}), from {source}: the policy's mean token "
+        f"entropy on its rollouts ({M.POLICY_ENTROPY}) and the rollout diversity ({M.DISTINCT_FRACTION}: per "
+        "prompt group the number of distinct responses over the group size, averaged over the step's groups; "
+        "1 = all rollouts differ) per training step. Exploration that RepExp's bonus sustains shows as higher "
+        "entropy and diversity than GRPO's. Lines are means over seeds with a ±1 SEM band where ≥ 2 seeds "
+        "logged the step."
+    )
+    record = {"id": layout.dynamics_figure(task, backend), "kind": "dynamics", "task": task, "backend": backend,
+              "source": source, "caption": caption, "notes": notes, "missing_runs": missing, "size_px": _size_px(fig),
+              "panels": panels}
     return fig, record

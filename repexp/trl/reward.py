@@ -241,6 +241,7 @@ class RepExpReward:
             metrics.update(metric_names.bonus_metrics(raw.double().cpu(), combined.intrinsic.double().cpu(),
                                                       self.beta, hidden_norms))
         metrics.update(metric_names.group_metrics(combined.status_fractions(), extrinsic, combined.total.double()))
+        metrics.update(metric_names.distinct_fraction(groups.tolist(), completion_ids))
         return combined.total, metrics
 
     def _bonus(

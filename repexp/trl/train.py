@@ -280,6 +280,14 @@ def _device(cfg: RunConfig):
     return torch.device(cfg.trl.device)
 
 
+def _cap_gpu_memory(cfg: RunConfig, device) -> None:
+    """Jobs that share one GPU (resources.train.gpu_share) each keep to their fraction of its memory."""
+    import torch
+
+    if device.type == "cuda" and cfg.trl.gpu_memory_fraction is not None:
+        torch.cuda.set_per_process_memory_fraction(cfg.trl.gpu_memory_fraction, device)
+
+
 def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Callable] = None) -> TrainResult:
     """Train one run to completion (or finish a killed one). Returns what it wrote to DONE."""
     started, attempt_started = time.time(), time.monotonic()
@@ -302,6 +310,7 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
     if cfg.trl.num_threads is not None:
         torch.set_num_threads(cfg.trl.num_threads)
     device = _device(cfg)
+    _cap_gpu_memory(cfg, device)
     from repexp.trl.reward import RepExpReward
     from repexp.trl.validation import DevProblem, validate
 

@@ -24,6 +24,12 @@ Arith family (the built-in arithmetic task, short answers from small models): th
 the **last number written anywhere in the response** (`The answer is 12.` gives 12). Lenient on
 purpose: the task measures whether a small model computes the value, not whether it follows a
 format; docs/data.md says so.
+
+Final-number family (`arith-hard`, the GPU pilot's task): the answer is the number the response
+**ends with** (trailing spaces and one `.` or `!` allowed): `85`, `47 + 38 = 85.`, `The answer is
+85.`; a response that goes on after its number, or stops mid-sentence at the token cap (`... 47 +
+38 is the same as 40 + 30 and`), has no answer. Strict on purpose: the last number of a truncated
+explanation is usually an operand, and the pilot's pass@k must count the model's answers only.
 """
 
 from __future__ import annotations
@@ -224,6 +230,16 @@ def extract_gsm8k(response: str) -> Optional[str]:
 
 _ANY_NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")
 ARITH_TAIL_CHARS = 2_000  # the answer is near the end; bounded work on long responses
+
+
+_FINAL_NUMBER = re.compile(r"(?<![\w.,])(-?\d+(?:,\d{3})*(?:\.\d+)?)\s*[.!]?\s*$")
+
+
+def extract_final_number(response: str) -> Optional[str]:
+    """The final-number family's answer: the number that ends the response, else None."""
+    found = _FINAL_NUMBER.search(response[-ARITH_TAIL_CHARS:])
+    value = parse_number(found.group(1)) if found else None
+    return None if value is None else canonical_number(value)
 
 
 def extract_last_number(response: str) -> Optional[str]:

@@ -22,8 +22,22 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from repexp.verify.extract import canonical_number, closing_brace, extract_last_number, extract_math, parse_number
-from repexp.verify.routing import GSM8K_STRICT, HENDRYCKS, LAST_NUMBER, MATH_VERIFY, paper_scorer
+from repexp.verify.extract import (
+    canonical_number,
+    closing_brace,
+    extract_final_number,
+    extract_last_number,
+    extract_math,
+    parse_number,
+)
+from repexp.verify.routing import (
+    FINAL_NUMBER_SCORER,
+    GSM8K_STRICT,
+    HENDRYCKS,
+    LAST_NUMBER,
+    MATH_VERIFY,
+    paper_scorer,
+)
 
 # --------------------------------------------------------------------------- GSM8K, strict
 
@@ -173,12 +187,19 @@ def hendrycks_answer(response: str) -> Optional[str]:
 def string_scorer(data_source: str):
     """The paper's scorer for a data_source when it is a pure string function, else None (Math-Verify)."""
     kind = paper_scorer(data_source)
-    return {GSM8K_STRICT: gsm8k_strict, HENDRYCKS: hendrycks, MATH_VERIFY: None, LAST_NUMBER: last_number}[kind]
+    return {GSM8K_STRICT: gsm8k_strict, HENDRYCKS: hendrycks, MATH_VERIFY: None, LAST_NUMBER: last_number,
+            FINAL_NUMBER_SCORER: final_number}[kind]
 
 
 def last_number(response: str, ground_truth: str) -> float:
     """The built-in arithmetic task has no paper scorer: both graders use the repexp rule."""
     answer, gold = extract_last_number(response), parse_number(ground_truth.strip())
+    return 1.0 if answer is not None and gold is not None and answer == canonical_number(gold) else 0.0
+
+
+def final_number(response: str, ground_truth: str) -> float:
+    """arith-hard has no paper scorer either: both graders use the repexp rule."""
+    answer, gold = extract_final_number(response), parse_number(ground_truth.strip())
     return 1.0 if answer is not None and gold is not None and answer == canonical_number(gold) else 0.0
 
 
@@ -196,4 +217,6 @@ def paper_answer(data_source: str, response: str) -> Optional[str]:
         return hendrycks_answer(response)
     if kind == LAST_NUMBER:
         return extract_last_number(response)
+    if kind == FINAL_NUMBER_SCORER:
+        return extract_final_number(response)
     return extract_math(response)

@@ -7,8 +7,8 @@ Two graders (`GRADERS`, chosen by the pipeline config's `grader` key):
 - `paper`: the three scorers the upstream recipe used, routed as its `default_compute_score`
   routes them (`paper_scorer`): verl's strict `####` scorer for GSM8K, Hendrycks string
   equivalence for the MATH datasets, Math-Verify over the whole response for DAPO/AIME. The
-  built-in arithmetic task (`repexp/arith`, not part of the paper) is scored by the repexp rule
-  under both graders.
+  built-in arithmetic tasks (`repexp/arith`, `repexp/arith-hard`, not part of the paper) are
+  scored by the repexp rule under both graders.
 """
 
 from __future__ import annotations
@@ -23,15 +23,18 @@ DEFAULT_GRADER = "repexp"
 GSM8K = "gsm8k"
 MATH = "math"
 ARITH = "arith"  # the built-in arithmetic task: the last number of the response (docs/data.md)
-NUMERIC_FAMILIES = (GSM8K, ARITH)  # golds and answers are exact rationals
+FINAL_NUMBER = "final_number"  # arith-hard: the number the response ends with, else no answer
+NUMERIC_FAMILIES = (GSM8K, ARITH, FINAL_NUMBER)  # golds and answers are exact rationals
 
 # scorers of the paper grader
 GSM8K_STRICT = "gsm8k_strict"
 HENDRYCKS = "hendrycks"
 MATH_VERIFY = "math_verify"
 LAST_NUMBER = "last_number"  # arith under either grader
+FINAL_NUMBER_SCORER = "final_number"  # arith-hard under either grader
 
 ARITH_DATA_SOURCE = "repexp/arith"
+ARITH_HARD_DATA_SOURCE = "repexp/arith-hard"
 
 _GSM8K_SOURCES = frozenset({"openai/gsm8k", "gsm8k"})
 # The MATH datasets: Hendrycks string equivalence under the paper grader.
@@ -67,19 +70,23 @@ def check_grader(grader: str) -> str:
 
 
 def _unknown(data_source: str) -> ValueError:
-    known = ", ".join(sorted(_GSM8K_SOURCES | _HENDRYCKS_SOURCES | _MATH_VERIFY_SOURCES | {ARITH_DATA_SOURCE}))
+    generated = {ARITH_DATA_SOURCE, ARITH_HARD_DATA_SOURCE}
+    known = ", ".join(sorted(_GSM8K_SOURCES | _HENDRYCKS_SOURCES | _MATH_VERIFY_SOURCES | generated))
     return ValueError(f"unknown data_source {data_source!r}: no verifier for it (known: {known}, aime*, amc*)")
 
 
 @functools.lru_cache(maxsize=256)
 def family(data_source: str) -> str:
-    """The repexp grader's answer family (`"gsm8k"`, `"math"` or `"arith"`) of a data_source; ValueError if unknown."""
+    """The repexp grader's answer family (`"gsm8k"`, `"math"`, `"arith"` or `"final_number"`) of a
+    data_source; ValueError if unknown."""
     if not isinstance(data_source, str):
         raise TypeError(f"data_source must be a string, got {type(data_source).__name__}")
     if data_source in _GSM8K_SOURCES:
         return GSM8K
     if data_source == ARITH_DATA_SOURCE:
         return ARITH
+    if data_source == ARITH_HARD_DATA_SOURCE:
+        return FINAL_NUMBER
     if data_source in _HENDRYCKS_SOURCES or data_source in _MATH_VERIFY_SOURCES or _COMPETITION_RE.search(data_source):
         return MATH
     raise _unknown(data_source)
@@ -99,6 +106,8 @@ def paper_scorer(data_source: str) -> str:
         return GSM8K_STRICT
     if fam == ARITH:
         return LAST_NUMBER
+    if fam == FINAL_NUMBER:
+        return FINAL_NUMBER_SCORER
     if data_source in _HENDRYCKS_SOURCES:
         return HENDRYCKS
     return MATH_VERIFY

@@ -24,13 +24,23 @@ from repexp.verify.extract import (
     MAX_ANSWER_CHARS,
     answer_value,
     canonical_number,
+    extract_final_number,
     extract_gsm8k,
     extract_last_number,
     extract_math,
     parse_number,
 )
 from repexp.verify.normalize import CHOICE, INTEGER, NUMBER, as_integer, exact_value, normalize_answer, value_side
-from repexp.verify.routing import ARITH, DEFAULT_GRADER, GSM8K, MATH, NUMERIC_FAMILIES, check_grader, family
+from repexp.verify.routing import (
+    ARITH,
+    DEFAULT_GRADER,
+    FINAL_NUMBER,
+    GSM8K,
+    MATH,
+    NUMERIC_FAMILIES,
+    check_grader,
+    family,
+)
 
 
 def _check_str(name: str, value: Any) -> None:
@@ -112,6 +122,8 @@ def _extract(fam: str, response: str) -> Optional[str]:
         return extract_gsm8k(response)
     if fam == ARITH:
         return extract_last_number(response)
+    if fam == FINAL_NUMBER:
+        return extract_final_number(response)
     return extract_math(response)
 
 

@@ -78,6 +78,15 @@ def row_lengths(field: torch.Tensor) -> torch.Tensor:
     return field.offsets().diff() if field.is_nested else torch.full((field.shape[0],), field.shape[1])
 
 
+def token_rows(field: torch.Tensor) -> list[list[int]]:
+    """Each row of a jagged (B, j) token-id field as a list (``responses``: a row is exactly one response's
+    tokens, no padding). A dense field's rows are taken whole."""
+    if not field.is_nested:
+        return field.tolist()
+    offsets, values = field.offsets().tolist(), field.values().tolist()
+    return [values[start:end] for start, end in zip(offsets[:-1], offsets[1:])]
+
+
 def add_at_last_token(field: torch.Tensor, scale: float, addend: torch.Tensor) -> torch.Tensor:
     """``scale * row`` with ``addend[i]`` added at the last position of row i (rows must be non-empty
     where addend is non-zero). Returns a new jagged tensor with the same offsets."""

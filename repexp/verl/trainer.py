@@ -10,7 +10,8 @@ What it changes, each through an overridable method of verl's `PPOTrainer`:
   ``alpha * score + beta * bonus``. Afterwards ``rm_scores`` is restored to the verifier score
   and ``token_level_rewards`` holds the shaped reward, so verl's ``critic/score`` stays comparable
   with plain GRPO and ``critic/rewards`` shows what was optimised. beta = 0 (the GRPO baseline)
-  leaves verl's computation untouched and builds no representation model.
+  leaves verl's computation untouched and builds no representation model. Both log the group
+  metrics and ``rollout/distinct_frac`` (distinct ``responses`` per uid, padding rows left out).
 - `_val_metrics_update`: adds unbiased ``dev/pass_at_k`` and records it in ``best_dev.json``
   (`repexp.checkpoints.BestDevTracker`, same file as the TRL backend).
 - `_save_checkpoint` / `_load_checkpoint`: the persistent covariance is saved into
@@ -144,15 +145,16 @@ class RepExpTrainer(PPOTrainerSync):
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         if not self.repexp.enabled:
-            data = dataplane.read_fields(batch, ["uid", "rm_scores"])
+            data = dataplane.read_fields(batch, ["uid", "rm_scores", "responses"])
             scores = dataplane.row_sums(data["rm_scores"]).double()
             metrics.update(group_metrics(dataplane.non_tensor_list(data, "uid"), scores, dataplane.padding_rows(batch)))
+            metrics.update(_distinct_fraction(batch, data))
             return super()._compute_advantage(batch, metrics)
 
         with marked_timer(metric_names.TIMER_REPEXP_FORWARD, self.timing_raw, color="purple"):
             hidden = self._hidden_means(batch)
         with marked_timer(metric_names.TIMER_REPEXP_BONUS, self.timing_raw, color="purple"):
-            names = ["uid", "rm_scores"] + (["extra_info"] if self.repexp.persist_covariance else [])
+            names = ["uid", "rm_scores", "responses"] + (["extra_info"] if self.repexp.persist_covariance else [])
             data = dataplane.read_fields(batch, names)
             rm_scores = data["rm_scores"]
             excluded = dataplane.padding_rows(batch) | (dataplane.row_lengths(rm_scores) == 0)
@@ -168,6 +170,7 @@ class RepExpTrainer(PPOTrainerSync):
             )
             shaped = dataplane.add_at_last_token(rm_scores, self.repexp.alpha, result.bonus_scaled.float())
             dataplane.write_fields(batch, {"rm_scores": shaped})
+        metrics.update(_distinct_fraction(batch, data))
         batch = super()._compute_advantage(batch, metrics)
         # verifier scores back for verl's critic/score; the shaped reward for critic/rewards (with a KL
         # reward verl wrote its own token_level_rewards = shaped - KL)
@@ -275,6 +278,14 @@ class RepExpTrainer(PPOTrainerSync):
         if self.budget.exhausted_before():
             # resumed from the step at which the budget ended the run (DONE was not written yet): no more steps
             self.total_training_steps = self.global_steps - 1
+
+
+def _distinct_fraction(batch: KVBatchMeta, data) -> dict[str, float]:
+    """`rollout/distinct_frac` of the step from the rows' ``responses`` per uid, without verl's padding rows."""
+    padding = dataplane.padding_rows(batch).tolist()
+    rows = zip(dataplane.non_tensor_list(data, "uid"), dataplane.token_rows(data["responses"]), padding)
+    kept = [(uid, tokens) for uid, tokens, is_padding in rows if not is_padding]
+    return metric_names.distinct_fraction([uid for uid, _ in kept], [tokens for _, tokens in kept])
 
 
 def _prompt_keys(data) -> list[str]:

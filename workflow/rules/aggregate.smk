@@ -1,4 +1,5 @@
-# aggregate: every evaluation -> one tidy pass@k table (+ k-efficiency, markdown/HTML views);
+# aggregate: every evaluation -> one tidy pass@k table (+ k-efficiency with bootstrap intervals, also per
+# reference k for the figure, markdown/HTML views);
 # also logs pass@1/16/256 on each sweep point's MLflow parent run.
 
 
@@ -15,6 +16,7 @@ rule aggregate:
             subcategory="Tables",
             labels={"table": "k-efficiency"},
         ),
+        k_efficiency_by_k=aggregate_file(L.K_EFFICIENCY_BY_K_CSV),
         markdown=aggregate_file(L.PASS_AT_K_MD),
         html=report(
             aggregate_file(L.PASS_AT_K_HTML),

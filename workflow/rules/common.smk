@@ -343,6 +343,8 @@ FIGURE_REPORTS = {
     "testtime": ("test-time RepExp", "testtime.rst"),
     "heatmaps": ("sweep heatmaps", "heatmap.rst"),
     "training": ("training curves", "training.rst"),
+    "k_efficiency": ("k-efficiency", "k_efficiency_figure.rst"),
+    "dynamics": ("training dynamics", "dynamics.rst"),
 }
 
 
@@ -421,6 +423,7 @@ def eval_flags(wildcards):
         "--tensor-parallel-size": ev.tensor_parallel_size,
         "--data-parallel-size": ev.data_parallel_size,
         "--gpu-memory-utilization": C.canonical(ev.gpu_memory_utilization),
+        "--kv-cache-gib": None if ev.kv_cache_gib is None else C.canonical(ev.kv_cache_gib),
         "--grader": rc.grader,
         "--max-model-len": ev.max_model_len,
     }
@@ -485,6 +488,8 @@ def rule_resources(rule):
             out["gres"] = f"gpu:{res.gpu}"
     else:
         out["gpu"] = res.gpu
+    # Jobs sharing one GPU on one machine: `--resources gpu_share=100` per GPU (docs/pilot.md).
+    out["gpu_share"] = res.gpu_share if res.gpu else 0
     return out
 
 

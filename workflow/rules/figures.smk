@@ -1,9 +1,11 @@
-# figures: pass@k curves (the paper's Figure 2 layout), sweep heatmaps and training curves.
+# figures: pass@k curves (the paper's Figure 2 layout), k-efficiency with bootstrap intervals, sweep heatmaps,
+# training curves and training dynamics.
 
 
 rule figures:
     input:
         table=rules.aggregate.output.table,
+        k_efficiency=rules.aggregate.output.k_efficiency_by_k,
         train=all_train_markers(),
     output:
         figures=figure_files(),
@@ -21,5 +23,5 @@ rule figures:
         curves=training_curve_flags,
     shell:
         'repexp mlflow node --config "$REPEXP_CONFIG" --rule figures --snakemake-jobid {{{jobid}}} --attempt {resources.attempt} --output {output} --'
-        ' repexp figures --table {input.table} --out-dir $(dirname {output.index}) --config "$REPEXP_CONFIG"'
+        ' repexp figures --table {input.table} --k-efficiency {input.k_efficiency} --out-dir $(dirname {output.index}) --config "$REPEXP_CONFIG"'
         " {params.curves} > {log} 2>&1"
