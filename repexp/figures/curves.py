@@ -78,8 +78,11 @@ def plot_pass_at_k(table, *, tasks: Sequence[str] | None = None, expected: Seque
         notes.append("Lines with one seed have no band.")
 
     labels = list(dict.fromkeys(styles[s]["label"] for s in sorted(all_series, key=_series_sort_key)))
-    ncol = min(max(1, len(labels)), 4)
     width = max(5.0, 3.2 * len(tasks))
+    # as many legend columns as fit the figure's width (about 0.065 in per character at FONT["legend"],
+    # plus the marker): a row wider than the figure is cut at both edges
+    column_inches = 0.065 * max((len(label) for label in labels), default=1) + 0.6
+    ncol = max(1, min(len(labels), 4, int(width // column_inches)))
     with _style():
         fig, axes, footer = _figure_with_footer(width, 2.9, legend_rows=math.ceil(len(labels) / ncol), notes=notes,
                                                 ncols=len(tasks))

@@ -285,7 +285,7 @@ def _cap_gpu_memory(cfg: RunConfig, device) -> None:
     import torch
 
     if device.type == "cuda" and cfg.trl.gpu_memory_fraction is not None:
-        torch.cuda.set_per_process_memory_fraction(cfg.trl.gpu_memory_fraction, device)
+        torch.cuda.set_per_process_memory_fraction(cfg.trl.gpu_memory_fraction, device.index or 0)
 
 
 def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Callable] = None) -> TrainResult:
