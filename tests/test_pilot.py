@@ -184,7 +184,12 @@ def test_the_pilot_runs_end_to_end_on_cpu_in_its_reduced_form(tmp_path):
     ids = {figure["id"] for figure in index["figures"]}
     assert {"pass_at_k", "k_efficiency", f"dynamics_{TASK}_trl", f"training_{TASK}_trl"} <= ids
     dynamics = next(f for f in index["figures"] if f["id"] == f"dynamics_{TASK}_trl")
-    assert json.dumps(dynamics).count("sem") >= 2  # seed bands: two seeds per method
+    panels = {panel["metrics"][0]: panel["series"] for panel in dynamics["panels"]}
+    assert set(panels) == {M.POLICY_ENTROPY, M.DISTINCT_FRACTION}
+    for series in panels.values():  # a line per method, each a mean over both seeds with a band
+        assert {line["method"] for line in series} == {"repexp", "grpo"}
+        for line in series:
+            assert line["step"] == [1, 2] and line["n_seeds"] == [2, 2] and len(line["sem"]) == 2
     table = (results / "aggregate" / L.PASS_AT_K_CSV).read_text()
     assert table.count("trl_grpo_s") >= 2 and table.count("trl_repexp_k32_b0.1_s") >= 2 and "base" in table
     assert (results / "aggregate" / L.K_EFFICIENCY_CSV).is_file()
