@@ -227,10 +227,8 @@ def plot_training(curves: dict[str, dict[str, dict[int, float]]], task: str, bac
         "raw and β-scaled RepExp bonus per step, and the mean shaped reward (α·verifier + β·bonus, solid) against "
         "the verifier reward (dashed). Lines are means over seeds with a ±1 SEM band where ≥ 2 seeds logged the step."
     )
-    record = {"id": layout.training_figure(task, backend), "kind": "training", "task": task, "backend": backend,
-              "source": source, "caption": caption, "notes": notes, "missing_runs": missing, "size_px": _size_px(fig),
-              "panels": panels}
-    return fig, record
+    return fig, _record(fig, layout.training_figure(task, backend), "training", task, backend, source, caption,
+                        notes, missing, panels)
 
 
 def plot_dynamics(curves: dict[str, dict[str, dict[int, float]]], task: str, backend: str, *,
@@ -248,7 +246,12 @@ def plot_dynamics(curves: dict[str, dict[str, dict[int, float]]], task: str, bac
         "entropy and diversity than GRPO's. Lines are means over seeds with a ±1 SEM band where ≥ 2 seeds "
         "logged the step."
     )
-    record = {"id": layout.dynamics_figure(task, backend), "kind": "dynamics", "task": task, "backend": backend,
-              "source": source, "caption": caption, "notes": notes, "missing_runs": missing, "size_px": _size_px(fig),
-              "panels": panels}
-    return fig, record
+    return fig, _record(fig, layout.dynamics_figure(task, backend), "dynamics", task, backend, source, caption,
+                        notes, missing, panels)
+
+
+def _record(fig, figure_id: str, kind: str, task: str, backend: str, source: str, caption: str, notes, missing,
+            panels) -> dict:
+    """The index.json entry of a training or dynamics figure."""
+    return {"id": figure_id, "kind": kind, "task": task, "backend": backend, "source": source, "caption": caption,
+            "notes": notes, "missing_runs": missing, "size_px": _size_px(fig), "panels": panels}
