@@ -9,8 +9,10 @@ paper number refers to it.
 
 Every problem exists once: 81 sums, 45 differences, 81 products = 207 questions. The split is
 seeded (`split_seed`): 48 test, 16 dev, the rest train, disjoint by construction. The answer is
-scored by the `arith` verifier family (the last number of the response; `repexp.verify`). Pure:
-no framework imports.
+scored by the `arith` verifier family (the last number of the response; `repexp.verify`).
+
+`arith-hard`, the GPU pilot's task (multi-digit kinds, few-shot prompt, `final_number` verifier),
+is the second half of this module. Pure: no framework imports.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def split(seed: int) -> dict[str, list[Question]]:
 #
 # Why: the GPU pilot (configs/pilot.yaml, docs/pilot.md) needs questions on which
 # SmolLM2-135M-Instruct is right sometimes but not always (base pass@1 of a few percent, pass@256
-# clearly below 1), with enough distinct problems for a 512-question test split. Single-digit
+# clearly below 1), with enough distinct problems for a test split of more than 500 questions. Single-digit
 # `arith` saturates (pass@256 = 1 for the base model); these leave room for exploration to matter.
 # Each kind is a finite, enumerable space; the split draws questions without replacement from the
 # union of `HARD_KINDS`, so train, dev and test are disjoint by construction.
@@ -85,7 +87,7 @@ def kind_questions(kind: str) -> list[Question]:
     return [Question(i, f"What is {expr}?", value) for i, (expr, value) in enumerate(KINDS[kind][1]())]
 
 
-HARD_SYSTEM_PROMPT = "Answer with just the number."
+HARD_SYSTEM_PROMPT = SYSTEM_PROMPT
 # Worked examples shown as earlier chat turns: the model copies their form (the number alone), so
 # answers end in a few tokens instead of running into the token cap. None of them belongs to any
 # kind above (three-digit operands, or a one-digit first factor of a two-digit one), so no split
@@ -101,9 +103,10 @@ def hard_messages(question_text: str, shots: bool = True) -> list[dict]:
         messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
     return messages + [{"role": "user", "content": question_text}]
 
+
 # kind: (test, dev, at most this many train questions). Test and dev are balanced over kinds; the
-# one-digit kind (base pass@1 about 0.2, the rest about 0.02-0.03: docs/pilot.md) gives the model
-# a reward signal from the first step, the multi-digit kinds keep pass@256 below 1. Train is capped
+# one-digit kind (base pass@1 0.08 with this prompt, the others 0.006-0.05: docs/pilot.md) gives
+# the model more reward signal early on, the multi-digit kinds keep pass@256 below 1. Train is capped
 # per kind so that the two largest spaces (add2, sub2) do not drown the others.
 HARD_KINDS = {"one": (64, 16, 640), "add21": (96, 32, 640), "sub21": (96, 32, 640), "add2": (96, 32, 640),
               "sub2": (96, 32, 640), "mul21": (96, 32, 640)}
