@@ -450,15 +450,8 @@ def crossing_k(curve: dict[int, float], target: float) -> tuple[float, int] | No
     None when it never does. k* = k*_evaluated when the first grid point already reaches it.
     """
     ks = sorted(curve)
-    for i, k in enumerate(ks):
-        if curve[k] >= target - _REACH_TOLERANCE:
-            if i == 0:
-                return float(k), k
-            k_lo, y_lo, y_hi = ks[i - 1], curve[ks[i - 1]], curve[k]
-            frac = 1.0 if y_hi <= y_lo else min(1.0, max(0.0, (target - y_lo) / (y_hi - y_lo)))
-            log_k = math.log2(k_lo) + frac * (math.log2(k) - math.log2(k_lo))
-            return 2.0 ** log_k, k
-    return None
+    k_star, k_evaluated = crossing_k_batch(ks, [[curve[k] for k in ks]], [target])
+    return None if math.isnan(k_star[0]) else (float(k_star[0]), int(k_evaluated[0]))
 
 
 def crossing_k_batch(ks: Sequence[int], curves, targets):
@@ -481,8 +474,9 @@ def crossing_k_batch(ks: Sequence[int], curves, targets):
     rise = y_hi - y_lo
     frac = np.where(rise > 0, np.clip((targets - y_lo) / np.where(rise > 0, rise, 1.0), 0.0, 1.0), 1.0)
     log_k = np.log2(ks.astype(np.float64))
-    log_star = np.where(i == 0, log_k[0], log_k[prev] + frac * (log_k[i] - log_k[prev]))
-    return np.where(hit, 2.0 ** log_star, np.nan), np.where(hit, ks[i], 0)
+    # reached at the first grid point: k* is that k exactly (no round trip through log2)
+    k_star = np.where(i == 0, ks[0].astype(np.float64), 2.0 ** (log_k[prev] + frac * (log_k[i] - log_k[prev])))
+    return np.where(hit, k_star, np.nan), np.where(hit, ks[i], 0)
 
 
 def _per_seed_pass(num_samples, num_correct, ks: Sequence[int]):

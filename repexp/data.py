@@ -430,13 +430,13 @@ def build(task: str, tables: dict[str, RawTable], options: Options) -> Prepared:
             _missing_dapo()
         train = dapo_problems(tables["dapo"]) if wants_dapo else math_problems(tables["math_train"], "train")
     elif task == "arith":
-        generated = {name: [arith_problem(q) for q in questions]
+        generated = {name: [generated_problem(task, q) for q in questions]
                      for name, questions in arith.split(options.seed).items()}
         train, dev, test = generated["train"], generated["dev"], generated["test"]
         dev_equals_test = False
         notes.append(f"generated: {len(train)} train, {len(dev)} dev, {len(test)} test questions (repexp.arith)")
     elif task == "arith-hard":
-        generated = {name: [arith_hard_problem(q) for q in questions]
+        generated = {name: [generated_problem(task, q) for q in questions]
                      for name, questions in arith.hard_split(options.seed).items()}
         train, dev, test = generated["train"], generated["dev"], generated["test"]
         dev_equals_test = False
@@ -491,14 +491,11 @@ def instruction_for(problem: Problem) -> str:
     return GSM8K_INSTRUCTION if problem.source == "gsm8k" else MATH_INSTRUCTION
 
 
-def arith_problem(question: arith.Question) -> Problem:
-    return Problem(f"arith/{question.index}", "arith", "generated", question.index, question.text,
-                   str(question.answer), ARITH_DATA_SOURCE)
-
-
-def arith_hard_problem(question: arith.Question) -> Problem:
-    return Problem(f"arith-hard/{question.index}", "arith-hard", "generated", question.index, question.text,
-                   str(question.answer), ARITH_HARD_DATA_SOURCE)
+def generated_problem(task: str, question: arith.Question) -> Problem:
+    """A question of a built-in task (`arith`, `arith-hard`) as a canonical problem."""
+    data_source = {"arith": ARITH_DATA_SOURCE, "arith-hard": ARITH_HARD_DATA_SOURCE}[task]
+    return Problem(f"{task}/{question.index}", task, "generated", question.index, question.text,
+                   str(question.answer), data_source)
 
 
 def chat_prompt(problem: Problem) -> list[dict]:

@@ -191,16 +191,20 @@ def string_scorer(data_source: str):
             FINAL_NUMBER_SCORER: final_number}[kind]
 
 
+def _same_number(answer: Optional[str], ground_truth: str) -> float:
+    """1.0 when the canonical answer equals the gold number, else 0.0."""
+    gold = parse_number(ground_truth.strip())
+    return 1.0 if answer is not None and gold is not None and answer == canonical_number(gold) else 0.0
+
+
 def last_number(response: str, ground_truth: str) -> float:
     """The built-in arithmetic task has no paper scorer: both graders use the repexp rule."""
-    answer, gold = extract_last_number(response), parse_number(ground_truth.strip())
-    return 1.0 if answer is not None and gold is not None and answer == canonical_number(gold) else 0.0
+    return _same_number(extract_last_number(response), ground_truth)
 
 
 def final_number(response: str, ground_truth: str) -> float:
     """arith-hard has no paper scorer either: both graders use the repexp rule."""
-    answer, gold = extract_final_number(response), parse_number(ground_truth.strip())
-    return 1.0 if answer is not None and gold is not None and answer == canonical_number(gold) else 0.0
+    return _same_number(extract_final_number(response), ground_truth)
 
 
 def paper_answer(data_source: str, response: str) -> Optional[str]:
