@@ -247,6 +247,14 @@ class RuleResources:
     gpu_share: int = _f(100, help="percent of one GPU a job with gpu > 0 takes when jobs share a GPU on one machine "
                         "(`--resources gpu_share=100` per GPU runs jobs side by side while their shares fit; "
                         "SLURM gives each job whole GPUs and ignores it)", minimum=1, maximum=100)
+    # Which GPUs and nodes a SLURM job may land on (docs/slurm.md, "GPU types"): without them `--gpus=8`
+    # can land on V100s or 40 GB cards that have no bfloat16 or too little memory for the job.
+    gpu_model: Optional[str] = _f(None, help="SLURM GPU type the job asks for (`--gpus=<model>:<gpu>`, e.g. h100, "
+                                  "a100); the names are the cluster's gres types (`sinfo -o %G`); needs gpu > 0",
+                                  pattern=r"^[A-Za-z0-9_.]+$")
+    constraint: Optional[str] = _f(None, help="SLURM node features the job needs (`--constraint`, e.g. "
+                                   "'a100_80gb|h100'); the names are the cluster's (`sinfo -o %f`)",
+                                   pattern=r"^[A-Za-z0-9_.|&,()\[\]*:-]+$")
 
 
 def _default_resources() -> dict:
@@ -554,6 +562,10 @@ def check(cfg: PipelineConfig) -> None:
     for task in cfg.sweep.tasks:
         _check_training(cfg, task)
         _check_eval(cfg, task)
+    for rule, res in cfg.resources.items():
+        if res.gpu_model is not None and res.gpu == 0:
+            raise ConfigError(f"resources.{rule}.gpu_model: {res.gpu_model!r} asks for a GPU type, but "
+                              f"resources.{rule}.gpu is 0 (the job asks for no GPU)")
 
 
 def _check_sweep(cfg: PipelineConfig) -> None:

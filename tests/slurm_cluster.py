@@ -46,6 +46,7 @@ MARKER = "# written by repexp tests/slurm_cluster.py"
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "squeue", "scontrol", "sinfo", "srun", "scancel")
 PARTITION = "cpu"
+FEATURE = "repexp_test"  # every node's feature: jobs with `--constraint` (resources.<rule>.constraint) can run
 TERMINAL_STATES = {
     "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
     "BOOT_FAIL", "DEADLINE", "PREEMPTED",
@@ -403,10 +404,10 @@ class SlurmCluster:
     def _node_lines(self) -> list[str]:
         if self.nodes == 1:
             return [f"NodeName=localhost NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={self.real_memory_mb} "
-                    "State=UNKNOWN"]
+                    f"Features={FEATURE} State=UNKNOWN"]
         memory = self.real_memory_mb // self.nodes
         return [f"NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 Port={_free_port()} CPUs={self.cpus} "
-                f"RealMemory={memory} State=UNKNOWN" for node in self.node_names]
+                f"RealMemory={memory} Features={FEATURE} State=UNKNOWN" for node in self.node_names]
 
     def _start_daemon(self, cmd: list[str], name: str) -> None:
         self._run_checked(cmd, name)

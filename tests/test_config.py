@@ -159,6 +159,12 @@ BROKEN = {
                                          "tracking.tracking_uri", False),
     "a section that is not a mapping": ({"eval": [1, 2]}, "eval", True),
     "resources of a rule that are not a mapping": ({"resources": {"train": 3}}, "resources.train", True),
+    "a GPU type for a job without GPUs": ({"resources": {"select": {"gpu_model": "h100"}}},
+                                          "resources.select.gpu_model", False),
+    "a GPU type sbatch would misread": ({"resources": {"train": {"gpu": 1, "gpu_model": "h100:2"}}},
+                                        "resources.train.gpu_model", True),
+    "a node constraint with shell characters": ({"resources": {"eval": {"constraint": "h100; rm -rf ~"}}},
+                                                "resources.eval.constraint", True),
     "override of a task field with the wrong type": (
         {"task_overrides": {"gsm8k": {"train": {"lr": "fast"}}}}, "task_overrides.gsm8k.train.lr", False),
 }

@@ -77,6 +77,29 @@ LOCAL_JOBS = {"select": 2, "aggregate": 1, "figures": 1}
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("feature, runs", [(harness.FEATURE, True), ("no_such_gpu", False)])
+def test_a_node_constraint_reaches_sbatch(cluster, tmp_path, feature, runs):
+    """resources.<rule>.constraint becomes sbatch's --constraint (docs/slurm.md "GPU types"): the
+    test node has the feature repexp_test, so a job asking for it runs and one asking for a
+    feature no node has is refused by sbatch itself, before anything runs."""
+    fx.isolated_config(tmp_path, tracking={"server": "off"})
+    env = cluster.env(fx.quiet_env(REPEXP_SLURM_PARTITION=harness.PARTITION,
+                                   REPEXP_SLURM_GPU_PARTITION=harness.PARTITION))
+    manifest = fx.results(tmp_path) / "data" / "gsm8k" / "manifest.json"
+    # the target relative to the workdir: the rules' outputs are written relative to it (_for_jobs)
+    cmd = [*fx.snakemake_cmd(tmp_path, str(manifest.relative_to(tmp_path)), profile="slurm"),
+           "--config", f"set=resources.preprocess.constraint={feature}",
+           "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", str(SLURM_STATUS_INIT_S)]
+    proc = subprocess.run(cmd, cwd=fx.REPO, env=env, capture_output=True, text=True, timeout=600)
+    output = proc.stdout + proc.stderr
+    if runs:
+        assert proc.returncode == 0 and manifest.is_file(), f"{fx.output_tail(proc)}\n{cluster.diagnostics()}"
+        assert "submitted with SLURM jobid" in output
+    else:
+        assert proc.returncode != 0 and not manifest.exists()
+        assert "Invalid feature specification" in output, fx.output_tail(proc)
+
+
 def test_pipeline_end_to_end_through_slurm_matches_the_local_run(cluster, tmp_path, tmp_path_factory):
     workdir = tmp_path
     # The cluster default (tracking.server: auto): the workflow starts `mlflow server` on the submit host and

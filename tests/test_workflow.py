@@ -120,6 +120,20 @@ def test_the_one_gpu_config_dry_runs_under_both_profiles(profile, tmp_path):
     assert "--engine vllm" in text and "verl_repexp_k32_b0.1_s42" in text and "verl_grpo_s42" in text
 
 
+def test_gpu_types_and_node_features_reach_the_slurm_jobs(tmp_path):
+    """docs/slurm.md "GPU types": per-rule gpu_model / constraint become the plugin's resources
+    (--gpus=<model>:N, -C), only on the rules that set them."""
+    settings = "resources.train.gpu_model=h100 resources.eval.constraint=a100_80gb|h100"
+    proc = snakemake("-n", "--profile", "slurm", "all", "--configfile", str(GPU),
+                     "--config", f"results_dir={tmp_path / 'results'}", f"set={settings}", workdir=tmp_path)
+    text = proc.stdout + proc.stderr
+    train, evals, testtime = (rule_resources_of(text, rule) for rule in ("train", "eval", "testtime"))
+    assert train and evals and testtime
+    assert all(r["gpu_model"] == "h100" and r["gpu"] == "1" and "constraint" not in r for r in train)
+    assert all(r["constraint"] == "a100_80gb|h100" and "gpu_model" not in r for r in evals)
+    assert all("constraint" not in r and "gpu_model" not in r for r in testtime)
+
+
 def test_slurm_settings_come_from_the_repexp_variables_only(tmp_path):
     env = {"REPEXP_SLURM_ACCOUNT": "proj42", "REPEXP_SLURM_PARTITION": "cpu", "REPEXP_SLURM_GPU_PARTITION": "gpu",
            "SLURM_ACCOUNT": "srun-own-account", "SLURM_PARTITION": "srun-own-partition"}  # srun's: ignored

@@ -465,8 +465,8 @@ def attempt_number(wildcards, attempt):
 
 
 def rule_resources(rule):
-    """Scheduler requests from config `resources.<rule>` (SLURM: --gpus, --cpus-per-task, --mem, -t)
-    plus account and partition (slurm_resources). Multi-node (nodes > 1): one task per node with
+    """Scheduler requests from config `resources.<rule>` (SLURM: --gpus[=<model>:N], -C, --cpus-per-task,
+    --mem, -t) plus account and partition (slurm_resources). Multi-node (nodes > 1): one task per node with
     the rule's CPUs and GPUs, started by the rule's own srun launcher (ray_slurm.sh)."""
     res = C.rule_resources(CFG, rule)
     out = {
@@ -485,9 +485,13 @@ def rule_resources(rule):
         # tasks_per_gpu=0 keeps the plugin from adding --ntasks-per-gpu.
         out.update(tasks=res.nodes, mpi="srun", tasks_per_gpu=0, slurm_extra="--ntasks-per-node=1")
         if res.gpu:
-            out["gres"] = f"gpu:{res.gpu}"
+            out["gres"] = f"gpu:{res.gpu_model}:{res.gpu}" if res.gpu_model else f"gpu:{res.gpu}"
     else:
         out["gpu"] = res.gpu
+        if res.gpu_model:
+            out["gpu_model"] = res.gpu_model  # the plugin: --gpus=<model>:<gpu>
+    if res.constraint:
+        out["constraint"] = res.constraint  # the plugin: -C '<features>'
     # Jobs sharing one GPU on one machine: `--resources gpu_share=100` per GPU (docs/pilot.md).
     out["gpu_share"] = res.gpu_share if res.gpu else 0
     return out
