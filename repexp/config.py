@@ -47,6 +47,7 @@ NORMALIZATIONS = B.NORMALIZATIONS
 ENGINES = ("auto", "hf", "vllm")
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # sampling and feature-model dtypes (auto: by device)
 TRL_DTYPES = ("float32", "bfloat16")
+ATTENTION = ("auto", "flash_attention_2", "sdpa", "eager")  # verl.attn_implementation (repexp.verl.attention)
 VERL_STRATEGIES = ("fsdp", "fsdp2")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 TRL_LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean")  # seq-mean-token-sum has no TRL loss_type
@@ -196,7 +197,12 @@ class VerlConfig:
     log_prob_micro_batch_size_per_gpu: int = _f(16, help="old-log-prob micro batch", minimum=1, runtime=True)
     repexp_micro_batch_size_per_gpu: int = _f(32, help="hidden-state forward micro batch", minimum=1, runtime=True)
     enable_gradient_checkpointing: bool = _f(True, help="actor gradient checkpointing")
-    use_remove_padding: bool = _f(True, help="packed sequences (flash-attn)")
+    attn_implementation: str = _f("auto", help="attention of the actor and the frozen representation model: auto "
+                                  "(flash_attention_2 where flash_attn imports on the node, else sdpa), "
+                                  "flash_attention_2, sdpa or eager; decided at the job's start and logged",
+                                  enum=ATTENTION)
+    use_remove_padding: Optional[bool] = _f(None, help="packed sequences; null follows the attention (on with "
+                                            "flash_attention_2, off otherwise)")
     strategy: str = _f("fsdp", help="FSDP flavour of the actor and the frozen representation model",
                        enum=VERL_STRATEGIES)
     ray_num_cpus: Optional[int] = _f(None, help="CPUs Ray may use (null: all; set it under SLURM)", minimum=1,

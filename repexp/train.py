@@ -74,21 +74,39 @@ def run(args: argparse.Namespace) -> int:
                 f"scheduled with {args.expect_hash}; was the config changed while the workflow ran?"
             )
         job_yaml = Path(run_config.run_dir) / layout.JOB_YAML
-        trainer_command(run_config, job_yaml, mlflow=False)  # built once here to fail before anything starts
+        attention = node_attention(run_config)
+        trainer_command(run_config, job_yaml, attention, mlflow=False)  # built once here to fail before anything starts
     except (C.ConfigError, ValueError) as err:
         print(f"train: {err}", file=sys.stderr)
         return 2
-    return _train(cfg, run_config, training_hash, args.attempt, args.snakemake_jobid)
+    return _train(cfg, run_config, training_hash, args.attempt, args.snakemake_jobid, attention)
 
 
-def trainer_command(run_config, job_yaml: Path, *, mlflow: bool) -> list[str]:
+def node_attention(run_config):
+    """verl runs: the attention this node supports (`verl.attn_implementation`), logged once; None for TRL."""
+    if run_config.backend != "verl":
+        return None
+    from repexp.config import ConfigError
+    from repexp.verl.attention import flash_attn_error, resolve
+
+    verl = run_config.verl
+    try:
+        attention = resolve(verl.attn_implementation, verl.use_remove_padding, flash_attn_error())
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    print(f"train: attention {attention.describe()}", file=sys.stderr, flush=True)
+    return attention
+
+
+def trainer_command(run_config, job_yaml: Path, attention=None, *, mlflow: bool) -> list[str]:
     if run_config.backend == "trl":
         return [sys.executable, "-m", "repexp.trl.train", "--config", str(job_yaml)]
     if run_config.backend == "verl":
         from repexp.verl.overrides import build_overrides
 
         loggers = ["console", "mlflow"] if mlflow else ["console"]
-        return [sys.executable, "-m", "repexp.verl.train", *build_overrides(run_config, loggers=loggers)]
+        overrides = build_overrides(run_config, attention, loggers=loggers)
+        return [sys.executable, "-m", "repexp.verl.train", *overrides]
     raise ValueError(f"backend: unknown backend {run_config.backend!r}")
 
 
@@ -123,7 +141,8 @@ def _job_yaml_hash(path: Path) -> Optional[str]:
         return None
 
 
-def _train(cfg, run_config, training_hash: str, attempt: int, snakemake_jobid: Optional[str] = None) -> int:
+def _train(cfg, run_config, training_hash: str, attempt: int, snakemake_jobid: Optional[str] = None,
+           attention=None) -> int:
     from repexp import config as C
 
     run_dir = Path(run_config.run_dir)
@@ -135,7 +154,7 @@ def _train(cfg, run_config, training_hash: str, attempt: int, snakemake_jobid: O
     state = {"training_hash": training_hash, "status": "running", "attempt": attempt}
     write_json_atomic(run_dir / STATE_FILE, state)
 
-    params = tracking.flatten({k: v for k, v in run_config.to_dict().items() if k != "config_hash"})
+    params = train_params(run_config, attention)
     node = tracking.prepare_node("train", run_config.task, run_config.run, config=cfg, params=params,
                                  tags={"repexp.training_hash": training_hash, "repexp.backend": run_config.backend},
                                  attempt=attempt, snakemake_jobid=snakemake_jobid)
@@ -146,7 +165,8 @@ def _train(cfg, run_config, training_hash: str, attempt: int, snakemake_jobid: O
         live = node.check_store()
         opener = tracking.open_in_background(node, run_dir / RUN_FILE) if live else None
         try:
-            code = run_trainer(trainer_command(run_config, job_yaml, mlflow=live), trainer_env(node, run_dir, live))
+            code = run_trainer(trainer_command(run_config, job_yaml, attention, mlflow=live),
+                               trainer_env(node, run_dir, live))
         finally:
             if opener is not None:
                 opener.join()  # the run is open (or known refused) before it is ended
@@ -168,6 +188,15 @@ def _train(cfg, run_config, training_hash: str, attempt: int, snakemake_jobid: O
                 node.log_artifact(run_dir / name)
         write_json_atomic(run_dir / STATE_FILE, {**state, "status": "done"})
     return 0
+
+
+def train_params(run_config, attention=None) -> dict:
+    """The train node's MLflow params: the run's config, and for verl what `auto` attention became here."""
+    params = tracking.flatten({k: v for k, v in run_config.to_dict().items() if k != "config_hash"})
+    if attention is not None:
+        params.update({"verl.attention.resolved": attention.implementation,
+                       "verl.attention.packing": attention.packing})
+    return params
 
 
 def trainer_env(node, run_dir: Path, live: bool) -> dict:

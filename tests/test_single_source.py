@@ -149,8 +149,13 @@ def test_bonus_defaults_agree_across_config_verl_node_and_maths():
         assert getattr(bonus, name) == getattr(verl, name) == _bonus_default_of(name), name
     assert C.SweepConfig().betas == [verl.beta] == [B.BETA]
     pipeline_verl = C.VerlConfig()
-    assert (verl.strategy, verl.use_remove_padding, verl.micro_batch_size_per_gpu) == \
-        (pipeline_verl.strategy, pipeline_verl.use_remove_padding, pipeline_verl.repexp_micro_batch_size_per_gpu)
+    assert (verl.strategy, verl.micro_batch_size_per_gpu) == \
+        (pipeline_verl.strategy, pipeline_verl.repexp_micro_batch_size_per_gpu)
+    from repexp.verl.attention import resolve
+
+    # the node's attention defaults are the pipeline's `auto` on a node where flash-attn imports
+    flash = resolve(pipeline_verl.attn_implementation, pipeline_verl.use_remove_padding, None)
+    assert (verl.attn_implementation, verl.use_remove_padding) == (flash.implementation, flash.packing)
     assert C.SweepConfig().sparse_dims == [verl.sparse_dim] == [B.SPARSE_DIM]
     for function in (bonuses, PersistentCovariance, combine_rewards, greedy_order):
         for name, parameter in inspect.signature(function).parameters.items():

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from repexp import config as C
+from repexp.verl.attention import Attention, flash_attn_error, resolve
 from repexp.verl.overrides import DEAD_KEY_PREFIXES, build_overrides
 
 pytest.importorskip("verl")
@@ -108,7 +109,9 @@ def test_every_task_and_setting_passes_verls_validation(run_configs):
         assert rollout.gpu_memory_utilization == verl.gpu_memory_utilization
         assert rollout.max_num_batched_tokens == verl.max_num_batched_tokens
         assert rollout.response_length == train.max_response_length
-        assert model.path == rc.model and model.use_remove_padding == verl.use_remove_padding
+        here = resolve(verl.attn_implementation, verl.use_remove_padding, flash_attn_error())  # this node's
+        assert model.path == rc.model and model.use_remove_padding == here.packing
+        assert model.override_config["attn_implementation"] == here.implementation
         assert algorithm.adv_estimator == "grpo" and algorithm.use_kl_in_reward is False
         assert cfg.reward.custom_reward_function.path == "pkg://repexp.verl.reward"
         assert cfg.reward.custom_reward_function.name == "compute_score"
@@ -214,7 +217,9 @@ def test_the_verl_entry_logs_into_the_node_run_or_drops_its_mlflow_logger(run_co
 
 
 def test_the_gpu_config_composes_into_configs_verl_validates(tiny_model, tmp_path):
-    """configs/gpu.yaml (one GPU, SDPA, no packing, eager rollouts): every training run passes verl's checks."""
+    """configs/gpu.yaml (one GPU, eager rollouts, attention `auto`): every training run passes verl's checks;
+    here, as on the offline GPU stack, flash-attn is missing, so `auto` gives SDPA without packing."""
+    assert flash_attn_error() is not None
     import yaml
 
     raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "gpu.yaml").read_text())
@@ -230,3 +235,62 @@ def test_the_gpu_config_composes_into_configs_verl_validates(tiny_model, tmp_pat
         assert composed.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
         assert composed.actor_rollout_ref.model.use_remove_padding is False
         assert list(composed.trainer.logger) == ["console", "mlflow"]
+
+
+# --------------------------------------------------------------------------- attention (docs/verl_backend.md)
+
+
+@pytest.mark.parametrize("requested, packing, flash_error, expected", [
+    ("auto", None, None, ("flash_attention_2", True)),
+    ("auto", None, "ModuleNotFoundError: No module named 'flash_attn'", ("sdpa", False)),
+    ("auto", False, None, ("flash_attention_2", False)),
+    ("sdpa", None, None, ("sdpa", False)),
+    ("eager", None, "missing", ("eager", False)),
+    ("flash_attention_2", None, None, ("flash_attention_2", True)),
+])
+def test_auto_attention_follows_what_imports_on_the_node(requested, packing, flash_error, expected):
+    attention = resolve(requested, packing, flash_error)
+    assert (attention.implementation, attention.packing) == expected
+    assert attention.implementation in attention.describe()
+
+
+def test_flash_attention_asked_for_where_it_does_not_import_fails_naming_the_key():
+    with pytest.raises(ValueError, match=r"^verl.attn_implementation: flash_attention_2 was asked for.*no flash"):
+        resolve("flash_attention_2", None, "no flash")
+
+
+@pytest.mark.parametrize("attention", [Attention("flash_attention_2", True, "test"), Attention("sdpa", False, "test")])
+def test_the_resolved_attention_reaches_the_actor_and_the_frozen_model(run_configs, attention):
+    rc = next(r for r in run_configs if r.method == "repexp")
+    cfg = _compose(build_overrides(rc, attention))
+    settings = check_config(cfg)
+    model = omega_conf_to_dataclass(cfg.actor_rollout_ref.model)
+    assert model.override_config["attn_implementation"] == settings.attn_implementation == attention.implementation
+    assert model.use_remove_padding is settings.use_remove_padding is attention.packing
+
+
+def test_train_stops_before_anything_when_flash_attention_is_asked_for_but_missing(tiny_model, tmp_path):
+    import yaml
+
+    raw = paper_like_pipeline(tiny_model, str(tmp_path / "results"))
+    raw["verl"]["attn_implementation"] = "flash_attention_2"
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    repexp = str(Path(sys.executable).parent / "repexp")
+    proc = subprocess.run([repexp, "train", "--config", str(cfg), "--task", "gsm8k", "--run", "verl_grpo_s42"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "verl.attn_implementation: flash_attention_2 was asked for" in proc.stderr
+    assert not (tmp_path / "results" / "train").exists()
+
+
+def test_the_attention_choice_is_logged_once_and_becomes_mlflow_params(run_configs, capsys):
+    from repexp import train
+
+    rc = next(r for r in run_configs if r.method == "repexp")
+    attention = train.node_attention(rc)
+    assert attention == resolve(rc.verl.attn_implementation, rc.verl.use_remove_padding, flash_attn_error())
+    assert capsys.readouterr().err.strip() == f"train: attention {attention.describe()}"
+    params = train.train_params(rc, attention)
+    assert params["verl.attn_implementation"] == "auto"  # what the config says ...
+    assert (params["verl.attention.resolved"], params["verl.attention.packing"]) == ("sdpa", False)  # ... and got

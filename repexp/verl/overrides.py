@@ -7,7 +7,7 @@ struct check instead of being silently added. Settings that verl reads from two 
 in both (PPO clip: ``clip_ratio`` *and* ``clip_ratio_low``/``clip_ratio_high``, since the
 latter win when set). `run_config.verl.overrides` (raw verl overrides) come last.
 
-Pure: no verl import.
+Pure but for `attention=None` (below): no verl import.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any, Optional
 from repexp import layout
 from repexp.config import DEAD_VERL_KEY_PREFIXES, RunConfig
 from repexp.verl import reward
+from repexp.verl.attention import Attention, flash_attn_error, resolve
 
 # The legacy reward keys verl 0.9.1 still accepts but ignores (verl_0_9.md §4), and data keys the
 # reward loop never reads. An override of one of them is a silent no-op, so we refuse them
@@ -65,8 +66,13 @@ def default_loggers(run_config: RunConfig) -> list[str]:
     return ["console", "mlflow"] if run_config.tracking.tracking_uri else ["console"]
 
 
-def build_overrides(run_config: RunConfig, *, loggers: Optional[Sequence[str]] = None) -> list[str]:
+def build_overrides(run_config: RunConfig, attention: Optional[Attention] = None, *,
+                    loggers: Optional[Sequence[str]] = None) -> list[str]:
     """The verl Hydra overrides of one training run (RepExp for beta > 0, the GRPO baseline for beta = 0).
+
+    ``attention``: what `repexp.verl.attention.resolve` decided on the job's node, for the actor and
+    the frozen representation model alike (`repexp train` resolves and logs it once); None resolves
+    `verl.attn_implementation` on this machine (the one non-pure step: it tries to import flash_attn).
 
     ``loggers`` defaults to console (+ mlflow when ``tracking.tracking_uri`` is set). verl's MLflow
     logger reads ``MLFLOW_TRACKING_URI`` and ``MLFLOW_RUN_ID`` from the environment; the entry
@@ -84,6 +90,8 @@ def build_overrides(run_config: RunConfig, *, loggers: Optional[Sequence[str]] =
         raise ValueError(f"beta/sparse_dim: a RepExp run needs beta > 0 and a sparse_dim, "
                          f"got {rc.beta}/{rc.sparse_dim}")
     train, verl, bonus = rc.train, rc.verl, rc.bonus
+    if attention is None:
+        attention = resolve(verl.attn_implementation, verl.use_remove_padding, flash_attn_error())
     run_dir = Path(rc.run_dir).resolve()
     data_dir = Path(rc.data_dir).resolve()
     model = _model_path(rc.model)
@@ -104,7 +112,9 @@ def build_overrides(run_config: RunConfig, *, loggers: Optional[Sequence[str]] =
         ("algorithm.norm_adv_by_std_in_grpo", True),
         ("algorithm.use_kl_in_reward", False),
         ("actor_rollout_ref.model.path", model),
-        ("actor_rollout_ref.model.use_remove_padding", verl.use_remove_padding),
+        ("actor_rollout_ref.model.use_remove_padding", attention.packing),
+        ("actor_rollout_ref.model.override_config.attn_implementation", attention.implementation),
+        ("actor_rollout_ref.repexp.attn_implementation", attention.implementation),
         ("actor_rollout_ref.model.enable_gradient_checkpointing", verl.enable_gradient_checkpointing),
         ("actor_rollout_ref.actor.strategy", verl.strategy),
         ("actor_rollout_ref.actor.optim.lr", train.lr),

@@ -42,8 +42,10 @@ class RepExpSettings:
     model_path: Optional[str] = None
     strategy: str = VerlConfig.strategy
     dtype: str = "bf16"
+    # the node's own defaults are what `verl.attn_implementation: auto` gives where flash-attn imports;
+    # every pipeline run sets both to what repexp.verl.attention resolved on its node
     attn_implementation: str = "flash_attention_2"
-    use_remove_padding: bool = VerlConfig.use_remove_padding
+    use_remove_padding: bool = True
     use_dynamic_bsz: bool = False
     micro_batch_size_per_gpu: int = VerlConfig.repexp_micro_batch_size_per_gpu
     max_token_len_per_gpu: int = 32768
