@@ -73,6 +73,7 @@ localrules:
 # MLflow records that nodes left for a later upload are in MLflow when the workflow returns.
 onsuccess:
     upload_tracking_records()
+    print_where_results_are()
 
 
 onerror:

@@ -53,11 +53,28 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
-    module = importlib.import_module(COMMANDS[name][0])
+    args = command_parser(name).parse_args(rest)
+    return int(importlib.import_module(COMMANDS[name][0]).run(args) or 0)
+
+
+def command_parser(name: str) -> argparse.ArgumentParser:
+    """`repexp NAME`'s parser; its subcommands (`repexp mlflow sync`, ...) describe themselves with their help."""
     parser = argparse.ArgumentParser(prog=f"repexp {name}", description=COMMANDS[name][1])
-    module.configure_parser(parser)
-    args = parser.parse_args(rest)
-    return int(module.run(args) or 0)
+    importlib.import_module(COMMANDS[name][0]).configure_parser(parser)
+    _describe_subcommands(parser)
+    return parser
+
+
+def _describe_subcommands(parser: argparse.ArgumentParser) -> None:
+    # argparse shows a subcommand's `help` in its parent's listing only; `repexp mlflow sync --help` would
+    # otherwise start with bare usage. The one line is written once, as `help=`, by each module.
+    for action in parser._actions:  # noqa: SLF001 - argparse keeps subparsers only here
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            helps = {choice.dest: choice.help for choice in action._choices_actions}  # noqa: SLF001
+            for sub_name, sub in action.choices.items():
+                if sub.description is None:
+                    sub.description = helps.get(sub_name)
+                _describe_subcommands(sub)
 
 
 if __name__ == "__main__":

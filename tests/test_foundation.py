@@ -101,6 +101,20 @@ def test_cli_lists_every_command_on_one_line_and_rejects_unknown(capsys):
         cli.main(["frobnicate"])
 
 
+def test_every_command_and_subcommand_has_a_one_line_description():
+    import argparse
+
+    def walk(parser, path):
+        assert parser.description and "\n" not in parser.description.strip(), path
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{path} {name}")
+
+    for name in cli.COMMANDS:
+        walk(cli.command_parser(name), f"repexp {name}")
+
+
 def test_every_cli_module_has_the_contract():
     import importlib
 

@@ -279,6 +279,11 @@ def test_pipeline_produces_evals_table_and_figures(pipeline):
         assert result["n_samples"] == 4 and result["num_problems"] == 4 and set(result["pass_at_k"]) == {"1", "2", "4"}
     table = (results / "aggregate" / "pass_at_k.csv").read_text().splitlines()
     assert len(table) == 1 + 3 * 3  # header + 3 runs x k in {1, 2, 4}
+    # the run's last lines say where the table, the figures and the MLflow records are
+    tail = (proc.stdout + proc.stderr)[-3000:]
+    assert "repexp: done. Results:" in tail and f"table:   {results / 'aggregate' / 'pass_at_k.md'}" in tail
+    assert f"figures: {results / 'figures'}/" in tail
+    assert f"mlflow ui --backend-store-uri sqlite:///{(results / 'mlflow' / 'mlflow.db').resolve()}" in tail
     for run in runs:  # test-time RepExp: both curves meet at k = n; the table's column is the RepExp curve
         testtime = json.loads((results / "testtime" / "gsm8k" / run / "testtime.json").read_text())
         assert testtime["k"] == [1, 2, 3, 4] and testtime["pass_at_k_repexp"][-1] == testtime["pass_at_k_random"][-1]
@@ -336,7 +341,10 @@ def test_every_node_has_its_mlflow_run(pipeline):
         rule = tags["snakemake.rule"]
         if rule == "train":
             assert {"job.yaml", "best_dev.json", "metrics.jsonl"} <= artifacts
-            assert node.data.params["train.total_steps"] == "2" and node.data.params["sparse_dim"] in ("8", "None")
+            assert node.data.params["train.total_steps"] == "2"
+            # a GRPO run has no sparse_dim: the param is absent, not the string 'None' (no param is)
+            assert node.data.params.get("sparse_dim") == ("8" if "repexp" in tags["repexp.run"] else None)
+            assert "None" not in node.data.params.values()
             steps = {m.step for m in client.get_metric_history(node.info.run_id, "dev/pass_at_1")}
             assert steps == {0, 1, 2}  # validation before training and after each step
             assert {m.step for m in client.get_metric_history(node.info.run_id, "reward/verifier/mean")} == {1, 2}

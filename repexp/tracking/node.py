@@ -69,18 +69,20 @@ def system_metrics_enabled(rule: str) -> bool:
 
 
 def flatten(obj: Any, prefix: str = "", sep: str = ".") -> dict[str, str]:
-    """Nested dicts -> {"a.b": "value"} (lists and scalars as text), for MLflow params."""
+    """Nested dicts -> {"a.b": "value"} (lists and scalars as text), for MLflow params. An unset
+    value (None: a GRPO run's sparse_dim) is left out, not logged as the string 'None'."""
     out: dict[str, str] = {}
     if isinstance(obj, Mapping):
         for key, value in obj.items():
             out.update(flatten(value, f"{prefix}{key}{sep}", sep))
         return out
-    out[prefix[: -len(sep)] if prefix else "value"] = str(obj)
+    if obj is not None:
+        out[prefix[: -len(sep)] if prefix else "value"] = str(obj)
     return out
 
 
 def param_values(params: Mapping[str, Any]) -> dict[str, str]:
-    return {str(k): str(v)[:PARAM_MAX_CHARS] for k, v in params.items()}
+    return {str(k): str(v)[:PARAM_MAX_CHARS] for k, v in params.items() if v is not None}
 
 
 class NodeRun:

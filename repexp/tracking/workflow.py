@@ -23,6 +23,7 @@ from repexp.tracking.store import is_sqlite, resolve_tracking_uri
 
 PARENTS_TIMEOUT_S = 300
 _started_server = False
+_server_store = None  # the store of the server this workflow used (on_start), for the closing pointers
 
 
 def wants_server(cfg, non_local_exec: bool) -> bool:
@@ -33,7 +34,7 @@ def wants_server(cfg, non_local_exec: bool) -> bool:
 
 
 def on_start(config_path: str | Path, non_local_exec: bool) -> None:
-    global _started_server
+    global _started_server, _server_store
     if not tracking_enabled():
         return
     cfg = load_config(str(config_path))
@@ -43,6 +44,7 @@ def on_start(config_path: str | Path, non_local_exec: bool) -> None:
         try:
             info = server.start(cfg, owner="workflow")
             _started_server = not info.get("reused")
+            _server_store = info.get("backend_store_uri")
             what = "reusing" if info.get("reused") else "started"
             print(f"repexp: MLflow server {what}: {info['uri']} (store {info['backend_store_uri']}); "
                   f"jobs log there", file=sys.stderr)
@@ -80,3 +82,21 @@ def on_end(config_path: str | Path, results_dir: str | Path) -> None:
         from repexp.tracking import server
 
         server.stop(results_dir, owner="workflow")
+
+
+def where_lines(cfg, results: Path, aggregate: Path, figures: Path) -> list[str]:
+    """The closing lines of a successful run: where the table, the figures and the MLflow records are
+    (only what exists: a run of a single target may have built neither table nor figures)."""
+    lines = []
+    table = next((aggregate / name for name in ("pass_at_k.md", "pass_at_k.csv") if (aggregate / name).exists()), None)
+    if table is not None:
+        lines.append(f"  table:   {table}  (the CSV and HTML beside it)")
+    if figures.is_dir() and any(figures.glob("*.png")):
+        lines.append(f"  figures: {figures}/  ({len(list(figures.glob('*.png')))} PNG, each also as PDF)")
+    if tracking_enabled():
+        store = _server_store or resolve_tracking_uri(results, cfg.tracking.tracking_uri)
+        if store.startswith(("http://", "https://")):
+            lines.append(f"  MLflow:  open {store}")
+        else:
+            lines.append(f"  MLflow:  mlflow ui --backend-store-uri {store}   # then open http://127.0.0.1:5000")
+    return ["repexp: done. Results:", *lines] if lines else []

@@ -173,6 +173,14 @@ def upload_tracking_records():
     on_end(CONFIG_SNAPSHOT, RESULTS)
 
 
+def print_where_results_are():
+    """The last lines of a successful run (onsuccess): the table, the figures, the MLflow UI command."""
+    from repexp.tracking.workflow import where_lines
+
+    for line in where_lines(CFG, *(path.resolve() for path in (Path(RESULTS), L.aggregate_dir(RESULTS), L.figures_dir(RESULTS)))):
+        print(line, file=sys.stderr)
+
+
 def start_tracking():
     """Before the first job: the MLflow server (`tracking.server`; the cluster default) and every
     parent run, once (repexp.tracking.workflow)."""
