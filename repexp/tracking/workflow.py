@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from repexp import layout as L
 from repexp.tracking.names import ENV_MLFLOW_URI, PARENTS_LOG, mlflow_dir
 from repexp.tracking.node import load_config, tracking_enabled
 from repexp.tracking.outbox import pending_records
@@ -88,7 +89,7 @@ def where_lines(cfg, results: Path, aggregate: Path, figures: Path) -> list[str]
     """The closing lines of a successful run: where the table, the figures and the MLflow records are
     (only what exists: a run of a single target may have built neither table nor figures)."""
     lines = []
-    table = next((aggregate / name for name in ("pass_at_k.md", "pass_at_k.csv") if (aggregate / name).exists()), None)
+    table = next((aggregate / name for name in (L.PASS_AT_K_MD, L.PASS_AT_K_CSV) if (aggregate / name).exists()), None)
     if table is not None:
         lines.append(f"  table:   {table}  (the CSV and HTML beside it)")
     if figures.is_dir() and any(figures.glob("*.png")):

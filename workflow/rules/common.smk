@@ -177,7 +177,9 @@ def print_where_results_are():
     """The last lines of a successful run (onsuccess): the table, the figures, the MLflow UI command."""
     from repexp.tracking.workflow import where_lines
 
-    for line in where_lines(CFG, *(path.resolve() for path in (Path(RESULTS), L.aggregate_dir(RESULTS), L.figures_dir(RESULTS)))):
+    for line in where_lines(
+        CFG, *(path.resolve() for path in (Path(RESULTS), L.aggregate_dir(RESULTS), L.figures_dir(RESULTS)))
+    ):
         print(line, file=sys.stderr)
 
 
