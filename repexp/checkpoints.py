@@ -1,5 +1,5 @@
 """Checkpoints of a training run, shared by both trainer backends: best-dev tracking and selection
-(`repexp select`), the wall-clock training budget, retention, and the `DONE` marker.
+(`repexp select`), training time over all attempts, retention, and the `DONE` marker.
 
 `best_dev.json` (in the training run directory) is rewritten atomically after every
 validation and every checkpoint save. It only ever points at a step whose checkpoint
@@ -13,8 +13,8 @@ with its size). `repexp select` also reads each candidate back before pointing a
 zip directories of torch `.pt`/`.bin` files), so a checkpoint damaged after it was written
 (a truncated copy, a full disk) is skipped, with a warning, for the next best readable one.
 
-`TrainingBudget` (`train.max_hours`) counts training time over all attempts through the
-`budget.json` each checkpoint carries; `prune_checkpoints` (`train.max_checkpoints_to_keep`)
+`TrainingTime` counts training time over all attempts (walltime chunks, preemptions) through
+the `budget.json` each checkpoint carries; `prune_checkpoints` (`train.max_checkpoints_to_keep`)
 keeps the newest checkpoints whole and the best-dev one without its resume-only files.
 """
 
@@ -203,9 +203,8 @@ class BestDevTracker:
 def write_done(run_dir: str | Path, *, backend: str, final_step: int, tracker: BestDevTracker,
                wall_time_s: float, **extra) -> dict:
     """A training run's `DONE` marker (its Snakemake output), written last by either trainer:
-    final step, best dev step and value (the tracker's JSON is written first), why training
-    stopped and the training time over all attempts (from the final checkpoint's budget record),
-    wall time of this attempt."""
+    final step, best dev step and value (the tracker's JSON is written first), the training time
+    over all attempts (from the final checkpoint's time record), wall time of this attempt."""
     tracker.write()
     best = tracker.best()
     budget = read_budget(checkpoint_dir(run_dir, final_step))
@@ -215,7 +214,6 @@ def write_done(run_dir: str | Path, *, backend: str, final_step: int, tracker: B
         "best_step": None if best is None else best["step"],
         "best_value": None if best is None else best[tracker.metric],
         "metric": tracker.metric,
-        "stopped_by": "max_hours" if budget.get("exhausted") else "total_steps",
         "train_hours": None if "train_seconds" not in budget else budget["train_seconds"] / 3600,
         **extra,
         "wall_time_s": wall_time_s,
@@ -224,43 +222,29 @@ def write_done(run_dir: str | Path, *, backend: str, final_step: int, tracker: B
     return done
 
 
-# --------------------------------------------------------------------------- training budget
+# --------------------------------------------------------------------------- training time
 
 
 @dataclass
-class TrainingBudget:
-    """The wall-clock budget `train.max_hours` over all attempts of one run.
+class TrainingTime:
+    """Training time over all attempts of one run (DONE's `train_hours`; what `repexp plan` is
+    calibrated against). Each checkpoint records the time used up to its step; an attempt that
+    resumes from it continues from that amount (time after the last checkpoint of a killed
+    attempt is redone, so it is not counted twice)."""
 
-    Each checkpoint records the training time used up to its step; an attempt that resumes from
-    it continues from that amount (time after the last checkpoint of a killed attempt is redone,
-    so it is not counted twice). Both trainers check `exhausted()` at the end of every step and,
-    once it is, validate and save that step (unless it just was) and finish."""
-
-    max_hours: Optional[float]
     used_before_s: float = 0.0  # by the checkpoint this attempt resumed from
     started: float = field(default_factory=time.monotonic)  # this attempt's start
 
     @classmethod
-    def resume(cls, max_hours: Optional[float], ckpt_dir: Optional[str | Path],
-               started: Optional[float] = None) -> TrainingBudget:
+    def resume(cls, ckpt_dir: Optional[str | Path], started: Optional[float] = None) -> TrainingTime:
         used = read_budget(ckpt_dir).get("train_seconds", 0.0) if ckpt_dir is not None else 0.0
-        return cls(max_hours, float(used), time.monotonic() if started is None else started)
+        return cls(float(used), time.monotonic() if started is None else started)
 
     def used_s(self) -> float:
         return self.used_before_s + time.monotonic() - self.started
 
-    def exhausted(self) -> bool:
-        return self.max_hours is not None and self.used_s() >= self.max_hours * 3600
-
-    def exhausted_before(self) -> bool:
-        """Whether the checkpoint this attempt resumed from had used the budget up: the step that
-        ended the run is saved and validated, only DONE is missing (a kill right before it)."""
-        return self.max_hours is not None and self.used_before_s >= self.max_hours * 3600
-
     def save(self, ckpt_dir: str | Path) -> None:
-        write_json_atomic(Path(ckpt_dir) / layout.BUDGET, {
-            "train_seconds": self.used_s(), "max_hours": self.max_hours, "exhausted": self.exhausted(),
-        })
+        write_json_atomic(Path(ckpt_dir) / layout.BUDGET, {"train_seconds": self.used_s()})
 
 
 def read_budget(ckpt_dir: Optional[str | Path]) -> dict:
@@ -273,9 +257,8 @@ def resumable_steps(run_dir: str | Path) -> list[int]:
     return [step for step in complete_steps(run_dir) if not (checkpoint_dir(run_dir, step) / SLIM_MARKER).exists()]
 
 
-def budget_actions(step: int, *, test_freq: int, save_freq: int, last: bool) -> tuple[bool, bool]:
-    """(validate, save) at the end of `step`: on the schedule, and always at the last step (the
-    configured one or the one that exhausted the budget)."""
+def step_actions(step: int, *, test_freq: int, save_freq: int, last: bool) -> tuple[bool, bool]:
+    """(validate, save) at the end of `step`: on the schedule, and always at the last step."""
     return last or step % test_freq == 0, last or step % save_freq == 0
 
 

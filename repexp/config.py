@@ -54,7 +54,13 @@ TRL_LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean")  # seq-mean-token-sum
 # Every rule of the workflow (keys of `resources`).
 RULES = ("download_model", "download_data", "model", "preprocess", "train", "select", "merge", "eval", "testtime",
          "aggregate", "figures")
-TRAIN_RETRIES = 2  # the train rule's `retries`: a budget must fit into (1 + retries) allocations
+TRAIN_RETRIES = 2  # the train rule's `retries` for failures (a walltime chunk's end requeues, repexp.walltime)
+# Keys that no longer exist, with what replaced them (their "unknown key" error says so).
+REMOVED_KEYS = {
+    "max_hours": "removed: the training budget is train.total_steps, the same for every arm; "
+                 "resources.train.runtime is one allocation, which the trainer ends with a checkpoint "
+                 "and a requeue (train.walltime_margin_minutes; docs/slurm.md, 'Walltime chunks')",
+}
 # MLflow tracking-URI schemes (database URIs may name a driver: postgresql+psycopg2://...).
 TRACKING_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "file", "databricks")
 # The `--config` key whose value is a dotlist of overrides: --config set="sweep.betas=[0.01,0.02] train.lr=2e-6"
@@ -135,9 +141,9 @@ class TrainConfig:
     max_response_length: int = _f(1024, help="tokens", minimum=1)
     total_steps: Optional[int] = _f(None, help="stop after this many steps (null: total_epochs)", minimum=1)
     total_epochs: int = _f(1000, help="epochs when total_steps is null", minimum=1)
-    max_hours: Optional[float] = _f(None, help="wall-clock training budget over all attempts: after the first "
-                                    "step that ends past it the run validates, saves and finishes (null: none)",
-                                    exclusiveMinimum=0)
+    walltime_margin_minutes: float = _f(
+        5.0, help="under SLURM: the trainer saves and stops this long before the job's walltime, when the next "
+        "step and a save would not end before it; the job is requeued and resumes", minimum=0, runtime=True)
     test_freq: int = _f(20, help="validate on dev every N steps", minimum=1)
     save_freq: int = _f(20, help="checkpoint every N steps (validated steps must be saved)", minimum=1)
     val_n: int = _f(128, help="dev samples per prompt for validation pass@k", minimum=1)
@@ -391,7 +397,10 @@ def _omegaconf_error(err: Exception, prefix: str = "") -> ConfigError:
     object_type = getattr(err, "object_type", None)
     if type(err).__name__ == "ConfigKeyError":
         message = "unknown key"
-        if dataclasses.is_dataclass(object_type):
+        removed = REMOVED_KEYS.get(key.rsplit(".", 1)[-1])
+        if removed is not None:
+            message = removed
+        elif dataclasses.is_dataclass(object_type):
             message += f" (known: {', '.join(f.name for f in dataclasses.fields(object_type))})"
     return ConfigError(f"{key or '<root>'}: {message}")
 
@@ -572,6 +581,9 @@ def check(cfg: PipelineConfig) -> None:
         if res.gpu_model is not None and res.gpu == 0:
             raise ConfigError(f"resources.{rule}.gpu_model: {res.gpu_model!r} asks for a GPU type, but "
                               f"resources.{rule}.gpu is 0 (the job asks for no GPU)")
+    from repexp.plan import check_runtimes  # the cost plan: a GPU job must fit its allocation
+
+    check_runtimes(cfg)
 
 
 def _check_sweep(cfg: PipelineConfig) -> None:
@@ -615,9 +627,9 @@ def _check_training(cfg: PipelineConfig, task: str) -> None:
         raise ConfigError(f"{key('save_freq')}: {train.save_freq} must divide test_freq {train.test_freq} "
                           "so that every validated step has a checkpoint to select")
     runtime = rule_resources(cfg, "train").runtime
-    if train.max_hours is not None and train.max_hours * 60 >= (1 + TRAIN_RETRIES) * runtime:
-        raise ConfigError(f"{key('max_hours')}: {canonical(train.max_hours)} h cannot be reached within "
-                          f"{1 + TRAIN_RETRIES} attempts of resources.train.runtime {runtime} min; lower it")
+    if train.walltime_margin_minutes >= runtime:
+        raise ConfigError(f"{key('walltime_margin_minutes')}: {canonical(train.walltime_margin_minutes)} min leaves "
+                          f"nothing of resources.train.runtime {runtime} min to train in; lower it")
     sparse_dims, betas = task_sweep(cfg, task)
     if "trl" in cfg.sweep.backends:
         if train.loss_agg_mode not in TRL_LOSS_AGG_MODES:

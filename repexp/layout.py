@@ -84,6 +84,7 @@ MLFLOW_RUN = "mlflow_run.json"  # the node's MLflow run id, for the trainer
 METRICS = "metrics.jsonl"  # one {"step": N, "<metric>": value} per logged step
 BEST_DEV = "best_dev.json"
 DONE = "DONE"  # written last by the trainer: the train rule's output
+CHUNK_END = "CHUNK_END"  # the trainer stopped at a walltime chunk's end: {"step", "deadline", "at"} (repexp.walltime)
 SELECT = "select.json"  # the select rule's model pointer
 MERGED = "merged.json"  # the merge rule's model pointer (verl)
 SUPERSEDED_DIR = ".superseded"  # train/<task>/.superseded/: run directories set aside by repexp train
@@ -92,7 +93,7 @@ STEP_PREFIX = "global_step_"
 # inside a checkpoint directory
 COMPLETE = "COMPLETE"  # written last: {"files": {relative path: size}}
 SLIM_MARKER = "RESUME_STATE_REMOVED"  # a kept best-dev checkpoint without its resume state
-BUDGET = "budget.json"  # training time used up to this step
+BUDGET = "budget.json"  # {"train_seconds"}: training time over all attempts up to this step
 VERL_STATE = "repexp_state.pt"  # verl: the persistent covariance
 VERL_HF_DIR = ("actor", "huggingface")  # verl: config and tokenizer beside the FSDP shards
 VERL_MERGED_MODEL = ("actor", "hf")  # verl: the merged Hugging Face model (repexp merge)

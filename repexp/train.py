@@ -12,7 +12,11 @@
    `$REPEXP_MLFLOW_RUN_FILE`, set in that subprocess only) when it first logs:
    TRL: ``python -m repexp.trl.train --config <run_dir>/job.yaml``;
    verl: ``python -m repexp.verl.train <overrides>`` (`repexp.verl.overrides.build_overrides`).
-4. A non-zero exit marks the run FAILED and is returned. After success it checks that the
+4. Under SLURM it reads when the job's allocation ends and hands the trainer a deadline
+   `train.walltime_margin_minutes` before it (`repexp.walltime`). A trainer that stopped there
+   leaves `CHUNK_END` instead of `DONE`: the node run ends KILLED (tag `repexp.stopped`) and the
+   job asks SLURM to requeue it; the next allocation resumes from the chunk's checkpoint.
+5. A non-zero exit marks the run FAILED and is returned. After success it checks that the
    trainer's metrics reached MLflow and replays whatever is missing from `metrics.jsonl`,
    point by point (key, step): into the run, or into the outbox when the store is unreachable,
    where `repexp mlflow sync` makes the same check, so a point the trainer logged live before an
@@ -32,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from repexp import layout, tracking
+from repexp import layout, tracking, walltime
 from repexp.io import read_json, write_json_atomic, write_text_atomic
 from repexp.processes import describe_exit, exit_status, forwarding_signals
 from repexp.tracking.names import ENV_ASYNC_LOGGING
@@ -75,11 +79,25 @@ def run(args: argparse.Namespace) -> int:
             )
         job_yaml = Path(run_config.run_dir) / layout.JOB_YAML
         attention = node_attention(run_config)
-        trainer_command(run_config, job_yaml, attention, mlflow=False)  # built once here to fail before anything starts
+        deadline = chunk_deadline(run_config)
+        # built once here to fail before anything starts
+        trainer_command(run_config, job_yaml, attention, mlflow=False, deadline=deadline)
     except (C.ConfigError, ValueError) as err:
         print(f"train: {err}", file=sys.stderr)
         return 2
-    return _train(cfg, run_config, training_hash, args.attempt, args.snakemake_jobid, attention)
+    return _train(cfg, run_config, training_hash, args.attempt, args.snakemake_jobid, attention, deadline)
+
+
+def chunk_deadline(run_config) -> Optional[float]:
+    """Under SLURM: when this allocation's chunk must have saved and stopped (logged once); else None."""
+    end = walltime.allocation_end()
+    deadline = walltime.chunk_deadline(end, run_config.train.walltime_margin_minutes)
+    if deadline is not None:
+        stamp = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))  # noqa: E731
+        print(f"train: the allocation ends at {stamp(end)}; this chunk saves and stops by {stamp(deadline)} "
+              f"(train.walltime_margin_minutes {run_config.train.walltime_margin_minutes:g})",
+              file=sys.stderr, flush=True)
+    return deadline
 
 
 def node_attention(run_config):
@@ -98,14 +116,16 @@ def node_attention(run_config):
     return attention
 
 
-def trainer_command(run_config, job_yaml: Path, attention=None, *, mlflow: bool) -> list[str]:
+def trainer_command(run_config, job_yaml: Path, attention=None, *, mlflow: bool,
+                    deadline: Optional[float] = None) -> list[str]:
     if run_config.backend == "trl":
-        return [sys.executable, "-m", "repexp.trl.train", "--config", str(job_yaml)]
+        chunk = ["--deadline", repr(deadline)] if deadline is not None else []
+        return [sys.executable, "-m", "repexp.trl.train", "--config", str(job_yaml), *chunk]
     if run_config.backend == "verl":
         from repexp.verl.overrides import build_overrides
 
         loggers = ["console", "mlflow"] if mlflow else ["console"]
-        overrides = build_overrides(run_config, attention, loggers=loggers)
+        overrides = build_overrides(run_config, attention, loggers=loggers, chunk_deadline=deadline)
         return [sys.executable, "-m", "repexp.verl.train", *overrides]
     raise ValueError(f"backend: unknown backend {run_config.backend!r}")
 
@@ -142,30 +162,41 @@ def _job_yaml_hash(path: Path) -> Optional[str]:
 
 
 def _train(cfg, run_config, training_hash: str, attempt: int, snakemake_jobid: Optional[str] = None,
-           attention=None) -> int:
+           attention=None, deadline: Optional[float] = None) -> int:
     from repexp import config as C
 
     run_dir = Path(run_config.run_dir)
     prepare_run_dir(run_dir, training_hash)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / DONE_FILE).unlink(missing_ok=True)
+    (run_dir / layout.CHUNK_END).unlink(missing_ok=True)
     (run_dir / RUN_FILE).unlink(missing_ok=True)
     job_yaml = write_text_atomic(run_dir / layout.JOB_YAML, C.dump_yaml(run_config))
     state = {"training_hash": training_hash, "status": "running", "attempt": attempt}
     write_json_atomic(run_dir / STATE_FILE, state)
 
     params = train_params(run_config, attention)
-    node = tracking.prepare_node("train", run_config.task, run_config.run, config=cfg, params=params,
-                                 tags={"repexp.training_hash": training_hash, "repexp.backend": run_config.backend},
+    restarts = walltime.restart_count()  # the allocations of one SLURM job (chunks, preemption) told apart
+    tags = {"repexp.training_hash": training_hash, "repexp.backend": run_config.backend,
+            **({"slurm.restart_count": restarts} if restarts is not None else {})}
+    node = tracking.prepare_node("train", run_config.task, run_config.run, config=cfg, params=params, tags=tags,
                                  attempt=attempt, snakemake_jobid=snakemake_jobid)
     node.log_inputs(split_datasets(Path(run_config.data_dir), ("train", "dev")))  # logged when the run opens
+    try:
+        _run_node(node, run_config, run_dir, job_yaml, state, attention, deadline)
+    except tracking.NodeInterrupted as stop:  # a walltime chunk ended; the node run ended KILLED
+        return next_chunk(stop)
+    return 0
+
+
+def _run_node(node, run_config, run_dir: Path, job_yaml: Path, state: dict, attention, deadline) -> None:
     with tracking.node_scope(node):
         # The run opens while the trainer starts up (imports, model load); the trainer reads its id
         # from RUN_FILE when it first logs, so the MLflow import never delays training.
         live = node.check_store()
         opener = tracking.open_in_background(node, run_dir / RUN_FILE) if live else None
         try:
-            code = run_trainer(trainer_command(run_config, job_yaml, attention, mlflow=live),
+            code = run_trainer(trainer_command(run_config, job_yaml, attention, mlflow=live, deadline=deadline),
                                trainer_env(node, run_dir, live))
         finally:
             if opener is not None:
@@ -176,6 +207,15 @@ def _train(cfg, run_config, training_hash: str, attempt: int, snakemake_jobid: O
             message = describe_exit(f"the {run_config.backend} trainer", code)
             print(f"train: {message}", file=sys.stderr)
             raise tracking.NodeFailed(code, message)
+        chunk = walltime.read_chunk_end(run_dir)
+        if chunk is not None and not (run_dir / DONE_FILE).exists():
+            write_json_atomic(run_dir / STATE_FILE, {**state, "status": "chunk_ended", "step": chunk["step"]})
+            for name in (layout.BEST_DEV, layout.METRICS):
+                if (run_dir / name).exists():
+                    node.log_artifact(run_dir / name)
+            raise tracking.NodeInterrupted(
+                walltime.CHUNK_EXIT_STATUS,
+                f"walltime chunk ended at step {chunk['step']} (complete checkpoint); the next allocation resumes")
         if not (run_dir / DONE_FILE).exists():
             write_json_atomic(run_dir / STATE_FILE, {**state, "status": "failed"})
             raise RuntimeError(f"{run_dir}: the trainer exited 0 without writing {DONE_FILE}")
@@ -187,7 +227,23 @@ def _train(cfg, run_config, training_hash: str, attempt: int, snakemake_jobid: O
             if (run_dir / name).exists():
                 node.log_artifact(run_dir / name)
         write_json_atomic(run_dir / STATE_FILE, {**state, "status": "done"})
-    return 0
+
+
+def next_chunk(stop: tracking.NodeInterrupted) -> int:
+    """After a chunk: requeue this SLURM job and wait to be stopped by it; where SLURM refuses,
+    exit with CHUNK_EXIT_STATUS so that Snakemake's retries of the train rule run the next chunk."""
+    print(f"train: {stop.message}", file=sys.stderr, flush=True)
+    why = walltime.requeue()
+    if why is not None:
+        print(f"train: {why}; exiting {walltime.CHUNK_EXIT_STATUS} for Snakemake's retry to resume",
+              file=sys.stderr, flush=True)
+        return walltime.CHUNK_EXIT_STATUS
+    print(f"train: requeued SLURM job {os.environ.get('SLURM_JOB_ID')}; waiting for SLURM to stop this allocation",
+          file=sys.stderr, flush=True)
+    time.sleep(walltime.REQUEUE_WAIT_S)
+    print(f"train: still running {walltime.REQUEUE_WAIT_S} s after the requeue; exiting "
+          f"{walltime.CHUNK_EXIT_STATUS}", file=sys.stderr, flush=True)
+    return walltime.CHUNK_EXIT_STATUS
 
 
 def train_params(run_config, attention=None) -> dict:

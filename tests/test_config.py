@@ -145,7 +145,9 @@ BROKEN = {
         **VERL, "overrides": ["reward_model.enable=true"]}}, "verl.overrides", False),
     "Ray CPUs beyond the allocation": ({"sweep": {"backends": ["verl"]}, "verl": {**VERL, "ray_num_cpus": 8}},
                                        "verl.ray_num_cpus", False),
-    "a budget no allocation can hold": ({"train": {"max_hours": 2}}, "train.max_hours", False),  # 3 x 30 min
+    "a walltime margin as long as the allocation": ({"train": {"walltime_margin_minutes": 30}},
+                                                    "train.walltime_margin_minutes", False),  # runtime 30 min
+    "the removed wall-clock budget": ({"train": {"max_hours": 2}}, "train.max_hours", False),
     # issue 15: accepted-but-wrong configs
     "eval TP beyond the eval GPUs": ({"eval": {"engine": "vllm", "tensor_parallel_size": 2}},
                                      "eval.tensor_parallel_size", False),
@@ -197,10 +199,10 @@ def test_broken_config_fails_naming_the_key(case):
 
 def test_numbers_as_yaml_and_snakemake_pass_them_are_numbers(tmp_path):
     # PyYAML reads `1e-5` (no dot) as a string; Snakemake's --config passes nested values as strings
-    raw = _patched({"train": {"lr": "1e-5", "total_steps": "3", "max_hours": "0.5"},
+    raw = _patched({"train": {"lr": "1e-5", "total_steps": "3", "walltime_margin_minutes": "0.5"},
                     "sweep": {"betas": ["0.01", "0.02"], "seeds": ["1"]}, "trl": {"gradient_checkpointing": "true"}})
     cfg = C.load(raw)
-    assert (cfg.train.lr, cfg.train.total_steps, cfg.train.max_hours) == (1e-5, 3, 0.5)
+    assert (cfg.train.lr, cfg.train.total_steps, cfg.train.walltime_margin_minutes) == (1e-5, 3, 0.5)
     assert cfg.sweep.betas == [0.01, 0.02] and cfg.sweep.seeds == [1] and cfg.trl.gradient_checkpointing is True
     path = tmp_path / "cfg.yaml"
     path.write_text("train:\n  lr: 1e-5\n  val_n: 2\n")
@@ -367,7 +369,7 @@ def test_training_hash_tracks_exactly_what_training_depends_on():
     assert hash_with({"trl.eval_batch_size": 4}) == base_hash  # the other backend
     assert hash_with({"verl.ray_num_cpus": 32}) == base_hash  # where it runs
     assert hash_with({"train.max_checkpoints_to_keep": 3}) == base_hash  # retention
-    assert hash_with({"train.max_hours": 10}) != base_hash  # the budget decides where training stops
+    assert hash_with({"train.walltime_margin_minutes": 30}) == base_hash  # where a chunk ends, not what is trained
 
 
 @pytest.mark.parametrize("backend", ["trl", "verl"])
@@ -396,7 +398,7 @@ def test_runtime_settings_are_marked_in_the_dataclasses():
     runtime = {f"{section.__name__}.{f.name}" for section in (C.TrainConfig, C.VerlConfig, C.TrlConfig, C.BonusConfig)
                for f in dataclasses.fields(section) if f.metadata.get("runtime")}
     assert runtime == {
-        "TrainConfig.max_checkpoints_to_keep", "VerlConfig.ray_num_cpus",
+        "TrainConfig.max_checkpoints_to_keep", "TrainConfig.walltime_margin_minutes", "VerlConfig.ray_num_cpus",
         "VerlConfig.log_prob_micro_batch_size_per_gpu",
         "VerlConfig.repexp_micro_batch_size_per_gpu", "TrlConfig.eval_batch_size", "TrlConfig.gradient_checkpointing",
         "TrlConfig.bonus_micro_batch_size", "TrlConfig.num_threads", "TrlConfig.gpu_memory_fraction"}
@@ -427,3 +429,65 @@ def test_every_config_key_is_documented():
     missing += [f"resources.<rule>.{f.name}" for f in dataclasses.fields(C.RuleResources)
                 if f"`resources.<rule>.{f.name}`" not in doc]
     assert not missing, f"docs/configuration.md lacks {missing}"
+
+
+# --------------------------------------------------------------------------- the cost plan (issue 23, item 5)
+
+
+def test_plan_reproduces_its_measured_point_and_scales_by_parameters_and_tokens():
+    from repexp import plan
+
+    raw = {"model": "Qwen/Qwen2.5-1.5B-Instruct", "sweep": {"tasks": ["gsm8k"], "backends": ["verl"]},
+           "train": {"n_rollouts": 8, "train_batch_size": 32, "ppo_mini_batch_size": 32, "max_prompt_length": 512,
+                     "max_response_length": 512, "total_steps": 1, "val_before_train": False, "test_freq": 20},
+           "verl": {"n_gpus_per_node": 1, "rollout_tensor_parallel_size": 1},
+           "resources": {"train": {"gpu": 1, "runtime": 600}, "eval": {"gpu": 1, "runtime": 600},
+                         "testtime": {"gpu": 1, "runtime": 600}}}
+    cfg = C.load(raw)
+    spec = next(s for s in C.sweep_runs(cfg) if s.trains)
+    sizes = plan.split_sizes(cfg, "gsm8k")
+    one = plan.train_cost(cfg, spec, 1.54e9, sizes)
+    # the benchmark's own shape: one step is the measured 58.65 GPU-s (+ one allocation's start-up)
+    assert one.hours * 3600 == pytest.approx(plan.TRAIN_STEP_GPU_S + plan.TRAIN_STARTUP_S)
+    # twice the parameters and twice the tokens per sequence: four times the step
+    double = plan.train_cost(C.load({**raw, "train": {**raw["train"], "max_response_length": 1536}}), spec,
+                             3.08e9, sizes)
+    assert double.hours * 3600 - plan.TRAIN_STARTUP_S == pytest.approx(4 * plan.TRAIN_STEP_GPU_S)
+    assert plan.model_params("Qwen/Qwen2.5-7B-Instruct") == 7.62e9 and plan.model_params("org/Some-3B") == 3e9
+    assert plan.model_params("org/unnamed") is None
+
+
+def test_plan_of_the_paper_config_counts_the_dry_runs_jobs_and_chunks_training():
+    from repexp import plan
+
+    paper = C.load(REPO / "configs" / "paper.yaml")
+    # tests/test_workflow.py checks these counts against `snakemake -n --profile slurm all`
+    assert plan.job_counts(paper) == {"preprocess": 3, "train": 18, "select": 18, "merge": 18, "eval": 21,
+                                      "testtime": 21, "aggregate": 1, "figures": 1}
+    jobs = plan.job_costs(paper, plan.model_params(paper.model))
+    trains = [j for j in jobs if j.rule == "train"]
+    assert len(trains) == 18 and all(j.gpus == 8 and j.allocations > 1 for j in trains)  # spans several 24 h chunks
+    assert all(j.unit_hours * 60 <= 1440 for j in jobs)  # every unit fits its allocation (the check passes)
+    text = plan.report(paper, gpus=64)
+    assert "| train | 18 | 8 |" in text and "GPU-hours" in text and "peak disk" in text and "on 64 GPUs" in text
+
+
+@pytest.mark.parametrize("setting, key", [
+    ("resources.testtime.runtime=240", "resources.testtime.runtime: 240 min is below the estimate for the whole "
+                                       "testtime job of math/"),
+    ("resources.eval.gpu=1 eval.data_parallel_size=1",
+     "resources.eval.runtime: 1440 min is below the estimate for the whole eval job"),
+    ("resources.train.runtime=60", "resources.train.runtime: 60 min is below the estimate for one step"),
+], ids=["testtime-at-4h", "eval-on-one-gpu", "train-chunk-of-1h"])
+def test_a_gpu_rule_whose_runtime_is_below_its_estimate_is_refused(setting, key):
+    with pytest.raises(C.ConfigError, match=re.escape(key)):
+        C.load(REPO / "configs" / "paper.yaml", overrides=setting.split())
+
+
+def test_plan_command_prints_the_paper_plan(capsys):
+    from repexp.cli import main
+
+    assert main(["plan", "--configfile", str(REPO / "configs" / "paper.yaml"), "--gpus", "64"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("plan for repexp-paper: model Qwen/Qwen2.5-7B-Instruct (7.62 B parameters), 21 runs")
+    assert "| eval | 21 | 8 |" in out and "wall time on 64 GPUs ≥" in out

@@ -185,3 +185,118 @@ def _table_without_paths(path: Path) -> list[dict]:
     """The aggregate table without `model_path` (absolute, so it differs between workdirs)."""
     with open(path, newline="") as handle:
         return [{k: v for k, v in row.items() if k != "model_path"} for row in csv.DictReader(handle)]
+
+
+CHUNK_RUN = "trl_repexp_k8_b0.01_s42"  # the RepExp point of configs/test.yaml
+# 4 steps, checkpoint and validation every 2; the bonus stays on although the tiny model never
+# answers correctly, so the policy really moves and equal final weights mean something.
+CHUNK_TRAINING = "train.total_steps=4 train.test_freq=2 train.save_freq=2 bonus.turn_off_if_none_correct=false"
+# A 1-minute allocation whose chunk deadline (0.98 min before the end) has passed once training
+# starts: every allocation trains exactly one step, saves it and requeues the job (repexp.walltime).
+CHUNK_WALLTIME = "resources.train.runtime=1 train.walltime_margin_minutes=0.98"
+
+
+def _trainer_job_ids() -> set[str]:
+    """SLURM job ids of the TRL trainer processes running on this host."""
+    import psutil
+
+    ids = set()
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if "repexp.trl.train" in " ".join(proc.info["cmdline"] or []):
+                ids.add(proc.environ().get("SLURM_JOB_ID", ""))
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return ids - {""}
+
+
+def test_training_spans_walltime_chunks_and_a_preemption_and_matches_an_uninterrupted_run(cluster, tmp_path):
+    """Issue 23, items 2 and 3. Under `--profile slurm` one training spans five allocations of one
+    SLURM job: three end at the walltime chunk's deadline (the trainer saves, writes CHUNK_END, the
+    job requeues itself), one is preempted by `scontrol requeue` from outside while its trainer
+    starts, the last one finishes. It ends with the metrics.jsonl, best_dev.json and final weights
+    of an uninterrupted local run, and MLflow holds every (metric, step) of the finished run once."""
+    target = f"results/train/gsm8k/{CHUNK_RUN}/DONE"
+    slurm_dir, local_dir = tmp_path / "slurm", tmp_path / "local"
+    for workdir in (slurm_dir, local_dir):
+        workdir.mkdir()
+        fx.isolated_config(workdir, tracking={"server": "off"})
+    env = cluster.env(fx.quiet_env(REPEXP_SLURM_PARTITION=harness.PARTITION,
+                                   REPEXP_SLURM_GPU_PARTITION=harness.PARTITION))
+    cmd = [*fx.snakemake_cmd(slurm_dir, target, profile="slurm"),
+           "--config", f"set={CHUNK_TRAINING} {CHUNK_WALLTIME}",
+           "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", str(SLURM_STATUS_INIT_S)]
+    proc = subprocess.Popen(cmd, cwd=fx.REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output: list[str] = []
+    import threading
+
+    reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
+    reader.start()
+    job_id, preempted = None, False
+    deadline = time.monotonic() + 1200
+    while proc.poll() is None:
+        assert time.monotonic() < deadline, "".join(output)[-5000:]
+        cluster.release_requeued()
+        running = _trainer_job_ids()
+        if running:
+            job_id = job_id or next(iter(running))
+            # preempt the third allocation while its trainer starts (steps 1 and 2 are chunks behind it)
+            if not preempted and cluster.restarts(job_id) == 2:
+                requeue = subprocess.run(["scontrol", "requeue", job_id], env=cluster.env(), capture_output=True,
+                                         text=True, timeout=30)
+                assert requeue.returncode == 0, requeue.stderr
+                preempted = True
+        time.sleep(0.5)
+    reader.join(timeout=30)
+    text = "".join(output)
+    assert proc.returncode == 0, f"{text[-6000:]}\n{cluster.diagnostics()}"
+    assert preempted and job_id is not None
+    assert cluster.restarts(job_id) == 4, text[-4000:]  # 3 chunk ends + 1 preemption: 5 allocations
+
+    local = fx.run([*fx.snakemake_cmd(local_dir, target), "--config", f"set={CHUNK_TRAINING}"], cwd=fx.REPO,
+                   env=fx.quiet_env())
+    assert local.returncode == 0, fx.output_tail(local)
+
+    ours, theirs = (fx.results(d) / "train" / "gsm8k" / CHUNK_RUN for d in (slurm_dir, local_dir))
+    done = json.loads((ours / "DONE").read_text())
+    assert done["final_step"] == 4 and done["resumed_from_step"] == 3
+    strip = lambda rows: [{k: v for k, v in r.items()  # noqa: E731
+                           if not k.startswith("timing_s/") and k != "step_time"} for r in rows]  # clocks differ
+    got, want = (strip(json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines())
+                 for d in (ours, theirs))
+    assert [r["step"] for r in got] == [r["step"] for r in want] == [0, 1, 2, 3, 4]
+    for mine, reference in zip(got, want):
+        assert mine == pytest.approx(reference, rel=1e-5, abs=1e-7), mine["step"]
+    best = [json.loads((d / "best_dev.json").read_text()) for d in (ours, theirs)]
+    assert best[0]["history"] == best[1]["history"] and best[0]["best_step"] == best[1]["best_step"]
+    import torch
+    from safetensors.torch import load_file
+
+    from repexp.checkpoints import checkpoint_dir
+
+    final = [load_file(checkpoint_dir(d, 4) / "model.safetensors") for d in (ours, theirs)]
+    first = load_file(checkpoint_dir(ours, 1) / "model.safetensors")
+    assert any(not torch.equal(t, first[name]) for name, t in final[1].items()), "weights never changed"
+    for name, tensor in final[1].items():
+        torch.testing.assert_close(final[0][name], tensor, rtol=1e-5, atol=1e-6)
+
+    # MLflow: one node run per allocation. Chunk ends are KILLED on purpose (repexp.stopped), the
+    # preempted allocation FAILED with SIGTERM, the last FINISHED; each names its SLURM restart.
+    from mlflow import MlflowClient
+
+    from repexp.tracking import default_tracking_uri
+
+    client = MlflowClient(default_tracking_uri(fx.results(slurm_dir)))
+    runs = [r for r in client.search_runs([e.experiment_id for e in client.search_experiments()], max_results=1000)
+            if r.data.tags.get("snakemake.rule") == "train" and r.data.tags.get("repexp.run") == CHUNK_RUN]
+    by_restart = {int(r.data.tags.get("slurm.restart_count", "0")): r for r in runs}
+    assert sorted(by_restart) == [0, 1, 2, 3, 4], [(r.data.tags, r.info.status) for r in runs]
+    statuses = [by_restart[n].info.status for n in range(5)]
+    assert statuses == ["KILLED", "KILLED", "FAILED", "KILLED", "FINISHED"], statuses
+    for restart, step in ((0, 1), (1, 2), (3, 3)):
+        assert by_restart[restart].data.tags["repexp.stopped"].startswith(f"walltime chunk ended at step {step} ")
+    assert "SIGTERM" in by_restart[2].data.tags["repexp.error"]
+    finished = by_restart[4]
+    for key in ("actor/entropy", "dev/pass_at_1", "reward/shaped/mean"):
+        steps = [m.step for m in client.get_metric_history(finished.info.run_id, key)]
+        assert sorted(steps) == sorted(set(steps)) == sorted(r["step"] for r in got if key in r), (key, steps)

@@ -306,7 +306,7 @@ def test_repexp_training_steps(uninterrupted, tiny_model):
                if not torch.equal(a, b)]
     assert changed, "training did not change any parameter"
     done = json.loads((run_dir / "DONE").read_text())
-    assert done["final_step"] == 4 and done["stopped_by"] == "total_steps" and 0 < done["train_hours"] < 1
+    assert done["final_step"] == 4 and 0 < done["train_hours"] < 1
 
 
 def test_beta_zero_is_plain_grpo_without_representation_model(tmp_path, tiny_model, data_dir, monkeypatch):
@@ -343,25 +343,60 @@ def test_beta_zero_is_plain_grpo_without_representation_model(tmp_path, tiny_mod
     assert not broken.enabled
 
 
-def test_wall_clock_budget_ends_the_run_with_a_validated_checkpoint(tmp_path, tiny_model, data_dir):
-    from repexp.checkpoints import read_budget
+def test_walltime_chunks_resume_to_the_uninterrupted_run(tmp_path, uninterrupted, tiny_model, data_dir):
+    """A deadline already past (repexp.walltime): every chunk trains one step, saves it complete
+    (steps 1 and 3 are off the save schedule of every 2 steps), writes CHUNK_END and returns
+    without DONE; the next attempt resumes there. Three chunks and a last attempt give the
+    uninterrupted run's metrics, best-dev record and final weights."""
+    from safetensors.torch import load_file
+
     from repexp.trl.train import train
+    from repexp.walltime import read_chunk_end
 
-    # train.max_hours of ~0: the first step ends past it, off the test/save schedule (every 2 steps)
-    cfg = run_config(tmp_path, tiny_model, data_dir,
-                     train={"total_steps": 4, "max_hours": 1e-9, "val_before_train": False})
-    result = train(cfg)
+    reference_cfg, _ = uninterrupted
+    cfg = run_config(tmp_path, tiny_model, data_dir)
     run_dir = Path(cfg.run_dir)
-    assert (result.done["final_step"], result.done["stopped_by"], result.done["best_step"]) == (1, "max_hours", 1)
-    assert complete_steps(run_dir) == [1] and read_budget(checkpoint_dir(run_dir, 1))["exhausted"]
-    assert [h["step"] for h in json.loads((run_dir / "best_dev.json").read_text())["history"]] == [1]
-    assert [r["step"] for r in read_metrics(run_dir)] == [1] and "dev/pass_at_1" in read_metrics(run_dir)[0]
+    past = time.time() - 1
+    for step in (1, 2, 3):
+        result = train(cfg, deadline=past)
+        assert result.done is None and not (run_dir / "DONE").exists()
+        assert read_chunk_end(run_dir)["step"] == step and is_complete(checkpoint_dir(run_dir, step))
+        assert max(r["step"] for r in read_metrics(run_dir)) == step
+    result = train(cfg, deadline=past)  # the last step ends the run whatever the clock says
+    assert result.done["final_step"] == 4 and result.done["resumed_from_step"] == 3
+    assert read_chunk_end(run_dir) is None and complete_steps(run_dir) == [1, 2, 3, 4]
 
-    # DONE lost (killed between the last save and DONE): the next attempt trains nothing and finishes
-    (run_dir / "DONE").unlink()
-    again = train(cfg)
-    assert again.trainer is None and again.done["final_step"] == 1 and again.done["resumed_from_step"] == 1
-    assert again.done["stopped_by"] == "max_hours"
+    reference = [without_timings(r) for r in read_metrics(Path(reference_cfg.run_dir))]
+    chunked = [without_timings(r) for r in read_metrics(run_dir)]
+    assert [r["step"] for r in chunked] == [r["step"] for r in reference] == [0, 1, 2, 3, 4]
+    for got, want in zip(chunked, reference):
+        assert set(got) == set(want)
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-7), f"step {want['step']} differs across chunks"
+    want_best = json.loads((Path(reference_cfg.run_dir) / "best_dev.json").read_text())
+    got_best = json.loads((run_dir / "best_dev.json").read_text())
+    assert got_best["history"] == want_best["history"] and got_best["best_step"] == want_best["best_step"]
+    got_weights = load_file(checkpoint_dir(run_dir, 4) / "model.safetensors")
+    want_weights = load_file(checkpoint_dir(reference_cfg.run_dir, 4) / "model.safetensors")
+    assert any(not torch.equal(t, load_file(checkpoint_dir(run_dir, 1) / "model.safetensors")[n])
+               for n, t in want_weights.items()), "the weights never changed: the comparison would be empty"
+    for name, tensor in want_weights.items():
+        torch.testing.assert_close(got_weights[name], tensor, rtol=1e-5, atol=1e-6)
+
+
+def test_chunk_clock_decides_from_the_longest_step_and_save():
+    from repexp.walltime import ChunkClock, chunk_deadline, parse_slurm_time
+
+    clock = ChunkClock(deadline=1000.0)
+    clock.start(now=0.0)
+    clock.step_ended(now=100.0)  # a 100 s step; no save seen yet: a save is assumed to cost a step
+    assert not clock.ends_chunk(now=100.0) and clock.ends_chunk(now=800.0)  # 800 + 100 + 100 >= 1000
+    clock.step_ended(now=150.0)  # a shorter step does not lower the estimate
+    clock.save_took(300.0)
+    assert clock.ends_chunk(now=600.0) and not clock.ends_chunk(now=599.0)  # 600 + 100 + 300
+    assert not ChunkClock(deadline=None).ends_chunk(now=1e12)  # no walltime: chunks never end
+    assert chunk_deadline(None, 5) is None and chunk_deadline(10_000.0, 5) == 9_700.0
+    assert parse_slurm_time("N/A") is None and parse_slurm_time("UNLIMITED") is None
+    assert parse_slurm_time("2026-12-04T00:38:15") == time.mktime((2026, 12, 4, 0, 38, 15, 0, 0, -1))
 
 
 @pytest.mark.slow

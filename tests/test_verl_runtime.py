@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -473,7 +474,7 @@ def test_checkpoints_resume_and_merge(runtime, tmp_path):
     resumed.train_dataloader = dataloader()
     resumed._load_checkpoint()
     assert resumed.global_steps == 6
-    assert resumed.budget.used_before_s == read_budget(checkpoint_dir(run_dir, 6))["train_seconds"]
+    assert resumed.training_time.used_before_s == read_budget(checkpoint_dir(run_dir, 6))["train_seconds"]
     for name, value in _full_state(module).items():
         torch.testing.assert_close(value, states[6][name], msg=name)
     assert torch.equal(next(iter(resumed.train_dataloader)), expected_batch)
@@ -512,43 +513,39 @@ def test_checkpoints_resume_and_merge(runtime, tmp_path):
         merge_checkpoint(checkpoint_dir(run_dir, 6))
 
 
-def test_wall_clock_budget_ends_fit_at_a_validated_saved_step(runtime, tmp_path):
-    """`repexp_run.max_hours` in RepExpTrainer: the step that ends past the budget (here step 3, off
-    the save/test schedule of every 2 steps) is saved, validated and made the last one; an attempt
-    resumed past the budget trains no further step. Validation sampling needs vLLM (a GPU), so
-    `_validate` hands fixed per-sample scores to verl's metric code, as in the test above."""
+def test_walltime_chunk_ends_fit_at_a_saved_step_without_done(runtime, tmp_path):
+    """`repexp_run.chunk_deadline` in RepExpTrainer (repexp.walltime): with the deadline past, the
+    step just trained (step 3, off the save/test schedule of every 2 steps) is saved complete, made
+    the last one of this process and recorded in CHUNK_END; it is not validated (the schedule says
+    no), and `write_done` is left to the next attempt, which resumes from step 3 with the training
+    time counted on. Validation sampling needs vLLM (a GPU), so `_validate` is not reached here."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     from repexp.checkpoints import checkpoint_dir, is_complete, read_budget
-
-    from verl.utils.tracking import Tracking
+    from repexp.walltime import read_chunk_end
 
     run_dir = tmp_path / "run"
-    cfg = compose_config(runtime["model"], run_dir, "repexp_run.max_hours=1e-9", "trainer.save_freq=2",
-                         "trainer.test_freq=2")
+    cfg = compose_config(runtime["model"], run_dir, f"repexp_run.chunk_deadline={time.time() - 1}",
+                         "trainer.save_freq=2", "trainer.test_freq=2")
     trainer = _trainer(cfg, ActorWorkerGroup(_actor_worker(cfg)), step=3)
     trainer.train_dataloader = StatefulDataLoader(list(range(8)), batch_size=4)
     trainer.total_training_steps = 10
-    trainer.logger = Tracking(project_name="budget", experiment_name="verl", default_backend=[])
-    trainer._validate = lambda: _validate(trainer, 0.5)
-    trainer.on_train_begin()  # attaches metrics.jsonl; a fresh attempt with this budget still trains step 3
-    assert trainer.total_training_steps == 10
-
-    trainer._finish_if_over_budget()
+    trainer.clock.start()
+    trainer._end_chunk_if_out_of_time()
     assert trainer.total_training_steps == 3, "fit's loop ends after step 3"
-    assert is_complete(checkpoint_dir(run_dir, 3)) and read_budget(checkpoint_dir(run_dir, 3))["exhausted"]
-    (logged,) = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert logged["step"] == 3 and logged["dev/pass_at_1"] == pytest.approx(0.5)
-    assert json.loads((run_dir / "best_dev.json").read_text())["best_step"] == 3
+    assert is_complete(checkpoint_dir(run_dir, 3)) and read_budget(checkpoint_dir(run_dir, 3))["train_seconds"] > 0
+    assert read_chunk_end(run_dir)["step"] == 3
+    assert not (run_dir / "metrics.jsonl").exists() or not (run_dir / "metrics.jsonl").read_text().strip()
 
-    from repexp.verl.train import write_done
-
-    assert write_done(run_dir, 1.0)["stopped_by"] == "max_hours"
-    resumed = _trainer(cfg, ActorWorkerGroup(_actor_worker(cfg)), step=0)
+    # no deadline: a step never ends the chunk
+    later = compose_config(runtime["model"], run_dir, "trainer.save_freq=2", "trainer.test_freq=2")
+    resumed = _trainer(later, ActorWorkerGroup(_actor_worker(later)), step=0)
     resumed.train_dataloader = StatefulDataLoader(list(range(8)), batch_size=4)
     resumed._load_checkpoint()
+    assert resumed.global_steps == 3
+    assert resumed.training_time.used_before_s == read_budget(checkpoint_dir(run_dir, 3))["train_seconds"]
     resumed.total_training_steps = 10
-    resumed.logger = trainer.logger
-    resumed.global_steps += 1  # as fit does before on_train_begin
-    resumed.on_train_begin()
-    assert resumed.total_training_steps == 3, "no step after the one that ended the budget"
+    resumed.global_steps = 4
+    resumed.clock.start()
+    resumed._end_chunk_if_out_of_time()
+    assert resumed.total_training_steps == 10 and not is_complete(checkpoint_dir(run_dir, 4))

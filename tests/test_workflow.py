@@ -91,6 +91,15 @@ def paper_dry_run(profile: str, tmp_path_factory) -> tuple[subprocess.CompletedP
     return _paper_dry_runs[profile]
 
 
+def test_a_runtime_below_the_cost_plan_stops_the_paper_run_before_any_job(tmp_path):
+    """Issue 23, item 5: test-time at the old 4 h cannot hold a MATH job by `repexp plan`'s estimate."""
+    proc = snakemake("-n", "--profile", "slurm", "all", "--config", f"results_dir={tmp_path / 'results'}",
+                     "set=resources.testtime.runtime=240", workdir=tmp_path, check=False)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Job stats" not in text
+    assert "config error: resources.testtime.runtime: 240 min is below the estimate" in text, text[-3000:]
+
+
 @pytest.mark.parametrize("profile", ["local", "slurm"])
 def test_paper_dry_run_lists_exactly_the_expected_jobs(profile, tmp_path_factory):
     proc, tmp_path = paper_dry_run(profile, tmp_path_factory)
@@ -158,8 +167,9 @@ def test_bad_slurm_settings_fail_before_any_job_naming_the_variable(tmp_path, en
 
 
 def test_paper_training_budgets_are_finite_and_retention_bounded(tmp_path_factory):
-    """Every train job of the paper's dry run stops by a step count and by a wall-clock budget that
-    ends inside its allocation, and keeps a bounded number of checkpoints."""
+    """Every train job of the paper's dry run stops by a step count, the same for every arm of a
+    task; its allocation is at most 24 h (a chunk the trainer ends before the walltime, with a
+    margin inside it); it keeps a bounded number of checkpoints."""
     proc, _ = paper_dry_run("slurm", tmp_path_factory)
     text = proc.stdout + proc.stderr
     jobs = re.findall(r"^rule train:\n(?:.*\n)*?\s+wildcards: task=(\S+), run=(\S+)\n", text, re.M)
@@ -169,9 +179,13 @@ def test_paper_training_budgets_are_finite_and_retention_bounded(tmp_path_factor
     for task, run in jobs:
         train = C.compose(paper, C.parse_run(task, run)).train
         assert train.total_steps is not None and train.total_steps <= 200, (task, run)
-        assert train.max_hours is not None and all(train.max_hours * 60 < runtime for runtime in runtimes)
+        assert all(train.walltime_margin_minutes < runtime <= 24 * 60 for runtime in runtimes)
         assert train.max_checkpoints_to_keep == 1 and train.test_freq % train.save_freq == 0
     assert {C.task_section(paper, t, "train").total_steps for t in paper.sweep.tasks} == {200, 80}
+    steps_by_task = {}
+    for task, run in jobs:  # equal arms: GRPO and every beta of a task train the same number of steps
+        steps_by_task.setdefault(task, set()).add(C.compose(paper, C.parse_run(task, run)).train.total_steps)
+    assert all(len(steps) == 1 for steps in steps_by_task.values()), steps_by_task
 
 
 def test_lint_is_clean(tmp_path):

@@ -60,6 +60,7 @@ from repexp.tracking.names import (
 )
 from repexp.tracking.node import (
     NodeFailed,
+    NodeInterrupted,
     NodeRun,
     await_node_run,
     current_node,
@@ -80,7 +81,8 @@ from repexp.tracking.store import Store, artifact_location, reachable, resolve_t
 __all__ = [
     "ENV_CONFIG", "ENV_RUN_FILE", "ENV_SNAKEMAKE_EXEC", "ENV_TRACKING", "EXECUTION_TAG", "PARENT_KEY_TAG",
     "RECORD_FILE", "REPO_ROOT", "RESULTS_ID_TAG", "SCOPE_KEY_TAG", "SCOPE_TAG", "SNAKEMAKE_JOBID_HELP",
-    "SUPERSEDED_TAG", "SWEEP_POINT_TAG", "SYNCED_FILE", "NodeFailed", "NodeRun", "Record", "Scope", "Store",
+    "SUPERSEDED_TAG", "SWEEP_POINT_TAG", "SYNCED_FILE", "NodeFailed", "NodeInterrupted", "NodeRun", "Record",
+    "Scope", "Store",
     "artifact_location", "await_node_run", "configure_parser", "current_node", "default_tracking_uri",
     "eval_metrics", "flag_params", "flatten", "git_commit", "log_outputs", "metric_name", "node_run", "node_scope",
     "open_in_background", "outbox_dir", "pass_at_k_curve", "pending_records", "prepare_node",

@@ -40,6 +40,7 @@ EXECUTION_TAG = "repexp.execution"  # 1, 2, ...: how many times this node ran fo
 PID_TAG = "repexp.pid"  # the process that opened a node run (with the `host` tag: is it still alive?)
 SUPERSEDED_TAG = "repexp.superseded_by"  # on a RUNNING run whose process died: the run of the rerun that ended it
 ERROR_TAG = "repexp.error"
+STOPPED_TAG = "repexp.stopped"  # why a node run ended KILLED on purpose (a walltime chunk)
 RULE_TAG = "snakemake.rule"
 WILDCARDS_TAG = "snakemake.wildcards"
 ATTEMPT_TAG = "snakemake.attempt"

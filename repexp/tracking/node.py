@@ -43,6 +43,7 @@ from repexp.tracking.names import (
     RESULTS_ID_TAG,
     RULE_TAG,
     SCOPE_KEY_TAG,
+    STOPPED_TAG,
     SYSTEM_METRICS_RULES,
     WILDCARDS_TAG,
     mlflow_dir,
@@ -505,6 +506,14 @@ class NodeFailed(SystemExit):
         self.message = message
 
 
+class NodeInterrupted(SystemExit):
+    """Ends a node KILLED on purpose (a walltime chunk's end): `message` goes into `repexp.stopped`."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(code)
+        self.message = message
+
+
 @contextlib.contextmanager
 def node_scope(node: NodeRun) -> Iterator[NodeRun]:
     """The current node while inside; ends it FINISHED, or FAILED if the body raises or exits non-zero."""
@@ -516,6 +525,9 @@ def node_scope(node: NodeRun) -> Iterator[NodeRun]:
         code = exc.code if isinstance(exc, SystemExit) else 1
         if code in (0, None):
             node.end("FINISHED")
+        elif isinstance(exc, NodeInterrupted):
+            node.set_tags({STOPPED_TAG: exc.message})
+            node.end("KILLED")
         elif isinstance(exc, NodeFailed):
             node.end("FAILED", error=exc.message)
         else:

@@ -10,6 +10,8 @@ training-run contract of docs/architecture.md under `run_dir`:
 - `best_dev.json` via `repexp.checkpoints.BestDevTracker` after every validation and save.
 - `metrics.jsonl`: one record per logged step (and step 0 for the initial validation).
 - `DONE` (JSON: final step, best step, wall time) written last.
+- `CHUNK_END` instead of `DONE` when `--deadline` (a walltime chunk's end, repexp.walltime) came
+  before the last step: the step it stopped at is saved complete, and the next attempt resumes.
 
 Resume (`--resume auto`, the default): incomplete checkpoint directories are removed, training
 continues from the newest complete checkpoint, and the metrics/best-dev records of later steps
@@ -33,20 +35,21 @@ from repexp import layout
 from repexp import metrics as metric_names
 from repexp.checkpoints import (
     BestDevTracker,
-    TrainingBudget,
-    budget_actions,
+    TrainingTime,
     checkpoint_dir,
     complete_steps,
     is_complete,
     mark_complete,
     prune_checkpoints,
     resumable_steps,
+    step_actions,
     write_done,
 )
 from repexp.config import ConfigError, RunConfig, load_run_config
 from repexp.io import read_json, write_json_atomic
 from repexp.trl import settings as trl_settings
 from repexp.trl.runlog import MetricsLog, MlflowSink
+from repexp.walltime import ChunkClock, write_chunk_end
 
 REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model", "extra_info")
 
@@ -54,7 +57,7 @@ REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model", "extra_info")
 @dataclasses.dataclass
 class TrainResult:
     run_dir: Path
-    done: dict
+    done: Optional[dict]  # None when a walltime chunk ended before the last step (CHUNK_END written)
     reward: Any = None  # the RepExpReward (None when the run was already finished)
     trainer: Any = None
 
@@ -185,14 +188,17 @@ def _callback_class():
             mlflow: MlflowSink,
             reward: Any,
             validate: Callable[[Any, int], dict],
-            budget: TrainingBudget,
+            training_time: TrainingTime,
+            clock: ChunkClock,
         ):
             self.cfg, self.plan, self.run_dir = cfg, plan, run_dir
             self.metrics, self.tracker, self.mlflow = metrics, tracker, mlflow
-            self.reward, self.validate, self.budget = reward, validate, budget
+            self.reward, self.validate = reward, validate
+            self.training_time, self.clock = training_time, clock
             self.pending: dict = {}
             self.step_started = time.perf_counter()
-            self.final_step = plan.total_steps  # lowered when the wall-clock budget ends the run
+            self.save_requested = time.perf_counter()
+            self.chunk_end: Optional[int] = None  # the step a walltime chunk ended at
 
         def _record(self, record: dict) -> None:
             self.metrics.append(record)
@@ -211,6 +217,7 @@ def _callback_class():
             if state.global_step == 0 and self.cfg.train.val_before_train:
                 self._record({"step": 0, **self._validate(model, 0)})
             self.step_started = time.perf_counter()
+            self.clock.start()
 
         def on_step_begin(self, args, state, control, **kwargs):
             if self.plan.at_boundary(state.global_step):
@@ -223,17 +230,19 @@ def _callback_class():
             step = self.plan.step_of(state.global_step)
             self.pending[metric_names.timing(metric_names.TIMER_STEP)] = time.perf_counter() - self.step_started
             last = state.global_step >= state.max_steps
-            if not last and self.budget.exhausted():  # train.max_hours: this step is the last one
-                last, self.final_step = True, step
-                control.should_training_stop = True
-            validate, save = budget_actions(step, test_freq=self.cfg.train.test_freq,
-                                            save_freq=self.cfg.train.save_freq, last=last)
+            validate, save = step_actions(step, test_freq=self.cfg.train.test_freq,
+                                          save_freq=self.cfg.train.save_freq, last=last)
             if validate:
                 self.pending.update(self._validate(model, step))
                 control.should_log = True
+            self.clock.step_ended()
+            if not last and self.clock.ends_chunk():  # the walltime: save this step and stop
+                self.chunk_end, save = step, True
+                control.should_training_stop = True
             if save:
                 control.should_save = True
-            if last:
+                self.save_requested = time.perf_counter()
+            if last or self.chunk_end is not None:
                 control.should_log = True
 
         def on_log(self, args, state, control, logs=None, **kwargs):
@@ -257,12 +266,13 @@ def _callback_class():
                 "step": step, "optimizer_steps": state.global_step, "run": self.cfg.run,
                 "config_hash": self.cfg.config_hash,
             })
-            self.budget.save(target)
+            self.training_time.save(target)
             mark_complete(target)
             best = self.tracker.best()
             prune_checkpoints(self.run_dir, self.cfg.train.max_checkpoints_to_keep,
                               best["step"] if best else None, RESUME_ONLY)
             self.tracker.write()
+            self.clock.save_took(time.perf_counter() - self.save_requested)
 
     return RunCallback
 
@@ -288,8 +298,11 @@ def _cap_gpu_memory(cfg: RunConfig, device) -> None:
         torch.cuda.set_per_process_memory_fraction(cfg.trl.gpu_memory_fraction, device.index or 0)
 
 
-def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Callable] = None) -> TrainResult:
-    """Train one run to completion (or finish a killed one). Returns what it wrote to DONE."""
+def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Callable] = None,
+          deadline: Optional[float] = None) -> TrainResult:
+    """Train one run to completion (or finish a killed one). Returns what it wrote to DONE; with a
+    `deadline` (epoch seconds, a walltime chunk's end) it may instead stop early with a complete
+    checkpoint and `CHUNK_END` (`done` None)."""
     started, attempt_started = time.time(), time.monotonic()
     trl_settings.check_run_config(cfg)
     if resume not in ("auto", "never"):
@@ -302,6 +315,7 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
     run_dir = Path(cfg.run_dir)
     if resume == "auto" and (run_dir / layout.DONE).exists():
         return TrainResult(run_dir, read_json(run_dir / layout.DONE))
+    (run_dir / layout.CHUNK_END).unlink(missing_ok=True)
     resume_step = prepare_run_dir(run_dir, resume)
 
     import torch
@@ -348,11 +362,9 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
         cfg, tokenizer, optimizer_steps_per_step=plan.optimizer_steps_per_step, device=device,
         dtype=torch.bfloat16 if cfg.trl.dtype == "bfloat16" else torch.float32, backbone_loader=backbone_loader,
     )
-    budget = TrainingBudget.resume(cfg.train.max_hours, checkpoint_dir(run_dir, resume_step)
-                                   if resume_step is not None else None, started=attempt_started)
+    training_time = TrainingTime.resume(checkpoint_dir(run_dir, resume_step) if resume_step is not None else None,
+                                        started=attempt_started)
     final_step = plan.total_steps
-    if resume_step is not None and budget.exhausted_before():
-        final_step = resume_step  # the budget ended the run at this (validated, saved) step before DONE was written
     trainer = None
     if resume_step is None or resume_step < final_step:
         from datasets import Dataset
@@ -378,7 +390,7 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
         callback = _callback_class()(
             cfg=cfg, plan=plan, run_dir=run_dir, metrics=metrics, tracker=tracker,
             mlflow=MlflowSink(tracking_uri=cfg.tracking.tracking_uri), reward=reward, validate=run_validation,
-            budget=budget,
+            training_time=training_time, clock=ChunkClock(deadline),
         )
         trainer.add_callback(callback)
         checkpoint = None
@@ -387,7 +399,11 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
             reward.load_state(checkpoint)
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         shutil.rmtree(run_dir / layout.TRL_STAGING_DIR, ignore_errors=True)
-        final_step = callback.final_step
+        if callback.chunk_end is not None:
+            if not is_complete(checkpoint_dir(run_dir, callback.chunk_end)):
+                raise RuntimeError(f"{run_dir}: the chunk ended at step {callback.chunk_end} without its checkpoint")
+            write_chunk_end(run_dir, callback.chunk_end, deadline)
+            return TrainResult(run_dir, None, reward, trainer)
 
     final = complete_steps(run_dir)
     if not final or final[-1] != final_step:
@@ -401,6 +417,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, type=Path, help="the job's resolved RunConfig (job.yaml)")
     parser.add_argument("--resume", choices=["auto", "never"], default="auto",
                         help="auto: continue from the newest complete checkpoint; never: start over")
+    parser.add_argument("--deadline", type=float, default=None,
+                        help="epoch seconds by which a walltime chunk must have saved and stopped (repexp.walltime)")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -409,13 +427,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_run_config(args.config)
-        result = train(cfg, resume=args.resume)
+        result = train(cfg, resume=args.resume, deadline=args.deadline)
     except (ConfigError, FileNotFoundError) as err:
         print(f"repexp.trl.train: {err}", file=sys.stderr)
         return 2
     except ValueError as err:  # bad input data, non-finite features: say what, not where
         print(f"repexp.trl.train: failed: {err}", file=sys.stderr)
         return 1
+    if result.done is None:
+        print(f"repexp.trl.train: walltime chunk ended at step {read_json(result.run_dir / layout.CHUNK_END)['step']}; "
+              "the next attempt resumes there", file=sys.stderr)
+        return 0
     print(f"repexp.trl.train: done at step {result.done['final_step']} (best dev step {result.done['best_step']})",
           file=sys.stderr)
     return 0

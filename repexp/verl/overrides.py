@@ -67,7 +67,7 @@ def default_loggers(run_config: RunConfig) -> list[str]:
 
 
 def build_overrides(run_config: RunConfig, attention: Optional[Attention] = None, *,
-                    loggers: Optional[Sequence[str]] = None) -> list[str]:
+                    loggers: Optional[Sequence[str]] = None, chunk_deadline: Optional[float] = None) -> list[str]:
     """The verl Hydra overrides of one training run (RepExp for beta > 0, the GRPO baseline for beta = 0).
 
     ``attention``: what `repexp.verl.attention.resolve` decided on the job's node, for the actor and
@@ -78,6 +78,9 @@ def build_overrides(run_config: RunConfig, attention: Optional[Attention] = None
     logger reads ``MLFLOW_TRACKING_URI`` and ``MLFLOW_RUN_ID`` from the environment; the entry
     point exports ``repexp_run.mlflow_tracking_uri`` unless the environment already sets it, and
     the node wrapper sets ``MLFLOW_RUN_ID`` to log into its own run.
+
+    ``chunk_deadline``: when this allocation's walltime chunk must have saved and stopped (epoch
+    seconds, `repexp.walltime`); not part of the training config.
     """
     rc = run_config
     if rc.backend != "verl":
@@ -181,7 +184,7 @@ def build_overrides(run_config: RunConfig, attention: Optional[Attention] = None
         ("trainer.max_actor_ckpt_to_keep", None),
         ("repexp_run.run_dir", str(run_dir)),
         ("repexp_run.max_checkpoints_to_keep", train.max_checkpoints_to_keep),
-        ("repexp_run.max_hours", train.max_hours),
+        ("repexp_run.chunk_deadline", chunk_deadline),
         ("repexp_run.mlflow_tracking_uri", rc.tracking.tracking_uri),
         ("ray_kwargs.ray_init.num_cpus", verl.ray_num_cpus),
         ("hydra.run.dir", str(run_dir / layout.VERL_HYDRA_DIR)),

@@ -83,7 +83,7 @@ class RepExpSettings:
 class RunSettings:
     run_dir: Optional[str] = None
     max_checkpoints_to_keep: Optional[int] = None
-    max_hours: Optional[float] = None
+    chunk_deadline: Optional[float] = None  # epoch seconds: a walltime chunk ends before it (repexp.walltime)
     mlflow_tracking_uri: Optional[str] = None
 
     @classmethod
@@ -91,8 +91,8 @@ class RunSettings:
         settings = cls(**_strict_fields(cls, raw, where))
         if settings.max_checkpoints_to_keep is not None:
             _require(settings.max_checkpoints_to_keep >= 1, f"{where}.max_checkpoints_to_keep", "must be >= 1 or null")
-        if settings.max_hours is not None:
-            _require(settings.max_hours > 0, f"{where}.max_hours", "must be > 0 or null")
+        if settings.chunk_deadline is not None:
+            _require(settings.chunk_deadline > 0, f"{where}.chunk_deadline", "must be > 0 (epoch seconds) or null")
         return settings
 
 
@@ -119,7 +119,7 @@ def _strict_fields(cls: type, raw: Mapping[str, Any], where: str) -> dict:
         elif isinstance(default, int) or name == "max_checkpoints_to_keep":
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{key}: expected an integer, got {value!r}")
-        elif isinstance(default, float) or name == "max_hours":
+        elif isinstance(default, float) or name == "chunk_deadline":
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"{key}: expected a number, got {value!r}")
             value = float(value)

@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from repexp import checkpoints, layout, tracking
 from repexp.checkpoints import BestDevTracker, complete_steps
 from repexp.verl.settings import RUN_NODE, RepExpSettings, RunSettings
+from repexp.walltime import read_chunk_end
 
 from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -127,7 +128,13 @@ def launch(config: DictConfig) -> None:
         # before ray.init: the TaskRunner (where verl's Tracking lives) inherits this environment
         os.environ.setdefault("MLFLOW_TRACKING_URI", run.mlflow_tracking_uri)
     use_node_run(config)
+    (Path(run_dir) / layout.CHUNK_END).unlink(missing_ok=True)
     run_ppo(config, task_runner_class=RepExpTaskRunner)
+    chunk = read_chunk_end(run_dir)
+    if chunk is not None:  # the trainer stopped for the walltime (repexp.walltime): no DONE yet
+        print(f"repexp.verl.train: walltime chunk ended at step {chunk['step']}; the next attempt resumes there",
+              flush=True)
+        return
     write_done(run_dir, time.time() - started)
 
 

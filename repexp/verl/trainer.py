@@ -18,10 +18,12 @@ What it changes, each through an overridable method of verl's `PPOTrainer`:
   ``global_step_N/repexp_state.pt``, the training time used into ``budget.json``; a checkpoint is
   marked complete only after verl's save returns; old checkpoints are pruned to
   ``max_checkpoints_to_keep`` (the best-dev one is kept without its optimizer state);
-  ``trainer.resume_mode=auto`` restores the covariance and the budget used together with the
+  ``trainer.resume_mode=auto`` restores the covariance and the training time together with the
   weights and the data order.
-- `on_step_end` / `on_train_begin`: the wall-clock budget ``repexp_run.max_hours``: the first
-  step that ends past it is validated, saved and made the last one.
+- `on_train_begin` / `on_step_end`: walltime chunks (``repexp_run.chunk_deadline``, set by
+  `repexp train` under SLURM; `repexp.walltime`): when another step and a save would not end
+  before the deadline, the step just trained is saved (unless verl's schedule just did), made the
+  last one of this process, and ``CHUNK_END`` is written; `repexp.verl.train` then skips `DONE`.
 - Every logged step is also appended to ``<run_dir>/metrics.jsonl`` (`{"step": N, <metric>: value}`).
 """
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +45,7 @@ from repexp import layout
 from repexp import metrics as metric_names
 from repexp.checkpoints import (
     BestDevTracker,
-    TrainingBudget,
+    TrainingTime,
     checkpoint_dir,
     is_complete,
     mark_complete,
@@ -56,6 +59,7 @@ from repexp.verl.settings import RUN_NODE, RunSettings
 from repexp.verl.train import TRAINER_MODE, run_dir_of
 from repexp.verl.validation import dev_pass_at_k
 from repexp.verl.worker import WORKER_FIELDS, RepExpActorRolloutRefWorker, repexp_settings
+from repexp.walltime import ChunkClock, write_chunk_end
 
 from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1.trainer_base import register_trainer
@@ -117,7 +121,8 @@ class RepExpTrainer(PPOTrainerSync):
         self.best_dev = BestDevTracker.load(self.run_dir)
         self.bonus_state = BonusState(self.repexp)
         self.metrics_logger = JsonlMetricsLogger(self.run_dir / METRICS_FILE)
-        self.budget = TrainingBudget(self.run_settings.max_hours)  # resumed in _load_checkpoint
+        self.training_time = TrainingTime()  # resumed in _load_checkpoint
+        self.clock = ChunkClock(self.run_settings.chunk_deadline)
 
     # ------------------------------------------------------------------ workers
 
@@ -203,47 +208,45 @@ class RepExpTrainer(PPOTrainerSync):
             step_dir.mkdir(parents=True, exist_ok=True)
             with atomic_path(step_dir / STATE_FILE) as tmp:
                 torch.save(self.bonus_state.state_dict(), tmp)
+        started = time.monotonic()
         super()._save_checkpoint()
         if self.config.actor_rollout_ref.actor.get("checkpoint", {}).get("async_save", False):
             logger.warning("async checkpoint saves are never marked complete; repexp select cannot pick them")
             return
-        self.budget.save(step_dir)
+        self.clock.save_took(time.monotonic() - started)
+        self.training_time.save(step_dir)
         mark_complete(step_dir)
         self.best_dev.write()
         best = self.best_dev.best()
         prune_checkpoints(self.run_dir, self.run_settings.max_checkpoints_to_keep, best["step"] if best else None,
                           RESUME_ONLY)
 
-    # ------------------------------------------------------------------ the wall-clock budget (train.max_hours)
+    # ------------------------------------------------------------------ walltime chunks (repexp.walltime)
 
-    def _finish_if_over_budget(self) -> None:
-        """At the end of a step past the budget: validate and save it (unless verl's schedule does
-        either at this step anyway) and make it the last step, so that `fit` returns and DONE follows."""
+    def _end_chunk_if_out_of_time(self) -> None:
+        """At the end of a step (not the last): if the next one and a save would not end before the
+        chunk's deadline, save this step (unless verl's schedule just did) and make it the last of
+        this process; verl still validates it after this hook when its schedule says so."""
         step = self.global_steps
-        if step >= self.total_training_steps or not self.budget.exhausted():
+        self.clock.step_ended()
+        if step >= self.total_training_steps or not self.clock.ends_chunk():
             return
-        logger.warning("train.max_hours %s reached at step %d: validating, saving and finishing",
-                       self.run_settings.max_hours, step)
-        trainer = self.config.trainer
-        if step % trainer.save_freq:  # verl saved this step already when it is on the save schedule
+        logger.warning("walltime chunk: stopping after step %d with a checkpoint; the next allocation resumes", step)
+        if step % self.config.trainer.save_freq:  # verl saved this step already when it is on the save schedule
             self._save_checkpoint()
-        if step % trainer.test_freq:  # verl validates it after this hook when it is on the test schedule
-            self.on_validate_begin()
-            val_metrics = self._validate()
-            self.on_validate_end()
-            self.logger.log(data=val_metrics, step=step)
+        write_chunk_end(self.run_dir, step, self.clock.deadline)
         self.total_training_steps = step  # fit's loop ends after this step
 
     def on_step_end(self):
         super().on_step_end()  # the new weights reach the rollout replicas first: validation samples them
-        self._finish_if_over_budget()
+        self._end_chunk_if_out_of_time()
 
     def _load_checkpoint(self):
         super()._load_checkpoint()
         step = self.global_steps
-        if step > 0:  # the training time the resumed checkpoint had used counts against the budget
-            self.budget = TrainingBudget.resume(self.run_settings.max_hours, checkpoint_dir(self.run_dir, step),
-                                                started=self.budget.started)
+        if step > 0:  # training time counts on from what the resumed checkpoint had used
+            self.training_time = TrainingTime.resume(checkpoint_dir(self.run_dir, step),
+                                                     started=self.training_time.started)
         # forget what a previous attempt logged after the state we resume from
         self.metrics_logger.truncate_after(step)
         self.best_dev.history = [entry for entry in self.best_dev.history if entry["step"] <= step]
@@ -275,9 +278,7 @@ class RepExpTrainer(PPOTrainerSync):
     def on_train_begin(self):
         self._attach_metrics_logger()
         super().on_train_begin()
-        if self.budget.exhausted_before():
-            # resumed from the step at which the budget ended the run (DONE was not written yet): no more steps
-            self.total_training_steps = self.global_steps - 1
+        self.clock.start()
 
 
 def _distinct_fraction(batch: KVBatchMeta, data) -> dict[str, float]:

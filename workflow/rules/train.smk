@@ -14,8 +14,8 @@ rule train:
         benchmark_path("train", "{task}", "{run}")
     wildcard_constraints:
         run=C.TRAINED_RUN_PATTERN,
-    # preemption, node failure or walltime: the next attempt resumes from a checkpoint (and from the
-    # wall-clock budget used so far; config checks train.max_hours against these attempts)
+    # failures (a crash, a node lost, a walltime kill) retry and resume from the newest checkpoint; a
+    # walltime chunk's end and a preemption requeue the SLURM job instead (repexp.walltime)
     retries: C.TRAIN_RETRIES
     conda:
         "../envs/train.yaml"
