@@ -2,10 +2,11 @@
 
 Why it exists: the README run has to show the method on a 2-core CPU in minutes, with pass@k
 curves that are not all zero. On GSM8K a CPU-sized model (SmolLM2-135M-Instruct, offline) solves
-almost nothing and needs hundreds of tokens per answer; on these questions it answers in about ten
-tokens and is right about one time in five (measured: docs/data.md), so GRPO and RepExp have a
-signal to work with and pass@k rises with k. It is a demonstration task, not a benchmark: no
-paper number refers to it.
+almost nothing and needs hundreds of tokens per answer; on these questions, shown three worked
+examples, it answers with the bare number in about four tokens (5 % of answers reach the 16-token
+cap, against 87 % without the examples: benchmarks/arith_prompt.py, docs/data.md) and is right
+about one time in ten, so GRPO and RepExp have a signal to work with and pass@k rises with k. It
+is a demonstration task, not a benchmark: no paper number refers to it.
 
 Every problem exists once: 81 sums, 45 differences, 81 products = 207 questions. The split is
 seeded (`split_seed`): 48 test, 16 dev, the rest train, disjoint by construction. The answer is
@@ -32,6 +33,19 @@ class Question:
     index: int
     text: str  # "What is 7 + 5?"
     answer: int
+
+
+# Worked examples shown as earlier chat turns (as arith-hard does): the model copies their form, the
+# number alone, instead of explaining until the token cap. Two-digit operands: none is a question.
+SHOTS = (("What is 12 + 7?", "19"), ("What is 15 - 6?", "9"), ("What is 11 * 3?", "33"))
+
+
+def shot_messages(question_text: str, shots=SHOTS) -> list[dict]:
+    """A prompt as chat messages: the system instruction, the worked examples, the question (`arith`)."""
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}]
+    for question, answer in shots:
+        messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    return messages + [{"role": "user", "content": question_text}]
 
 
 def all_questions() -> list[Question]:
@@ -98,10 +112,7 @@ HARD_MAX_NEW_TOKENS = 16
 
 def hard_messages(question_text: str, shots: bool = True) -> list[dict]:
     """The arith-hard prompt as chat messages: the system instruction, the worked examples, the question."""
-    messages = [{"role": "system", "content": HARD_SYSTEM_PROMPT}]
-    for question, answer in HARD_SHOTS if shots else ():
-        messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
-    return messages + [{"role": "user", "content": question_text}]
+    return shot_messages(question_text, HARD_SHOTS if shots else ())
 
 
 # kind: (test, dev, at most this many train questions). Test and dev are balanced over kinds; the

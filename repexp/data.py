@@ -500,10 +500,12 @@ def generated_problem(task: str, question: arith.Question) -> Problem:
 
 def chat_prompt(problem: Problem) -> list[dict]:
     """The prompt as chat messages: question + instruction in one user turn; the built-in arithmetic
-    task puts its instruction in a short system turn instead (it replaces the chat template's default
-    system prompt, which would be most of the prompt's tokens)."""
+    tasks put their instruction in a short system turn instead (it replaces the chat template's default
+    system prompt, which would be most of the prompt's tokens), followed by worked examples
+    (`repexp.arith.shot_messages`: the model then answers with the number instead of explaining
+    until the token cap)."""
     if problem.source == "arith":
-        return [{"role": "system", "content": arith.SYSTEM_PROMPT}, {"role": "user", "content": problem.question}]
+        return arith.shot_messages(problem.question)
     if problem.source == "arith-hard":
         return arith.hard_messages(problem.question)
     return [{"role": "user", "content": f"{problem.question} {instruction_for(problem)}"}]

@@ -264,12 +264,25 @@ def figure_pairs(specs: Sequence) -> list[tuple[str, str]]:
     return list(dict.fromkeys((s.task, s.backend) for s in specs if s.trains))
 
 
-def figure_stems(pairs: Sequence[tuple[str, str]], *, training: bool = True) -> list[str]:
-    """Every figure `repexp figures` draws: pass@k, test-time, k-efficiency, and per (task, backend) with
-    trained runs a heatmap and (with training curves) a training and a training-dynamics figure."""
+def heatmap_pairs(specs: Sequence) -> list[tuple[str, str]]:
+    """The figure pairs whose RepExp sweep has more than one (sparse_dim, β) point: a heatmap of one
+    cell is a near-white square with a meaningless colour bar; that point's numbers are rows of the
+    aggregate tables (pass@k, k-efficiency) instead."""
+    points: dict[tuple[str, str], set] = {}
+    for s in specs:
+        if s.method == "repexp":
+            points.setdefault((s.task, s.backend), set()).add((s.sparse_dim, s.beta))
+    return [pair for pair in figure_pairs(specs) if len(points.get(pair, ())) > 1]
+
+
+def figure_stems(specs: Sequence, *, training: bool = True) -> list[str]:
+    """Every figure `repexp figures` draws for these runs: pass@k, test-time, k-efficiency, and per
+    (task, backend) with trained runs a heatmap (when its sweep has more than one point) and (with
+    training curves) a training and a training-dynamics figure."""
     stems = [PASS_AT_K_FIGURE, TESTTIME_FIGURE, K_EFFICIENCY_FIGURE]
-    for task, backend in pairs:
-        stems += [heatmap_figure(task, backend)]
+    heatmaps = heatmap_pairs(specs)
+    for task, backend in figure_pairs(specs):
+        stems += [heatmap_figure(task, backend)] if (task, backend) in heatmaps else []
         stems += [training_figure(task, backend), dynamics_figure(task, backend)] if training else []
     return stems
 

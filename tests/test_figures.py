@@ -198,9 +198,13 @@ def test_many_sweep_points_keep_the_paper_setting_in_the_curves(tmp_path):
     assert figures.select_repexp_points("math", points[:4], 4) == sorted(points[:4])
 
 
-def test_heatmaps_cover_the_configured_grid(rendered):
+def test_heatmaps_cover_the_configured_grid(rendered, table, expected):
     _, index = rendered
-    math_map = by_id(index, "heatmap_math_verl")
+    # MATH's sweep is one point: no heatmap is drawn (its numbers are rows of the aggregate tables); the
+    # cell values plot_heatmap would show are still checked here
+    assert not any(f["id"] == "heatmap_math_verl" for f in index["figures"])
+    assert not (rendered[0] / "heatmap_math_verl.png").exists()
+    _, math_map = figures.plot_heatmap(table, "math", "verl", expected=expected)
     assert math_map["sparse_dims"] == [32] and math_map["betas"] == [0.01]
     pass1, pass256, efficiency = math_map["panels"]
     mean, _ = seed_stats(MATH["verl_repexp_k32_b0.01_s{}"])
@@ -228,8 +232,8 @@ def test_training_curves_from_metrics_jsonl(rendered):
     bonus = panels["bonus (raw), mean"]["series"]
     assert [s["label"] for s in bonus] == ["RepExp"] and bonus[0]["mean"][0] == pytest.approx(2.1)
     reward = panels["reward: shaped (—) vs verifier (- -)"]["series"]
-    assert {(s["label"], s["metric"]) for s in reward} == {
-        (label, metric) for label in ("RepExp", "GRPO") for metric in ("reward/shaped/mean", "reward/verifier/mean")}
+    assert {(s["label"], s["metric"]) for s in reward} == {  # GRPO (β = 0): shaped = verifier, drawn once
+        ("RepExp", "reward/shaped/mean"), ("RepExp", "reward/verifier/mean"), ("GRPO", "reward/verifier/mean")}
     assert record["missing_runs"] == []
     gsm8k = by_id(index, "training_gsm8k_verl")  # no metrics.jsonl at all: the figure says so
     assert len(gsm8k["missing_runs"]) == 9 and "no training metrics" in gsm8k["notes"][0]
@@ -433,7 +437,7 @@ def test_mlflow_curves_and_figures_run(workspace, tmp_path, tmp_path_factory, mo
     assert run.info.status == "FINISHED"
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     artifacts |= {a.path for a in client.list_artifacts(run.info.run_id, "table")}
-    assert {"pass_at_k.png", "pass_at_k.pdf", "index.json", "heatmap_math_verl.png", "table/pass_at_k.csv",
+    assert {"pass_at_k.png", "pass_at_k.pdf", "index.json", "training_math_verl.png", "table/pass_at_k.csv",
             "table/k_efficiency.csv", "table/pass_at_k.html"} <= artifacts
 
     # standalone (`--experiment`, no node): a run named 'figures' under the experiment's parent run
@@ -495,3 +499,59 @@ def produce_real_evals(tmp_path, eval_dir):
                          "--task", "gsm8k", "--n-samples", "4", "--max-new-tokens", "6", "--seed", str(seed),
                          "--batch-size", "12", "--shard-size", "3", "--no-progress"])
         assert code == 0
+
+
+# --------------------------------------------------------------------------- figures that tell the truth (issue 25)
+
+
+def test_a_repexp_curve_equal_to_grpos_is_drawn_on_top_and_said(tmp_path):
+    """RepExp = GRPO at every k (the README run's case): the note says so, RepExp is drawn dashed with
+    hollow markers above GRPO, in the pass@k and in the test-time figure."""
+    evals = tmp_path / "eval"
+    for seed in SEEDS:
+        for run in (f"verl_grpo_s{seed}", f"verl_repexp_k32_b0.01_s{seed}"):
+            write_eval(evals, "math", run, curve(0.2 + 0.01 * (seed - 41)))
+    write_eval(evals, "math", "base", curve(MATH_BASE))
+    aggregate.aggregate(aggregate.find_eval_files(evals), tmp_path / "agg")
+    same = aggregate.read_table(tmp_path / "agg" / "pass_at_k.csv")
+    specs = [s for s in sweep_runs(load_config(CONFIG)) if s.task == "math"]
+    fig, record = figures.plot_pass_at_k(same, expected=specs)
+    assert any("RepExp = GRPO at every k" in note for note in record["notes"]), record["notes"]
+    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    assert lines["RepExp"].get_linestyle() == "--" and lines["RepExp"].get_markerfacecolor() == "none"
+    assert lines["RepExp"].get_zorder() > lines["GRPO"].get_zorder() > lines["Base model"].get_zorder()
+    fig, _ = figures.plot_pass_at_k(aggregate.read_table(tmp_path / "agg" / "pass_at_k.csv").assign(
+        pass_at_k=lambda t: t["pass_at_k"] + (t["run"].str.contains("repexp") * 0.01)), expected=specs)
+    assert {line.get_label(): line for line in fig.axes[0].get_lines()}["RepExp"].get_linestyle() == "-"
+
+
+def test_training_figure_scales_marks_switched_off_bonus_and_shows_both_reward_styles(tmp_path):
+    specs = [s for s in sweep_runs(load_config(CONFIG)) if s.task == "math" and s.trains]
+    curves = {}
+    for spec in specs:
+        steps = range(1, 6)
+        run = {"reward/verifier/mean": {s: 0.3 for s in steps}, "reward/shaped/mean": {s: 0.3 for s in steps}}
+        if spec.method == "repexp":  # 1.5e-4 of noise around 0.875, switched off in some groups at step 3
+            run["repexp/bonus_raw/mean"] = {s: 0.87475 + 0.00003 * (s % 5) for s in steps}
+            run["repexp/bonus_scaled/mean"] = {s: 0.0087 if s != 3 else 0.004 for s in steps}
+            run["repexp/bonus_turned_off_frac"] = {s: 0.5 if s == 3 else 0.0 for s in steps}
+        curves[spec.path] = run
+    fig, record = figures.plot_training(curves, "math", "verl", specs=specs, source="metrics.jsonl")
+    axes = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
+    low, high = axes["bonus (raw), mean"].get_ylim()
+    assert high - low >= 0.05 * 0.875 * 0.99  # noise of 1.5e-4 is drawn nearly flat, not axis-filling
+    assert any("× marks steps where the bonus was switched off" in note for note in record["notes"])
+    marks = [line for line in axes["bonus (× β), mean"].get_lines() if line.get_marker() == "x"]
+    assert marks and list(marks[0].get_xdata()) == [3]
+    reward = axes["reward: shaped (—) vs verifier (- -)"].get_lines()
+    dashed = [line for line in reward if line.get_linestyle() == "--"]
+    assert dashed and all(d.get_zorder() > s.get_zorder() for d in dashed for s in reward if s.get_linestyle() == "-")
+    legend = [text.get_text() for sub in fig.subfigs for legend in sub.legends for text in legend.get_texts()]
+    assert "shaped reward (—)" in legend and "verifier reward (- -)" in legend
+
+    for run in curves.values():  # the same entropy for both: RepExp drawn dashed on top, and said
+        run["actor/entropy"] = {s: 1.0 - 0.1 * s for s in range(1, 6)}
+    fig, record = figures.plot_dynamics(curves, "math", "verl", specs=specs, source="metrics.jsonl")
+    assert any("policy entropy: RepExp = GRPO at every step" in note for note in record["notes"]), record["notes"]
+    entropy = {line.get_color(): line for line in fig.axes[0].get_lines()}
+    assert sorted(line.get_linestyle() for line in entropy.values()) == ["-", "--"]

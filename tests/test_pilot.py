@@ -74,6 +74,19 @@ def test_prepared_rows_carry_the_few_shot_prompt_and_route_to_the_final_number_v
     assert verify.routing.family(SOURCE) == verify.routing.FINAL_NUMBER
 
 
+def test_the_readme_tasks_prompt_shows_worked_examples_that_are_no_question_of_the_task():
+    """Issue 25, item 3: `arith` prompts carry three worked examples (bare numbers) so that answers end
+    before the token cap (benchmarks/arith_prompt.py: 5 % cut off instead of 87 %); none is a question."""
+    prepared = data.build("arith", {}, data.Options(seed=0))
+    problem = prepared.splits["test"][0]
+    messages = data.chat_prompt(problem)
+    assert messages[0] == {"role": "system", "content": arith.SYSTEM_PROMPT}
+    assert [m["role"] for m in messages[1:]] == ["user", "assistant"] * len(arith.SHOTS) + ["user"]
+    assert messages[-1]["content"] == problem.question
+    assert all(m["content"].isdigit() for m in messages[1:-1] if m["role"] == "assistant")
+    assert not {question for question, _ in arith.SHOTS} & {q.text for q in arith.all_questions()}
+
+
 @pytest.mark.parametrize("response, expected", [
     ("85", 1.0), (" 85 ", 1.0), ("85.", 1.0), ("85!", 1.0), ("47 + 38 = 85.", 1.0), ("The answer is 85.", 1.0),
     ("1,085", 0.0), ("84", 0.0), ("85. I hope this helps!", 0.0),  # goes on after its number: no answer

@@ -104,7 +104,7 @@ def figure_files(specs: Sequence[RunSpec], *, training: bool = True) -> dict[str
     "dynamics": [...], "index": ["index.json"]}, PNG before PDF.
     """
     files: dict[str, list[str]] = {kind: [] for kind in layout.FIGURE_KINDS}
-    for stem in layout.figure_stems(figure_pairs(specs), training=training):
+    for stem in layout.figure_stems(specs, training=training):
         files[layout.figure_kind(stem)] += layout.figure_names(stem)
     return {**files, "index": [layout.FIGURE_INDEX]}
 
@@ -143,7 +143,7 @@ def make_figures(table, out_dir: Path, *, expected: Sequence[RunSpec] | None = N
     record["files"] = _save(fig, out_dir, layout.K_EFFICIENCY_FIGURE)
     figures.append(record)
     pairs = figure_pairs(specs)
-    for task, backend in pairs:
+    for task, backend in layout.heatmap_pairs(specs):  # one-point sweeps: the tables' rows, no heatmap
         fig, record = plot_heatmap(table, task, backend, expected=expected)
         record["files"] = _save(fig, out_dir, record["id"])
         figures.append(record)

@@ -9,8 +9,10 @@ from typing import Any
 from repexp import layout
 from repexp.config import RunSpec, canonical
 from repexp.figures.series import (
+    ZORDER,
     Series,
     _series_sort_key,
+    coinciding_with_grpo,
     completeness_notes,
     seed_curve,
     select_repexp_points,
@@ -77,6 +79,14 @@ def plot_pass_at_k(table, *, tasks: Sequence[str] | None = None, expected: Seque
     if single_seed:
         notes.append("Lines with one seed have no band.")
 
+    panel_curves = [{series: seed_curve(table, series) for series in panel["series"]} for panel in panels]
+    same: set = set()
+    for panel, curves in zip(panels, panel_curves):
+        coincide = coinciding_with_grpo({s: c["mean"] for s, c in curves.items() if c is not None})
+        same |= coincide
+        title = TASK_TITLES.get(panel["task"], panel["task"])
+        notes += [f"{title}: {styles[s]['label']} = GRPO at every k (the curves coincide; RepExp is drawn dashed "
+                  "on top)" for s in sorted(coincide, key=_series_sort_key)]
     labels = list(dict.fromkeys(styles[s]["label"] for s in sorted(all_series, key=_series_sort_key)))
     width = max(5.0, 3.2 * len(tasks))
     # as many legend columns as fit the figure's width (about 0.065 in per character at FONT["legend"],
@@ -94,14 +104,17 @@ def plot_pass_at_k(table, *, tasks: Sequence[str] | None = None, expected: Seque
             ax.set_title(TASK_TITLES.get(task, task))
             data_series = []
             lows, highs, k_max = [], [], 1
+            curves = panel_curves[j]
             for series in panel["series"]:
-                curve = seed_curve(table, series)
+                curve = curves[series]
                 if curve is None:
                     continue
                 style = styles[series]
+                hollow = {"markerfacecolor": "none", "markeredgecolor": style["color"]} if series in same else {}
                 line, = ax.plot(curve["k"], curve["mean"], label=style["label"], color=style["color"],
-                                linestyle=style["linestyle"], alpha=0.8 if series.method == "base" else 1.0,
-                                **{**LINE_STYLE, "marker": style["marker"]})
+                                linestyle="--" if series in same else style["linestyle"],
+                                alpha=0.8 if series.method == "base" else 1.0, zorder=ZORDER[series.method],
+                                **{**LINE_STYLE, "marker": style["marker"], **hollow})
                 handles.setdefault(style["label"], line)
                 band = None
                 if curve["sem"] is not None:

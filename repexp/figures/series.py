@@ -39,6 +39,25 @@ class Series:
         return dataclasses.asdict(self)
 
 
+def coinciding_with_grpo(curves: dict[Series, list[float]], tolerance: float = 1e-12) -> set[Series]:
+    """RepExp series whose curve equals the GRPO curve of the same task and backend at every point (to
+    `tolerance`): drawn on top, dashed, with hollow markers and a note, so that neither line hides the
+    other."""
+    same = set()
+    for series, values in curves.items():
+        if series.method != "repexp":
+            continue
+        grpo = next((v for s, v in curves.items() if s.method == "grpo" and s.task == series.task
+                     and s.backend == series.backend), None)
+        if grpo is not None and len(grpo) == len(values) and all(abs(a - b) <= tolerance for a, b in zip(values, grpo)):
+            same.add(series)
+    return same
+
+
+# Drawing order: the base model below, GRPO above it, RepExp on top.
+ZORDER = {"base": 2, "grpo": 3, "repexp": 4}
+
+
 def series_of(spec: RunSpec) -> Series:
     if spec.method == "repexp":
         return Series(spec.task, "repexp", spec.backend, spec.sparse_dim, float(spec.beta))

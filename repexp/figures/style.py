@@ -27,7 +27,8 @@ BACKEND_LINESTYLES = ("-", "--", ":")
 PAPER_POINTS = {"math": (32, 0.01), "gsm8k": (32, 0.01), "aime24": (128, 0.01), "dapo-with-aime24": (128, 0.01)}
 MAX_REPEXP_LINES = 4
 TRAINING_METRICS = (M.DEV_SELECTION, M.statistic(M.BONUS_RAW, "mean"), M.statistic(M.BONUS_SCALED, "mean"),
-                    M.REWARD_VERIFIER_MEAN, M.REWARD_SHAPED_MEAN)
+                    M.REWARD_VERIFIER_MEAN, M.REWARD_SHAPED_MEAN,
+                    M.BONUS_TURNED_OFF)  # not a panel: marks the steps where the bonus was switched off
 DYNAMICS_METRICS = (M.POLICY_ENTROPY, M.DISTINCT_FRACTION)  # the training-dynamics figure
 CURVE_METRICS = TRAINING_METRICS + DYNAMICS_METRICS  # what is read from metrics.jsonl / MLflow
 LINE_STYLE = dict(marker="o", linewidth=1.275, markersize=6, markeredgewidth=0.9, markeredgecolor="#F7F7FF")

@@ -15,7 +15,7 @@ from typing import Any
 from repexp import layout
 from repexp.config import RunSpec
 from repexp.figures.curves import _series_styles
-from repexp.figures.series import Series, _series_sort_key, series_of, table_specs
+from repexp.figures.series import ZORDER, Series, _series_sort_key, coinciding_with_grpo, series_of, table_specs
 from repexp.figures.style import (
     FONT,
     LINE_STYLE,
@@ -69,6 +69,17 @@ def plot_testtime(table, *, tasks: Sequence[str] | None = None, expected: Sequen
         lacking = [s.path for s in expected if s.task in tasks and (s.task, s.name) not in have]
         if lacking:
             notes.append(f"no test-time result for: {', '.join(lacking)}")
+    # a RepExp run whose curves equal GRPO's in both orders: drawn on top with hollow markers, and said
+    same: set = set()
+    for panel in panels:
+        both = [coinciding_with_grpo({s: c["mean"] for s in panel["series"]
+                                      if (c := testtime_curve(table, s, column)) is not None})
+                for column, _, _ in ORDERS]
+        coincide = both[0] & both[1]
+        same |= coincide
+        title = TASK_TITLES.get(panel["task"], panel["task"])
+        notes += [f"{title}: {styles[s]['label']} = GRPO at every k in both orders (the curves coincide; RepExp "
+                  "is drawn on top with hollow markers)" for s in sorted(coincide, key=_series_sort_key)]
     labels = list(dict.fromkeys(styles[s]["label"] for s in sorted(all_series, key=_series_sort_key)))
     ncol = min(max(1, len(labels) + 2), 4)
     width = max(5.0, 3.2 * len(tasks))
@@ -88,8 +99,11 @@ def plot_testtime(table, *, tasks: Sequence[str] | None = None, expected: Sequen
                     curve = testtime_curve(table, series, column)
                     if curve is None:
                         continue
+                    hollow = ({"markerfacecolor": "none", "markeredgecolor": style["color"]}
+                              if series in same else {})
                     line, = ax.plot(curve["k"], curve["mean"], color=style["color"], linestyle=linestyle,
-                                    **{**LINE_STYLE, "marker": style["marker"] if linestyle == "-" else None})
+                                    zorder=ZORDER[series.method],
+                                    **{**LINE_STYLE, "marker": style["marker"] if linestyle == "-" else None, **hollow})
                     if linestyle == "-":
                         handles.setdefault(style["label"], line)
                     lows += curve["mean"]

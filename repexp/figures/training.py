@@ -12,7 +12,7 @@ from repexp import layout
 from repexp import metrics as M
 from repexp.config import RunSpec
 from repexp.figures.curves import _series_styles
-from repexp.figures.series import Series, _series_sort_key, compact_runs, series_of
+from repexp.figures.series import ZORDER, Series, _series_sort_key, coinciding_with_grpo, compact_runs, series_of
 from repexp.figures.style import (
     CURVE_METRICS,
     FONT,
@@ -123,6 +123,15 @@ DYNAMICS_PANELS = (
     ("policy entropy", (M.POLICY_ENTROPY,)),
     ("rollout diversity: distinct responses / group", (M.DISTINCT_FRACTION,)),
 )
+# the panel whose steps with a switched-off bonus get a mark (a dip there is the turn-off rule, not noise)
+TURN_OFF_PANEL = "bonus (× β), mean"
+# the two line styles of the reward panel (shaped, verifier), as legend entries
+METRIC_LEGEND = (("shaped reward (—)", "-"), ("verifier reward (- -)", "--"))
+# a panel whose values vary by less than this fraction of their size is drawn on a span of that
+# fraction: 1.5e-4 of noise on a bonus of 0.875 must not fill the axis
+MIN_RELATIVE_SPAN = 0.05
+# curves closer than this fraction of their values' size look like one line: drawn apart and said
+COINCIDE_FRACTION = 0.002
 # panels whose values are fractions in [0, 1]: limits kept near that range
 BOUNDED_PANELS = ("dev pass@1", "rollout diversity: distinct responses / group")
 
@@ -161,7 +170,29 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
             notes.append(f"{panel_title}: no run logged {', '.join(metrics)}")
         elif lacking:
             notes.append(f"{panel_title}: {', '.join(metrics)} not logged by {compact_runs(lacking)}")
-    labels = [styles[s]["label"] for s in series]
+    # per single-metric panel, the RepExp series drawn over GRPO's curve at every step (within
+    # COINCIDE_FRACTION of the values): dashed, hollow, on top, and said. A two-metric panel keeps
+    # solid/dashed for its two metrics; only the drawing order helps there.
+    same: dict[str, set] = {}
+    for panel_title, metrics in panels:
+        means = {}
+        for s in series:
+            runs = [r for r in series_runs[s] if metrics[0] in curves[r.path]]
+            if runs and len(metrics) == 1:
+                means[s] = _seed_mean_over_steps([curves[r.path][metrics[0]] for r in runs])
+        scale = max((abs(v) for data in means.values() for v in data["mean"]), default=0.0)
+        grpo_steps = next((d["step"] for s, d in means.items() if s.method == "grpo"), None)
+        comparable = {s: d["mean"] for s, d in means.items() if d["step"] == grpo_steps}
+        same[panel_title] = coinciding_with_grpo(comparable, tolerance=COINCIDE_FRACTION * scale)
+        notes += [f"{panel_title}: {styles[s]['label']} = GRPO at every step (to {COINCIDE_FRACTION:.1%} of the "
+                  "values; RepExp is drawn dashed on top)" for s in sorted(same[panel_title], key=_series_sort_key)]
+    turned_off = {s: _turned_off_steps(curves, series_runs[s]) for s in series}
+    if any(turned_off.values()) and any(title == TURN_OFF_PANEL for title, _ in panels):
+        notes.append(f"{TURN_OFF_PANEL}: × marks steps where the bonus was switched off in some groups "
+                     f"({M.BONUS_TURNED_OFF} > 0, the bonus.turn_off_if_* rules): the mean dips there by design")
+    two_metric = [metrics for _, metrics in panels if len(metrics) == 2]
+    labels = [styles[s]["label"] for s in series] + ([label for label, _ in METRIC_LEGEND]
+                                                     if two_metric and series else [])
     ncol = min(max(1, len(labels)), 4)
     panels_record = []
     with _style():
@@ -176,6 +207,8 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
             lacking: list[str] = []
             for s in series:
                 for metric, linestyle in zip(metrics, ("-", "--")):
+                    if metric == M.REWARD_SHAPED_MEAN and s.beta == 0:
+                        continue  # β = 0: the shaped reward is the verifier reward; its dashed line alone
                     runs = [r for r in series_runs[s] if metric in curves[r.path]]
                     lacking += [r.name for r in series_runs[s] if metric not in curves[r.path]]
                     if not runs:
@@ -183,10 +216,21 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
                     data = _seed_mean_over_steps([curves[r.path][metric] for r in runs])
                     style = styles[s]
                     sparse = len(data["step"]) <= 30  # dev metrics are logged every test_freq steps: show points
-                    line, = ax.plot(data["step"], data["mean"], color=style["color"], linestyle=linestyle,
-                                    linewidth=1.0, marker=style["marker"] if sparse else None, markersize=3.5)
+                    # the dashed metric on top: where both coincide (β·bonus ≈ 0) it stays visible; RepExp
+                    # above GRPO, dashed with hollow markers where it equals GRPO's curve
+                    hidden = s in same[panel_title]
+                    hollow = {"markerfacecolor": "none", "markeredgecolor": style["color"]} if hidden else {}
+                    line, = ax.plot(data["step"], data["mean"], color=style["color"],
+                                    linestyle="--" if hidden else linestyle, linewidth=1.0,
+                                    marker=style["marker"] if sparse else None, markersize=3.5,
+                                    zorder=ZORDER[s.method] + (3 if linestyle == "--" else 0), **hollow)
                     if linestyle == "-":
                         handles.setdefault(style["label"], line)
+                    if panel_title == TURN_OFF_PANEL and turned_off[s]:
+                        at = {step: value for step, value in zip(data["step"], data["mean"])}
+                        marked = [step for step in turned_off[s] if step in at]
+                        ax.plot(marked, [at[step] for step in marked], linestyle="none", marker="x",
+                                color="#222222", markersize=8, markeredgewidth=1.6, zorder=4)
                     lo = [m - e if e is not None else m for m, e in zip(data["mean"], data["sem"])]
                     hi = [m + e if e is not None else m for m, e in zip(data["mean"], data["sem"])]
                     if any(e is not None for e in data["sem"]):
@@ -204,15 +248,36 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
                 if panel_title in BOUNDED_PANELS:
                     ax.set_ylim(*_adaptive_ylim(lows, highs))
                 else:
-                    span = max(highs) - min(lows)
-                    pad = 0.08 * span if span > 0 else max(1e-3, 0.05 * abs(max(highs)))
-                    ax.set_ylim(min(lows) - pad, max(highs) + pad)
+                    ax.set_ylim(*_readable_ylim(lows, highs))
             panels_record.append({"title": panel_title, "metrics": list(metrics), "series": plotted,
                                   "runs_without_metric": sorted(set(lacking))})
         if handles:
+            if two_metric:  # what solid and dashed mean, as legend entries of their own
+                from matplotlib.lines import Line2D
+
+                for label, linestyle in METRIC_LEGEND:  # legend-only handles, drawn on no axis
+                    handles[label] = Line2D([], [], color="#444444", linestyle=linestyle, linewidth=1.0)
             footer.legend(list(handles.values()), list(handles), loc="upper center", ncol=ncol, frameon=False,
                           fontsize=FONT["legend"], bbox_to_anchor=(0.5, 1.0))
     return fig, notes, missing, panels_record
+
+
+def _turned_off_steps(curves, runs: Sequence[RunSpec]) -> list[int]:
+    """Steps at which any seed of a series logged a switched-off bonus (`repexp/bonus_turned_off_frac` > 0)."""
+    steps = set()
+    for run in runs:
+        steps |= {step for step, value in curves[run.path].get(M.BONUS_TURNED_OFF, {}).items() if value > 0}
+    return sorted(steps)
+
+
+def _readable_ylim(lows: Sequence[float], highs: Sequence[float]) -> tuple[float, float]:
+    """Limits of an unbounded panel: the data with a margin, but never narrower than MIN_RELATIVE_SPAN
+    of the values' size, so that noise in a nearly constant quantity is drawn as nearly flat."""
+    lo, hi = min(lows), max(highs)
+    span = max(hi - lo, MIN_RELATIVE_SPAN * max(abs(lo), abs(hi)), 1e-3)
+    centre = (lo + hi) / 2
+    half = max(span / 2, (hi - lo) / 2 * 1.08)
+    return centre - half, centre + half
 
 
 def plot_training(curves: dict[str, dict[str, dict[int, float]]], task: str, backend: str, *,
@@ -224,8 +289,10 @@ def plot_training(curves: dict[str, dict[str, dict[int, float]]], task: str, bac
     caption = (
         f"Training on {TASK_TITLES.get(task, task)} ({backend}), from {source}: dev pass@1 at each validation, "
         "the mean "
-        "raw and β-scaled RepExp bonus per step, and the mean shaped reward (α·verifier + β·bonus, solid) against "
-        "the verifier reward (dashed). Lines are means over seeds with a ±1 SEM band where ≥ 2 seeds logged the step."
+        "raw and β-scaled RepExp bonus per step (× where the bonus was switched off in some groups), and the mean "
+        "shaped reward (α·verifier + β·bonus, solid) against the verifier reward (dashed, drawn on top; GRPO has "
+        "β = 0, so only its dashed line). Lines are means over seeds with a ±1 SEM band where ≥ 2 seeds logged "
+        "the step."
     )
     return fig, _record(fig, layout.training_figure(task, backend), "training", task, backend, source, caption,
                         notes, missing, panels)

@@ -361,7 +361,7 @@ FIGURE_REPORTS = {
 def figure_files():
     """What `repexp figures` draws (repexp.layout names them): PDFs, and the PNGs for the report."""
     files = []
-    for stem in L.figure_stems(L.figure_pairs(RUNS)):
+    for stem in L.figure_stems(RUNS):
         kind, caption = FIGURE_REPORTS[L.figure_kind(stem)]
         # (`report(` must not start a line: Snakemake's parser would read it as the `report:` keyword)
         png = report(
