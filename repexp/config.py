@@ -54,6 +54,11 @@ TRL_LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean")  # seq-mean-token-sum
 # Every rule of the workflow (keys of `resources`).
 RULES = ("download_model", "download_data", "model", "preprocess", "train", "select", "merge", "eval", "testtime",
          "aggregate", "figures")
+# Sizes beyond any sensible experiment (issue 27: `n_samples: 1000000000000` validated, then the eval
+# died with a MemoryError): pass@k curves need n ≥ k, the paper uses 256; one shard's samples are held
+# in memory while it is generated.
+MAX_SAMPLES_PER_PROBLEM = 2**16
+MAX_SHARD_SAMPLES = 2**22
 TRAIN_RETRIES = 2  # the train rule's `retries` for failures (a walltime chunk's end requeues, repexp.walltime)
 # Keys that no longer exist, with what replaced them (their "unknown key" error says so).
 REMOVED_KEYS = {
@@ -146,7 +151,8 @@ class TrainConfig:
         "step and a save would not end before it; the job is requeued and resumes", minimum=0, runtime=True)
     test_freq: int = _f(20, help="validate on dev every N steps", minimum=1)
     save_freq: int = _f(20, help="checkpoint every N steps (validated steps must be saved)", minimum=1)
-    val_n: int = _f(128, help="dev samples per prompt for validation pass@k", minimum=1)
+    val_n: int = _f(128, help="dev samples per prompt for validation pass@k", minimum=1,
+                    maximum=MAX_SAMPLES_PER_PROBLEM)
     val_before_train: bool = _f(True, help="validate the initial model (step 0)")
     temperature: float = _f(1.0, help="rollout and validation temperature", exclusiveMinimum=0)
     top_p: float = _f(1.0, help="rollout and validation top-p", exclusiveMinimum=0, maximum=1)
@@ -161,7 +167,7 @@ class TrainConfig:
 @dataclass
 class EvalConfig:
     engine: str = _f("auto", help="sampling engine (auto: vllm on GPU, else hf)", enum=ENGINES)
-    n_samples: int = _f(256, help="samples per problem", minimum=1)
+    n_samples: int = _f(256, help="samples per problem", minimum=1, maximum=MAX_SAMPLES_PER_PROBLEM)
     temperature: float = _f(1.0, help="sampling temperature", exclusiveMinimum=0)
     top_p: float = _f(1.0, help="sampling top-p", exclusiveMinimum=0, maximum=1)
     max_new_tokens: Optional[int] = _f(None, help="tokens per sample (null: train.max_response_length)", minimum=1)
@@ -687,6 +693,10 @@ def _check_verl(cfg: PipelineConfig, task: str, train: TrainConfig, repexp_runs:
 def _check_eval(cfg: PipelineConfig, task: str) -> None:
     ev = task_section(cfg, task, "eval")
     res = rule_resources(cfg, "eval")
+    if ev.shard_size * ev.n_samples > MAX_SHARD_SAMPLES:
+        raise ConfigError(f"{_key(cfg, task, 'eval', 'shard_size')}: {ev.shard_size} problems × n_samples "
+                          f"{ev.n_samples} = {ev.shard_size * ev.n_samples:,} samples in memory per shard, more than "
+                          f"{MAX_SHARD_SAMPLES:,}; lower shard_size")
     if ev.engine == "vllm" or (ev.engine == "auto" and res.gpu > 0):
         needed = ev.tensor_parallel_size * ev.data_parallel_size
         available = max(res.gpu, 1) * res.nodes

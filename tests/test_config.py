@@ -148,6 +148,11 @@ BROKEN = {
     "a walltime margin as long as the allocation": ({"train": {"walltime_margin_minutes": 30}},
                                                     "train.walltime_margin_minutes", False),  # runtime 30 min
     "the removed wall-clock budget": ({"train": {"max_hours": 2}}, "train.max_hours", False),
+    # issue 27, item 4: absurd sizes
+    "a trillion samples per problem": ({"eval": {"n_samples": 10**12}}, "eval.n_samples", True),
+    "a trillion dev samples": ({"train": {"val_n": 10**12}}, "train.val_n", True),
+    "a shard that cannot be held in memory": ({"eval": {"n_samples": 65536, "shard_size": 1000}},
+                                              "eval.shard_size", False),
     # issue 15: accepted-but-wrong configs
     "eval TP beyond the eval GPUs": ({"eval": {"engine": "vllm", "tensor_parallel_size": 2}},
                                      "eval.tensor_parallel_size", False),
@@ -491,3 +496,16 @@ def test_plan_command_prints_the_paper_plan(capsys):
     out = capsys.readouterr().out
     assert out.startswith("plan for repexp-paper: model Qwen/Qwen2.5-7B-Instruct (7.62 B parameters), 21 runs")
     assert "| eval | 21 | 8 |" in out and "wall time on 64 GPUs ≥" in out
+
+
+def test_repexp_eval_refuses_absurd_sizes_before_writing_anything(tmp_path, capsys):
+    """Issue 27, item 4: a direct `repexp eval --n-samples 1000000000000` stops with the limit, no
+    MemoryError, and leaves no sample store (samples/meta.json) behind."""
+    from repexp.cli import main
+
+    out = tmp_path / "eval"
+    for flags, key in ((["--n-samples", str(10**12)], "--n-samples"),
+                       (["--n-samples", "65536", "--shard-size", "1000"], "--shard-size")):
+        assert main(["eval", "--model", str(tmp_path / "model"), "--data", str(tmp_path / "test.parquet"),
+                     "--out", str(out), *flags]) == 2
+        assert key in capsys.readouterr().err and not out.exists()

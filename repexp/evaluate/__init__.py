@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from repexp import layout
-from repexp.config import DTYPES, ENGINES
+from repexp.config import DTYPES, ENGINES, MAX_SAMPLES_PER_PROBLEM, MAX_SHARD_SAMPLES
 from repexp.evaluate.core import (
     EVAL_DEFAULTS,
     SamplingSettings,
@@ -105,6 +105,15 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def check_sizes(n_samples: int, shard_size: int) -> None:
+    """The config's size limits for a direct `repexp eval` call: a trillion samples is a typo, not a job."""
+    if not 1 <= n_samples <= MAX_SAMPLES_PER_PROBLEM:
+        raise ValueError(f"--n-samples: {n_samples} is outside 1..{MAX_SAMPLES_PER_PROBLEM}")
+    if shard_size < 1 or shard_size * n_samples > MAX_SHARD_SAMPLES:
+        raise ValueError(f"--shard-size: {shard_size} problems × {n_samples} samples exceeds the "
+                         f"{MAX_SHARD_SAMPLES:,} samples one shard may hold in memory")
+
+
 def run(args: argparse.Namespace) -> int:
     from repexp.evaluate import runner
 
@@ -113,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
             result = runner.rescore(args.out, ks=args.ks, maj_draws=args.maj_draws,
                                     verifier_workers=args.verifier_workers, grader=args.grader)
         else:
+            check_sizes(args.n_samples, args.shard_size)  # before any store or engine exists
             cfg = _config_from_args(args)
             result = runner.evaluate(cfg)
             if result is None:
