@@ -615,3 +615,19 @@ def test_a_server_on_every_interface_allows_this_hosts_names_and_private_network
     allowed = allowed_hosts("0.0.0.0", "10.1.2.3").split(",")
     for name in ("localhost", "127.0.0.1", socket.gethostname(), "10.1.2.3", "10.1.2.3:*", "10.*", "192.168.*"):
         assert name in allowed
+
+
+def test_the_servers_sqlite_store_directory_is_private_to_its_owner(tmp_path):
+    """Issue 27, item 5 (the store's file permissions): the default store's per-user directory under
+    /var/tmp and the store's own directory are 0700, also when they existed with the default umask."""
+    import stat
+
+    from repexp.tracking.server import private_store_dir
+
+    user_dir = tmp_path / "repexp-mlflow-someone"
+    store_dir = user_dir / "repexp-test-abc"
+    store_dir.mkdir(parents=True, mode=0o755)
+    user_dir.chmod(0o755)
+    assert private_store_dir(store_dir) == store_dir
+    for path in (user_dir, store_dir):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700, path

@@ -57,6 +57,20 @@ def default_store(cfg) -> str:
     return f"sqlite:///{directory / DB_FILE}"
 
 
+def private_store_dir(directory: Path) -> Path:
+    """The SQLite store's directory, readable by its owner only (issue 27, item 5: under /var/tmp with
+    the default umask, any user of the login node could read the experiment's history). The
+    per-user directory of the default store is made private too; an existing one is tightened."""
+    directory.mkdir(parents=True, exist_ok=True)
+    private = [directory]
+    if directory.parent.name.startswith("repexp-mlflow-"):
+        private.append(directory.parent)
+    for path in private:
+        if path.stat().st_uid == os.getuid():
+            path.chmod(0o700)
+    return directory
+
+
 def advertised_host(bind_host: str) -> str:
     """How jobs reach a server bound to `bind_host`: this host's address when bound to every
     interface (an IP: MLflow refuses unknown Host names unless allowed)."""
@@ -105,7 +119,7 @@ def start(cfg, *, host: Optional[str] = None, port: Optional[int] = None, store:
     port = port or cfg.tracking.server_port or free_port(host)
     store = store or cfg.tracking.server_store or default_store(cfg)
     if store.startswith("sqlite:///"):
-        Path(store[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        private_store_dir(Path(store[len("sqlite:///"):]).parent)
     artifacts = (mlflow_dir(cfg.results_dir) / ARTIFACTS_DIR).resolve()
     artifacts.mkdir(parents=True, exist_ok=True)
     public = advertised_host(host)
