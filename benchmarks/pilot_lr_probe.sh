@@ -32,4 +32,8 @@ code=0
 for pid in "${pids[@]}"; do wait "$pid" || code=1; done
 echo "{\"exit\": $code, \"wall_s\": $(( $(date +%s) - started )), \"steps\": $STEPS}" > "$ROOT/wall.json"
 python3 benchmarks/pilot_lr_probe_summary.py "$ROOT" | tee "$ROOT/summary.txt"
+mkdir -p "$ROOT/metrics"   # the per-step metrics of every rate, small enough to keep with the docs
+for lr in "${LRS[@]}"; do
+    cp "$ROOT/lr$lr/train/arith-hard/trl_grpo_s1/metrics.jsonl" "$ROOT/metrics/lr$lr.jsonl" 2>/dev/null
+done
 exit $code

@@ -22,6 +22,7 @@ DISTINCT = "rollout/distinct_frac"
 STEP_TIME = "timing_s/step"
 COLLAPSED_BELOW = 0.1
 LAST = 5
+MARKS = (1, 10, 20, 30, 40, 50, 60, 80, 100, 120, 150, 200)  # the steps whose entropy the table shows
 
 
 def training_steps(metrics: Path) -> list[dict]:
@@ -48,12 +49,14 @@ def main() -> None:
             runs[lr] = steps
     if not runs:
         raise SystemExit(f"no probe metrics under {args.root}")
-    print(f"{'lr':>6} {'steps':>5} {'s/step':>6}  entropy at step 1/10/20/30/40/50/60   "
+    longest = max(steps[-1]["step"] for steps in runs.values())
+    marks_shown = [s for s in MARKS if s <= longest]
+    print(f"{'lr':>6} {'steps':>5} {'s/step':>6}  entropy at step {'/'.join(map(str, marks_shown))}   "
           f"last-{LAST}: entropy reward distinct")
     summary = {}
     for lr, steps in sorted(runs.items(), key=lambda kv: float(kv[0])):
         by_step = {r["step"]: r for r in steps}
-        marks = " ".join(f"{by_step[s][ENTROPY]:.2f}" if s in by_step else "  - " for s in (1, 10, 20, 30, 40, 50, 60))
+        marks = " ".join(f"{by_step[s][ENTROPY]:.2f}" if s in by_step else "  - " for s in marks_shown)
         tail = steps[-LAST:]
         row = {
             "steps": steps[-1]["step"],
