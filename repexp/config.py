@@ -253,6 +253,12 @@ class TrackingConfig:
     server_port: int = _f(0, help="port of the workflow's server (0: a free port)", minimum=0, maximum=65535)
     server_store: Optional[str] = _f(None, help="backend store of the workflow's server, e.g. postgresql://... "
                                      "(null: SQLite on the submit host's local disk, /var/tmp/repexp-mlflow-<user>/)")
+    # A damaged or vanished SQLite store stops the workflow before any job (docs/tracking.md, "When
+    # the store is damaged or gone"); these two settings are the ways on.
+    store_backups: int = _f(3, help="backups of the SQLite store kept in backups/ beside it, one per workflow "
+                            "start when it changed (SQLite's online backup; 0: none)", minimum=0)
+    new_store: bool = _f(False, help="where the SQLite store this results directory used is damaged or gone, "
+                         "start a new, empty one instead of stopping (the damaged file is kept)")
 
 
 @dataclass

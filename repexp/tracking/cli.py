@@ -1,4 +1,4 @@
-"""`repexp mlflow node | sync | parents | serve | uri`."""
+"""`repexp mlflow node | sync | restore | parents | serve | uri`."""
 
 from __future__ import annotations
 
@@ -30,6 +30,15 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--results-dir", type=Path, help="results directory holding mlflow/outbox")
     src.add_argument("--record", type=Path, help="only this record directory (<results>/mlflow/outbox/<id>)")
     s.add_argument("--tracking-uri", help="upload here instead of each record's own URI")
+    s.add_argument("--new-store", action="store_true",
+                   help="where the SQLite store is damaged or gone, start a new, empty one (the damaged file is kept)")
+
+    r = sub.add_parser("restore", help="put the newest healthy backup of a SQLite store in its place (the "
+                                       "damaged file is kept beside it)")
+    where = r.add_mutually_exclusive_group()
+    where.add_argument("--store", help="the store, sqlite:///PATH (default: the config's tracking URI)")
+    where.add_argument("--config", type=Path, help="pipeline config (default: $REPEXP_CONFIG)")
+    r.add_argument("--backup", type=Path, help="this backup file instead of the newest healthy one")
 
     n = sub.add_parser("node", help="run `repexp <command>` beside a node run, then log its outputs",
                        usage="repexp mlflow node --rule RULE [--task T] [--run R] [--output PATH ...] "
@@ -72,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
             return 0
         if args.action == "sync":
             return _sync(args)
+        if args.action == "restore":
+            return _restore(args)
         if args.action == "parents":
             from repexp.tracking.parents import run_parents
 
@@ -85,14 +96,93 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _sync(args: argparse.Namespace) -> int:
+    from repexp.tracking import health
+    from repexp.tracking.names import mlflow_dir
+
+    if args.record:
+        results_dir = Path(args.record).resolve().parent.parent.parent  # <results>/mlflow/outbox/<id>
+    elif args.results_dir:
+        results_dir = args.results_dir
+    else:
+        cfg = load_config(args.config)
+        results_dir = cfg.results_dir
+    uris = sync_targets(results_dir, args.record, args.tracking_uri)
+    for uri in uris:  # a damaged or vanished store is never written to (MLflow would start an empty one)
+        if not uri.startswith("sqlite:///"):
+            continue
+        found = health.problem(uri[len("sqlite:///"):], results_dir)
+        if found is None:
+            continue
+        if not args.new_store:
+            print(f"mlflow sync: {found.message('repexp mlflow sync --new-store ...')}\n  Nothing was uploaded.",
+                  file=sys.stderr)
+            return 1
+        moved = health.start_fresh(found.path, results_dir)
+        print(f"mlflow sync: a new, empty store at {found.path}" + (f" (the damaged file is {moved})" if moved else ""),
+              file=sys.stderr)
     if args.record:
         synced, errors = sync_one(args.record, args.tracking_uri)
     else:
-        synced, errors = sync(args.results_dir or load_config(args.config).results_dir, args.tracking_uri)
+        synced, errors = sync(results_dir, args.tracking_uri)
     for line in errors:
         print(f"mlflow sync: kept {line}", file=sys.stderr)
-    print(f"mlflow sync: {synced} record(s) uploaded, {len(errors)} still pending", file=sys.stderr)
+    print(f"mlflow sync: {synced} record(s) uploaded, {len(errors)} still pending "
+          f"(store{'s' if len(uris) > 1 else ''}: {', '.join(uris) or 'none'})", file=sys.stderr)
+    if errors:
+        print(f"mlflow sync: {sync_fix(errors, uris, mlflow_dir(results_dir))}", file=sys.stderr)
     return 1 if errors else 0
+
+
+def sync_targets(results_dir, record, tracking_uri) -> list[str]:
+    """The store URIs the pending records go to (each record names its own unless --tracking-uri)."""
+    from repexp.tracking.outbox import pending_records
+    from repexp.tracking.record import Record
+
+    if tracking_uri:
+        return [tracking_uri]
+    uris = []
+    for directory in ([Path(record)] if record else pending_records(results_dir)):
+        try:
+            uris.append(Record.load(directory).tracking_uri)
+        except (OSError, ValueError, TypeError, KeyError):
+            continue  # an unreadable record is reported by the sync itself
+    return sorted(set(uris))
+
+
+def sync_fix(errors: list[str], uris: list[str], mlflow_root: Path) -> str:
+    """What to do about records that stayed pending, by what went wrong."""
+    text = " ".join(errors)
+    if "malformed" in text or "not a database" in text or "DatabaseError" in text:
+        return ("the SQLite store is damaged: `repexp mlflow restore --store URI` puts its newest backup in place, "
+                "or `repexp mlflow sync --new-store` starts an empty one; then sync again")
+    if "Connection" in text or "answered HTTP" in text or "unreachable" in text or "URLError" in text:
+        return ("the tracking server does not answer: start it (`repexp mlflow serve --config CFG --background`) "
+                "or pass --tracking-uri, then sync again")
+    return (f"the records stay in {mlflow_root / 'outbox'} (nothing is lost); fix the cause named above for "
+            f"{', '.join(uris) or 'the store'} and sync again")
+
+
+def _restore(args: argparse.Namespace) -> int:
+    from repexp.tracking import health
+    from repexp.tracking.store import is_sqlite
+
+    results_dir = None
+    if args.store:
+        uri = args.store
+    else:
+        cfg = load_config(args.config)
+        results_dir = cfg.results_dir
+        uri = resolve_tracking_uri(cfg.results_dir, cfg.tracking.tracking_uri)
+    if not is_sqlite(uri):
+        raise ValueError(f"{uri}: only a SQLite store (sqlite:///PATH) has repexp's backups; pass --store")
+    path = Path(uri[len("sqlite:///"):])
+    if results_dir is None and path.parent.name == "mlflow":
+        results_dir = path.parent.parent  # the default store: <results>/mlflow/mlflow.db
+    used, runs, moved = health.restore(path, results_dir, args.backup)
+    kept = f"; the file it replaced is {moved}" if moved else ""
+    print(f"mlflow restore: {path} is now the backup {used} ({runs} runs){kept}. Runs logged after the backup "
+          "are not in it; records still in the outbox are (`repexp mlflow sync`).", file=sys.stderr)
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:

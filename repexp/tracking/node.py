@@ -191,7 +191,7 @@ class NodeRun:
             return False
         if not self._checked:
             self._checked = True
-            reason = reachable(self.record.tracking_uri)
+            reason = reachable(self.record.tracking_uri, results_dir=self.record.results_dir)
             if reason:
                 self._go_offline(reason)
         return self.offline_reason is None

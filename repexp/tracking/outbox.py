@@ -46,7 +46,7 @@ def sync_record(directory: Path, tracking_uri: Optional[str] = None,
     record.artifact_location = artifact_location(uri)  # where the target store keeps artifacts (a SQLite store)
     checked = unreachable if unreachable is not None else {}
     if uri not in checked:
-        checked[uri] = reachable(uri)
+        checked[uri] = reachable(uri, results_dir=record.results_dir)
     if checked[uri]:
         raise ConnectionError(checked[uri])
     store = Store(uri)

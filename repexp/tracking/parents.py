@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 
 from repexp.io import write_json_atomic
+from repexp.tracking.health import record_healthy
 from repexp.tracking.names import PARENTS_FILE, RESULTS_DIR_TAG, mlflow_dir, results_id
 from repexp.tracking.scopes import all_scopes
-from repexp.tracking.store import Store, artifact_location, reachable, resolve_tracking_uri
+from repexp.tracking.store import Store, artifact_location, is_sqlite, reachable, resolve_tracking_uri, sqlite_path
 
 
 def create_parents(cfg) -> dict:
@@ -33,13 +34,15 @@ def create_parents(cfg) -> dict:
     known = {"tracking_uri": uri, "experiment": experiment, "experiment_id": experiment_id, "results_id": rid,
              "parents": parents}
     write_json_atomic(mlflow_dir(cfg.results_dir) / PARENTS_FILE, known)
+    if is_sqlite(uri):
+        record_healthy(sqlite_path(uri), cfg.results_dir)  # the ledger: this results directory uses it now
     return known
 
 
 def run_parents(cfg) -> int:
     """The CLI action: never fails the workflow (nodes create their parents themselves if needed)."""
     uri = resolve_tracking_uri(cfg.results_dir, cfg.tracking.tracking_uri)
-    reason = reachable(uri)
+    reason = reachable(uri, results_dir=cfg.results_dir)
     if reason:
         print(f"mlflow parents: MLflow unreachable ({reason}); nodes will find or create their parents, "
               "or keep their records for `repexp mlflow sync`", file=sys.stderr)

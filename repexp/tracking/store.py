@@ -75,8 +75,13 @@ def artifact_location(tracking_uri: str) -> Optional[str]:
     return (sqlite_path(tracking_uri).resolve().parent / ARTIFACTS_DIR).as_uri()
 
 
-def reachable(tracking_uri: str, timeout_s: float = HEALTH_TIMEOUT_S) -> Optional[str]:
-    """None if the store looks usable, else why not (seconds at most, no MLflow import)."""
+def reachable(tracking_uri: str, timeout_s: float = HEALTH_TIMEOUT_S,
+              results_dir: Optional[str | os.PathLike] = None) -> Optional[str]:
+    """None if the store looks usable, else why not (seconds at most, no MLflow import).
+
+    With `results_dir`, a SQLite store that is damaged, or gone although that results directory
+    logged to it before, is not usable either (repexp.tracking.health): MLflow would otherwise
+    replace it with an empty one and the history would be lost without a word."""
     if tracking_uri.startswith(("http://", "https://")):
         url = tracking_uri.rstrip("/") + "/health"
         try:
@@ -92,7 +97,16 @@ def reachable(tracking_uri: str, timeout_s: float = HEALTH_TIMEOUT_S) -> Optiona
             db_dir.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             return f"cannot create {db_dir}: {err}"
-        return None if os.access(db_dir, os.W_OK) else f"{db_dir} is not writable"
+        if not os.access(db_dir, os.W_OK):
+            return f"{db_dir} is not writable"
+        if results_dir is not None:
+            from repexp.tracking.health import problem
+
+            found = problem(sqlite_path(tracking_uri), results_dir, thorough=False)
+            if found is not None:
+                return (f"the store {found.path} is {found.kind} ({found.detail}) and this results directory "
+                        "logged to it before: not creating a new one (`repexp mlflow sync` says how to restore it)")
+        return None
     return None
 
 

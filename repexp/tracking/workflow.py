@@ -1,8 +1,11 @@
 """What the Snakefile's `onstart`/`onsuccess`/`onerror` do for tracking (called from
 workflow/rules/common.smk in the main Snakemake process; no MLflow import here).
 
-At the start: the workflow's tracking server when the config asks for one (`tracking.server`:
-`on`, or `auto` with a cluster executor and no tracking URI set), exported to every job as
+At the start: the SQLite store's health (repexp.tracking.health: a damaged store, or one this
+results directory used that is gone, stops the workflow before any job and says how to restore it
+or start a new one; a healthy one is backed up), then the workflow's tracking server when the
+config asks for one (`tracking.server`: `on`, or `auto` with a cluster executor and no tracking
+URI set), exported to every job as
 `MLFLOW_TRACKING_URI`; then every parent run, once (`repexp mlflow parents`; beside the first jobs
 on a local SQLite store). At the end:
 the records nodes left in the outbox are uploaded (`repexp mlflow sync`, which also waits for
@@ -20,11 +23,12 @@ from repexp import layout as L
 from repexp.tracking.names import ENV_MLFLOW_URI, PARENTS_LOG, mlflow_dir
 from repexp.tracking.node import load_config, tracking_enabled
 from repexp.tracking.outbox import pending_records
-from repexp.tracking.store import is_sqlite, resolve_tracking_uri
+from repexp.tracking.store import is_sqlite, resolve_tracking_uri, sqlite_path
 
 PARENTS_TIMEOUT_S = 300
 _started_server = False
 _server_store = None  # the store of the server this workflow used (on_start), for the closing pointers
+_sqlite_store: Path | None = None  # the SQLite file this workflow's runs land in, checked at the start
 
 
 def wants_server(cfg, non_local_exec: bool) -> bool:
@@ -34,11 +38,49 @@ def wants_server(cfg, non_local_exec: bool) -> bool:
     return mode == "auto" and non_local_exec and not cfg.tracking.tracking_uri and not os.environ.get(ENV_MLFLOW_URI)
 
 
+def sqlite_store(cfg, non_local_exec: bool) -> Path | None:
+    """The SQLite file this workflow's runs land in: the server's backend when the workflow runs a
+    server, else the resolved tracking URI; None for a server it does not run, or PostgreSQL etc."""
+    if wants_server(cfg, non_local_exec):
+        from repexp.tracking.server import default_store
+
+        uri = cfg.tracking.server_store or default_store(cfg)
+    else:
+        uri = resolve_tracking_uri(cfg.results_dir, cfg.tracking.tracking_uri)
+    return sqlite_path(uri) if is_sqlite(uri) else None
+
+
+def guard_store(cfg, db: Path) -> None:
+    """Before any job: stop on a damaged or vanished store (SystemExit: Snakemake starts nothing),
+    unless `tracking.new_store` asks for a new one; back a healthy store up."""
+    from repexp.tracking import health
+
+    found = health.problem(db, cfg.results_dir)
+    if found is not None:
+        if not cfg.tracking.new_store:
+            hint = f'run the workflow again with --config set="{health.NEW_STORE_SETTING}"'
+            print(f"repexp: {found.message(hint)}\n  No job was started.", file=sys.stderr)
+            raise SystemExit(1)
+        moved = health.start_fresh(db, cfg.results_dir)
+        kept = f"; the damaged file is kept as {moved}" if moved else ""
+        print(f"repexp: WARNING: tracking.new_store: a new, empty MLflow store at {db}{kept}; the runs of "
+              "the old one are not in it", file=sys.stderr)
+        return
+    try:
+        health.backup(db, cfg.tracking.store_backups)
+        health.record_healthy(db, cfg.results_dir)
+    except (OSError, health.sqlite3.Error) as err:  # a backup that fails never stops the science
+        print(f"repexp: WARNING: no backup of the MLflow store {db}: {err}", file=sys.stderr)
+
+
 def on_start(config_path: str | Path, non_local_exec: bool) -> None:
-    global _started_server, _server_store
+    global _started_server, _server_store, _sqlite_store
     if not tracking_enabled():
         return
     cfg = load_config(str(config_path))
+    _sqlite_store = sqlite_store(cfg, non_local_exec)
+    if _sqlite_store is not None:
+        guard_store(cfg, _sqlite_store)
     if wants_server(cfg, non_local_exec):
         from repexp.tracking import server
 
@@ -83,6 +125,10 @@ def on_end(config_path: str | Path, results_dir: str | Path) -> None:
         from repexp.tracking import server
 
         server.stop(results_dir, owner="workflow")
+    if _sqlite_store is not None:
+        from repexp.tracking.health import record_healthy
+
+        record_healthy(_sqlite_store, results_dir)  # the ledger: a store created by this run's jobs
 
 
 def where_lines(cfg, results: Path, aggregate: Path, figures: Path) -> list[str]:

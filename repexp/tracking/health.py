@@ -1,0 +1,285 @@
+"""The SQLite tracking store's health, its backups, and the ledger that says it existed (issue 27).
+
+MLflow opens whatever `sqlite:///` path it is given and creates an empty store where none is: a
+damaged or deleted store would silently be replaced and the experiment's history lost. So:
+
+- the ledger `<results>/mlflow/stores.json` records every SQLite store this results directory has
+  logged to (its path, how many runs it held, when it was last seen healthy);
+- `problem(path, results)` says what is wrong, or None: a store that exists but fails SQLite's
+  `quick_check` or has no MLflow tables ("damaged"), or a store the ledger knows that is gone
+  ("missing"). A path the ledger does not know and that does not exist is simply new;
+- `backup(path, keep)` copies a healthy store with SQLite's online backup API into
+  `<store dir>/backups/` (at each workflow start; the newest `keep` are kept);
+- `restore(path)` puts the newest healthy backup in place and `start_fresh(path)` clears the way
+  for a new store; neither deletes anything: a damaged file is moved aside with a timestamp.
+
+Standard library only (sqlite3): the workflow's start and every node call it before MLflow loads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from repexp.io import write_json_atomic
+from repexp.tracking.names import PARENTS_FILE, mlflow_dir
+
+LEDGER_FILE = "stores.json"  # <results>/mlflow/stores.json
+BACKUP_DIR = "backups"  # <store dir>/backups/<stem>-<UTC stamp>.db
+SQLITE_MAGIC = b"SQLite format 3\x00"
+SIDECARS = ("-wal", "-shm", "-journal")  # SQLite's companions of a database file
+NEW_STORE_SETTING = 'tracking.new_store=true'
+
+
+def ledger_path(results_dir: str | os.PathLike) -> Path:
+    return mlflow_dir(results_dir) / LEDGER_FILE
+
+
+def read_ledger(results_dir: str | os.PathLike) -> dict:
+    try:
+        return json.loads(ledger_path(results_dir).read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def _key(path: Path) -> str:
+    return str(Path(path).resolve())
+
+
+def _stamp(seconds: Optional[float] = None) -> str:
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime(seconds))
+
+
+def _when(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(seconds))
+
+
+def inspect(path: Path, thorough: bool = True) -> tuple[Optional[str], int]:
+    """(what is wrong with the SQLite file at `path`, or None; how many MLflow runs it holds).
+
+    `thorough` runs SQLite's `quick_check` (reads every page: the workflow's start, sync, restore);
+    without it only the header and the tables are looked at (each node, in milliseconds)."""
+    try:
+        with open(path, "rb") as handle:
+            header = handle.read(100)
+        size = os.path.getsize(path)
+    except OSError as err:
+        return f"cannot read it ({err.strerror})", 0
+    if header[: len(SQLITE_MAGIC)] != SQLITE_MAGIC:
+        return "it is empty" if not header else "it is not an SQLite database (bad header)", 0
+    expected = _header_size(header)
+    if expected is not None and size < expected:
+        return f"it is truncated ({size} bytes; its header says {expected})", 0
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=60)
+        try:
+            if thorough:
+                verdict = con.execute("PRAGMA quick_check").fetchone()[0]
+                if verdict != "ok":
+                    return f"SQLite's quick_check fails ({verdict})", 0
+            tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if "runs" not in tables:
+                return "it holds no MLflow tables", 0
+            return None, int(con.execute("SELECT count(*) FROM runs").fetchone()[0])
+        finally:
+            con.close()
+    except sqlite3.Error as err:
+        return f"{type(err).__name__}: {err}", 0
+
+
+def _header_size(header: bytes) -> Optional[int]:
+    """The file size SQLite's header records (page size × page count), when that count is valid
+    (its version-valid-for number equals the change counter), else None."""
+    if len(header) < 100:
+        return None
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    valid = header[24:28] == header[92:96]
+    return page_size * pages if valid and pages else None
+
+
+@dataclass
+class StoreProblem:
+    path: Path
+    kind: str  # "damaged" | "missing"
+    detail: str
+    known: dict  # the ledger's entry (runs, last_seen), or {} when only parents.json knew the store
+
+    def message(self, fresh_hint: str) -> str:
+        """The way out, for a person: the store, what happened, the restore command, the fresh start."""
+        runs = self.known.get("runs")
+        seen = self.known.get("last_seen")
+        history = "this results directory logged to it before"
+        if runs is not None and seen is not None:
+            history += f" ({runs} runs when last seen healthy, {_when(seen)})"
+        lines = [f"the MLflow store {self.path} is {self.kind}: {self.detail}; {history}."]
+        newest = newest_backup(self.path)
+        if newest is not None:
+            backup_path, taken, backup_runs = newest
+            lines.append(f"  Restore the newest backup ({backup_path.name}: {backup_runs} runs, {_when(taken)}"
+                         + ("; the damaged file is kept beside it" if self.kind == "damaged" else "") + "):")
+            lines.append(f"      repexp mlflow restore --store sqlite:///{self.path}")
+            lines.append("    Runs logged after that backup are not in it (records still in the outbox are: "
+                         "`repexp mlflow sync` uploads them).")
+        else:
+            lines.append(f"  No backup of it exists ({self.path.parent / BACKUP_DIR}).")
+        lines.append(f"  Or start a new, empty store{' (the damaged file is kept)' if self.kind == 'damaged' else ''}: "
+                     f"{fresh_hint}")
+        return "\n".join(lines)
+
+
+def problem(path: str | os.PathLike, results_dir: Optional[str | os.PathLike], thorough: bool = True
+            ) -> Optional[StoreProblem]:
+    """What is wrong with the SQLite store at `path` for `results_dir`, or None if it is usable."""
+    path = Path(path)
+    known = _known(path, results_dir) if results_dir is not None else None
+    if path.exists():
+        detail, _ = inspect(path, thorough)
+        if detail is None:
+            return None
+        if known is None and path.stat().st_size == 0:
+            return None  # an empty file nobody logged to: MLflow makes a store of it
+        return StoreProblem(path, "damaged", detail, known or {})
+    if known is not None:
+        return StoreProblem(path, "missing", "the file is gone", known)
+    return None
+
+
+def _known(path: Path, results_dir: str | os.PathLike) -> Optional[dict]:
+    """The ledger's entry for this store, or {} when only an older parents.json names it; None if
+    nothing says this results directory used it (then a missing store is just a new one)."""
+    entry = read_ledger(results_dir).get(_key(path))
+    if entry is not None:
+        return None if entry.get("replaced") and "runs" not in entry else entry
+    try:
+        parents = json.loads((mlflow_dir(results_dir) / PARENTS_FILE).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return {} if parents.get("tracking_uri") == f"sqlite:///{_key(path)}" else None
+
+
+def record_healthy(path: str | os.PathLike, results_dir: str | os.PathLike) -> Optional[int]:
+    """Note in the ledger that the store exists and is healthy (cheap check); returns its run count."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    detail, runs = inspect(path, thorough=False)
+    if detail is not None:
+        return None
+    ledger = read_ledger(results_dir)
+    entry = ledger.get(_key(path), {})
+    entry.pop("replaced", None)
+    entry.update(runs=runs, last_seen=time.time(), first_seen=entry.get("first_seen", time.time()))
+    ledger[_key(path)] = entry
+    write_json_atomic(ledger_path(results_dir), ledger)
+    return runs
+
+
+# --------------------------------------------------------------------------- backups
+
+
+def backups(path: Path) -> list[Path]:
+    """The store's backups, newest first."""
+    directory = Path(path).parent / BACKUP_DIR
+    return sorted(directory.glob(f"{Path(path).stem}-*.db"), reverse=True) if directory.is_dir() else []
+
+
+def newest_backup(path: Path) -> Optional[tuple[Path, float, int]]:
+    """(file, time taken, runs) of the newest backup that passes quick_check, or None."""
+    for candidate in backups(path):
+        detail, runs = inspect(candidate)
+        if detail is None:
+            return candidate, candidate.stat().st_mtime, runs
+    return None
+
+
+def _copy(source: Path, target: Path) -> None:
+    """SQLite's online backup (consistent while others write), to a temporary name, then renamed:
+    a copy cut short never has the target's name."""
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    src = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=60)
+    try:
+        dst = sqlite3.connect(tmp)
+        try:
+            src.backup(dst)
+        finally:
+            dst.close()
+    finally:
+        src.close()
+    os.replace(tmp, target)
+
+
+def backup(path: str | os.PathLike, keep: int) -> Optional[Path]:
+    """Back the store up unless it is unchanged since its newest backup; keep the newest `keep`.
+    Returns the new backup (None: nothing to do). The store must be healthy (checked before)."""
+    path = Path(path)
+    if keep <= 0 or not path.exists():
+        return None
+    existing = backups(path)
+    changed = max((path.stat().st_mtime, *[Path(f"{path}{s}").stat().st_mtime
+                                            for s in SIDECARS if Path(f"{path}{s}").exists()]))
+    if existing and existing[0].stat().st_mtime >= changed:
+        return None
+    directory = path.parent / BACKUP_DIR
+    directory.mkdir(mode=0o700, exist_ok=True)
+    target = directory / f"{path.stem}-{_stamp()}.{int(time.time() * 1000) % 1000:03d}.db"
+    _copy(path, target)
+    for old in backups(path)[keep:]:
+        old.unlink(missing_ok=True)
+    return target
+
+
+def _move_aside(path: Path, why: str) -> Optional[Path]:
+    """Rename the store (and its SQLite sidecars) to `<name>.<why>-<stamp>`; never deletes."""
+    if not path.exists():
+        return None
+    target = path.with_name(f"{path.name}.{why}-{_stamp()}")
+    os.replace(path, target)
+    for suffix in SIDECARS:
+        sidecar = Path(f"{path}{suffix}")
+        if sidecar.exists():
+            os.replace(sidecar, Path(f"{target}{suffix}"))
+    return target
+
+
+def restore(path: str | os.PathLike, results_dir: Optional[str | os.PathLike] = None,
+            source: Optional[Path] = None) -> tuple[Path, int, Optional[Path]]:
+    """Put a backup (the newest healthy one unless `source`) in the store's place; the current file,
+    if any, is moved aside. Returns (the backup used, its runs, where the old file went)."""
+    path = Path(path)
+    if source is None:
+        newest = newest_backup(path)
+        if newest is None:
+            raise FileNotFoundError(f"no healthy backup of {path} in {path.parent / BACKUP_DIR}")
+        source, _, runs = newest
+    else:
+        detail, runs = inspect(Path(source))
+        if detail is not None:
+            raise ValueError(f"{source} cannot be restored: {detail}")
+    moved = _move_aside(path, "damaged")
+    _copy(Path(source), path)
+    if results_dir is not None:
+        record_healthy(path, results_dir)
+    return Path(source), runs, moved
+
+
+def start_fresh(path: str | os.PathLike, results_dir: str | os.PathLike) -> Optional[Path]:
+    """Clear the way for a new, empty store: the damaged file (if any) moved aside, parents.json
+    (ids in the old store) moved aside too, the ledger told. Returns where the old file went."""
+    path = Path(path)
+    moved = _move_aside(path, "damaged")
+    parents = mlflow_dir(results_dir) / PARENTS_FILE
+    if parents.exists():
+        os.replace(parents, parents.with_name(f"{PARENTS_FILE}.old-{_stamp()}"))
+    ledger = read_ledger(results_dir)
+    old = ledger.get(_key(path), {})
+    ledger[_key(path)] = {"replaced": time.time(), "previous_runs": old.get("runs"), "moved_to": str(moved or "")}
+    write_json_atomic(ledger_path(results_dir), ledger)
+    return moved

@@ -1,0 +1,203 @@
+"""A damaged or vanished MLflow store never silently loses the experiment's history (issue 27, item 1).
+
+Real MLflow SQLite stores in tmp_path, real `repexp mlflow` commands and a real Snakemake run; the
+damage is what the fault-injection run did: the file truncated to half, then deleted.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from repexp import tracking as T
+from repexp.tracking import health
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+REPEXP = str(BIN / "repexp")
+SNAKEMAKE = str(BIN / "snakemake")
+
+
+def _env(**extra) -> dict:
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **extra}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop(T.ENV_TRACKING, None)
+    return env
+
+
+def _truncate(path: Path) -> None:
+    with open(path, "r+b") as handle:
+        handle.truncate(path.stat().st_size // 2)
+
+
+def _runs(db: Path) -> set[str]:
+    """The run ids in a store, read with sqlite3: an MlflowClient in this process would keep its
+    cached engine on the file a restore renames away."""
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return {row[0] for row in con.execute("SELECT run_uuid FROM runs")}
+    finally:
+        con.close()
+
+
+def _repexp(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([REPEXP, *args], capture_output=True, text=True, env=_env(), timeout=300)
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv(T.ENV_TRACKING, raising=False)
+
+
+def test_damaged_then_vanished_store_nodes_keep_records_sync_names_the_fix_restore_brings_it_back(
+        tmp_path, clean_env):
+    results = tmp_path / "results"
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({"name": "health-test", "results_dir": str(results), "model": "tiny",
+                                   "sweep": {"tasks": ["gsm8k"], "backends": ["trl"], "sparse_dims": [8],
+                                             "betas": [0.01], "seeds": [42]}}))
+    db = results / "mlflow" / "mlflow.db"
+    with T.node_run("eval", "gsm8k", "base", config=cfg) as node:
+        node.log_metrics({"pass_at_1": 0.5}, step=1)
+    assert node.online
+    runs = health.record_healthy(db, results)
+    assert runs == len(_runs(db)) >= 2  # the node's run and its parent
+    assert health.problem(db, results) is None
+
+    first = health.backup(db, keep=2)
+    assert first is not None and health.inspect(first) == (None, runs)
+    assert health.backup(db, keep=2) is None  # unchanged since: no copy of a copy
+    for _ in range(2):
+        with T.node_run("eval", "gsm8k", "base", config=cfg):
+            pass
+        time.sleep(0.01)
+        assert health.backup(db, keep=2) is not None
+    assert len(health.backups(db)) == 2 and first not in health.backups(db)  # rotated: the newest two
+    backed_up = health.inspect(health.backups(db)[0])[1]
+
+    # the fault-injection run's first fault: the store truncated to half
+    _truncate(db)
+    found = health.problem(db, results)
+    assert found is not None and found.kind == "damaged"
+    with T.node_run("eval", "gsm8k", "base", config=cfg) as offline:  # a node never writes into it
+        pass
+    assert not offline.online and "damaged" in offline.offline_reason and str(db) in offline.offline_reason
+    assert len(T.pending_records(results)) == 1
+
+    proc = _repexp("mlflow", "sync", "--config", str(cfg))
+    assert proc.returncode == 1, proc.stderr
+    assert str(db) in proc.stderr and f"repexp mlflow restore --store sqlite:///{db}" in proc.stderr
+    assert "--new-store" in proc.stderr and "Nothing was uploaded" in proc.stderr
+    assert len(T.pending_records(results)) == 1
+
+    proc = _repexp("mlflow", "restore", "--store", f"sqlite:///{db}")
+    assert proc.returncode == 0, proc.stderr
+    assert health.problem(db, results) is None and len(_runs(db)) == backed_up
+    (damaged,) = db.parent.glob("mlflow.db.damaged-*")  # nothing is deleted
+    assert damaged.stat().st_size < db.stat().st_size
+
+    proc = _repexp("mlflow", "sync", "--config", str(cfg))
+    assert proc.returncode == 0 and "1 record(s) uploaded" in proc.stderr and str(db) in proc.stderr, proc.stderr
+    assert len(_runs(db)) == backed_up + 1  # the record kept during the damage is in the store now
+
+    # the second fault: the store deleted. Nodes and sync never replace it with an empty one.
+    healthy_runs = health.record_healthy(db, results)
+    db.unlink()
+    assert health.problem(db, results).kind == "missing"
+    with T.node_run("eval", "gsm8k", "base", config=cfg) as offline:
+        pass
+    assert not offline.online and not db.exists()
+    proc = _repexp("mlflow", "sync", "--config", str(cfg))
+    assert proc.returncode == 1 and "is missing" in proc.stderr and f"{healthy_runs} runs" in proc.stderr
+    assert not db.exists()
+
+    # starting afresh is one explicit flag; the record kept meanwhile lands in the new store
+    proc = _repexp("mlflow", "sync", "--config", str(cfg), "--new-store")
+    assert proc.returncode == 0 and "1 record(s) uploaded" in proc.stderr, proc.stderr
+    assert health.problem(db, results) is None
+    # a store this results directory never used is simply new
+    assert health.problem(tmp_path / "elsewhere" / "mlflow.db", results) is None
+
+
+def test_an_empty_file_nobody_used_is_a_new_store_but_one_that_was_used_is_damaged(tmp_path):
+    results = tmp_path / "results"
+    db = results / "mlflow" / "mlflow.db"
+    db.parent.mkdir(parents=True)
+    db.write_bytes(b"")
+    assert health.problem(db, results) is None
+    health.write_json_atomic(health.ledger_path(results), {str(db.resolve()): {"runs": 7, "last_seen": 0.0}})
+    found = health.problem(db, results)
+    assert found.kind == "damaged" and "empty" in found.detail and "7 runs" in found.message("x")
+    assert "No backup of it exists" in found.message("x")
+
+
+def _snakemake(workdir: Path, config: Path, target: str, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
+                           "--configfile", str(config), "--cores", "1", target, *extra],
+                          cwd=REPO, capture_output=True, text=True, env=_env(), timeout=600)
+
+
+def _wait_for_parents(results: Path, timeout: float = 120) -> None:
+    """The workflow creates its parent runs beside the first jobs on a SQLite store: let it finish."""
+    deadline = time.monotonic() + timeout
+    while not (results / "mlflow" / "parents.json").exists():
+        assert time.monotonic() < deadline, "parents.json was never written"
+        time.sleep(0.5)
+
+
+def test_the_workflow_stops_before_any_job_on_a_damaged_or_missing_store_and_says_how_on(tmp_path):
+    results = tmp_path / "results"
+    raw = yaml.safe_load((REPO / "configs" / "test.yaml").read_text())
+    raw.update(results_dir=str(results), data={"split_seed": 0})  # targets: relative to the workdir (Snakemake's form)
+    raw["sweep"]["tasks"] = ["arith", "arith-hard"]
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    db = results / "mlflow" / "mlflow.db"
+    data = results / "data"
+
+    proc = _snakemake(tmp_path, config, "results/data/arith/test.parquet")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _wait_for_parents(results)
+    before = _runs(db)
+    assert before
+
+    # a second start backs the store up, then the store is damaged
+    proc = _snakemake(tmp_path, config, "results/data/arith/test.parquet", "--forcerun", "preprocess")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert health.backups(db)
+    _truncate(db)
+    target = data / "arith-hard" / "test.parquet"
+    relative = str(target.relative_to(tmp_path))
+    proc = _snakemake(tmp_path, config, relative)
+    assert proc.returncode != 0
+    assert f"the MLflow store {db} is damaged" in proc.stderr and "No job was started" in proc.stderr
+    assert f"repexp mlflow restore --store sqlite:///{db}" in proc.stderr
+    assert 'tracking.new_store=true' in proc.stderr
+    assert not target.exists()
+
+    proc = _repexp("mlflow", "restore", "--store", f"sqlite:///{db}")
+    assert proc.returncode == 0, proc.stderr
+    proc = _snakemake(tmp_path, config, relative)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert target.exists() and before <= _runs(db)  # the history is back
+
+    # deleted: stopped again, then a new store only when asked for
+    db.unlink()
+    stamp = target.stat().st_mtime
+    proc = _snakemake(tmp_path, config, relative, "--forcerun", "preprocess")
+    assert proc.returncode != 0 and f"the MLflow store {db} is missing" in proc.stderr
+    assert target.stat().st_mtime == stamp and not db.exists()
+    proc = _snakemake(tmp_path, config, relative, "--forcerun", "preprocess",
+                      "--config", "set=tracking.new_store=true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "a new, empty MLflow store" in proc.stderr and target.stat().st_mtime > stamp
+    assert db.exists()
