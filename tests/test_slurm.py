@@ -232,7 +232,7 @@ def test_training_spans_walltime_chunks_and_a_preemption_and_matches_an_uninterr
 
     reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
     reader.start()
-    job_id, preempted = None, False
+    job_id, preempted = None, None
     deadline = time.monotonic() + 1200
     while proc.poll() is None:
         assert time.monotonic() < deadline, "".join(output)[-5000:]
@@ -240,17 +240,19 @@ def test_training_spans_walltime_chunks_and_a_preemption_and_matches_an_uninterr
         running = _trainer_job_ids()
         if running:
             job_id = job_id or next(iter(running))
-            # preempt the third allocation while its trainer starts (steps 1 and 2 are chunks behind it)
-            if not preempted and cluster.restarts(job_id) == 2:
+            # preempt the third allocation while its trainer starts (steps 1 and 2 are chunks behind it), or
+            # the fourth where a loaded machine let the third pass unseen: either way one allocation more
+            restarts = cluster.restarts(job_id) if preempted is None else None
+            if restarts in (2, 3):
                 requeue = subprocess.run(["scontrol", "requeue", job_id], env=cluster.env(), capture_output=True,
                                          text=True, timeout=30)
                 assert requeue.returncode == 0, requeue.stderr
-                preempted = True
+                preempted = restarts
         time.sleep(0.5)
     reader.join(timeout=30)
     text = "".join(output)
     assert proc.returncode == 0, f"{text[-6000:]}\n{cluster.diagnostics()}"
-    assert preempted and job_id is not None
+    assert preempted is not None and job_id is not None
     assert cluster.restarts(job_id) == 4, text[-4000:]  # 3 chunk ends + 1 preemption: 5 allocations
 
     local = fx.run([*fx.snakemake_cmd(local_dir, target), "--config", f"set={CHUNK_TRAINING}"], cwd=fx.REPO,
@@ -292,10 +294,13 @@ def test_training_spans_walltime_chunks_and_a_preemption_and_matches_an_uninterr
     by_restart = {int(r.data.tags.get("slurm.restart_count", "0")): r for r in runs}
     assert sorted(by_restart) == [0, 1, 2, 3, 4], [(r.data.tags, r.info.status) for r in runs]
     statuses = [by_restart[n].info.status for n in range(5)]
-    assert statuses == ["KILLED", "KILLED", "FAILED", "KILLED", "FINISHED"], statuses
-    for restart, step in ((0, 1), (1, 2), (3, 3)):
+    want = ["KILLED"] * 4 + ["FINISHED"]
+    want[preempted] = "FAILED"
+    assert statuses == want, statuses
+    chunk_ends = [n for n in range(4) if n != preempted]
+    for restart, step in zip(chunk_ends, (1, 2, 3)):
         assert by_restart[restart].data.tags["repexp.stopped"].startswith(f"walltime chunk ended at step {step} ")
-    assert "SIGTERM" in by_restart[2].data.tags["repexp.error"]
+    assert "SIGTERM" in by_restart[preempted].data.tags["repexp.error"]
     finished = by_restart[4]
     for key in ("actor/entropy", "dev/pass_at_1", "reward/shaped/mean"):
         steps = [m.step for m in client.get_metric_history(finished.info.run_id, key)]

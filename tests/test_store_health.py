@@ -201,3 +201,82 @@ def test_the_workflow_stops_before_any_job_on_a_damaged_or_missing_store_and_say
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "a new, empty MLflow store" in proc.stderr and target.stat().st_mtime > stamp
     assert db.exists()
+
+
+# --------------------------------------------------------------------------- a full disk (issue 27, item 2)
+
+_NODE_ATTEMPT = """
+import sys
+from repexp import tracking as T
+config, artifact, points = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with T.node_run("eval", "gsm8k", "base", config=config) as node:
+    node.log_metric_rows([[f"m{i % 50}", float(i), i, 0] for i in range(points)])
+    if artifact:
+        node.log_artifact(artifact)
+    raise SystemExit(3)  # the attempt fails, as ENOSPC made it fail
+"""
+
+
+def _small_disk():
+    """In the child: every file it writes may grow to 32 KiB only (writes beyond fail with EFBIG,
+    an OSError like ENOSPC; a real full filesystem needs privileges a test machine may lack)."""
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (32 * 1024, 32 * 1024))
+
+
+def test_attempts_that_fail_on_a_full_disk_keep_a_record_and_sync_uploads_both(tmp_path, clean_env):
+    import socket
+
+    with socket.socket() as sock:  # a closed port: the nodes are offline and everything goes to the outbox
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    results = tmp_path / "results"
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({"name": "disk-test", "results_dir": str(results), "model": "tiny",
+                                   "tracking": {"tracking_uri": dead},
+                                   "sweep": {"tasks": ["gsm8k"], "backends": ["trl"], "sparse_dims": [8],
+                                             "betas": [0.01], "seeds": [42]}}))
+    big = tmp_path / "eval.json"
+    big.write_text("x" * 100_000)  # too big to copy into the outbox on the small disk
+    T.results_id(results)  # as the workflow's start leaves it
+
+    def attempt(artifact: str, points: int) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", _NODE_ATTEMPT, str(cfg), artifact, str(points)],
+                              capture_output=True, text=True, env=_env(), preexec_fn=_small_disk, timeout=300)
+
+    # 1: its end (5,000 metric points) cannot be written: the record it wrote when it started stays
+    first = attempt("", 5000)
+    assert first.returncode == 3, first.stderr
+    assert "could not write" in first.stderr and "stays there" in first.stderr
+    # 2: its end is written, but its artifact cannot be copied: the record points at the output
+    second = attempt(str(big), 10)
+    assert second.returncode == 3, second.stderr
+    records = {d.name: T.Record.load(d) for d in T.pending_records(results)}
+    assert sorted(r.status for r in records.values()) == ["FAILED", "RUNNING"]
+    (failed,) = [r for r in records.values() if r.status == "FAILED"]
+    assert "artifacts not copied" in failed.error and failed.artifacts == [[str(big.resolve()), None]]
+
+    # an outbox directory with no record at all (cut off before this change) is reported, not skipped
+    orphan = results / "mlflow" / "outbox" / ("0" * 32)
+    (orphan / "artifacts").mkdir(parents=True)
+    os.utime(orphan, (time.time() - 3600, time.time() - 3600))
+
+    store = tmp_path / "store" / "mlflow.db"
+    store.parent.mkdir()
+    proc = _repexp("mlflow", "sync", "--config", str(cfg), "--tracking-uri", f"sqlite:///{store}")
+    assert proc.returncode == 1 and "2 record(s) uploaded, 1 still pending" in proc.stderr, proc.stderr
+    assert f"{orphan}: no record.json" in proc.stderr
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{store}")
+    exp = client.get_experiment_by_name("disk-test")
+    nodes = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("snakemake.rule") == "eval"]
+    by_status = {r.info.status: r for r in nodes}
+    assert sorted(by_status) == ["FAILED", "KILLED"]  # both attempts reached MLflow
+    assert "never recorded" in by_status["KILLED"].data.tags["repexp.error"]
+    assert "artifacts not copied" in by_status["FAILED"].data.tags["repexp.error"]
+    assert [a.path for a in client.list_artifacts(by_status["FAILED"].info.run_id)] == ["eval.json"]

@@ -30,6 +30,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--results-dir", type=Path, help="results directory holding mlflow/outbox")
     src.add_argument("--record", type=Path, help="only this record directory (<results>/mlflow/outbox/<id>)")
     s.add_argument("--tracking-uri", help="upload here instead of each record's own URI")
+    s.add_argument("--finished", action="store_true",
+                   help="no node of this results directory runs any more (the workflow's end): records of nodes "
+                        "that never recorded their end are uploaded as KILLED")
     s.add_argument("--new-store", action="store_true",
                    help="where the SQLite store is damaged or gone, start a new, empty one (the damaged file is kept)")
 
@@ -120,12 +123,16 @@ def _sync(args: argparse.Namespace) -> int:
         moved = health.start_fresh(found.path, results_dir)
         print(f"mlflow sync: a new, empty store at {found.path}" + (f" (the damaged file is {moved})" if moved else ""),
               file=sys.stderr)
+    running: list[str] = []
     if args.record:
         synced, errors = sync_one(args.record, args.tracking_uri)
     else:
-        synced, errors = sync(results_dir, args.tracking_uri)
+        synced, errors = sync(results_dir, args.tracking_uri, finished=args.finished, running=running)
     for line in errors:
         print(f"mlflow sync: kept {line}", file=sys.stderr)
+    if running:
+        print(f"mlflow sync: {len(running)} record(s) of nodes that may still be running were left for later "
+              "(once the workflow has ended, `repexp mlflow sync --finished` uploads them)", file=sys.stderr)
     print(f"mlflow sync: {synced} record(s) uploaded, {len(errors)} still pending "
           f"(store{'s' if len(uris) > 1 else ''}: {', '.join(uris) or 'none'})", file=sys.stderr)
     if errors:

@@ -39,6 +39,7 @@ from repexp.tracking.names import (
     OUTBOX_STAGING_DIR,
     PARENTS_FILE,
     PID_TAG,
+    RECORD_FILE,
     RESULTS_DIR_TAG,
     RESULTS_ID_TAG,
     RULE_TAG,
@@ -227,8 +228,24 @@ class NodeRun:
         if self.online:
             self._try("finish", self._store.finish, self.record, self._parent_created, self._experiment_id, self.scope)
         if not self.online:  # offline from the start, or since any call failed (finish included)
-            self.record.write(self.outbox_record)
+            try:
+                self.record.write(self.outbox_record)
+            except OSError as err:  # a full disk: the record written at the start stays for sync
+                print(f"[repexp.tracking] could not write {self.outbox_record / RECORD_FILE} ({err}); the record "
+                      "written when the node started stays there, and sync uploads it as KILLED", file=sys.stderr)
+        else:
+            shutil.rmtree(self.outbox_record, ignore_errors=True)  # all in the store: the started record goes
         shutil.rmtree(self._staging, ignore_errors=True)
+
+    def write_started_record(self) -> None:
+        """Before the node's work: its record in the outbox, so an attempt whose end cannot be written
+        (a full disk, SIGKILL) is not lost (issue 27, item 2). Removed when the run ends in the store."""
+        if not self.enabled:
+            return
+        try:
+            self.record.write_started(self.outbox_record)
+        except OSError as err:
+            print(f"[repexp.tracking] could not write {self.outbox_record / RECORD_FILE} ({err})", file=sys.stderr)
 
     # ---- logging
     def log_params(self, params: Mapping[str, Any]) -> None:
@@ -483,8 +500,10 @@ def prepare_node(
         results_dir=results_abs,
     )
     record.params.update(param_values({**(params or {}), **scope.params}))
-    return NodeRun(record, scope, outbox_dir(cfg.results_dir), enabled=enabled,
+    node = NodeRun(record, scope, outbox_dir(cfg.results_dir), enabled=enabled,
                    system_metrics=system_metrics_enabled(rule))
+    node.write_started_record()
+    return node
 
 
 @contextlib.contextmanager

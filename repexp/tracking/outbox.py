@@ -7,22 +7,41 @@ curves replayed from a trainer's metrics.jsonl are checked point by point agains
 history (a point the trainer logged live before an outage has another timestamp, so MLflow would
 keep both); params are re-logged with the same values; tables and datasets are logged once;
 artifacts overwrite themselves; an uploaded record gets a `SYNCED` marker.
+
+Every node writes its record when it starts (status RUNNING) and replaces it atomically when it
+ends offline, or removes it when its run ended in the store (issue 27, item 2). A record still
+RUNNING whose process is gone (a full disk kept its end from being written, or SIGKILL) is
+uploaded as KILLED, without touching its parent's status; one whose process may still run is
+left for later (`--finished` once the workflow has ended: the workflow's own end sync).
+A directory in the outbox without a readable record is reported, never skipped in silence.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
 from repexp.io import write_text_atomic
-from repexp.tracking.names import RECORD_FILE, SYNC_LOCK_FILE, SYNC_LOG, SYNCED_FILE, outbox_dir
+from repexp.tracking.names import ERROR_TAG, PID_TAG, RECORD_FILE, SYNC_LOCK_FILE, SYNC_LOG, SYNCED_FILE, outbox_dir
 from repexp.tracking.record import Record
 from repexp.tracking.scopes import Scope
 from repexp.tracking.store import Store, artifact_location, reachable
+
+UNRECORDED_END = ("the node's end was never recorded: its process was killed, or the disk was full when it "
+                  "ended (this is the record it wrote when it started)")
+
+
+WRITE_GRACE_S = 60.0  # a record directory younger than this may be mid-write
+
+
+class StillRunning(Exception):
+    """A record whose node may still be running: left for a later sync."""
 
 
 def pending_records(results_dir: str | os.PathLike) -> list[Path]:
@@ -32,15 +51,65 @@ def pending_records(results_dir: str | os.PathLike) -> list[Path]:
     return sorted(d for d in root.iterdir() if (d / RECORD_FILE).exists() and not (d / SYNCED_FILE).exists())
 
 
+def unreadable_records(results_dir: str | os.PathLike) -> list[str]:
+    """Outbox directories that hold no readable record (each with why), for sync to report."""
+    root = outbox_dir(results_dir)
+    if not root.exists():
+        return []
+    found = []
+    for directory in sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")):
+        if (directory / SYNCED_FILE).exists() or time.time() - directory.stat().st_mtime < WRITE_GRACE_S:
+            continue  # uploaded, or a node may be writing its record into it right now
+        if not (directory / RECORD_FILE).exists():
+            found.append(f"{directory}: no {RECORD_FILE} (a record cut off by a full disk?); what it holds: "
+                         f"{sorted(p.name for p in directory.iterdir()) or 'nothing'}; remove the directory once "
+                         "you have looked")
+            continue
+        try:
+            Record.load(directory)
+        except (OSError, ValueError, TypeError) as err:
+            found.append(f"{directory / RECORD_FILE}: unreadable ({type(err).__name__}: {err})")
+    return found
+
+
+def _may_still_run(record: Record) -> bool:
+    """Whether the node that wrote a RUNNING record may still be running: its process is alive on
+    this host, or it ran on another host (which this process cannot ask)."""
+    if record.tags.get("host") != socket.gethostname():
+        return True
+    try:
+        pid = int(record.tags.get(PID_TAG) or 0)
+    except ValueError:
+        pid = 0
+    if pid <= 0:
+        return True  # nothing says which process: assume it may
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def sync_record(directory: Path, tracking_uri: Optional[str] = None,
-                unreachable: Optional[dict[str, Optional[str]]] = None) -> str:
+                unreachable: Optional[dict[str, Optional[str]]] = None, finished: bool = False) -> str:
     """Replay one outbox record into MLflow; idempotent. Returns the run id.
 
     `unreachable` caches the store check per URI within one sync (a dead server costs one timeout).
+    `finished`: no node of this results directory runs any more (a RUNNING record is a dead one).
     """
     from repexp.tracking.node import log_on_parent, open_child, open_parent
 
     record = Record.load(directory)
+    started_only = record.status == "RUNNING"
+    if started_only:
+        if not finished and _may_still_run(record):
+            raise StillRunning(directory.name)
+        record.status = "KILLED"
+        record.end_ms = int((directory / RECORD_FILE).stat().st_mtime * 1000)
+        record.error = record.error or UNRECORDED_END
+        record.tags[ERROR_TAG] = record.error
     scope = Scope(**record.scope)
     record.tracking_uri = uri = tracking_uri or record.tracking_uri
     record.artifact_location = artifact_location(uri)  # where the target store keeps artifacts (a SQLite store)
@@ -70,17 +139,20 @@ def sync_record(directory: Path, tracking_uri: Optional[str] = None,
     for entry in record.parent_metrics:
         log_on_parent(store, experiment_id, record, Scope(**entry["scope"]), entry["metrics"])
     store.set_tags(record.run_id, {"repexp.synced_from_outbox": "true"})
-    store.finish(record, created, experiment_id, scope)
+    store.finish(record, created, experiment_id, scope, parent_status=not started_only)
     write_text_atomic(directory / SYNCED_FILE, record.run_id + "\n")
     return record.run_id
 
 
-def sync(results_dir: str | os.PathLike, tracking_uri: Optional[str] = None) -> tuple[int, list[str]]:
-    """Upload every pending outbox record. Returns (synced count, errors)."""
+def sync(results_dir: str | os.PathLike, tracking_uri: Optional[str] = None, finished: bool = False,
+         running: Optional[list[str]] = None) -> tuple[int, list[str]]:
+    """Upload every pending outbox record. Returns (synced count, errors); records of nodes that may
+    still run are skipped and named in `running` (when given)."""
     root = outbox_dir(results_dir)
     if not root.exists():
         return 0, []
-    return _sync_locked(root, lambda: pending_records(results_dir), tracking_uri)
+    synced, errors = _sync_locked(root, lambda: pending_records(results_dir), tracking_uri, finished, running)
+    return synced, errors + unreadable_records(results_dir)
 
 
 def sync_one(record_dir: str | os.PathLike, tracking_uri: Optional[str] = None) -> tuple[int, list[str]]:
@@ -92,7 +164,8 @@ def sync_one(record_dir: str | os.PathLike, tracking_uri: Optional[str] = None) 
                         tracking_uri)
 
 
-def _sync_locked(root: Path, pending, tracking_uri: Optional[str]) -> tuple[int, list[str]]:
+def _sync_locked(root: Path, pending, tracking_uri: Optional[str], finished: bool = False,
+                 running: Optional[list[str]] = None) -> tuple[int, list[str]]:
     """One sync at a time per outbox; what is pending is decided under the lock, so no record is
     uploaded twice by concurrent syncs."""
     errors: list[str] = []
@@ -102,8 +175,11 @@ def _sync_locked(root: Path, pending, tracking_uri: Optional[str]) -> tuple[int,
         fcntl.flock(handle, fcntl.LOCK_EX)
         for directory in pending():
             try:
-                sync_record(directory, tracking_uri, unreachable)
+                sync_record(directory, tracking_uri, unreachable, finished)
                 synced += 1
+            except StillRunning:
+                if running is not None:
+                    running.append(directory.name)
             except Exception as err:  # noqa: BLE001 - report and keep the record for next time
                 errors.append(f"{directory.name}: {type(err).__name__}: {err}")
     return synced, errors

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from repexp.io import read_json, write_json_atomic
-from repexp.tracking.names import ARTIFACTS_DIR, RECORD_FILE
+from repexp.tracking.names import ARTIFACTS_DIR, ERROR_TAG, RECORD_FILE
 
 
 def now_ms() -> int:
@@ -52,18 +52,36 @@ class Record:
         return cls(**{k: v for k, v in raw.items() if k in known})
 
     def write(self, directory: Path) -> None:
-        """Copy the artifacts next to the record, so later changes to the outputs cannot alter it."""
-        files = Path(directory) / ARTIFACTS_DIR
-        kept = []
-        for i, (path, artifact_path) in enumerate(self.artifacts):
-            src = Path(path)
-            if not src.exists():
-                continue
-            dst = files / str(i) / src.name
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst, **({"dirs_exist_ok": True}
-                                                                             if src.is_dir() else {}))
-            kept.append([str(dst.resolve()), artifact_path])
+        """The record, then copies of the artifacts next to it (so later changes to the outputs cannot
+        alter it), then the record again pointing at the copies. Every write replaces record.json
+        atomically, and the record comes first: a disk that fills while artifacts are copied leaves
+        the record (pointing at the outputs themselves), never a directory without one."""
+        directory = Path(directory)
         payload = dataclasses.asdict(self)
+        write_json_atomic(directory / RECORD_FILE, payload)
+        files = directory / ARTIFACTS_DIR
+        kept = []
+        try:
+            for i, (path, artifact_path) in enumerate(self.artifacts):
+                src = Path(path)
+                if not src.exists():
+                    continue
+                dst = files / str(i) / src.name
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst, **({"dirs_exist_ok": True}
+                                                                                 if src.is_dir() else {}))
+                kept.append([str(dst.resolve()), artifact_path])
+        except OSError as err:
+            shutil.rmtree(files, ignore_errors=True)
+            note = f"artifacts not copied into the outbox ({type(err).__name__}: {err}); sync uploads the outputs"
+            payload["error"] = f"{payload['error']}; {note}" if payload.get("error") else note
+            payload["tags"][ERROR_TAG] = payload["error"]
+            write_json_atomic(directory / RECORD_FILE, payload)
+            return
         payload["artifacts"] = kept
-        write_json_atomic(Path(directory) / RECORD_FILE, payload)
+        write_json_atomic(directory / RECORD_FILE, payload)
+
+    def write_started(self, directory: Path) -> None:
+        """A node's record as it starts (status RUNNING, nothing logged yet): if its end can never be
+        written (a full disk, a killed process), sync still finds the attempt (repexp.tracking.outbox)."""
+        write_json_atomic(Path(directory) / RECORD_FILE, dataclasses.asdict(self))

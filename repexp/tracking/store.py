@@ -292,12 +292,14 @@ class Store:
         return [row for row in rows if int(row[2]) not in stored.get(row[0], ())]
 
     # ------------------------------------------------------------------ ending
-    def finish(self, record, parent_created: bool, experiment_id: str, scope: Scope) -> None:
+    def finish(self, record, parent_created: bool, experiment_id: str, scope: Scope,
+               parent_status: bool = True) -> None:
         self.client.set_terminated(record.run_id, record.status, end_time=record.end_ms)
         if not is_sqlite(self.uri):
             self.converge(experiment_id, scope, record, parent_created)
-        # A parent shows the outcome of its latest node.
-        self.client.set_terminated(record.parent_run_id, "FAILED" if record.status == "FAILED" else "FINISHED")
+        # A parent shows the outcome of its latest node (not of an old attempt uploaded late).
+        if parent_status:
+            self.client.set_terminated(record.parent_run_id, "FAILED" if record.status == "FAILED" else "FINISHED")
 
     def converge(self, experiment_id: str, scope: Scope, record, parent_created: bool) -> None:
         """Without a lock two nodes may both create a parent; all agree on the earliest one."""

@@ -120,7 +120,8 @@ def create_parents(cfg, config_path: str | Path) -> None:
 
 def on_end(config_path: str | Path, results_dir: str | Path) -> None:
     if pending_records(results_dir):
-        subprocess.run([sys.executable, "-m", "repexp", "mlflow", "sync", "--config", str(config_path)], check=False)
+        subprocess.run([sys.executable, "-m", "repexp", "mlflow", "sync", "--config", str(config_path), "--finished"],
+                       check=False)
     if _started_server:
         from repexp.tracking import server
 

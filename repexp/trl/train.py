@@ -397,8 +397,10 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
         if resume_step is not None:
             checkpoint = checkpoint_dir(run_dir, resume_step)
             reward.load_state(checkpoint)
-        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
-        shutil.rmtree(run_dir / layout.TRL_STAGING_DIR, ignore_errors=True)
+        try:
+            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+        finally:  # a save that failed half-way (a full disk) frees its space now, not at the next attempt
+            shutil.rmtree(run_dir / layout.TRL_STAGING_DIR, ignore_errors=True)
         if callback.chunk_end is not None:
             if not is_complete(checkpoint_dir(run_dir, callback.chunk_end)):
                 raise RuntimeError(f"{run_dir}: the chunk ended at step {callback.chunk_end} without its checkpoint")
