@@ -74,7 +74,11 @@ def inspect(path: Path, thorough: bool = True) -> tuple[Optional[str], int]:
         return "it is empty" if not header else "it is not an SQLite database (bad header)", 0
     expected = _header_size(header)
     if expected is not None and size < expected:
-        return f"it is truncated ({size} bytes; its header says {expected})", 0
+        # A writer may be mid-commit (page 1, with the new size, can reach the disk before the pages
+        # that grow the file): look again inside a read transaction, which waits for the commit.
+        short = _short_under_read_lock(path, f"it is truncated ({size} bytes; its header says {expected})")
+        if short is not None:
+            return short, 0
     try:
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=60)
         try:
@@ -102,6 +106,27 @@ def _header_size(header: bytes) -> Optional[int]:
     pages = int.from_bytes(header[28:32], "big")
     valid = header[24:28] == header[92:96]
     return page_size * pages if valid and pages else None
+
+
+def _short_under_read_lock(path: Path, seen: str) -> Optional[str]:
+    """Why the file is truncated (`seen`: what a look without the lock found), confirmed while
+    holding SQLite's shared lock; None if it is not."""
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=60)
+        try:
+            con.execute("BEGIN")
+            con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            with open(path, "rb") as handle:
+                expected = _header_size(handle.read(100))
+            size = os.path.getsize(path)
+            con.rollback()
+        finally:
+            con.close()
+    except sqlite3.Error as err:
+        return f"{seen}, and SQLite cannot read it ({type(err).__name__}: {err})"
+    if expected is not None and size < expected:
+        return f"it is truncated ({size} bytes; its header says {expected})"
+    return None
 
 
 @dataclass
