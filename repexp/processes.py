@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 from collections.abc import Iterator
 
 # SLURM (walltime, preemption, scancel) and Snakemake stop a job with SIGTERM; Ctrl-C sends SIGINT.
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this host (one owned by another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @contextlib.contextmanager

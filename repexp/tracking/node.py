@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 from repexp.io import read_json, write_json_atomic, write_text_atomic
 from repexp.metrics import metric_name
+from repexp.processes import pid_alive
 from repexp.tracking.gitinfo import git_tags
 from repexp.tracking.names import (
     ATTEMPT_TAG,
@@ -391,13 +392,7 @@ def _alive_here(run) -> bool:
     tags = run.data.tags
     if tags.get("host") != socket.gethostname() or not tags.get(PID_TAG, "").isdigit():
         return False
-    try:
-        os.kill(int(tags[PID_TAG]), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
+    return pid_alive(int(tags[PID_TAG]))
 
 
 def log_on_parent(store: Store, experiment_id: str, record: Record, scope: Scope, rows: Sequence[Sequence]) -> None:

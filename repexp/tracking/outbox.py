@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Optional
 
 from repexp.io import write_text_atomic
+from repexp.processes import pid_alive
 from repexp.tracking.names import ERROR_TAG, PID_TAG, RECORD_FILE, SYNC_LOCK_FILE, SYNC_LOG, SYNCED_FILE, outbox_dir
 from repexp.tracking.record import Record
 from repexp.tracking.scopes import Scope
@@ -77,19 +78,10 @@ def _may_still_run(record: Record) -> bool:
     this host, or it ran on another host (which this process cannot ask)."""
     if record.tags.get("host") != socket.gethostname():
         return True
-    try:
-        pid = int(record.tags.get(PID_TAG) or 0)
-    except ValueError:
-        pid = 0
-    if pid <= 0:
+    pid = record.tags.get(PID_TAG, "")
+    if not pid.isdigit() or int(pid) <= 0:
         return True  # nothing says which process: assume it may
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid_alive(int(pid))
 
 
 def sync_record(directory: Path, tracking_uri: Optional[str] = None,
