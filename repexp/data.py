@@ -729,6 +729,10 @@ def run(args: argparse.Namespace) -> int:
     except (DataError, sp.SplitError, FileNotFoundError) as err:
         print(f"repexp data prepare {args.task}: error: {err}", file=sys.stderr)
         return 2
+    from repexp.intermediates import record_content
+
+    for info in manifest["splits"].values():
+        record_content(Path(out) / info["file"])  # a byte-identical rebuild reruns nothing made from it
     counts = ", ".join(f"{name} {info['rows']}" for name, info in manifest["splits"].items())
     print(f"{args.task}: wrote {out} ({counts}; dropped {len(manifest['dropped'])} training rows)")
     return 0

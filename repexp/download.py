@@ -114,6 +114,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.action == "model":
             path = download_model(args.repo_id, args.out, args.revision)
+            from repexp.intermediates import record_content
+
+            record_content(path)  # a byte-identical download reruns nothing made from it
             print(f"{args.repo_id}: downloaded to {path}")
         else:
             manifest = download_data(args.tasks, args.out, tables=args.tables, dapo=args.dapo)

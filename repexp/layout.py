@@ -22,6 +22,8 @@ file name of this module is spelled as a path anywhere else in repexp/ or workfl
       config/<name>-<hash>.yaml   the config snapshot every job reads ($REPEXP_CONFIG)
       logs/<rule>/<wildcards>.log, benchmarks/<rule>/<wildcards>.tsv   Snakemake's log and benchmark
       mlflow/                 the tracking store, outbox and parents (repexp.tracking.names)
+      .<name>.content.json    beside a model directory or data split: its content digest and the time the
+                              jobs made from it were built against (repexp.intermediates)
 
 Pure: standard library only. Functions return `Path`s; pass wildcard patterns such as "{task}" for
 Snakemake's rule declarations.
@@ -314,6 +316,16 @@ def model_alias_dir(results: PathLike, alias: str) -> Path:
 def hub_model_dir(results: PathLike, repo_id: str) -> Path:
     """Where the download_model rule puts a hub model (jobs read only this local copy)."""
     return Path(results) / MODELS_DIR / HUB_MODELS_DIR / repo_id.replace("/", "--")
+
+
+CONTENT_SUFFIX = ".content.json"
+
+
+def content_sidecar(output: PathLike) -> Path:
+    """`<dir>/.<name>.content.json` beside the output `<dir>/<name>`, a file or a directory
+    (repexp.intermediates): not a Snakemake output, so it outlives the output's deletion."""
+    output = Path(output)
+    return output.parent / f".{output.name}{CONTENT_SUFFIX}"
 
 
 def hub_data_dir(results: PathLike) -> Path:

@@ -178,5 +178,8 @@ def run(args: argparse.Namespace) -> int:
         build_tiny_qwen2(args.out, seed=args.seed, shape=args.shape)
     else:
         convert_smollm2(args.out)
+    from repexp.intermediates import record_content
+
+    record_content(args.out)  # a byte-identical rebuild reruns nothing made from it (repexp.intermediates)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0

@@ -197,8 +197,25 @@ def write_config_snapshot():
         write_text_atomic(CONFIG_SNAPSHOT, C.dump_yaml(CFG))
 
 
+def check_intermediates():
+    """Before the first job: stop a run that would rerun finished jobs only because a deleted
+    intermediate is rebuilt, or whose jobs would read a checkpoint or merged model that is gone
+    (repexp.intermediates). Not with --touch, which accepts outputs as they are."""
+    if workflow.touch:
+        return
+    from repexp import intermediates
+
+    problems = intermediates.check_pending(
+        intermediates.pending_jobs(workflow.dag), sys.argv, workflow.dag_settings.targets
+    )
+    if problems:
+        print("repexp: " + "\n  ".join(["not starting:", *problems, "No job was started."]), file=sys.stderr)
+        raise SystemExit(1)
+
+
 # Before the first job of a real run (not on dry runs).
 onstart:
+    check_intermediates()
     write_config_snapshot()
     start_tracking()
 
@@ -512,6 +529,20 @@ def rule_threads(rule):
 
 
 # --------------------------------------------------------------------------- targets
+
+
+def settle_intermediates():
+    """At every start on the submit host: a model or data split rebuilt with the same content gets
+    back the time the jobs made from it were built against (repexp.intermediates.settle)."""
+    from repexp import intermediates
+
+    splits = [data_file(split, task) for task in CFG.sweep.tasks for split in L.SPLITS]
+    for line in intermediates.settle([*model_dir(), *splits]):
+        print(f"repexp: {line}", file=sys.stderr)
+
+
+if not workflow.remote_exec:
+    settle_intermediates()
 
 
 def final_targets():
