@@ -181,6 +181,15 @@ def _same_server(uri: str, served: list[str]) -> bool:
     return uri.rstrip("/") in {u.rstrip("/") for u in served}
 
 
+def served_at(results_dir: str | os.PathLike, uri: str) -> bool:
+    """Whether this results directory's own server was started at `uri` (its login applies there)."""
+    try:
+        found = load_credentials(results_dir)
+    except AuthError:
+        return False
+    return found is not None and _same_server(uri, found.get("uris", []))
+
+
 def credentials_for(uri: str, results_dir: Optional[str | os.PathLike]) -> Optional[tuple[str, str]]:
     """The login a client sends to `uri`: MLflow's variables where set, else the results
     directory's own credentials for a URI its server was started at."""

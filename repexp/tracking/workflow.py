@@ -149,10 +149,10 @@ def where_lines(cfg, results: Path, aggregate: Path, figures: Path) -> list[str]
     if tracking_enabled():
         store = _server_store or resolve_tracking_uri(results, cfg.tracking.tracking_uri)
         if store.startswith(("http://", "https://")):
-            from repexp.tracking.auth import credentials_file
+            from repexp.tracking.auth import credentials_file, served_at
 
-            login = credentials_file(results)
-            lines.append(f"  MLflow:  open {store}" + (f"  (its login is in {login})" if login.exists() else ""))
+            login = f"  (its login is in {credentials_file(results)})" if served_at(results, store) else ""
+            lines.append(f"  MLflow:  open {store}{login}")
         else:
             lines.append(f"  MLflow:  mlflow ui --backend-store-uri {store}   # then open http://127.0.0.1:5000")
     return ["repexp: done. Results:", *lines] if lines else []
