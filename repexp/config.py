@@ -249,7 +249,13 @@ class TrackingConfig:
     server: str = _f("auto", help="the workflow's MLflow server on the submit host (repexp mlflow serve): on, off, "
                      "or auto = on for a cluster executor (SLURM) when no tracking URI is set",
                      enum=("auto", "on", "off"))
-    server_host: str = _f("0.0.0.0", help="interface the workflow's server binds; jobs reach it at this host's address")
+    # Bind only the interface jobs use (issue 27, item 5): the address this host's name resolves to,
+    # which is also the address jobs are given (docs/tracking.md, "Access control").
+    server_host: str = _f("auto", help="interface the workflow's server binds: auto = the address this host's name "
+                          "resolves to (the one jobs are given); an address, or 0.0.0.0 for every interface")
+    server_auth: bool = _f(True, help="the workflow's server requires a login (MLflow's basic-auth app; per results "
+                           "directory, in <results>/mlflow/credentials.json, mode 0600); false: anyone who reaches "
+                           "it can read, edit or delete the runs")
     server_port: int = _f(0, help="port of the workflow's server (0: a free port)", minimum=0, maximum=65535)
     server_store: Optional[str] = _f(None, help="backend store of the workflow's server, e.g. postgresql://... "
                                      "(null: SQLite on the submit host's local disk, /var/tmp/repexp-mlflow-<user>/)")

@@ -549,6 +549,7 @@ def _ui_table(driver, metric: str, columns: list[str]) -> list[dict]:
 def test_the_mlflow_ui_sorts_eval_runs_by_pass_at_n_with_their_beta_and_seed(tmp_path_factory, tmp_path):
     """Headless Chromium on the MLflow UI of the test DAG's store: the runs table, filtered to eval runs and
     sorted by test/pass_at_<n>, shows RepExp, GRPO and the base model with their β and seed."""
+    import base64
     import urllib.parse
     import urllib.request
 
@@ -573,10 +574,17 @@ def test_the_mlflow_ui_sorts_eval_runs_by_pass_at_n_with_their_beta_and_seed(tmp
                 "--window-size=2400,1000"):
         options.add_argument(arg)
     driver = None
+    # the server requires the results directory's login (issue 27, item 5): the browser sends it on every request
+    login = json.loads((results / "mlflow" / "credentials.json").read_text())
+    basic = "Basic " + base64.b64encode(f"{login['username']}:{login['password']}".encode()).decode()
     try:
-        with urllib.request.urlopen(f"{uri}/api/2.0/mlflow/experiments/get-by-name?experiment_name=repexp-test") as r:
+        request = urllib.request.Request(f"{uri}/api/2.0/mlflow/experiments/get-by-name?experiment_name=repexp-test",
+                                         headers={"Authorization": basic})
+        with urllib.request.urlopen(request) as r:
             experiment_id = json.loads(r.read())["experiment"]["experiment_id"]
         driver = webdriver.Chrome(service=webdriver.ChromeService(chromedriver), options=options)
+        driver.execute_cdp_cmd("Network.enable", {})
+        driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {"Authorization": basic}})
         driver.implicitly_wait(5)
         query = urllib.parse.urlencode({"searchFilter": "tags.`snakemake.rule` = 'eval'",
                                         "orderByKey": f"metrics.`{metric}`", "orderByAsc": "false"})

@@ -162,6 +162,10 @@ def sync_fix(errors: list[str], uris: list[str], mlflow_root: Path) -> str:
     if "malformed" in text or "not a database" in text or "DatabaseError" in text:
         return ("the SQLite store is damaged: `repexp mlflow restore --store URI` puts its newest backup in place, "
                 "or `repexp mlflow sync --new-store` starts an empty one; then sync again")
+    if "refused a request without credentials" in text or "refused the credentials" in text:
+        return (f"the tracking server requires a login: set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD, or "
+                f"sync against this results directory's own server (its login is in {mlflow_root / 'credentials.json'}"
+                "); the records stay in the outbox until then")
     if "Connection" in text or "answered HTTP" in text or "unreachable" in text or "URLError" in text:
         return ("the tracking server does not answer: start it (`repexp mlflow serve --config CFG --background`) "
                 "or pass --tracking-uri, then sync again")
@@ -201,16 +205,17 @@ def _serve(args: argparse.Namespace) -> int:
         print("mlflow serve: stopped" if stopped else "mlflow serve: no server of this host to stop", file=sys.stderr)
         return 0
     options = dict(host=args.host, port=args.port, store=args.store, workers=args.workers)
-    if not args.background:
-        return server.serve_foreground(cfg, **options)
     try:
+        if not args.background:
+            return server.serve_foreground(cfg, **options)
         info = server.start(cfg, owner="user", **options)
-    except server.ServerStartError as err:
+    except (server.ServerStartError, server.auth.AuthError) as err:
         print(f"mlflow serve: {err}", file=sys.stderr)
         return 1
     print(info["uri"])
+    login = f"; its login is in {info['credentials']}" if info.get("credentials") else ""
     print(f"mlflow serve: {'already running' if info.get('reused') else 'started'} (pid {info['pid']}, store "
-          f"{info['backend_store_uri']}); stop with `repexp mlflow serve --stop`", file=sys.stderr)
+          f"{info['backend_store_uri']}{login}); stop with `repexp mlflow serve --stop`", file=sys.stderr)
     return 0
 
 

@@ -20,6 +20,8 @@ ENV_SNAKEMAKE_EXEC = "REPEXP_SNAKEMAKE_EXEC"
 ENV_RUN_FILE = "REPEXP_MLFLOW_RUN_FILE"  # set for a trainer whose node run opens while it starts up
 # MLflow's own switches, honoured as MLflow documents them
 ENV_MLFLOW_URI = "MLFLOW_TRACKING_URI"
+ENV_MLFLOW_USERNAME = "MLFLOW_TRACKING_USERNAME"  # HTTP basic auth of MLflow's client (the workflow's server)
+ENV_MLFLOW_PASSWORD = "MLFLOW_TRACKING_PASSWORD"
 ENV_SYSTEM_METRICS = "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING"
 ENV_ASYNC_LOGGING = "MLFLOW_ENABLE_ASYNC_LOGGING"
 
@@ -62,6 +64,9 @@ SYNC_LOCK_FILE = ".sync.lock"
 RESULTS_ID_FILE = "results_id"
 PARENTS_FILE = "parents.json"  # parent run ids, written once at workflow start (`repexp mlflow parents`)
 SERVER_FILE = "server.json"  # the tracking server `repexp mlflow serve` runs for this results directory
+CREDENTIALS_FILE = "credentials.json"  # its login (mode 0600): user, password, the URIs it served at
+AUTH_CONFIG_FILE = "basic_auth.ini"  # MLflow's basic-auth app config, in the server's private local directory
+AUTH_DB_FILE = "basic_auth.db"  # the basic-auth app's users DB, beside it
 
 
 def outbox_dir(results_dir: str | os.PathLike) -> Path:

@@ -27,6 +27,7 @@ from typing import Any, Optional
 from repexp.io import read_json, write_json_atomic, write_text_atomic
 from repexp.metrics import metric_name
 from repexp.processes import pid_alive
+from repexp.tracking.auth import use_results_login
 from repexp.tracking.gitinfo import git_tags
 from repexp.tracking.names import (
     ATTEMPT_TAG,
@@ -193,6 +194,8 @@ class NodeRun:
             return False
         if not self._checked:
             self._checked = True
+            # a node run by hand against its results directory's server: the login from its credentials file
+            use_results_login(self.record.tracking_uri, self.record.results_dir)
             reason = reachable(self.record.tracking_uri, results_dir=self.record.results_dir)
             if reason:
                 self._go_offline(reason)

@@ -29,6 +29,7 @@ from typing import Optional
 
 from repexp.io import write_text_atomic
 from repexp.processes import pid_alive
+from repexp.tracking.auth import client_credentials
 from repexp.tracking.names import ERROR_TAG, PID_TAG, RECORD_FILE, SYNC_LOCK_FILE, SYNC_LOG, SYNCED_FILE, outbox_dir
 from repexp.tracking.record import Record
 from repexp.tracking.scopes import Scope
@@ -91,8 +92,6 @@ def sync_record(directory: Path, tracking_uri: Optional[str] = None,
     `unreachable` caches the store check per URI within one sync (a dead server costs one timeout).
     `finished`: no node of this results directory runs any more (a RUNNING record is a dead one).
     """
-    from repexp.tracking.node import log_on_parent, open_child, open_parent
-
     record = Record.load(directory)
     started_only = record.status == "RUNNING"
     if started_only:
@@ -105,6 +104,15 @@ def sync_record(directory: Path, tracking_uri: Optional[str] = None,
     scope = Scope(**record.scope)
     record.tracking_uri = uri = tracking_uri or record.tracking_uri
     record.artifact_location = artifact_location(uri)  # where the target store keeps artifacts (a SQLite store)
+    # a sync by hand (no MLflow variables): the results directory's own server takes its credentials file
+    with client_credentials(uri, record.results_dir):
+        return _replay(directory, record, scope, uri, started_only, unreachable)
+
+
+def _replay(directory: Path, record: Record, scope: Scope, uri: str, started_only: bool,
+            unreachable: Optional[dict[str, Optional[str]]]) -> str:
+    from repexp.tracking.node import log_on_parent, open_child, open_parent
+
     checked = unreachable if unreachable is not None else {}
     if uri not in checked:
         checked[uri] = reachable(uri, results_dir=record.results_dir)

@@ -10,6 +10,11 @@ node sees is never the cluster default: its POSIX locks and WAL are unreliable o
     repexp mlflow serve --config CFG --background    # start, wait until healthy, return (the workflow)
     repexp mlflow serve --config CFG --stop          # stop the server recorded in server.json
 
+The server requires a login (`tracking.server_auth`, default true; issue 27, item 5): MLflow's own
+basic-auth app with one admin per results directory, its password in `<results>/mlflow/credentials.json`
+(0600; repexp.tracking.auth). It binds the address this host's name resolves to, the one jobs are
+given (`tracking.server_host: auto`), not every interface.
+
 `<results>/mlflow/server.json` records the running server (URI, pid, host, store). A workflow
 with `tracking.server: auto` (a cluster executor, no tracking URI set) or `on` starts one at its
 start unless one is already running, points its jobs at it (`MLFLOW_TRACKING_URI`, exported to
@@ -29,7 +34,8 @@ from pathlib import Path
 from typing import Optional
 
 from repexp.io import read_json, write_json_atomic
-from repexp.tracking.names import ARTIFACTS_DIR, DB_FILE, SERVER_FILE, SERVER_LOG, mlflow_dir, results_id
+from repexp.tracking import auth
+from repexp.tracking.names import ARTIFACTS_DIR, AUTH_DB_FILE, DB_FILE, SERVER_FILE, SERVER_LOG, mlflow_dir, results_id
 from repexp.tracking.store import reachable
 
 START_TIMEOUT_S = 300.0  # `mlflow server` took 20-40 s to answer /health on a loaded 2-core machine
@@ -37,6 +43,7 @@ STOP_TIMEOUT_S = 20.0
 DEFAULT_WORKERS = 2
 LOCAL_STORE_ROOT = Path("/var/tmp")  # local disk on the submit host (not the shared results filesystem)
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+AUTO_HOST = "auto"  # tracking.server_host: the address this host's name resolves to
 
 
 class ServerStartError(RuntimeError):
@@ -71,6 +78,22 @@ def private_store_dir(directory: Path) -> Path:
     return directory
 
 
+def bind_address(server_host: str) -> str:
+    """The interface to bind for `tracking.server_host`. `auto`: the address this host's name
+    resolves to, which advertised_host gives jobs, so the server listens where jobs reach it and
+    on no other interface of a login node; every interface only where the name does not resolve."""
+    if server_host != AUTO_HOST:
+        return server_host
+    try:
+        return socket.gethostbyname(socket.getfqdn())
+    except OSError:
+        return "0.0.0.0"
+
+
+def is_loopback(host: str) -> bool:
+    return host == "localhost" or host.startswith("127.") or host == "::1"
+
+
 def advertised_host(bind_host: str) -> str:
     """How jobs reach a server bound to `bind_host`: this host's address when bound to every
     interface (an IP: MLflow refuses unknown Host names unless allowed)."""
@@ -83,9 +106,9 @@ def advertised_host(bind_host: str) -> str:
 
 
 def allowed_hosts(bind_host: str, public: str) -> Optional[str]:
-    """`--allowed-hosts` for a server on every interface: this host's names and addresses, and
+    """`--allowed-hosts` for a server other hosts reach: this host's names and addresses, and
     private networks (MLflow's own default covers localhost and private IPs only)."""
-    if bind_host not in WILDCARD_HOSTS:
+    if is_loopback(bind_host):
         return None
     names = {"localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn(), public}
     patterns = {p for name in names if name for p in (name, f"{name}:*")} | {"10.*", "192.168.*", "172.*"}
@@ -105,40 +128,58 @@ def running_server(results_dir: str | os.PathLike) -> Optional[dict]:
         info = read_json(path)
     except (OSError, ValueError):
         return None
-    return info if reachable(info.get("uri", ""), timeout_s=5) is None else None
+    return info if reachable(info.get("uri", ""), timeout_s=5, login=False) is None else None
 
 
 def start(cfg, *, host: Optional[str] = None, port: Optional[int] = None, store: Optional[str] = None,
           workers: int = DEFAULT_WORKERS, owner: str = "user", timeout_s: float = START_TIMEOUT_S) -> dict:
     """Start `mlflow server` in its own session, wait for /health, write server.json. A server that
-    already runs for this results directory is reused (its server.json is returned unchanged)."""
+    already runs for this results directory is reused (its server.json is returned unchanged).
+
+    With `tracking.server_auth` (the default) the server runs MLflow's basic-auth app; without the
+    Flask-WTF package that needs, auth.AuthError is raised before anything starts."""
     existing = running_server(cfg.results_dir)
     if existing:
         return {**existing, "reused": True}
-    host = host if host is not None else cfg.tracking.server_host
+    if cfg.tracking.server_auth and auth.unavailable():
+        raise auth.AuthError(auth.unavailable())
+    asked = host if host is not None else cfg.tracking.server_host
+    host = bind_address(asked)
+    if asked == AUTO_HOST and is_loopback(host):
+        print(f"repexp: WARNING: tracking.server_host: auto: this host's name resolves to {host}; jobs on other "
+              "hosts cannot reach the MLflow server there: set tracking.server_host to the address they use",
+              file=sys.stderr)
     port = port or cfg.tracking.server_port or free_port(host)
     store = store or cfg.tracking.server_store or default_store(cfg)
     if store.startswith("sqlite:///"):
         private_store_dir(Path(store[len("sqlite:///"):]).parent)
+    login_env: dict[str, str] = {}
+    if cfg.tracking.server_auth:
+        credentials, created = auth.ensure_credentials(cfg.results_dir)
+        # the app's users DB stays on this host's private local directory, beside the default store
+        private = private_store_dir(Path(default_store(cfg)[len("sqlite:///"):]).parent)
+        login_env = auth.server_env(cfg.results_dir, private, created)
     artifacts = (mlflow_dir(cfg.results_dir) / ARTIFACTS_DIR).resolve()
     artifacts.mkdir(parents=True, exist_ok=True)
     public = advertised_host(host)
     command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store,
                "--artifacts-destination", str(artifacts), "--host", host, "--port", str(port),
                "--workers", str(workers)]
+    if login_env:
+        command += ["--app-name", "basic-auth"]
     allowed = allowed_hosts(host, public)
     if allowed:
         command += ["--allowed-hosts", allowed]
     # MLflow's job runner (GenAI jobs) is not used by the pipeline: 7 fewer processes on the submit host
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": os.environ.get("MLFLOW_SERVER_ENABLE_JOB_EXECUTION",
-                                                                              "false")}
+                                                                              "false"), **login_env}
     log_path = mlflow_dir(cfg.results_dir) / SERVER_LOG
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True, cwd=mlflow_dir(cfg.results_dir))
     uri = f"http://{public}:{port}"
     deadline = time.monotonic() + timeout_s
-    while reachable(uri, timeout_s=5) is not None:
+    while reachable(uri, timeout_s=5, login=False) is not None:  # /health: open without a login
         if proc.poll() is not None or time.monotonic() > deadline:
             why = f"exited {proc.returncode}" if proc.poll() is not None else f"no answer in {timeout_s:.0f} s"
             _stop_group(proc.pid)
@@ -146,9 +187,17 @@ def start(cfg, *, host: Optional[str] = None, port: Optional[int] = None, store:
             raise ServerStartError(f"mlflow server on {host}:{port} did not become healthy ({why}); "
                                    f"log {log_path}:\n{tail}", uri)
         time.sleep(0.5)
+    if login_env:
+        auth.record_uri(cfg.results_dir, uri)
+        why = auth.refused(uri, login=(credentials["username"], credentials["password"]))
+        if why:  # a users DB whose admin has another password (changed through MLflow's API)
+            _stop_group(proc.pid)
+            raise ServerStartError(f"{why}: the server's users DB {private / AUTH_DB_FILE} holds another password "
+                                   "for that user; remove that file and start again", uri)
     info = {"uri": uri, "pid": proc.pid, "host": socket.gethostname(), "bind": host, "port": port,
             "backend_store_uri": store, "artifacts_destination": str(artifacts), "owner": owner,
-            "log": str(log_path), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            "log": str(log_path), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "credentials": str(auth.credentials_file(cfg.results_dir)) if login_env else None}
     write_json_atomic(server_file(cfg.results_dir), info)
     return info
 
@@ -203,8 +252,10 @@ def serve_foreground(cfg, **kwargs) -> int:
     if info.get("reused"):
         print(f"mlflow serve: already running at {info['uri']} (pid {info['pid']} on {info['host']})")
         return 0
+    login = (f"; log in as {auth.load_credentials(cfg.results_dir)['username']!r}, the password is in "
+             f"{info['credentials']}" if info.get("credentials") else "")
     print(f"mlflow serve: {info['uri']} (store {info['backend_store_uri']}, artifacts "
-          f"{info['artifacts_destination']}); Ctrl-C stops it", flush=True)
+          f"{info['artifacts_destination']}{login}); Ctrl-C stops it", flush=True)
     try:
         while True:
             time.sleep(1)

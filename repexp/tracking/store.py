@@ -76,8 +76,12 @@ def artifact_location(tracking_uri: str) -> Optional[str]:
 
 
 def reachable(tracking_uri: str, timeout_s: float = HEALTH_TIMEOUT_S,
-              results_dir: Optional[str | os.PathLike] = None) -> Optional[str]:
+              results_dir: Optional[str | os.PathLike] = None, login: bool = True) -> Optional[str]:
     """None if the store looks usable, else why not (seconds at most, no MLflow import).
+
+    A server that answers /health must also take this client's login (`login`; repexp.tracking.auth:
+    MLflow's variables, else the results directory's credentials for its own server): one refusing
+    it is not usable either, and the reason names the missing or refused credentials.
 
     With `results_dir`, a SQLite store that is damaged, or gone although that results directory
     logged to it before, is not usable either (repexp.tracking.health): MLflow would otherwise
@@ -90,6 +94,10 @@ def reachable(tracking_uri: str, timeout_s: float = HEALTH_TIMEOUT_S,
                     return f"{url} answered HTTP {response.status}"
         except (urllib.error.URLError, OSError, ValueError) as err:
             return f"{url}: {getattr(err, 'reason', err)}"
+        if login:
+            from repexp.tracking.auth import refused
+
+            return refused(tracking_uri, results_dir, timeout_s=timeout_s)
         return None
     if is_sqlite(tracking_uri):
         db_dir = sqlite_path(tracking_uri).parent

@@ -91,6 +91,9 @@ def on_start(config_path: str | Path, non_local_exec: bool) -> None:
             what = "reusing" if info.get("reused") else "started"
             print(f"repexp: MLflow server {what}: {info['uri']} (store {info['backend_store_uri']}); "
                   f"jobs log there", file=sys.stderr)
+        except server.auth.AuthError as err:  # access control asked for and impossible: no job logs unprotected
+            print(f"repexp: {err}\n  No job was started.", file=sys.stderr)
+            raise SystemExit(1) from None
         except (server.ServerStartError, OSError) as err:
             info = {"uri": getattr(err, "uri", None)}
             print(f"repexp: WARNING: the MLflow server did not start ({err}); nodes keep their records in "
@@ -98,6 +101,8 @@ def on_start(config_path: str | Path, non_local_exec: bool) -> None:
                   "`repexp mlflow sync` later", file=sys.stderr)
         if info.get("uri"):
             os.environ[ENV_MLFLOW_URI] = info["uri"]  # local jobs inherit it; sbatch --export=ALL passes it on
+            if cfg.tracking.server_auth:  # the same way: MLflow's MLFLOW_TRACKING_USERNAME/PASSWORD
+                os.environ.update(server.auth.client_env(cfg.results_dir))
     create_parents(cfg, config_path)
 
 
@@ -144,7 +149,10 @@ def where_lines(cfg, results: Path, aggregate: Path, figures: Path) -> list[str]
     if tracking_enabled():
         store = _server_store or resolve_tracking_uri(results, cfg.tracking.tracking_uri)
         if store.startswith(("http://", "https://")):
-            lines.append(f"  MLflow:  open {store}")
+            from repexp.tracking.auth import credentials_file, served_at
+
+            login = f"  (its login is in {credentials_file(results)})" if served_at(results, store) else ""
+            lines.append(f"  MLflow:  open {store}{login}")
         else:
             lines.append(f"  MLflow:  mlflow ui --backend-store-uri {store}   # then open http://127.0.0.1:5000")
     return ["repexp: done. Results:", *lines] if lines else []
