@@ -513,100 +513,109 @@ def _browser() -> tuple[str, str]:
     return found
 
 
-def _ui_table(driver, metric: str, columns: list[str]) -> list[dict]:
-    """Add `columns` with the UI's column selector, then read the runs table top to bottom."""
+def _ui_table(driver, columns: dict[str, str]) -> tuple[list[str], list[dict]]:
+    """What the runs table shows once loaded, without a click: the column ids of its header in
+    screen order, and its rows top to bottom as {name: cell text} for `columns` ({name: col-id})."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
-    from selenium.webdriver.support import expected_conditions as EC
     from selenium.webdriver.support.ui import WebDriverWait
 
-    wait = WebDriverWait(driver, 120)
-    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ag-pinned-left-cols-container [role='row']")) >= 3)
-    driver.find_element(By.CSS_SELECTOR, "[data-testid='column-selection-dropdown']").click()
-    search = wait.until(EC.element_to_be_clickable((By.CSS_SELECTOR, "input[placeholder='Search columns']")))
-    tree = driver.find_element(By.CSS_SELECTOR, "[data-testid='column-selector-tree']")
-    for label in [metric, *columns]:
-        search.send_keys(Keys.CONTROL, "a")
-        search.send_keys(label)
-        node = f".//span[@title][normalize-space(.)='{label}']"  # a tree node whose whole text is the label
-        wait.until(lambda d: tree.find_elements(By.XPATH, node))
-        tree.find_element(By.XPATH, node).click()
-    search.send_keys(Keys.ESCAPE)
-    col_ids = {name: f"params.`{name}`" for name in columns} | {metric: f"metrics.`{metric}`"}
-    cells = [f"[role='gridcell'][col-id='{col}']" for col in col_ids.values()]
-    wait.until(lambda d: all(d.find_elements(By.CSS_SELECTOR, cell) for cell in cells))
+    cells = [f".ag-center-cols-container [role='gridcell'][col-id='{col}']" for col in columns.values()]
+    WebDriverWait(driver, 120).until(
+        lambda d: len(d.find_elements(By.CSS_SELECTOR, ".ag-pinned-left-cols-container [role='row']")) >= 3
+        and all(d.find_elements(By.CSS_SELECTOR, cell) for cell in cells))
+    headers = [h for h in driver.find_elements(By.CSS_SELECTOR, "[role='columnheader'][col-id]") if h.is_displayed()]
+    # the grid positions its columns absolutely: the screen order is aria-colindex, not the DOM's
+    order = [h.get_attribute("col-id") for h in sorted(headers, key=lambda h: int(h.get_attribute("aria-colindex")))]
     rows = {}
     for row in driver.find_elements(By.CSS_SELECTOR, ".ag-pinned-left-cols-container [role='row']"):
         name = row.find_element(By.CSS_SELECTOR, "[col-id='attributes.`Run Name`']").text.splitlines()[-1]
         rows[int(row.get_attribute("row-index"))] = {"name": name}
     for row in driver.find_elements(By.CSS_SELECTOR, ".ag-center-cols-container [role='row']"):
-        cells = {c.get_attribute("col-id"): c.text for c in row.find_elements(By.CSS_SELECTOR, "[role='gridcell']")}
-        rows[int(row.get_attribute("row-index"))].update({name: cells.get(col) for name, col in col_ids.items()})
-    return [rows[i] for i in sorted(rows)]
+        shown = {c.get_attribute("col-id"): c for c in row.find_elements(By.CSS_SELECTOR, "[role='gridcell']")}
+        rows[int(row.get_attribute("row-index"))].update(
+            {name: shown[col].text if col in shown and shown[col].is_displayed() else None
+             for name, col in columns.items()})
+    return order, [rows[i] for i in sorted(rows)]
 
 
 @pytest.mark.slow
-def test_the_mlflow_ui_sorts_eval_runs_by_pass_at_n_with_their_beta_and_seed(tmp_path_factory, tmp_path):
-    """Headless Chromium on the MLflow UI of the test DAG's store: the runs table, filtered to eval runs and
-    sorted by test/pass_at_<n>, shows RepExp, GRPO and the base model with their β and seed."""
+def test_repexp_mlflow_ui_opens_the_eval_runs_by_pass_at_n_with_their_params(tmp_path_factory, tmp_path):
+    """Issue 25, item 1: the link `repexp mlflow ui` prints opens, in a fresh headless Chromium (no
+    local storage: nothing of an earlier visit), the runs table of the eval runs sorted by
+    test/pass_at_<n>, with task, method, β, sparse_dim and seed shown, on first load and with no click."""
     import base64
     import urllib.parse
-    import urllib.request
 
     chromium, chromedriver = _browser()
     webdriver = pytest.importorskip("selenium.webdriver", reason="selenium (the dev extra) is not installed")
     import _reliability_fixtures as fx
+
+    from repexp.tracking import ui
 
     workdir = fx.reference_run(tmp_path_factory)
     results = fx.results(workdir)
     evals = {p.parent.name: json.loads(p.read_text()) for p in (results / "eval" / "gsm8k").glob("*/eval.json")}
     n = max(int(k) for k in evals["base"]["pass_at_k"])
     metric = metric_names.pass_at_k("test", n)
-    serve = subprocess.run([REPEXP, "mlflow", "serve", "--config", str(workdir / "config.yaml"), "--background",
-                            "--host", "127.0.0.1", "--store", T.default_tracking_uri(results), "--workers", "1"],
-                           capture_output=True, text=True, timeout=600, env={**os.environ, "MLFLOW_TRACKING_URI": ""})
-    assert serve.returncode == 0, serve.stderr[-3000:]
-    uri = serve.stdout.split()[0]
+    config = str(workdir / "config.yaml")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": ""}
+    opened = subprocess.run([REPEXP, "mlflow", "ui", "--config", config, "--host", "127.0.0.1"],
+                            capture_output=True, text=True, timeout=600, env=env)
+    assert opened.returncode == 0, opened.stderr[-3000:]
+    url = opened.stdout.strip()
+    assert f"the eval runs by {metric}" in opened.stderr and "started" in opened.stderr
+    again = subprocess.run([REPEXP, "mlflow", "ui", "--config", config], capture_output=True, text=True,
+                           timeout=600, env=env)  # a running server is reused: the same link
+    assert again.returncode == 0 and again.stdout.strip() == url and "already running" in again.stderr, again.stderr
+    # the link carries the view's key and the "Model training" side, no filter or sort of its own
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(url).fragment.split("?", 1)[1])
+    assert query == {"viewStateShareKey": [f"repexp-eval-{T.results_id(results)}"],
+                     "workflowType": ["machine_learning"]}
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    # wide enough that the grid renders the added columns (it only draws the columns in view)
+    # wide enough that the grid renders every column of the view (it only draws the columns in view)
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                 "--window-size=2400,1000"):
         options.add_argument(arg)
     driver = None
-    # the server requires the results directory's login (issue 27, item 5): the browser sends it on every request
+    columns = {name: ui.column("params", name) for name in ui.COLUMNS} | {metric: ui.column("metrics", metric)}
+    # the server requires the results directory's login (issue 27, item 5): the browser sends it on every request,
+    # as a user's browser does once the login prompt was answered
     login = json.loads((results / "mlflow" / "credentials.json").read_text())
     basic = "Basic " + base64.b64encode(f"{login['username']}:{login['password']}".encode()).decode()
     try:
-        request = urllib.request.Request(f"{uri}/api/2.0/mlflow/experiments/get-by-name?experiment_name=repexp-test",
-                                         headers={"Authorization": basic})
-        with urllib.request.urlopen(request) as r:
-            experiment_id = json.loads(r.read())["experiment"]["experiment_id"]
         driver = webdriver.Chrome(service=webdriver.ChromeService(chromedriver), options=options)
         driver.execute_cdp_cmd("Network.enable", {})
         driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {"Authorization": basic}})
         driver.implicitly_wait(5)
-        query = urllib.parse.urlencode({"searchFilter": "tags.`snakemake.rule` = 'eval'",
-                                        "orderByKey": f"metrics.`{metric}`", "orderByAsc": "false"})
-        driver.get(f"{uri}/#/experiments/{experiment_id}/runs?{query}")
-        table = _ui_table(driver, metric, ["method", "beta", "seed"])
+        driver.get(url)
+        order, table = _ui_table(driver, columns)
         screenshot = tmp_path / UI_SCREENSHOT
         driver.save_screenshot(str(screenshot))
         kept = Path(os.environ.get(ARTIFACTS_ENV) or ARTIFACTS_DEFAULT)
         kept.mkdir(parents=True, exist_ok=True)
         shutil.copy(screenshot, kept / UI_SCREENSHOT)
         assert f"Sort: {metric}" in driver.page_source
+        shown = driver.current_url  # the page writes the state it applied into its URL
+        assert "/overview" not in shown and "Traces 0" not in driver.page_source  # not the GenAI overview
+        state = urllib.parse.parse_qs(urllib.parse.urlsplit(shown).fragment.split("?", 1)[1])
+        assert (state["searchFilter"], state["orderByKey"], state["orderByAsc"]) == (
+            [f"tags.`snakemake.rule` = 'eval' AND tags.`repexp.results_id` = '{T.results_id(results)}'"],
+            [f"metrics.`{metric}`"], ["false"])
     finally:
         if driver is not None:
             driver.quit()
-        subprocess.run([REPEXP, "mlflow", "serve", "--config", str(workdir / "config.yaml"), "--stop"], timeout=120)
+        subprocess.run([REPEXP, "mlflow", "serve", "--config", config, "--stop"], timeout=120)
+    wanted = ["attributes.`Run Name`", columns[metric], *(columns[name] for name in ui.COLUMNS)]
+    assert [col for col in order if col in wanted] == wanted, order  # the view's order, left to right
     by_name = {row["name"]: row for row in table}
     assert sorted(by_name) == ["eval gsm8k/base", "eval gsm8k/trl_grpo_s42", "eval gsm8k/trl_repexp_k8_b0.01_s42"]
-    expected = {"trl_repexp_k8_b0.01_s42": ("repexp", "0.01", "42"), "trl_grpo_s42": ("grpo", "0", "42"),
-                "base": ("base", "0", "-")}  # the base model has no training seed
-    for run, (method, beta, seed) in expected.items():
+    expected = {"trl_repexp_k8_b0.01_s42": ("repexp", "0.01", "8", "42"), "trl_grpo_s42": ("grpo", "0", "-", "42"),
+                "base": ("base", "0", "-", "-")}  # GRPO has no sparse_dim, the base model no training seed
+    for run, (method, beta, sparse_dim, seed) in expected.items():
         row = by_name[f"eval gsm8k/{run}"]
-        assert (row["method"], row["beta"], row["seed"]) == (method, beta, seed), row
+        assert (row["task"], row["method"], row["beta"], row["sparse_dim"], row["seed"]) == (
+            "gsm8k", method, beta, sparse_dim, seed), row
         assert float(row[metric]) == pytest.approx(evals[run]["pass_at_k"][str(n)], abs=1e-3), row
     values = [float(row[metric]) for row in table]
     assert values == sorted(values, reverse=True)  # the UI's order

@@ -284,7 +284,7 @@ def _mlflow_runs(results: Path) -> list:
 
 @pytest.mark.slow
 def test_pipeline_produces_evals_table_and_figures(pipeline):
-    _, results, proc = pipeline
+    workdir, results, proc = pipeline
     assert job_counts(proc) == {"model": 1, "preprocess": 1, "train": 2, "select": 2, "eval": 3, "testtime": 3,
                                 "aggregate": 1, "figures": 1, "all": 1}
     runs = [s.name for s in C.sweep_runs(C.load(TEST))]
@@ -297,7 +297,10 @@ def test_pipeline_produces_evals_table_and_figures(pipeline):
     tail = (proc.stdout + proc.stderr)[-3000:]
     assert "repexp: done. Results:" in tail and f"table:   {results / 'aggregate' / 'pass_at_k.md'}" in tail
     assert f"figures: {results / 'figures'}/" in tail
-    assert f"mlflow ui --backend-store-uri sqlite:///{(results / 'mlflow' / 'mlflow.db').resolve()}" in tail
+    # the one command that opens the eval runs compared (tests/test_tracking.py opens its link), run in the workdir
+    snapshot = next((results / "config").glob("*.yaml")).relative_to(workdir)
+    assert f"MLflow:  cd {workdir} && repexp mlflow ui --config {snapshot}   #" in tail
+    assert f"(store sqlite:///{(results / 'mlflow' / 'mlflow.db').resolve()})" in tail
     for run in runs:  # test-time RepExp: both curves meet at k = n; the table's column is the RepExp curve
         testtime = json.loads((results / "testtime" / "gsm8k" / run / "testtime.json").read_text())
         assert testtime["k"] == [1, 2, 3, 4] and testtime["pass_at_k_repexp"][-1] == testtime["pass_at_k_random"][-1]

@@ -1,4 +1,4 @@
-"""MLflow on every pipeline node, and `repexp mlflow` (node | sync | parents | serve | uri).
+"""MLflow on every pipeline node, and `repexp mlflow` (node | sync | restore | parents | serve | ui | uri).
 
 Layout in MLflow (docs/tracking.md):
 

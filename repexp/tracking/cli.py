@@ -1,4 +1,4 @@
-"""`repexp mlflow node | sync | restore | parents | serve | uri`."""
+"""`repexp mlflow node | sync | restore | parents | serve | ui | uri`."""
 
 from __future__ import annotations
 
@@ -70,6 +70,17 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                                    "local disk); e.g. the embedded store of a local run, to browse it")
     v.add_argument("--workers", type=int, default=2, help="uvicorn workers (default 2)")
 
+    b = sub.add_parser("ui", help="print (and with --open, open) the link to the MLflow UI's runs table of the eval "
+                                  "runs, sorted by the headline pass@k with task, method, beta, sparse_dim and seed "
+                                  "shown; starts the results directory's server unless one runs")
+    b.add_argument("--config", type=Path, help="pipeline config (default: $REPEXP_CONFIG)")
+    b.add_argument("--open", action="store_true", help="also open the link in this host's web browser")
+    b.add_argument("--host", help="interface to bind, if a server is started (default: tracking.server_host)")
+    b.add_argument("--port", type=int, help="port, if a server is started (default: tracking.server_port; 0 = free)")
+    b.add_argument("--store", help="backend store URI, if a server is started (default: the results directory's "
+                                   "SQLite store if it exists, else the one `repexp mlflow serve` opens)")
+    b.add_argument("--workers", type=int, default=1, help="uvicorn workers, if a server is started (default 1)")
+
     u = sub.add_parser("uri", help="print the tracking URI of a config (for `mlflow ui --backend-store-uri`)")
     u.add_argument("--config", type=Path, help="pipeline config (default: $REPEXP_CONFIG)")
 
@@ -92,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
             return run_parents(load_config(args.config))
         if args.action == "serve":
             return _serve(args)
+        if args.action == "ui":
+            return _ui(args)
         return _run_node(args)
     except (C.ConfigError, ValueError, FileNotFoundError) as err:
         print(f"mlflow {args.action}: {err}", file=sys.stderr)
@@ -216,6 +229,51 @@ def _serve(args: argparse.Namespace) -> int:
     login = f"; its login is in {info['credentials']}" if info.get("credentials") else ""
     print(f"mlflow serve: {'already running' if info.get('reused') else 'started'} (pid {info['pid']}, store "
           f"{info['backend_store_uri']}{login}); stop with `repexp mlflow serve --stop`", file=sys.stderr)
+    return 0
+
+
+def _ui(args: argparse.Namespace) -> int:
+    """The link to the eval runs compared (repexp.tracking.ui), on the config's tracking server or
+    on the results directory's own (reused when it runs, else started in the background)."""
+    from repexp.tracking import server, ui
+    from repexp.tracking.names import RESULTS_ID_FILE, mlflow_dir
+    from repexp.tracking.store import is_sqlite, sqlite_path
+
+    cfg = load_config(args.config)
+    records = mlflow_dir(cfg.results_dir)
+    if not records.is_dir():
+        raise FileNotFoundError(f"{records}: no MLflow records of this results directory (run the workflow first)")
+    configured = resolve_tracking_uri(cfg.results_dir, cfg.tracking.tracking_uri)
+    if args.store is None and configured.startswith(("http://", "https://")):
+        uri, how = configured, "the config's tracking server"
+    else:
+        # A local run's runs are in <results>/mlflow/mlflow.db; a cluster run's in the server's store.
+        store = args.store or (configured if is_sqlite(configured) and sqlite_path(configured).exists() else None)
+        try:
+            info = server.start(cfg, owner="user", host=args.host, port=args.port, store=store, workers=args.workers)
+        except (server.ServerStartError, server.auth.AuthError) as err:
+            print(f"mlflow ui: {err}", file=sys.stderr)
+            return 1
+        uri = info["uri"]
+        login = f"; the browser asks for the login in {info['credentials']}" if info.get("credentials") else ""
+        how = (f"{'already running' if info.get('reused') else 'started'} (pid {info['pid']}, store "
+               f"{info['backend_store_uri']}{login}); stop with `repexp mlflow serve --config CFG --stop`")
+    id_file = records / RESULTS_ID_FILE
+    results = id_file.read_text().strip() if id_file.exists() else None
+    metric = ui.headline_metric(cfg)
+    try:
+        with server.auth.client_credentials(uri, cfg.results_dir):  # the results directory's server asks for its login
+            url = ui.publish_view(uri, cfg.tracking.experiment or cfg.name, metric, results)
+    except ValueError as err:
+        print(f"mlflow ui: {err}", file=sys.stderr)
+        return 1
+    print(url)
+    print(f"mlflow ui: the eval runs by {metric} (saved view of the experiment); server {how}", file=sys.stderr)
+    if args.open:
+        import webbrowser
+
+        if not webbrowser.open(url):
+            print("mlflow ui: no web browser on this host; open the link above", file=sys.stderr)
     return 0
 
 

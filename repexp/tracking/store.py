@@ -50,7 +50,9 @@ BATCH_PARAMS = 100  # MLflow's per-call limits of log_batch
 BATCH_METRICS = 1000
 SEARCH_LIMIT = 1000
 DATASET_CONTEXT_TAG = "mlflow.data.context"  # MLflow's input tag for a dataset's role
-# The UI opens an experiment of this kind on its runs table (MLflow 3 defaults to its GenAI overview)
+# The experiment's kind for MLflow UIs that read it (3.x before the workflow switch): its runs table,
+# not the GenAI overview. MLflow 3.17.2's UI takes the kind from the link's `workflowType` instead,
+# which `repexp mlflow ui` sets (repexp/tracking/ui.py).
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 
 

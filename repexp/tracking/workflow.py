@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from repexp import layout as L
+from repexp.tracking.gitinfo import REPO_ROOT
 from repexp.tracking.names import ENV_MLFLOW_URI, PARENTS_LOG, mlflow_dir
 from repexp.tracking.node import load_config, tracking_enabled
 from repexp.tracking.outbox import pending_records
@@ -137,9 +138,10 @@ def on_end(config_path: str | Path, results_dir: str | Path) -> None:
         record_healthy(_sqlite_store, results_dir)  # the ledger: a store created by this run's jobs
 
 
-def where_lines(cfg, results: Path, aggregate: Path, figures: Path) -> list[str]:
+def where_lines(cfg, results: Path, aggregate: Path, figures: Path, config: Path | None = None) -> list[str]:
     """The closing lines of a successful run: where the table, the figures and the MLflow records are
-    (only what exists: a run of a single target may have built neither table nor figures)."""
+    (only what exists: a run of a single target may have built neither table nor figures). `config`
+    (the run's config snapshot) makes the MLflow line the one command that opens the eval runs compared."""
     lines = []
     table = next((aggregate / name for name in (L.PASS_AT_K_MD, L.PASS_AT_K_CSV) if (aggregate / name).exists()), None)
     if table is not None:
@@ -148,11 +150,28 @@ def where_lines(cfg, results: Path, aggregate: Path, figures: Path) -> list[str]
         lines.append(f"  figures: {figures}/  ({len(list(figures.glob('*.png')))} PNG, each also as PDF)")
     if tracking_enabled():
         store = _server_store or resolve_tracking_uri(results, cfg.tracking.tracking_uri)
+        login = ""
         if store.startswith(("http://", "https://")):
             from repexp.tracking.auth import credentials_file, served_at
 
             login = f"  (its login is in {credentials_file(results)})" if served_at(results, store) else ""
+        if config is not None:
+            lines.append(f"  MLflow:  {ui_command(config)}   # the eval runs by pass@k, in the MLflow UI")
+            lines.append(f"           (store {store}){login}")
+        elif store.startswith(("http://", "https://")):
             lines.append(f"  MLflow:  open {store}{login}")
         else:
             lines.append(f"  MLflow:  mlflow ui --backend-store-uri {store}   # then open http://127.0.0.1:5000")
     return ["repexp: done. Results:", *lines] if lines else []
+
+
+def ui_command(config: Path) -> str:
+    """`repexp mlflow ui --config <snapshot>`, run where this workflow ran: the snapshot's results_dir
+    is relative to Snakemake's workdir (this process's cwd)."""
+    here = Path.cwd()
+    try:
+        shown = Path(config).resolve().relative_to(here)
+    except ValueError:
+        shown = Path(config).resolve()
+    command = f"repexp mlflow ui --config {shown}"
+    return command if here == REPO_ROOT.resolve() else f"cd {here} && {command}"

@@ -178,7 +178,9 @@ def print_where_results_are():
     from repexp.tracking.workflow import where_lines
 
     for line in where_lines(
-        CFG, *(path.resolve() for path in (Path(RESULTS), L.aggregate_dir(RESULTS), L.figures_dir(RESULTS)))
+        CFG,
+        *(path.resolve() for path in (Path(RESULTS), L.aggregate_dir(RESULTS), L.figures_dir(RESULTS))),
+        config=CONFIG_SNAPSHOT,
     ):
         print(line, file=sys.stderr)
 

@@ -1,0 +1,99 @@
+"""`repexp mlflow ui`: one link that opens the MLflow UI on the eval runs, compared (issue 25, item 1).
+
+MLflow 3.17's runs page keeps its columns in the browser's local storage, so no link of
+searchFilter/orderByKey alone shows the params a comparison needs. What its own UI offers any
+browser is the saved view (the runs page's "Save view"): the page's search facets and UI state
+(`selectedColumns`, `columnOrder`, `columnWidths`, ...) stored as the experiment tag
+`mlflow.sharedViewState.<id>`, value `{"name", "createdAt", "updatedAt", "state": <JSON text>}`,
+and opened by `#/experiments/<experiment>/runs?viewStateShareKey=<id>` (the bundle's runs-page
+chunk, mlflow/server/js/build/static/js/3878.*.js, reads that parameter and tag on first load;
+5439.*.js writes them). `publish_view` writes what that button writes, as MLflow's own Python
+demo data seeds its saved trace views (mlflow/demo/generators/saved_views.py); the view is also
+listed in the page's views menu.
+
+`workflowType=machine_learning` in the link opens the "Model training" side of the UI: in 3.17.2
+the experiment kind comes from that URL parameter or the browser's last choice (default GenAI); the
+`mlflow.experimentKind` tag is not read for it (the bundle's feature flag for that is on: main.*.js,
+`const{workflowType:t}=(0,a.B)(),n=(0,s.Z0)();...n?m(t):<the tag>`, with `Z0:()=>R`, `R=()=>!0`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+from typing import Any, Optional
+
+from repexp.tracking.names import RESULTS_ID_TAG, RULE_TAG
+
+SAVED_VIEW_TAG_PREFIX = "mlflow.sharedViewState."  # MLflow UI's saved views of the runs page
+VIEW_KEY_PARAM = "viewStateShareKey"
+VIEW_PREFIX = "repexp-eval-"  # + the results id: one view per results directory sharing a store
+WORKFLOW_PARAM = ("workflowType", "machine_learning")
+# Params of every eval node run (its sweep point's, repexp.tracking.scopes.scope_for); shown in this order
+COLUMNS = ("task", "method", "beta", "sparse_dim", "seed")
+RUN_NAME_COLUMN = "attributes.`Run Name`"
+WIDTHS = {RUN_NAME_COLUMN: 300}  # room for "eval <task>/<run>"; the metric's header is sized below
+
+
+def headline_metric(cfg) -> str:
+    """`test/pass_at_<n>`, n the eval's samples per problem (the largest k evaluated); with tasks of
+    different n, the largest (the eval runs of the others show no value in that column)."""
+    from repexp import config as C
+    from repexp import metrics as metric_names
+
+    n = max(C.task_section(cfg, task, "eval").n_samples for task in cfg.sweep.tasks)
+    return metric_names.pass_at_k(metric_names.TEST, n)
+
+
+def column(kind: str, name: str) -> str:
+    """The UI's column id (its canonical sort key), e.g. params.`beta`."""
+    return f"{kind}.`{name}`"
+
+
+def view_state(metric: str, results: Optional[str] = None) -> dict[str, Any]:
+    """The runs page's state: this results directory's eval runs, best headline pass@k first, with
+    the sweep point's params beside it. Keys the UI does not find here keep its defaults."""
+    search = f"tags.`{RULE_TAG}` = 'eval'"
+    if results:  # a store (and experiment) can hold several results directories (docs/tracking.md)
+        search += f" AND tags.`{RESULTS_ID_TAG}` = '{results}'"
+    shown = [column("metrics", metric), *(column("params", name) for name in COLUMNS)]
+    return {
+        "searchFilter": search,
+        "orderByKey": column("metrics", metric),
+        "orderByAsc": False,
+        "startTime": "ALL",
+        "lifecycleFilter": "Active",
+        "selectedColumns": shown,
+        "columnOrder": [RUN_NAME_COLUMN, *shown],
+        "columnWidths": {**WIDTHS, column("metrics", metric): 40 + 8 * len(metric)},
+    }
+
+
+def saved_view(name: str, state: dict[str, Any], now_ms: Optional[int] = None) -> str:
+    """The tag value the UI's "Save view" writes (uncompressed state: the UI reads either)."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    return json.dumps({"name": name, "createdAt": now_ms, "updatedAt": now_ms,
+                       "state": json.dumps(state, separators=(",", ":"))}, separators=(",", ":"))
+
+
+def view_url(server_uri: str, experiment_id: str, view_id: str) -> str:
+    """No search facets in the link: the UI applies a saved view only to a link without any
+    (searchFilter, orderByKey, ... in the URL would win over it)."""
+    query = urllib.parse.urlencode({VIEW_KEY_PARAM: view_id, WORKFLOW_PARAM[0]: WORKFLOW_PARAM[1]})
+    return f"{server_uri.rstrip('/')}/#/experiments/{experiment_id}/runs?{query}"
+
+
+def publish_view(server_uri: str, experiment: str, metric: str, results: Optional[str]) -> str:
+    """Save the eval-runs view on `experiment` of the server and return the link that opens it."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=server_uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        raise ValueError(f"no experiment {experiment!r} at {server_uri}: no run of this config was logged there "
+                         "(run the workflow first, or pass --store)")
+    view_id = f"{VIEW_PREFIX}{results or 'all'}"
+    client.set_experiment_tag(found.experiment_id, SAVED_VIEW_TAG_PREFIX + view_id,
+                              saved_view(f"repexp: eval runs by {metric}", view_state(metric, results)))
+    return view_url(server_uri, found.experiment_id, view_id)
