@@ -150,15 +150,16 @@ def where_lines(cfg, results: Path, aggregate: Path, figures: Path, config: Path
         lines.append(f"  figures: {figures}/  ({len(list(figures.glob('*.png')))} PNG, each also as PDF)")
     if tracking_enabled():
         store = _server_store or resolve_tracking_uri(results, cfg.tracking.tracking_uri)
-        login = ""
-        if store.startswith(("http://", "https://")):
-            from repexp.tracking.auth import credentials_file, served_at
+        from repexp.tracking.auth import credentials_file, served_at
 
-            login = f"  (its login is in {credentials_file(results)})" if served_at(results, store) else ""
+        served = store.startswith(("http://", "https://"))
+        # the results directory's own server (the one `repexp mlflow ui` starts, or this run's) asks for its login
+        own = served_at(results, store) if served else cfg.tracking.server_auth
+        login = f"  (its login is in {credentials_file(results)})" if own else ""
         if config is not None:
             lines.append(f"  MLflow:  {ui_command(config)}   # the eval runs by pass@k, in the MLflow UI")
             lines.append(f"           (store {store}){login}")
-        elif store.startswith(("http://", "https://")):
+        elif served:
             lines.append(f"  MLflow:  open {store}{login}")
         else:
             lines.append(f"  MLflow:  mlflow ui --backend-store-uri {store}   # then open http://127.0.0.1:5000")
