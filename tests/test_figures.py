@@ -548,6 +548,13 @@ def test_training_figure_scales_marks_switched_off_bonus_and_shows_both_reward_s
     assert dashed and all(d.get_zorder() > s.get_zorder() for d in dashed for s in reward if s.get_linestyle() == "-")
     legend = [text.get_text() for sub in fig.subfigs for legend in sub.legends for text in legend.get_texts()]
     assert "shaped reward (—)" in legend and "verifier reward (- -)" in legend
+    # GRPO's one line there (its verifier reward) equals RepExp's: lifted above it, and said (the README run's case)
+    grpo_color = {line.get_color() for line in reward if line.get_linestyle() == "--"}
+    assert len(grpo_color) == 2, grpo_color
+    top = max(dashed, key=lambda line: line.get_zorder())
+    assert all(top.get_zorder() > line.get_zorder() for line in reward if line is not top)
+    assert top.get_color() not in {line.get_color() for line in reward if line.get_linestyle() == "-"}  # GRPO's
+    assert any("GRPO's verifier reward = RepExp's at every step" in note for note in record["notes"]), record["notes"]
 
     for run in curves.values():  # the same entropy for both: RepExp drawn dashed on top, and said
         run["actor/entropy"] = {s: 1.0 - 0.1 * s for s in range(1, 6)}

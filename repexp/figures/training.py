@@ -175,17 +175,24 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
     # solid/dashed for its two metrics; only the drawing order helps there.
     same: dict[str, set] = {}
     for panel_title, metrics in panels:
+        # one-metric panels compare that metric; the reward panel its verifier reward, GRPO's only line there
+        compared = metrics[-1]
         means = {}
         for s in series:
-            runs = [r for r in series_runs[s] if metrics[0] in curves[r.path]]
-            if runs and len(metrics) == 1:
-                means[s] = _seed_mean_over_steps([curves[r.path][metrics[0]] for r in runs])
+            runs = [r for r in series_runs[s] if compared in curves[r.path]]
+            if runs:
+                means[s] = _seed_mean_over_steps([curves[r.path][compared] for r in runs])
         scale = max((abs(v) for data in means.values() for v in data["mean"]), default=0.0)
         grpo_steps = next((d["step"] for s, d in means.items() if s.method == "grpo"), None)
         comparable = {s: d["mean"] for s, d in means.items() if d["step"] == grpo_steps}
         same[panel_title] = coinciding_with_grpo(comparable, tolerance=COINCIDE_FRACTION * scale)
-        notes += [f"{panel_title}: {styles[s]['label']} = GRPO at every step (to {COINCIDE_FRACTION:.1%} of the "
-                  "values; RepExp is drawn dashed on top)" for s in sorted(same[panel_title], key=_series_sort_key)]
+        if len(metrics) == 1:
+            notes += [f"{panel_title}: {styles[s]['label']} = GRPO at every step (to {COINCIDE_FRACTION:.1%} of the "
+                      "values; RepExp is drawn dashed on top)" for s in sorted(same[panel_title], key=_series_sort_key)]
+        else:
+            notes += [f"{panel_title}: GRPO's verifier reward = {styles[s]['label']}'s at every step (to "
+                      f"{COINCIDE_FRACTION:.1%}; GRPO's dashed line is drawn on top of it)"
+                      for s in sorted(same[panel_title], key=_series_sort_key)]
     turned_off = {s: _turned_off_steps(curves, series_runs[s]) for s in series}
     if any(turned_off.values()) and any(title == TURN_OFF_PANEL for title, _ in panels):
         notes.append(f"{TURN_OFF_PANEL}: × marks steps where the bonus was switched off in some groups "
@@ -218,12 +225,17 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
                     sparse = len(data["step"]) <= 30  # dev metrics are logged every test_freq steps: show points
                     # the dashed metric on top: where both coincide (β·bonus ≈ 0) it stays visible; RepExp
                     # above GRPO, dashed with hollow markers where it equals GRPO's curve
-                    hidden = s in same[panel_title]
+                    hidden = s in same[panel_title] and len(metrics) == 1
+                    # the reward panel: RepExp keeps its solid shaped line in view, so a GRPO verifier line
+                    # equal to RepExp's is the one lifted on top
+                    lifted = len(metrics) == 2 and s.method == "grpo" and any(
+                        o.task == s.task and o.backend == s.backend for o in same[panel_title])
                     hollow = {"markerfacecolor": "none", "markeredgecolor": style["color"]} if hidden else {}
                     line, = ax.plot(data["step"], data["mean"], color=style["color"],
                                     linestyle="--" if hidden else linestyle, linewidth=1.0,
                                     marker=style["marker"] if sparse else None, markersize=3.5,
-                                    zorder=ZORDER[s.method] + (3 if linestyle == "--" else 0), **hollow)
+                                    zorder=ZORDER[s.method] + (3 if linestyle == "--" else 0) + (10 if lifted else 0),
+                                    **hollow)
                     if linestyle == "-":
                         handles.setdefault(style["label"], line)
                     if panel_title == TURN_OFF_PANEL and turned_off[s]:
