@@ -1,6 +1,7 @@
 # Python helpers for the rules: config loading, path resolution, targets, per-job params and
 # resources. Parsed by every Snakemake invocation and every SLURM jobstep, so it stays cheap:
-# no MLflow, torch or pandas imports, no I/O beyond one small config snapshot.
+# no MLflow, torch or pandas imports, no I/O beyond one small config snapshot and, on the submit
+# host, the small content sidecars of the model and data splits (repexp.intermediates.settle).
 
 import dataclasses
 import functools
