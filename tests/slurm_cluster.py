@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from repexp.processes import pid_alive
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 INSTALL_SCRIPT = REPO_ROOT / "workflow" / "scripts" / "install_slurm.sh"
 SYSTEM_CONF = Path("/etc/slurm/slurm.conf")
@@ -94,12 +96,8 @@ def _real_memory_mb(cap_mb: int = 20000) -> int:
 
 
 def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_alive(pid):
         return False
-    except PermissionError:
-        return True
     # a zombie (exited, not yet reaped) counts as gone
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
