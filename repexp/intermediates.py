@@ -196,7 +196,8 @@ def needless_reruns(jobs: Sequence[Pending]) -> Reruns:
     that reruns because an output of it is missing (a deleted intermediate) and for no other reason."""
     by_key = {job.key: job for job in jobs}
     origin: dict[int, set[int]] = {}  # job -> the rebuilds its rerun comes from
-    for job in _topological(jobs):
+    order = _topological(jobs)
+    for job in order:
         upstream = [origin.get(key) for key in job.upstream if key in by_key]
         traced = bool(upstream) and all(source is not None for source in upstream)
         if job.missing and not job.other:
@@ -205,7 +206,7 @@ def needless_reruns(jobs: Sequence[Pending]) -> Reruns:
             origin[job.key] = set().union(*upstream)
     finished = [job for job in jobs if job.key in origin and not job.missing]
     involved = set().union(*(origin[job.key] for job in finished)) if finished else set()
-    return Reruns(roots=[job for job in _topological(jobs) if job.key in involved], finished=finished)
+    return Reruns(roots=[job for job in order if job.key in involved], finished=finished)
 
 
 def _topological(jobs: Sequence[Pending]) -> list[Pending]:
