@@ -23,7 +23,8 @@ snakemake all --configfile configs/pilot.yaml --cores 16 --resources gpu_share=1
 code=$?
 echo "{\"exit\": $code, \"wall_s\": $(( $(date +%s) - started ))}" > "$BUNDLE/wall.json"
 kill "$sampler" 2>/dev/null
-python3 benchmarks/dag_report.py --results "$RESULTS" --point arith-hard/trl_repexp_k32_b0.1_s1 \
+TASK=$(python3 -c "import yaml; print(yaml.safe_load(open('configs/pilot.yaml'))['sweep']['tasks'][0])")
+python3 benchmarks/dag_report.py --results "$RESULTS" --point "$TASK/trl_repexp_k32_b0.1_s1" \
     --out "$BUNDLE/dag_report.json" > /dev/null 2>"$BUNDLE/dag_report.err"
 for d in aggregate figures benchmarks logs; do
     [ -d "$RESULTS/$d" ] && cp -r "$RESULTS/$d" "$BUNDLE/"

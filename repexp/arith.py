@@ -1,4 +1,4 @@
-"""The built-in arithmetic tasks: `arith` (single-digit `a + b`, `a - b`, `a * b`) and `arith-hard`.
+"""The built-in arithmetic tasks: `arith` (single-digit `a + b`, `a - b`, `a * b`), `arith-hard`, `arith-mid`.
 
 Why it exists: the README run has to show the method on a 2-core CPU in minutes, with pass@k
 curves that are not all zero. On GSM8K a CPU-sized model (SmolLM2-135M-Instruct, offline) solves
@@ -12,8 +12,8 @@ Every problem exists once: 81 sums, 45 differences, 81 products = 207 questions.
 seeded (`split_seed`): 48 test, 16 dev, the rest train, disjoint by construction. The answer is
 scored by the `arith` verifier family (the last number of the response; `repexp.verify`).
 
-`arith-hard`, the GPU pilot's task (multi-digit kinds, few-shot prompt, `final_number` verifier),
-is the second half of this module. Pure: no framework imports.
+`arith-hard` and `arith-mid`, the GPU pilot's tasks (multi-digit kinds, few-shot prompt,
+`final_number` verifier), are the second half of this module. Pure: no framework imports.
 """
 
 from __future__ import annotations
@@ -66,14 +66,14 @@ def split(seed: int) -> dict[str, list[Question]]:
     return {name: [questions[i] for i in idx] for name, idx in (("train", train), ("dev", dev), ("test", test))}
 
 
-# --------------------------------------------------------------------------- arith-hard (the pilot's task)
+# --------------------------------------------------------------------------- arith-hard, arith-mid (the pilot's tasks)
 #
 # Why: the GPU pilot (configs/pilot.yaml, docs/pilot.md) needs questions on which
 # SmolLM2-135M-Instruct is right sometimes but not always (base pass@1 of a few percent, pass@256
 # clearly below 1), with enough distinct problems for a test split of more than 500 questions. Single-digit
 # `arith` saturates (pass@256 = 1 for the base model); these leave room for exploration to matter.
 # Each kind is a finite, enumerable space; the split draws questions without replacement from the
-# union of `HARD_KINDS`, so train, dev and test are disjoint by construction.
+# union of a task's kinds (`KIND_TASKS`), so train, dev and test are disjoint by construction.
 
 TWO_DIGITS = range(10, 100)
 SMALL = range(2, 10)  # one-digit factors; 0 and 1 make trivial products
@@ -97,7 +97,7 @@ KINDS = {
 def kind_questions(kind: str) -> list[Question]:
     """Every question of one kind, in a fixed order (index = position within the kind)."""
     if kind not in KINDS:
-        raise ValueError(f"unknown arith-hard kind {kind!r} (known: {', '.join(KINDS)})")
+        raise ValueError(f"unknown arithmetic kind {kind!r} (known: {', '.join(KINDS)})")
     return [Question(i, f"What is {expr}?", value) for i, (expr, value) in enumerate(KINDS[kind][1]())]
 
 
@@ -111,7 +111,7 @@ HARD_MAX_NEW_TOKENS = 16
 
 
 def hard_messages(question_text: str, shots: bool = True) -> list[dict]:
-    """The arith-hard prompt as chat messages: the system instruction, the worked examples, the question."""
+    """The arith-hard/arith-mid prompt as chat messages: the system instruction, the worked examples, the question."""
     return shot_messages(question_text, HARD_SHOTS if shots else ())
 
 
@@ -121,29 +121,53 @@ def hard_messages(question_text: str, shots: bool = True) -> list[dict]:
 # per kind so that the two largest spaces (add2, sub2) do not drown the others.
 HARD_KINDS = {"one": (64, 16, 640), "add21": (96, 32, 640), "sub21": (96, 32, 640), "add2": (96, 32, 640),
               "sub2": (96, 32, 640), "mul21": (96, 32, 640)}
+# `arith-mid`: only the kinds whose every question the model can learn from a one-digit step
+# (base pass@1 0.01-0.08 each). On arith-hard, GRPO's entropy stopped falling at 0.13-0.2 however
+# long it trained, most likely held up by the questions it never solves (docs/pilot.md, "The third
+# design"); this task is the candidate on which it can collapse. Same prompt and verifier.
+MID_KINDS = {"one": (64, 16, 640), "add21": (224, 48, 640), "sub21": (224, 48, 640)}
+
+# The tasks built from kinds: task -> its kind table. Each task has its own split salt, so the
+# same seed gives unrelated permutations for different tasks (arith-hard's is the one it always had).
+KIND_TASKS = {"arith-hard": HARD_KINDS, "arith-mid": MID_KINDS}
+_SPLIT_SALT = {"arith-hard": 0xA218, "arith-mid": 0xA219}
+TASKS = ("arith", *KIND_TASKS)  # every built-in task (they read no data.source)
 
 
-def hard_questions() -> list[Question]:
-    """Every arith-hard question: the kinds of `HARD_KINDS` one after another, indexed across them."""
+def _kind_table(task: str) -> dict[str, tuple[int, int, int]]:
+    if task not in KIND_TASKS:
+        raise ValueError(f"{task!r} is not a task built from kinds (known: {', '.join(KIND_TASKS)})")
+    return KIND_TASKS[task]
+
+
+def kind_task_questions(task: str) -> list[Question]:
+    """Every question of a kind task: its kinds one after another, indexed across them."""
     out: list[Question] = []
-    for kind in HARD_KINDS:
+    for kind in _kind_table(task):
         out += [Question(len(out) + q.index, q.text, q.answer) for q in kind_questions(kind)]
     return out
 
 
-def hard_split(seed: int) -> dict[str, list[Question]]:
-    """Seeded disjoint train/dev/test split of `hard_questions()`: per kind, a seeded permutation
-    gives its test, then dev, then (up to the cap) train questions (`HARD_KINDS`)."""
-    questions = hard_questions()
+def kind_split(task: str, seed: int) -> dict[str, list[Question]]:
+    """Seeded disjoint train/dev/test split of `kind_task_questions(task)`: per kind, a seeded
+    permutation gives its test, then dev, then (up to the cap) train questions (`KIND_TASKS`)."""
+    table = _kind_table(task)
+    questions = kind_task_questions(task)
     parts: dict[str, list[int]] = {"train": [], "dev": [], "test": []}
     start = 0
-    for number, (kind, (test, dev, train)) in enumerate(HARD_KINDS.items()):
+    for number, (kind, (test, dev, train)) in enumerate(table.items()):
         size = sum(1 for _ in KINDS[kind][1]())
         if size < test + dev + 1:
-            raise ValueError(f"arith-hard kind {kind}: {size} questions cannot give {test} test + {dev} dev + train")
-        order = start + np.random.default_rng(np.random.SeedSequence([seed, 0xA218, number])).permutation(size)
+            raise ValueError(f"{task} kind {kind}: {size} questions cannot give {test} test + {dev} dev + train")
+        salt = np.random.SeedSequence([seed, _SPLIT_SALT[task], number])
+        order = start + np.random.default_rng(salt).permutation(size)
         parts["test"] += order[:test].tolist()
         parts["dev"] += order[test:test + dev].tolist()
         parts["train"] += order[test + dev:test + dev + train].tolist()
         start += size
     return {name: [questions[i] for i in sorted(idx)] for name, idx in parts.items()}
+
+
+def task_split(task: str, seed: int) -> dict[str, list[Question]]:
+    """The split of any built-in task (`TASKS`)."""
+    return split(seed) if task == "arith" else kind_split(task, seed)

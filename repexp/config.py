@@ -34,12 +34,12 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Optional
 
+from repexp import arith, layout
 from repexp import bonus_defaults as B
-from repexp import layout
 from repexp.verify.routing import DEFAULT_GRADER, GRADERS
 
-TASKS = ("math", "gsm8k", "aime24", "dapo-with-aime24", "arith", "arith-hard")
-GENERATED_TASKS = ("arith", "arith-hard")  # built in (repexp.arith): read no data.source
+GENERATED_TASKS = arith.TASKS  # built in (repexp.arith): read no data.source
+TASKS = ("math", "gsm8k", "aime24", "dapo-with-aime24", *GENERATED_TASKS)
 BACKENDS = ("trl", "verl")
 METHODS = ("repexp", "grpo", "base")
 REWARD_TYPES = B.REWARD_TYPES

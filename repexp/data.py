@@ -40,8 +40,9 @@ from typing import Any, Optional
 
 from repexp import arith, layout
 from repexp import splits as sp
+from repexp.verify import routing
 
-TASKS = ("math", "gsm8k", "aime24", "dapo-with-aime24", "arith", "arith-hard")
+TASKS = ("math", "gsm8k", "aime24", "dapo-with-aime24", *arith.TASKS)
 SPLITS = layout.SPLITS
 
 # Upstream instruction suffixes (the prompt is question + " " + suffix, one user turn).
@@ -53,8 +54,9 @@ MATH_DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
 GSM8K_DATA_SOURCE = "openai/gsm8k"
 AIME_DATA_SOURCE = "aime24"
 DAPO_DATA_SOURCE = "math_dapo"
-ARITH_DATA_SOURCE = "repexp/arith"  # built in (repexp.arith); routes to repexp.verify's arith family
-ARITH_HARD_DATA_SOURCE = "repexp/arith-hard"  # built in (repexp.arith); the final-number family
+ARITH_DATA_SOURCE = routing.ARITH_DATA_SOURCE  # built in (repexp.arith); repexp.verify's arith family
+ARITH_HARD_DATA_SOURCE = routing.ARITH_HARD_DATA_SOURCE  # built in (repexp.arith); the final-number family
+ARITH_MID_DATA_SOURCE = routing.ARITH_MID_DATA_SOURCE  # built in (repexp.arith); the final-number family
 
 DAPO_HF_ID = "ftajwar/deduplicated_dapo_dataset"
 HF = "hf"
@@ -235,7 +237,7 @@ def load_hf(names: Sequence[str],
 @dataclass
 class Problem:
     problem_id: str
-    source: str  # math | gsm8k | aime24 | dapo | arith | arith-hard
+    source: str  # math | gsm8k | aime24 | dapo | arith | arith-hard | arith-mid
     source_split: str
     index: int  # row index in the source split (upstream's extra_info.index)
     question: str
@@ -386,7 +388,7 @@ def tables_needed(task: str, options: Options) -> list[str]:
         return ["dapo" if options.aime_train == "dapo" else "math_train", "aime24"]
     if task == "dapo-with-aime24":
         return ["dapo", "aime24"]
-    if task in ("arith", "arith-hard"):
+    if task in arith.TASKS:
         return []  # generated (repexp.arith): no source files
     raise DataError(f"unknown task {task!r} (choose from {', '.join(TASKS)})")
 
@@ -435,13 +437,13 @@ def build(task: str, tables: dict[str, RawTable], options: Options) -> Prepared:
         train, dev, test = generated["train"], generated["dev"], generated["test"]
         dev_equals_test = False
         notes.append(f"generated: {len(train)} train, {len(dev)} dev, {len(test)} test questions (repexp.arith)")
-    elif task == "arith-hard":
+    elif task in arith.KIND_TASKS:
         generated = {name: [generated_problem(task, q) for q in questions]
-                     for name, questions in arith.hard_split(options.seed).items()}
+                     for name, questions in arith.kind_split(task, options.seed).items()}
         train, dev, test = generated["train"], generated["dev"], generated["test"]
         dev_equals_test = False
         notes.append(f"generated: {len(train)} train, {len(dev)} dev, {len(test)} test questions "
-                     f"(repexp.arith, kinds {', '.join(arith.HARD_KINDS)})")
+                     f"(repexp.arith, kinds {', '.join(arith.KIND_TASKS[task])})")
     else:
         raise DataError(f"unknown task {task!r} (choose from {', '.join(TASKS)})")
 
@@ -492,8 +494,9 @@ def instruction_for(problem: Problem) -> str:
 
 
 def generated_problem(task: str, question: arith.Question) -> Problem:
-    """A question of a built-in task (`arith`, `arith-hard`) as a canonical problem."""
-    data_source = {"arith": ARITH_DATA_SOURCE, "arith-hard": ARITH_HARD_DATA_SOURCE}[task]
+    """A question of a built-in task (`arith.TASKS`) as a canonical problem."""
+    data_source = {"arith": ARITH_DATA_SOURCE, "arith-hard": ARITH_HARD_DATA_SOURCE,
+                   "arith-mid": ARITH_MID_DATA_SOURCE}[task]
     return Problem(f"{task}/{question.index}", task, "generated", question.index, question.text,
                    str(question.answer), data_source)
 
@@ -506,7 +509,7 @@ def chat_prompt(problem: Problem) -> list[dict]:
     until the token cap)."""
     if problem.source == "arith":
         return arith.shot_messages(problem.question)
-    if problem.source == "arith-hard":
+    if problem.source in arith.KIND_TASKS:
         return arith.hard_messages(problem.question)
     return [{"role": "user", "content": f"{problem.question} {instruction_for(problem)}"}]
 
@@ -654,7 +657,8 @@ def prepare(
         "dropped": prepared.dropped,
         "notes": prepared.notes,
         "instruction": {"gsm8k": GSM8K_INSTRUCTION, "arith": arith.SYSTEM_PROMPT,
-                        "arith-hard": arith.HARD_SYSTEM_PROMPT}.get(task, MATH_INSTRUCTION),
+                        **{kind_task: arith.HARD_SYSTEM_PROMPT for kind_task in arith.KIND_TASKS}}.get(
+                            task, MATH_INSTRUCTION),
         "versions": {"repexp": __version__, "pyarrow": pyarrow.__version__},
     }
     write_json_atomic(layout.manifest_file(out_dir), manifest)

@@ -94,8 +94,8 @@ def split_sizes(cfg, task: str) -> dict[str, int]:
     """Problems per split after the config's limits (docs/data.md, "Splits")."""
     from repexp import arith, splits
 
-    if task in ("arith", "arith-hard"):
-        made = (arith.split if task == "arith" else arith.hard_split)(cfg.data.split_seed)
+    if task in arith.TASKS:
+        made = arith.task_split(task, cfg.data.split_seed)
         sizes = {name: len(made[name]) for name in ("train", "dev", "test")}
     else:
         sizes = {

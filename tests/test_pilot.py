@@ -1,4 +1,4 @@
-"""The pilot (configs/pilot.yaml, docs/pilot.md): its task `arith-hard` (generator, splits, verifier),
+"""The pilot (configs/pilot.yaml, docs/pilot.md): its tasks `arith-hard`, `arith-mid` (generator, splits, verifier),
 its one-GPU sharing (the `gpu_share` resource and the memory caps the config check demands), its dry
 runs under both profiles, and a reduced form of the same config run end to end on CPU."""
 
@@ -20,7 +20,7 @@ from repexp import metrics as M
 
 REPO = Path(__file__).resolve().parents[1]
 PILOT = REPO / "configs" / "pilot.yaml"
-TASK = "arith-hard"
+TASK = yaml.safe_load(PILOT.read_text())["sweep"]["tasks"][0]  # the task the pilot's design chose
 SOURCE = data.ARITH_HARD_DATA_SOURCE
 
 # --------------------------------------------------------------------------- the task
@@ -42,19 +42,21 @@ def test_kind_sizes():
                      "addmul": 5760, "mul22": 8100}
 
 
-def test_split_is_seeded_disjoint_balanced_and_large_enough():
-    first, again, other = arith.hard_split(0), arith.hard_split(0), arith.hard_split(1)
+@pytest.mark.parametrize("task", list(arith.KIND_TASKS))
+def test_split_is_seeded_disjoint_balanced_and_large_enough(task):
+    kinds = arith.KIND_TASKS[task]
+    first, again, other = arith.kind_split(task, 0), arith.kind_split(task, 0), arith.kind_split(task, 1)
     assert first == again and first != other
     texts = {name: [q.text for q in rows] for name, rows in first.items()}
     for a, b in (("train", "dev"), ("train", "test"), ("dev", "test")):
         assert not set(texts[a]) & set(texts[b]), (a, b)
     assert len(first["test"]) >= 500
-    kind_of = {q.text: kind for kind in arith.HARD_KINDS for q in arith.kind_questions(kind)}
+    kind_of = {q.text: kind for kind in kinds for q in arith.kind_questions(kind)}
     for split, column in (("test", 0), ("dev", 1)):
         counts = Counter(kind_of[q.text] for q in first[split])
-        assert counts == {kind: sizes[column] for kind, sizes in arith.HARD_KINDS.items()}, split
+        assert counts == {kind: sizes[column] for kind, sizes in kinds.items()}, split
     train = Counter(kind_of[q.text] for q in first["train"])
-    for kind, (test, dev, cap) in arith.HARD_KINDS.items():
+    for kind, (test, dev, cap) in kinds.items():
         assert train[kind] == min(cap, len(arith.kind_questions(kind)) - test - dev), kind
     indices = [q.index for rows in first.values() for q in rows]
     assert len(indices) == len(set(indices))
@@ -63,15 +65,31 @@ def test_split_is_seeded_disjoint_balanced_and_large_enough():
     assert not shown & {q.text for rows in first.values() for q in rows}
 
 
-def test_prepared_rows_carry_the_few_shot_prompt_and_route_to_the_final_number_verifier():
-    prepared = data.build(TASK, {}, data.Options(seed=0))
+def test_the_two_kind_tasks_have_their_own_splits():
+    """arith-mid's kinds are a subset of arith-hard's, but its split is drawn afresh (its own salt), and
+    arith-hard's split is the one the first two pilot runs used (its first test questions, pinned)."""
+    hard, mid = arith.kind_split("arith-hard", 0), arith.kind_split("arith-mid", 0)
+    assert [q.text for q in hard["test"][:3]] == HARD_FIRST_TEST
+    one_digit = {q.text for q in arith.kind_questions("one")}
+    assert {q.text for q in mid["test"]} & one_digit != {q.text for q in hard["test"]} & one_digit
+    assert len(mid["test"]) == 512 and len(mid["dev"]) == 112
+
+
+HARD_FIRST_TEST = ["What is 1 + 2?", "What is 1 + 6?", "What is 1 + 9?"]
+
+
+@pytest.mark.parametrize("task, source", [("arith-hard", data.ARITH_HARD_DATA_SOURCE),
+                                          ("arith-mid", data.ARITH_MID_DATA_SOURCE)])
+def test_prepared_rows_carry_the_few_shot_prompt_and_route_to_the_final_number_verifier(task, source):
+    prepared = data.build(task, {}, data.Options(seed=0))
     problem = prepared.splits["test"][0]
-    assert problem.data_source == SOURCE and problem.problem_id.startswith("arith-hard/")
+    assert problem.data_source == source and problem.problem_id.startswith(f"{task}/")
     messages = data.chat_prompt(problem)
     assert messages[0] == {"role": "system", "content": arith.HARD_SYSTEM_PROMPT}
     assert [m["role"] for m in messages[1:]] == ["user", "assistant"] * len(arith.HARD_SHOTS) + ["user"]
     assert messages[-1]["content"] == problem.question
-    assert verify.routing.family(SOURCE) == verify.routing.FINAL_NUMBER
+    assert verify.routing.family(source) == verify.routing.FINAL_NUMBER
+    assert verify.score(source, f"{problem.ground_truth}.", problem.ground_truth) == 1.0
 
 
 def test_the_readme_tasks_prompt_shows_worked_examples_that_are_no_question_of_the_task():
@@ -93,9 +111,10 @@ def test_the_readme_tasks_prompt_shows_worked_examples_that_are_no_question_of_t
     ("47 + 38 is the same as 40 + 30 and", 0.0), ("47 + 38 is the same as 40 + 45", 0.0),  # a truncated line
     ("", 0.0), ("x85", 0.0), ("3.85", 0.0),
 ])
-def test_the_verifier_grades_the_number_the_response_ends_with(response, expected):
-    assert verify.score(SOURCE, response, "85") == expected
-    assert verify.score(SOURCE, response, "85", grader="paper") == expected
+@pytest.mark.parametrize("source", [data.ARITH_HARD_DATA_SOURCE, data.ARITH_MID_DATA_SOURCE])
+def test_the_verifier_grades_the_number_the_response_ends_with(response, expected, source):
+    assert verify.score(source, response, "85") == expected
+    assert verify.score(source, response, "85", grader="paper") == expected
 
 
 def test_final_number_answers_are_canonical_for_majority_voting():

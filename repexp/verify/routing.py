@@ -7,8 +7,8 @@ Two graders (`GRADERS`, chosen by the pipeline config's `grader` key):
 - `paper`: the three scorers the upstream recipe used, routed as its `default_compute_score`
   routes them (`paper_scorer`): verl's strict `####` scorer for GSM8K, Hendrycks string
   equivalence for the MATH datasets, Math-Verify over the whole response for DAPO/AIME. The
-  built-in arithmetic tasks (`repexp/arith`, `repexp/arith-hard`, not part of the paper) are
-  scored by the repexp rule under both graders.
+  built-in arithmetic tasks (`repexp/arith`, `repexp/arith-hard`, `repexp/arith-mid`, not part of
+  the paper) are scored by the repexp rule under both graders.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ DEFAULT_GRADER = "repexp"
 GSM8K = "gsm8k"
 MATH = "math"
 ARITH = "arith"  # the built-in arithmetic task: the last number of the response (docs/data.md)
-FINAL_NUMBER = "final_number"  # arith-hard: the number the response ends with, else no answer
+FINAL_NUMBER = "final_number"  # arith-hard, arith-mid: the number the response ends with, else no answer
 NUMERIC_FAMILIES = (GSM8K, ARITH, FINAL_NUMBER)  # golds and answers are exact rationals
 
 # scorers of the paper grader
@@ -31,10 +31,12 @@ GSM8K_STRICT = "gsm8k_strict"
 HENDRYCKS = "hendrycks"
 MATH_VERIFY = "math_verify"
 LAST_NUMBER = "last_number"  # arith under either grader
-FINAL_NUMBER_SCORER = "final_number"  # arith-hard under either grader
+FINAL_NUMBER_SCORER = "final_number"  # arith-hard, arith-mid under either grader
 
 ARITH_DATA_SOURCE = "repexp/arith"
 ARITH_HARD_DATA_SOURCE = "repexp/arith-hard"
+ARITH_MID_DATA_SOURCE = "repexp/arith-mid"
+FINAL_NUMBER_SOURCES = frozenset({ARITH_HARD_DATA_SOURCE, ARITH_MID_DATA_SOURCE})
 
 _GSM8K_SOURCES = frozenset({"openai/gsm8k", "gsm8k"})
 # The MATH datasets: Hendrycks string equivalence under the paper grader.
@@ -70,7 +72,7 @@ def check_grader(grader: str) -> str:
 
 
 def _unknown(data_source: str) -> ValueError:
-    generated = {ARITH_DATA_SOURCE, ARITH_HARD_DATA_SOURCE}
+    generated = {ARITH_DATA_SOURCE, *FINAL_NUMBER_SOURCES}
     known = ", ".join(sorted(_GSM8K_SOURCES | _HENDRYCKS_SOURCES | _MATH_VERIFY_SOURCES | generated))
     return ValueError(f"unknown data_source {data_source!r}: no verifier for it (known: {known}, aime*, amc*)")
 
@@ -85,7 +87,7 @@ def family(data_source: str) -> str:
         return GSM8K
     if data_source == ARITH_DATA_SOURCE:
         return ARITH
-    if data_source == ARITH_HARD_DATA_SOURCE:
+    if data_source in FINAL_NUMBER_SOURCES:
         return FINAL_NUMBER
     if data_source in _HENDRYCKS_SOURCES or data_source in _MATH_VERIFY_SOURCES or _COMPETITION_RE.search(data_source):
         return MATH
