@@ -1103,9 +1103,7 @@ def _point_metrics(run: EvalRun, testtime: dict[tuple[str, str], TesttimeRun] | 
     metrics = sweep_point_metrics(run)
     tt = (testtime or {}).get((run.spec.task, run.spec.name))
     if tt is not None:
-        from repexp.testtime.core import mlflow_metrics as testtime_metrics
-
-        metrics.update(testtime_metrics(read_json(tt.path)))
+        metrics.update(metric_names.testtime_metrics(read_json(tt.path)))
     return metrics
 
 
