@@ -67,7 +67,7 @@ from repexp.io import atomic_path, read_json
 from repexp.verify.routing import DEFAULT_GRADER, GRADERS
 
 EVAL_JSON = layout.EVAL_JSON
-HEADLINE_K = 256
+HEADLINE_K = 256  # the largest reference k of k-efficiency; the figures' heatmap uses the same k
 # ks logged on every sweep point's MLflow parent run (plus the largest evaluated k)
 MLFLOW_KS = (1, 16, 256)
 
