@@ -91,7 +91,7 @@ BOOTSTRAP_REPLICATES = 1000
 BOOTSTRAP_SEED = 0
 BOOTSTRAP_LEVEL = 0.95
 NO_INTERVAL_NOTE = "no bootstrap interval"  # starts a k-efficiency row's note that says why it has none
-METHOD_NAMES = {"repexp": "RepExp", "grpo": "GRPO", "base": "Base model"}
+METHOD_NAMES = {"repexp": "RepExp", "grpo": "GRPO", "base": "Base model"}  # tables, notes and figure legends
 STATUS_REACHED = "reached"
 STATUS_REACHED_FIRST = "reached at the smallest k"
 STATUS_NOT_REACHED = "not reached"
@@ -561,7 +561,7 @@ def bootstrap_k_efficiency(repexp_n, repexp_c, grpo_n, grpo_c, ks: Sequence[int]
             replicates, seeds, len(ks))
         if seeds >= 2:
             seed_weights = _counts_to_weights(rng.integers(0, seeds, size=(replicates, seeds)), seeds)
-            resampled.append(f"{'RepExp' if name == 'repexp' else 'GRPO'} seeds")
+            resampled.append(f"{METHOD_NAMES[name]} seeds")
         else:
             seed_weights = np.ones((replicates, 1))
         boot[name] = np.einsum("bs,bsk->bk", seed_weights, curves)
