@@ -31,7 +31,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
-sys.path.insert(0, str(ROOT / "tests"))  # the helpers shared with tests/test_verl_runtime.py
+sys.path.append(str(ROOT / "tests"))  # the helpers shared with tests/test_verl_runtime.py; last: shadows nothing
 
 from verl_layouts import build_worker, hidden_means, v0_batch, v1_batch  # noqa: E402
 
