@@ -67,7 +67,7 @@ from repexp.io import atomic_path, read_json
 from repexp.verify.routing import DEFAULT_GRADER, GRADERS
 
 EVAL_JSON = layout.EVAL_JSON
-HEADLINE_K = 256
+HEADLINE_K = 256  # the largest reference k of k-efficiency; the figures' heatmap uses the same k
 # ks logged on every sweep point's MLflow parent run (plus the largest evaluated k)
 MLFLOW_KS = (1, 16, 256)
 
@@ -91,7 +91,7 @@ BOOTSTRAP_REPLICATES = 1000
 BOOTSTRAP_SEED = 0
 BOOTSTRAP_LEVEL = 0.95
 NO_INTERVAL_NOTE = "no bootstrap interval"  # starts a k-efficiency row's note that says why it has none
-METHOD_NAMES = {"repexp": "RepExp", "grpo": "GRPO", "base": "Base model"}
+METHOD_NAMES = {"repexp": "RepExp", "grpo": "GRPO", "base": "Base model"}  # tables, notes and figure legends
 STATUS_REACHED = "reached"
 STATUS_REACHED_FIRST = "reached at the smallest k"
 STATUS_NOT_REACHED = "not reached"
@@ -561,7 +561,7 @@ def bootstrap_k_efficiency(repexp_n, repexp_c, grpo_n, grpo_c, ks: Sequence[int]
             replicates, seeds, len(ks))
         if seeds >= 2:
             seed_weights = _counts_to_weights(rng.integers(0, seeds, size=(replicates, seeds)), seeds)
-            resampled.append(f"{'RepExp' if name == 'repexp' else 'GRPO'} seeds")
+            resampled.append(f"{METHOD_NAMES[name]} seeds")
         else:
             seed_weights = np.ones((replicates, 1))
         boot[name] = np.einsum("bs,bsk->bk", seed_weights, curves)
@@ -1103,9 +1103,7 @@ def _point_metrics(run: EvalRun, testtime: dict[tuple[str, str], TesttimeRun] | 
     metrics = sweep_point_metrics(run)
     tt = (testtime or {}).get((run.spec.task, run.spec.name))
     if tt is not None:
-        from repexp.testtime.core import mlflow_metrics as testtime_metrics
-
-        metrics.update(testtime_metrics(read_json(tt.path)))
+        metrics.update(metric_names.testtime_metrics(read_json(tt.path)))
     return metrics
 
 

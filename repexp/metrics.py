@@ -10,6 +10,7 @@ shows. MLflow forbids '@' in names, so pass@k is always `pass_at_<k>`, under its
     test/pass_at_k_curve.json          the full curve k = 1..n (an MLflow table on eval runs)
     testtime/pass_at_<k>_repexp, testtime/pass_at_<k>_random, testtime/efficiency_at_<k>,
     testtime/samples_to_correct_{repexp,random,ratio}                    testtime node runs, parents
+                                       (`testtime_metrics` reads them from a testtime.json)
     best_dev_value                     select node runs, at the selected step
 
 Per training step, both backends (`bonus_metrics`, `group_metrics`, `dev_metrics` below):
@@ -138,6 +139,26 @@ def testtime_efficiency(k: int) -> str:
 
 def testtime_samples_to_correct(name: str) -> str:
     return f"{TESTTIME}/samples_to_correct_{name}"
+
+
+def testtime_metrics(result: dict[str, Any]) -> dict[str, float]:
+    """Flat MLflow metrics of one `testtime.json` (reference ks only): what its node run and its sweep
+    point's parent run log. Here, not in `repexp.testtime.core`, so the tracking layer and `aggregate`
+    read a stage's output without importing the stage."""
+    metrics: dict[str, float] = {}
+    ks = result["k"]
+    eff = result["efficiency"]
+    for k, ratio in zip(eff["reference_k"], eff["ratio"]):
+        at = ks.index(k)
+        metrics[testtime_pass_at_k(k, "repexp")] = float(result["pass_at_k_repexp"][at])
+        metrics[testtime_pass_at_k(k, "random")] = float(result["pass_at_k_random"][at])
+        if ratio is not None:
+            metrics[testtime_efficiency(k)] = float(ratio)
+    for name in ("repexp", "random", "ratio"):
+        value = result["samples_to_correct"].get(name)
+        if value is not None:
+            metrics[testtime_samples_to_correct(name)] = float(value)
+    return metrics
 
 
 # --------------------------------------------------------------------------- MLflow-valid names

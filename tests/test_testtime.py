@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from repexp import cli, passk
+from repexp import metrics as metric_names
 from repexp.testtime import core
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
@@ -76,7 +77,7 @@ def test_efficiency_and_samples_to_correct_by_hand():
     again = core.testtime_result(problem_ids=["a", "b", "c"], scores=scores, orders=orders, reference_ks=[1, 2, 4],
                                  bootstrap=200, bootstrap_seed=1)
     assert again == r  # the bootstrap is seeded
-    metrics = core.mlflow_metrics(r)
+    metrics = metric_names.testtime_metrics(r)
     assert metrics["testtime/efficiency_at_2"] == 2.0 and metrics["testtime/samples_to_correct_ratio"] == stc["ratio"]
     assert metrics["testtime/pass_at_4_repexp"] == metrics["testtime/pass_at_4_random"]
 

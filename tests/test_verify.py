@@ -381,7 +381,7 @@ def test_process_pool_scores_like_in_process():
 @pytest.mark.timeout(120)
 def test_pool_kills_a_worker_stuck_in_a_c_call():
     """time.sleep blocks in C like a runaway big-integer power: only killing the worker stops it."""
-    pool = verify_pool._ProcessPool(time.sleep, 1, hard_timeout=1.0, stuck_value="stuck")
+    pool = verify_pool.ProcessPool(time.sleep, 1, hard_timeout=1.0, stuck_value="stuck")
     try:
         results = pool.map([0.0, 0.0, 3600.0, 0.0, 0.0], chunk_size=5)
         assert results == [None, None, "stuck", None, None]

@@ -1,7 +1,7 @@
 """The verl backend on verl 0.9.1 itself, on CPU: engine, worker, trainer, TransferQueue, checkpoints, merge.
 
 Real verl code runs here: the representation engine inside verl's `TrainingWorker` (FSDP2 on a
-one-rank gloo group, through `repexp.verl.platform_cpu`), the worker method through verl's
+one-rank gloo group, through tests/verl_platform_cpu.py), the worker method through verl's
 ``register``/``tqbridge`` wrappers, verl's own ``_compute_advantage`` and TransferQueue on a
 private local Ray instance (one per module, 16 logical CPUs, one storage unit, no dashboard),
 verl's FSDP checkpoint manager and ``verl.model_merger``. The stand-ins are the Ray dispatch
@@ -24,13 +24,13 @@ import torch
 pytest.importorskip("verl")
 pytest.importorskip("transfer_queue")
 
+import verl_platform_cpu as platform_cpu  # noqa: E402 (tests/ is on sys.path: tests/conftest.py)
 from hydra import compose, initialize_config_module  # noqa: E402
 from omegaconf import open_dict  # noqa: E402
+from verl_layouts import build_worker, hidden_means, nested, v0_batch, v1_batch  # noqa: E402
 
 from repexp.elliptical import sparse_projection  # noqa: E402
-from repexp.verl import platform_cpu  # noqa: E402
 from repexp.verl.bonus import projection_seed  # noqa: E402
-from repexp.verl.engine_check import hidden_means, nested, v0_batch, v1_batch  # noqa: E402
 
 TINY_OVERRIDES = [
     "actor_rollout_ref.rollout.n=4",
@@ -70,8 +70,6 @@ def runtime(tmp_path_factory):
     with contextlib.ExitStack() as stack:
         stack.enter_context(platform_cpu.cpu_platform())
         stack.enter_context(platform_cpu.single_process_group())
-        from repexp.verl.engine_check import build_worker
-
         cfg = compose_config(model, root / "run")
         # The worker object as verl's WorkerDict holds it, with the representation engine that
         # RepExpActorRolloutRefWorker.init_model builds (its actor and vLLM parts need a GPU).

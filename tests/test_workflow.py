@@ -376,7 +376,7 @@ def test_every_node_has_its_mlflow_run(pipeline):
         elif rule == "testtime":
             assert artifacts == {"testtime.json"} and node.data.params["cmd.sparse-dim"] == "32"
             result = json.loads((results / "testtime" / "gsm8k" / tags["repexp.run"] / "testtime.json").read_text())
-            from repexp.testtime.core import mlflow_metrics as testtime_metrics
+            from repexp.metrics import testtime_metrics
 
             assert {k: v for k, v in node.data.metrics.items() if k.startswith("testtime/")} == testtime_metrics(result)
         elif rule == "select":

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from repexp import layout
 from repexp.config import RunSpec, canonical
 from repexp.figures.series import Series, completeness_notes, seed_curve, table_specs
-from repexp.figures.style import FONT, HEADLINE_K, TASK_TITLES, _figure_with_footer, _no_data, _size_px, _style
+from repexp.figures.style import FONT, TASK_TITLES, _figure_with_footer, _no_data, _size_px, _style
 
 
 def heatmap_grid(table, task: str, backend: str, expected: Sequence[RunSpec] | None) -> tuple[list[int], list[float]]:
@@ -131,7 +131,7 @@ def plot_heatmap(table, task: str, backend: str, *, expected: Sequence[RunSpec] 
     rows = table[(table["task"] == task) & (table["backend"] == backend) & table["method"].isin(["repexp", "grpo"])]
     ks_per_run = [set(g["k"].astype(int)) for _, g in rows.groupby("run")]
     common = set.intersection(*ks_per_run) if ks_per_run else set()
-    k_ref = max((k for k in common if k <= HEADLINE_K), default=None)
+    k_ref = max((k for k in common if k <= aggregate.HEADLINE_K), default=None)
     keff = aggregate.k_efficiency(table[table["task"] == task])
     n_full_seeds = len({s.seed for s in trained_here(expected if expected is not None else found) if s.task == task})
     grpo_curve = seed_curve(table, Series(task, "grpo", backend, None, 0.0))

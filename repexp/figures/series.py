@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from repexp.aggregate import METHOD_NAMES
 from repexp.config import METHODS, TASKS, RunSpec, canonical, parse_run
 from repexp.figures.style import PAPER_POINTS
 
@@ -25,12 +26,9 @@ class Series:
     beta: float
 
     def label(self, *, show_point: bool, show_backend: bool) -> str:
-        if self.method == "repexp":
-            text = "RepExp"
-            if show_point:
-                text += f" (dim={self.sparse_dim}, β={canonical(self.beta)})"
-        else:
-            text = {"grpo": "GRPO", "base": "Base model"}[self.method]
+        text = METHOD_NAMES[self.method]
+        if self.method == "repexp" and show_point:
+            text += f" (dim={self.sparse_dim}, β={canonical(self.beta)})"
         if show_backend and self.backend:
             text += f" [{self.backend}]"
         return text

@@ -12,7 +12,6 @@ from repexp import layout
 from repexp import metrics as M
 from repexp.io import atomic_path
 
-HEADLINE_K = 256
 DPI = 200
 TASK_TITLES = {"math": "MATH", "gsm8k": "GSM8K", "aime24": "AIME 2024", "dapo-with-aime24": "AIME 2024 (DAPO train)",
                "arith": "Arithmetic (built-in)"}

@@ -24,9 +24,8 @@ import time
 from pathlib import Path
 
 from repexp import layout
-from repexp.testtime.core import mlflow_metrics  # noqa: F401  (public: MLflow logging of testtime.json)
 
-__all__ = ["configure_parser", "run", "mlflow_metrics", "TESTTIME_JSON", "ORDER_FILE"]
+__all__ = ["configure_parser", "run", "TESTTIME_JSON", "ORDER_FILE"]
 
 TESTTIME_JSON = layout.TESTTIME_JSON
 ORDER_FILE = layout.ORDER_FILE

@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from repexp import metrics as metric_names
 from repexp import passk
 from repexp.evaluate.core import add_metadata
 
@@ -179,21 +178,3 @@ def testtime_result(
         stc = samples_to_correct(first, n, c, weights)[2]
         result["samples_to_correct"]["ratio_ci95"] = _interval(stc[:, None])[0]
     return add_metadata(result, metadata)
-
-
-def mlflow_metrics(result: dict[str, Any]) -> dict[str, float]:
-    """Flat MLflow metrics of one `testtime.json` (reference ks only; names from repexp.metrics)."""
-    metrics: dict[str, float] = {}
-    ks = result["k"]
-    eff = result["efficiency"]
-    for k, ratio in zip(eff["reference_k"], eff["ratio"]):
-        at = ks.index(k)
-        metrics[metric_names.testtime_pass_at_k(k, "repexp")] = float(result["pass_at_k_repexp"][at])
-        metrics[metric_names.testtime_pass_at_k(k, "random")] = float(result["pass_at_k_random"][at])
-        if ratio is not None:
-            metrics[metric_names.testtime_efficiency(k)] = float(ratio)
-    for name in ("repexp", "random", "ratio"):
-        value = result["samples_to_correct"].get(name)
-        if value is not None:
-            metrics[metric_names.testtime_samples_to_correct(name)] = float(value)
-    return metrics

@@ -86,10 +86,8 @@ def _log_known_output(node, path: Path) -> None:
         elif path.name == layout.MANIFEST:
             node.log_inputs(source_datasets(read_json(path)))
         elif path.name == layout.TESTTIME_JSON:
-            from repexp.testtime.core import mlflow_metrics as testtime_metrics
-
             node.log_metric_rows([[name, value, 0, now_ms()] for name, value in
-                                  testtime_metrics(read_json(path)).items()])
+                                  metric_names.testtime_metrics(read_json(path)).items()])
     except Exception as err:  # noqa: BLE001 - a malformed output is the command's problem, not ours
         print(f"[repexp.tracking] could not read metrics from {path}: {err}", file=sys.stderr)
 

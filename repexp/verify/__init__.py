@@ -28,9 +28,9 @@ Sections (modules):
 - `normalize`: LaTeX normalisation of boxed answers, matrices, equations, integers;
 - `compare`: Math-Verify comparisons, their size guard and result cache;
 - `paper`: the recipe's scorers;
-- `scoring`: the public functions above;
+- `scoring`: the public functions above and `VerifierPool`, the warm pool of `score_batch`;
 - `timeout`: `time_limit`, the in-thread CPU-time guard (works in any thread);
-- `pool`: `VerifierPool`, a process pool with a hard wall-clock limit per item.
+- `pool`: `ProcessPool`, the process pool under `VerifierPool`, with a hard wall-clock limit per item.
 
 Time: every Math-Verify key runs under a soft limit of `DEFAULT_TIMEOUT_S` (5) CPU seconds of
 its thread and scores 0 when it overruns; string work is linear in the response length; the
@@ -40,9 +40,17 @@ pool kills a worker stuck for `3·timeout + 10` wall seconds in one C call.
 from repexp.verify.compare import DEFAULT_TIMEOUT_S, warm_up
 from repexp.verify.extract import MAX_ANSWER_CHARS, last_boxed
 from repexp.verify.normalize import normalize_answer
-from repexp.verify.pool import VerifierPool, default_workers
+from repexp.verify.pool import default_workers
 from repexp.verify.routing import DEFAULT_GRADER, GRADERS, GSM8K, MATH, family, paper_scorer
-from repexp.verify.scoring import MIN_POOL_ITEMS, clear_caches, extract_answer, score, score_answer, score_batch
+from repexp.verify.scoring import (
+    MIN_POOL_ITEMS,
+    VerifierPool,
+    clear_caches,
+    extract_answer,
+    score,
+    score_answer,
+    score_batch,
+)
 from repexp.verify.timeout import VerifyTimeout, time_limit
 
 __all__ = [

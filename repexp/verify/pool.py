@@ -1,6 +1,6 @@
-"""Process pool for Math-Verify work: `VerifierPool` (reusable) on top of `_ProcessPool`.
+"""Process pool for Math-Verify work: `ProcessPool`, under `repexp.verify.scoring.VerifierPool`.
 
-`_ProcessPool` is a chunked pool with per-item progress and a hard per-item wall-clock limit: a
+`ProcessPool` is a chunked pool with per-item progress and a hard per-item wall-clock limit: a
 worker that sends nothing for `hard_timeout` seconds (stuck in one C call, which the in-thread
 watchdog of `repexp.verify.timeout` cannot interrupt) is killed and replaced; its current item
 gets `stuck_value`, the rest of its chunk is re-queued.
@@ -13,18 +13,12 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 import multiprocessing
 import multiprocessing.connection
 import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
-
-import numpy as np
-
-from repexp.verify.compare import DEFAULT_TIMEOUT_S, run_key, warm_up
-from repexp.verify.routing import DEFAULT_GRADER
 
 logger = logging.getLogger("repexp.verify")
 
@@ -60,7 +54,7 @@ def _worker_loop(conn: Any, fn: Callable[[Any], Any], initializer: Optional[Call
                 conn.send(("error", index, f"{type(err).__name__}: {err}"))
 
 
-class _ProcessPool:
+class ProcessPool:
     """Chunked process pool with per-item progress and a hard per-item limit.
 
     `fn(item)` runs in worker processes (it must be picklable by reference). A worker
@@ -187,59 +181,3 @@ def default_workers() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
         return max(1, os.cpu_count() or 1)
-
-
-class VerifierPool:
-    """A reusable process pool for `score_batch` (workers start once, caches stay warm).
-
-    ```
-    with VerifierPool(workers=8) as pool:
-        scores = pool.score_batch(data_sources, responses, ground_truths)
-    ```
-    """
-
-    def __init__(
-        self,
-        workers: Optional[int] = None,
-        *,
-        timeout: float = DEFAULT_TIMEOUT_S,
-        hard_timeout: Optional[float] = None,
-        mp_context: str = "spawn",
-    ) -> None:
-        self.workers = default_workers() if workers is None else int(workers)
-        self.timeout = float(timeout)
-        # Soft (CPU-time) limits fire first; this wall-clock limit only catches a worker stuck in
-        # one C call, with slack for a loaded machine.
-        self.hard_timeout = float(hard_timeout) if hard_timeout is not None else 3 * self.timeout + 10.0
-        self._pool = _ProcessPool(
-            run_key, self.workers, hard_timeout=self.hard_timeout, mp_context=mp_context, initializer=warm_up
-        )
-
-    def map_keys(self, keys: Sequence[tuple]) -> list[float]:
-        chunk = max(1, min(256, math.ceil(len(keys) / (4 * self.workers))))
-        return self._pool.map(keys, chunk_size=chunk)
-
-    @property
-    def killed_workers(self) -> int:
-        return self._pool.killed
-
-    def score_batch(
-        self,
-        data_sources: Sequence[str] | str,
-        responses: Sequence[str],
-        ground_truths: Sequence[str] | str,
-        *,
-        grader: str = DEFAULT_GRADER,
-    ) -> np.ndarray:
-        from repexp.verify.scoring import score_batch
-
-        return score_batch(data_sources, responses, ground_truths, timeout=self.timeout, pool=self, grader=grader)
-
-    def close(self) -> None:
-        self._pool.close()
-
-    def __enter__(self) -> VerifierPool:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()

@@ -13,6 +13,7 @@ GSM8K numbers as exact rationals — and otherwise Math-Verify (`compare`).
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from typing import Any, Optional
 
@@ -31,6 +32,7 @@ from repexp.verify.extract import (
     parse_number,
 )
 from repexp.verify.normalize import CHOICE, INTEGER, NUMBER, as_integer, exact_value, normalize_answer, value_side
+from repexp.verify.pool import ProcessPool, default_workers
 from repexp.verify.routing import (
     ARITH,
     DEFAULT_GRADER,
@@ -224,8 +226,6 @@ def score_batch(
     (or always with a warm `pool`, a `VerifierPool`), else in-process.
     `data_sources` / `ground_truths` may be a single string for all responses.
     """
-    from repexp.verify.pool import VerifierPool, default_workers
-
     check_grader(grader)
     n = len(responses)
     if isinstance(data_sources, str):
@@ -273,3 +273,58 @@ def score_batch(
             compare.RESULTS.put(key, value)
         scores[pending[key]] = value
     return scores
+
+
+class VerifierPool:
+    """A reusable process pool for `score_batch` (workers start once, caches stay warm).
+
+    ```
+    with VerifierPool(workers=8) as pool:
+        scores = pool.score_batch(data_sources, responses, ground_truths)
+    ```
+    """
+
+    def __init__(
+        self,
+        workers: Optional[int] = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        hard_timeout: Optional[float] = None,
+        mp_context: str = "spawn",
+    ) -> None:
+        self.workers = default_workers() if workers is None else int(workers)
+        self.timeout = float(timeout)
+        # Soft (CPU-time) limits fire first; this wall-clock limit only catches a worker stuck in
+        # one C call, with slack for a loaded machine.
+        self.hard_timeout = float(hard_timeout) if hard_timeout is not None else 3 * self.timeout + 10.0
+        self._pool = ProcessPool(
+            compare.run_key, self.workers, hard_timeout=self.hard_timeout, mp_context=mp_context,
+            initializer=compare.warm_up,
+        )
+
+    def map_keys(self, keys: Sequence[tuple]) -> list[float]:
+        chunk = max(1, min(256, math.ceil(len(keys) / (4 * self.workers))))
+        return self._pool.map(keys, chunk_size=chunk)
+
+    @property
+    def killed_workers(self) -> int:
+        return self._pool.killed
+
+    def score_batch(
+        self,
+        data_sources: Sequence[str] | str,
+        responses: Sequence[str],
+        ground_truths: Sequence[str] | str,
+        *,
+        grader: str = DEFAULT_GRADER,
+    ) -> np.ndarray:
+        return score_batch(data_sources, responses, ground_truths, timeout=self.timeout, pool=self, grader=grader)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def __enter__(self) -> VerifierPool:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -31,7 +31,7 @@ from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
 REPEXP_MODEL_TYPE = "repexp_hidden_mean"
 OUTPUT_KEY = "repexp_hidden_mean"
-# FSDP engines are registered for accelerators; "cpu" is the test platform of repexp.verl.platform_cpu.
+# FSDP engines are registered for accelerators; "cpu" is the test platform of tests/verl_platform_cpu.py.
 ENGINE_DEVICES = ["cuda", "npu", "cpu"]
 
 

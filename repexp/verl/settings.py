@@ -2,6 +2,8 @@
 
 verl never converts these nodes, so nothing else would notice a misspelled or out-of-range key:
 `RepExpSettings.from_mapping` rejects unknown keys and bad values with the full key name.
+`TRAINER_MODE` and `run_dir_of` are here, not in `train`, because both the entry (`train`) and the
+trainer it registers (`trainer`) read them: `train` imports `trainer`, so `trainer` must not import `train`.
 """
 
 from __future__ import annotations
@@ -9,13 +11,18 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
+from omegaconf import DictConfig, OmegaConf
+
 from repexp import bonus_defaults as B
+from repexp import layout
 from repexp.config import NORMALIZATIONS, REWARD_TYPES, VERL_STRATEGIES, VerlConfig, check_bonus
 
 NODE = "actor_rollout_ref.repexp"
 RUN_NODE = "repexp_run"
+TRAINER_MODE = "repexp"  # trainer.v1.trainer_mode under which repexp.verl.trainer registers RepExpTrainer
 DTYPES = ("bf16", "fp16", "fp32")
 STRATEGIES = VERL_STRATEGIES
 
@@ -94,6 +101,20 @@ class RunSettings:
         if settings.chunk_deadline is not None:
             _require(settings.chunk_deadline > 0, f"{where}.chunk_deadline", "must be > 0 (epoch seconds) or null")
         return settings
+
+
+def run_dir_of(config: DictConfig) -> Path:
+    """The run directory; verl's checkpoint dir must be ``<run_dir>/checkpoints`` (the shared layout)."""
+    run = RunSettings.from_mapping(OmegaConf.to_container(config.get(RUN_NODE, {}), resolve=True))
+    local_dir = Path(config.trainer.default_local_dir)
+    run_dir = Path(run.run_dir) if run.run_dir else local_dir.parent
+    expected = layout.checkpoints_dir(run_dir)
+    if local_dir.resolve() != expected.resolve():
+        raise ValueError(
+            f"trainer.default_local_dir: {local_dir} must be {expected} "
+            f"({layout.BEST_DEV} and repexp select expect {layout.checkpoint_dir('<run_dir>', 'N')})"
+        )
+    return run_dir
 
 
 def _require(ok: bool, key: str, message: str) -> None:

@@ -22,29 +22,13 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from repexp import checkpoints, layout, tracking
 from repexp.checkpoints import BestDevTracker, complete_steps
-from repexp.verl.settings import RUN_NODE, RepExpSettings, RunSettings
+from repexp.verl.settings import RUN_NODE, TRAINER_MODE, RepExpSettings, RunSettings, run_dir_of
 from repexp.walltime import read_chunk_end
 
 from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 from verl.utils.device import auto_set_device
-
-TRAINER_MODE = "repexp"
-
-
-def run_dir_of(config: DictConfig) -> Path:
-    """The run directory; verl's checkpoint dir must be ``<run_dir>/checkpoints`` (the shared layout)."""
-    run = RunSettings.from_mapping(OmegaConf.to_container(config.get(RUN_NODE, {}), resolve=True))
-    local_dir = Path(config.trainer.default_local_dir)
-    run_dir = Path(run.run_dir) if run.run_dir else local_dir.parent
-    expected = layout.checkpoints_dir(run_dir)
-    if local_dir.resolve() != expected.resolve():
-        raise ValueError(
-            f"trainer.default_local_dir: {local_dir} must be {expected} "
-            f"({layout.BEST_DEV} and repexp select expect {layout.checkpoint_dir('<run_dir>', 'N')})"
-        )
-    return run_dir
 
 
 def check_config(config: DictConfig) -> RepExpSettings:

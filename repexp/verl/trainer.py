@@ -55,8 +55,7 @@ from repexp.io import atomic_path, write_text_atomic
 from repexp.verl import dataplane
 from repexp.verl.bonus import BonusState, compute_step_bonus, group_metrics
 from repexp.verl.engine import OUTPUT_KEY
-from repexp.verl.settings import RUN_NODE, RunSettings
-from repexp.verl.train import TRAINER_MODE, run_dir_of
+from repexp.verl.settings import RUN_NODE, TRAINER_MODE, RunSettings, run_dir_of
 from repexp.verl.validation import dev_pass_at_k
 from repexp.verl.worker import WORKER_FIELDS, RepExpActorRolloutRefWorker, repexp_settings
 from repexp.walltime import ChunkClock, write_chunk_end

@@ -5,7 +5,8 @@ its FSDP engine module caches the device name at import; `cpu_platform()` regist
 platform and patches that cached name, plus one accelerator-only detail (pinned memory for
 forward-only FSDP2 offload). Both helpers are context managers that undo themselves, so a test
 module using them leaves the rest of the process as it found it. Nothing here is used on GPU
-machines.
+machines, nor by the pipeline: tests/test_verl_runtime.py and the ``--cpu`` smoke run of
+benchmarks/verl_engine_check.py import it (tests/ on ``sys.path``).
 """
 
 from __future__ import annotations

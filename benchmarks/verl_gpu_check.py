@@ -1,7 +1,7 @@
 """G0 of docs/gpu-validation.md: the RepExp feature pooling and bonus on a GPU with torch + transformers only.
 
-    PYTHONPATH=. python -m repexp.verl.gpu_check --out results/            # CUDA, Qwen2.5-7B-sized random weights
-    PYTHONPATH=. python -m repexp.verl.gpu_check --quick --device cpu      # smoke run of this script
+    python benchmarks/verl_gpu_check.py --out results/            # CUDA, Qwen2.5-7B-sized random weights
+    python benchmarks/verl_gpu_check.py --quick --device cpu      # smoke run of this script
 
 No verl, no vLLM, no Hub access. A random-weight Qwen2 backbone with Qwen2.5-7B's shapes runs in
 bfloat16; the response-mean features of `repexp.verl.pooling` in each layout the verl engine uses
@@ -26,9 +26,11 @@ from pathlib import Path
 
 import torch
 
-from repexp.verl.bonus import BonusState, compute_step_bonus
-from repexp.verl.pooling import response_mean_masked, response_mean_packed, response_mean_right_padded
-from repexp.verl.settings import RepExpSettings
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from repexp.verl.bonus import BonusState, compute_step_bonus  # noqa: E402
+from repexp.verl.pooling import response_mean_masked, response_mean_packed, response_mean_right_padded  # noqa: E402
+from repexp.verl.settings import RepExpSettings  # noqa: E402
 
 COSINE_MIN = 0.999  # bf16 features vs the unpadded bf16 reference
 

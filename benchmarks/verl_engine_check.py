@@ -1,7 +1,7 @@
 """G1 of docs/gpu-validation.md: the RepExp engine inside verl's TrainingWorker vs plain transformers.
 
-    python -m repexp.verl.engine_check --model /models/Qwen2.5-0.5B-Instruct --out results/g1   # 1 GPU
-    python -m repexp.verl.engine_check --model <tiny> --cpu --dtype fp32 --attn sdpa              # CPU smoke
+    python benchmarks/verl_engine_check.py --model /models/Qwen2.5-0.5B-Instruct --out results/g1   # 1 GPU
+    python benchmarks/verl_engine_check.py --model <tiny> --cpu --dtype fp32 --attn sdpa              # CPU smoke
 
 One process, one rank (no Ray). For each FSDP strategy it builds the representation engine
 exactly as `RepExpActorRolloutRefWorker.init_model` does (`build_repexp_worker_config` on the
@@ -11,6 +11,10 @@ and compares the response-mean features with one unpadded plain-transformers for
 sequence. Checks: cosine > 0.999 everywhere (bf16), the parameters are back on the CPU after the
 forward (forward-only engines offload them), no LM head. Writes ``<out>/engine_check.json``;
 exit status 1 on a failed check.
+
+The batch layouts, the worker build and (``--cpu``) the CPU platform are the ones
+tests/test_verl_runtime.py runs on CPU: they live in tests/ (`verl_layouts`, `verl_platform_cpu`),
+which this script puts on ``sys.path``, so the check and the tests feed verl the same batches.
 """
 
 from __future__ import annotations
@@ -24,55 +28,14 @@ import time
 from pathlib import Path
 
 import torch
-from tensordict import TensorDict
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+sys.path.append(str(ROOT / "tests"))  # the helpers shared with tests/test_verl_runtime.py; last: shadows nothing
+
+from verl_layouts import build_worker, hidden_means, v0_batch, v1_batch  # noqa: E402
 
 COSINE_MIN = 0.999
-
-
-def nested(rows) -> torch.Tensor:
-    return torch.nested.as_nested_tensor(list(rows), layout=torch.jagged)
-
-
-def v1_batch(prompts, responses) -> TensorDict:
-    """The V1 trainer's TransferQueue layout: every field jagged, one row per trajectory."""
-    ids = [torch.cat([p, r]) for p, r in zip(prompts, responses)]
-    return TensorDict({
-        "input_ids": nested(ids),
-        "position_ids": nested(torch.arange(len(x)) for x in ids),
-        "responses": nested(responses),
-        "loss_mask": nested(torch.ones(len(r), dtype=torch.long) for r in responses),
-    }, batch_size=len(ids))
-
-
-def v0_batch(prompts, responses, pad_id: int = 0) -> TensorDict:
-    """The legacy trainer's layout: left-padded prompts + right-padded responses through verl's
-    left_right_2_no_padding."""
-    from verl.workers.utils.padding import left_right_2_no_padding
-
-    p_width, r_width = max(map(len, prompts)), max(map(len, responses))
-    rows = len(prompts)
-    input_ids = torch.full((rows, p_width + r_width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    response_ids = torch.full((rows, r_width), pad_id, dtype=torch.long)
-    for i, (p, r) in enumerate(zip(prompts, responses)):
-        input_ids[i, p_width - len(p): p_width] = p
-        input_ids[i, p_width: p_width + len(r)] = r
-        attention_mask[i, p_width - len(p): p_width + len(r)] = 1
-        response_ids[i, : len(r)] = r
-    batch = TensorDict({
-        "input_ids": input_ids, "attention_mask": attention_mask,
-        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
-        "responses": response_ids, "response_mask": attention_mask[:, p_width:].clone(),
-    }, batch_size=rows)
-    return left_right_2_no_padding(batch)
-
-
-def hidden_means(worker, batch: TensorDict, **flags) -> torch.Tensor:
-    """`compute_repexp_hidden_mean` on a TensorDict (verl's wrappers pass it through) -> dense (B, H)."""
-    from verl.utils import tensordict_utils as tu
-
-    tu.assign_non_tensor(batch, temperature=1.0, compute_loss=False, **flags)
-    return worker.compute_repexp_hidden_mean(batch)["repexp_hidden_mean"].to_padded_tensor(0.0)
 
 
 def reference_means(backbone, prompts, responses, device) -> torch.Tensor:
@@ -107,23 +70,6 @@ def compose_actor_rollout_ref(model: str, strategy: str, dtype: str, attn: str, 
             f"actor_rollout_ref.repexp.use_remove_padding={str(remove_padding).lower()}",
         ])
     return cfg.actor_rollout_ref
-
-
-def build_worker(actor_rollout_ref):
-    """The worker object verl's WorkerDict holds, with the representation engine init_model builds."""
-    from repexp.verl.compat import patch_trl_value_head_import
-    from repexp.verl.worker import REPEXP_MESH, RepExpActorRolloutRefWorker, build_repexp_worker_config
-
-    from verl.single_controller.base.worker import Worker
-    from verl.workers.engine_workers import TrainingWorker
-
-    patch_trl_value_head_import()
-    worker = RepExpActorRolloutRefWorker.__new__(RepExpActorRolloutRefWorker)
-    Worker.__init__(worker)
-    worker.repexp = TrainingWorker(config=build_repexp_worker_config(actor_rollout_ref))
-    worker.repexp.reset()
-    worker.set_dispatch_collect(mesh_name=REPEXP_MESH, **worker.repexp.get_dispatch_collect())
-    return worker
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -168,7 +114,7 @@ def main(argv=None) -> int:
     parser.add_argument("--micro", type=int, default=4, help="micro-batch size of the fixed-size layouts")
     parser.add_argument("--max-tokens", type=int, default=4096, help="token budget of the dynamic layout")
     parser.add_argument("--rollouts", type=int, default=16)
-    parser.add_argument("--cpu", action="store_true", help="run on CPU through repexp.verl.platform_cpu (smoke run)")
+    parser.add_argument("--cpu", action="store_true", help="run on CPU through tests/verl_platform_cpu.py (smoke run)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     if not Path(args.model).is_dir():
@@ -179,7 +125,7 @@ def main(argv=None) -> int:
 
     with contextlib.ExitStack() as stack:
         if args.cpu:
-            from repexp.verl import platform_cpu
+            import verl_platform_cpu as platform_cpu
 
             stack.enter_context(platform_cpu.cpu_platform())
             stack.enter_context(platform_cpu.single_process_group())
