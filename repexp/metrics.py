@@ -6,7 +6,8 @@ shows. MLflow forbids '@' in names, so pass@k is always `pass_at_<k>`, under its
     dev/pass_at_<k>                    training validation, both backends (best-dev selection: dev/pass_at_1)
     dev/num_problems, dev/samples_per_problem, dev/best_step
     test/pass_at_<k>, test/pass_at_<k>_sem, test/maj_at_<k>, test/mean_at_n, test/<scalar>
-                                       eval node runs; sweep-point parents (aggregate) for k = 1, 16, 256, n
+                                       eval node runs (`eval_metrics` reads them from an eval.json);
+                                       sweep-point parents (aggregate) for k = 1, 16, 256, n
     test/pass_at_k_curve.json          the full curve k = 1..n (an MLflow table on eval runs)
     testtime/pass_at_<k>_repexp, testtime/pass_at_<k>_random, testtime/efficiency_at_<k>,
     testtime/samples_to_correct_{repexp,random,ratio}                    testtime node runs, parents
@@ -139,6 +140,31 @@ def testtime_efficiency(k: int) -> str:
 
 def testtime_samples_to_correct(name: str) -> str:
     return f"{TESTTIME}/samples_to_correct_{name}"
+
+
+_EVAL_SCALARS = ("mean_at_n", "num_problems", "mean_response_tokens", "truncated_fraction")
+
+
+def eval_metrics(result: dict[str, Any]) -> dict[str, float]:
+    """Flat MLflow metrics of one `eval.json`, under its split: `<split>/pass_at_<k>` for every
+    evaluated k, `<split>/pass_at_<k>_sem`, `<split>/maj_at_<k>`, and the scalars (`<split>/mean_at_n`,
+    `num_problems`, `n_samples`, `mean_response_tokens`, `truncated_fraction`,
+    `samples_to_first_correct_<name>`). Undefined values (a one-problem SEM, maj@k when not computed)
+    are left out. Here, beside `testtime_metrics`, so the tracking layer reads a stage's output
+    without importing the stage."""
+    split = result.get("split") or "test"
+    out: dict[str, float] = {}
+    for key, name in (("pass_at_k", pass_at_k), ("pass_at_k_sem", pass_at_k_sem), ("maj_at_k", maj_at_k)):
+        per_k = {int(k): float(v) for k, v in (result.get(key) or {}).items() if v is not None}
+        out.update({name(split, k): value for k, value in sorted(per_k.items())})
+    scalars = {key: float(result[key]) for key in _EVAL_SCALARS if result.get(key) is not None}
+    for name, value in (result.get("samples_to_first_correct") or {}).items():
+        if value is not None:
+            scalars[f"samples_to_first_correct_{name}"] = float(value)
+    if isinstance(result.get("n_samples"), int):
+        scalars["n_samples"] = float(result["n_samples"])
+    out.update({split_metric(split, name): value for name, value in scalars.items()})
+    return out
 
 
 def testtime_metrics(result: dict[str, Any]) -> dict[str, float]:

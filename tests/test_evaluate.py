@@ -11,10 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from repexp import cli, passk
-from repexp.evaluate import mlflow_metrics
 from repexp.evaluate.core import SamplingSettings, derived_seed, shard_plan
 from repexp.evaluate.engines import plan_batches
 from repexp.evaluate.store import SampleStore
+from repexp.metrics import eval_metrics
 from repexp.models import build_tiny_qwen2
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
@@ -240,15 +240,16 @@ def test_bad_inputs_are_named(tiny_model, data_file, tmp_path, capsys):
     assert "no sample store (nothing to rescore)" in capsys.readouterr().err
 
 
-def test_mlflow_metrics_shape(reference_run):
+def test_eval_metrics_are_flat_and_named_under_the_split(reference_run):
     result = json.loads((reference_run / "eval.json").read_text())
-    metrics = mlflow_metrics(result)
-    assert set(metrics) == {"pass_at_k", "pass_at_k_sem", "maj_at_k", "scalars"}
-    assert list(metrics["pass_at_k"]) == [1, 2, 4]
-    assert metrics["pass_at_k"][4] == result["pass_at_k"]["4"]
-    assert metrics["scalars"]["mean_at_n"] == result["mean_at_n"]
-    assert metrics["scalars"]["n_samples"] == 4.0
-    assert all(isinstance(v, float) for v in metrics["scalars"].values())
+    metrics = eval_metrics(result)
+    assert [name for name in metrics if name.startswith("test/pass_at_") and name[-1].isdigit()] == [
+        "test/pass_at_1", "test/pass_at_2", "test/pass_at_4"]
+    assert metrics["test/pass_at_4"] == result["pass_at_k"]["4"]
+    assert metrics["test/mean_at_n"] == result["mean_at_n"]
+    assert metrics["test/n_samples"] == 4.0
+    assert all(isinstance(v, float) for v in metrics.values())
+    assert eval_metrics({**result, "split": "dev"}).keys() == {n.replace("test/", "dev/", 1) for n in metrics}
 
 
 @pytest.mark.slow

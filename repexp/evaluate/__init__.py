@@ -18,14 +18,10 @@ from pathlib import Path
 
 from repexp import layout
 from repexp.config import DTYPES, ENGINES, MAX_SAMPLES_PER_PROBLEM, MAX_SHARD_SAMPLES
-from repexp.evaluate.core import (
-    EVAL_DEFAULTS,
-    SamplingSettings,
-    mlflow_metrics,  # noqa: F401  (public: used by the orchestration layer)
-)
+from repexp.evaluate.core import EVAL_DEFAULTS, SamplingSettings
 from repexp.verify.routing import DEFAULT_GRADER, GRADERS
 
-__all__ = ["configure_parser", "run", "mlflow_metrics"]
+__all__ = ["configure_parser", "run"]
 
 
 def _ks(text: str) -> tuple[int, ...]:

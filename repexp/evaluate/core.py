@@ -182,31 +182,3 @@ def grader_curve(num_samples: Sequence[int], num_correct: Sequence[int], ks: Seq
     }
 
 
-def mlflow_metrics(eval_result: dict[str, Any]) -> dict[str, Any]:
-    """The values of one evaluation that MLflow gets, by kind.
-
-    Returns ``{"pass_at_k": {k: value}, "pass_at_k_sem": {k: value}, "maj_at_k": {k: value},
-    "scalars": {name: value}}`` where k is an int; `repexp.tracking.outputs.eval_metrics` logs them
-    under the names of `repexp.metrics` (one metric per k: ``test/pass_at_16``, ``test/pass_at_16_sem``,
-    ``test/maj_at_16``, ``test/mean_at_n``, ...). Missing or undefined values (a one-problem SEM,
-    maj@k when not computed) are left out.
-    """
-
-    def per_k(key: str) -> dict[int, float]:
-        return {int(k): float(v) for k, v in (eval_result.get(key) or {}).items() if v is not None}
-
-    scalars: dict[str, float] = {}
-    for key in ("mean_at_n", "num_problems", "mean_response_tokens", "truncated_fraction"):
-        if eval_result.get(key) is not None:
-            scalars[key] = float(eval_result[key])
-    for name, value in (eval_result.get("samples_to_first_correct") or {}).items():
-        if value is not None:
-            scalars[f"samples_to_first_correct_{name}"] = float(value)
-    if isinstance(eval_result.get("n_samples"), int):
-        scalars["n_samples"] = float(eval_result["n_samples"])
-    return {
-        "pass_at_k": per_k("pass_at_k"),
-        "pass_at_k_sem": per_k("pass_at_k_sem"),
-        "maj_at_k": per_k("maj_at_k"),
-        "scalars": scalars,
-    }

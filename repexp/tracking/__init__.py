@@ -73,7 +73,7 @@ from repexp.tracking.node import (
     tracking_enabled,
 )
 from repexp.tracking.outbox import pending_records, sync, sync_one, sync_record, upload_in_background
-from repexp.tracking.outputs import eval_metrics, flag_params, log_outputs, pass_at_k_curve
+from repexp.tracking.outputs import flag_params, log_outputs, pass_at_k_curve
 from repexp.tracking.record import Record
 from repexp.tracking.scopes import Scope, scope_for, scope_for_rule
 from repexp.tracking.store import Store, artifact_location, reachable, resolve_tracking_uri
@@ -84,7 +84,7 @@ __all__ = [
     "SUPERSEDED_TAG", "SWEEP_POINT_TAG", "SYNCED_FILE", "NodeFailed", "NodeInterrupted", "NodeRun", "Record",
     "Scope", "Store",
     "artifact_location", "await_node_run", "configure_parser", "current_node", "default_tracking_uri",
-    "eval_metrics", "flag_params", "flatten", "git_commit", "log_outputs", "metric_name", "node_run", "node_scope",
+    "flag_params", "flatten", "git_commit", "log_outputs", "metric_name", "node_run", "node_scope",
     "open_in_background", "outbox_dir", "pass_at_k_curve", "pending_records", "prepare_node",
     "reachable", "resolve_tracking_uri", "results_id", "run", "scope_for", "scope_for_rule", "start_node", "sync",
     "sync_one", "sync_record", "tracking_enabled", "upload_in_background",

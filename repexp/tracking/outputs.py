@@ -95,25 +95,6 @@ def _log_known_output(node, path: Path) -> None:
 # --------------------------------------------------------------------------- eval.json
 
 
-def eval_metrics(result: dict[str, Any]) -> dict[str, float]:
-    """An eval.json as flat metrics under its split: `test/pass_at_<k>` for every evaluated k,
-    `test/pass_at_<k>_sem`, `test/maj_at_<k>`, and the scalars (`test/mean_at_n`, ...)."""
-    from repexp.evaluate import mlflow_metrics
-
-    split = result.get("split") or "test"
-    metrics = mlflow_metrics(result)
-    out: dict[str, float] = {}
-    for k, value in sorted(metrics["pass_at_k"].items()):
-        out[metric_names.pass_at_k(split, k)] = value
-    for k, value in sorted(metrics["pass_at_k_sem"].items()):
-        out[metric_names.pass_at_k_sem(split, k)] = value
-    for k, value in sorted(metrics["maj_at_k"].items()):
-        out[metric_names.maj_at_k(split, k)] = value
-    for name, value in metrics["scalars"].items():
-        out[metric_names.split_metric(split, name)] = value
-    return out
-
-
 def pass_at_k_curve(result: dict[str, Any]) -> Optional[dict[str, list]]:
     """pass@k for every k = 1..n from the per-problem counts (the evaluated ks are a subset)."""
     import numpy as np
@@ -134,7 +115,7 @@ def pass_at_k_curve(result: dict[str, Any]) -> Optional[dict[str, list]]:
 def log_eval(node, result: dict[str, Any]) -> None:
     split = result.get("split") or "test"
     ts = now_ms()
-    node.log_metric_rows([[name, value, 0, ts] for name, value in eval_metrics(result).items()])
+    node.log_metric_rows([[name, value, 0, ts] for name, value in metric_names.eval_metrics(result).items()])
     curve = pass_at_k_curve(result)
     if curve:
         node.log_table(metric_names.pass_at_k_table(split), curve)
