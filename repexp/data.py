@@ -40,9 +40,9 @@ from typing import Any, Optional
 
 from repexp import arith, layout
 from repexp import splits as sp
+from repexp.config import TASKS
 from repexp.verify import routing
 
-TASKS = ("math", "gsm8k", "aime24", "dapo-with-aime24", *arith.TASKS)
 SPLITS = layout.SPLITS
 
 # Upstream instruction suffixes (the prompt is question + " " + suffix, one user turn).
