@@ -4,7 +4,7 @@
     python benchmarks/verl_gpu_check.py --quick --device cpu      # smoke run of this script
 
 No verl, no vLLM, no Hub access. A random-weight Qwen2 backbone with Qwen2.5-7B's shapes runs in
-bfloat16; the response-mean features of `repexp.verl.pooling` in each layout the verl engine uses
+bfloat16; the response-mean features of `repexp.features` in each layout the verl engine uses
 (packed sequences, right-padded rows, the recipe's left/right padding) are compared with one
 unpadded forward per sequence (the plain-transformers reference). It also checks that
 ``hidden_states[-1]`` is the final-norm output ``last_hidden_state``, runs the step bonus
@@ -28,8 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from repexp.features import response_mean_masked, response_mean_packed, response_mean_right_padded  # noqa: E402
 from repexp.verl.bonus import BonusState, compute_step_bonus  # noqa: E402
-from repexp.verl.pooling import response_mean_masked, response_mean_packed, response_mean_right_padded  # noqa: E402
 from repexp.verl.settings import RepExpSettings  # noqa: E402
 
 COSINE_MIN = 0.999  # bf16 features vs the unpadded bf16 reference

@@ -11,14 +11,14 @@ import torch
 
 from repexp import config as C
 from repexp.elliptical import sparse_projection
-from repexp.verl.bonus import BonusState, compute_step_bonus, group_metrics, projection_seed
-from repexp.verl.overrides import DEAD_KEY_PREFIXES, build_overrides, hydra_value
-from repexp.verl.pooling import (
+from repexp.features import (
     response_mask_right_padded,
     response_mean_masked,
     response_mean_packed,
     response_mean_right_padded,
 )
+from repexp.verl.bonus import BonusState, compute_step_bonus, group_metrics, projection_seed
+from repexp.verl.overrides import DEAD_KEY_PREFIXES, build_overrides, hydra_value
 from repexp.verl.settings import RepExpSettings, RunSettings
 from repexp.verl.validation import dev_pass_at_k
 

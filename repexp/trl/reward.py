@@ -6,7 +6,7 @@ completions i·n … i·n + n − 1 share a prompt (TRL's RepeatSampler). Per ca
 1. decode each completion (special tokens skipped, as in evaluation) and score it with
    `repexp.verify.score` under the run's grader (0/1);
 2. β > 0 only: mean-pool the frozen representation model's last hidden state over each
-   completion (`pooling.completion_features`), project with `repexp.elliptical.sparse_projection`
+   completion (`repexp.features.completion_features`), project with `repexp.elliptical.sparse_projection`
    (seeded by (seed, step) when `bonus.randomize_projection`, else by seed), and compute the
    per-group bonus with `repexp.elliptical.bonuses` (or `PersistentCovariance`, keyed by
    `extra_info.index`);
@@ -35,7 +35,7 @@ import torch
 from repexp import elliptical, layout, verify
 from repexp import metrics as metric_names
 from repexp.config import ConfigError, RunConfig
-from repexp.trl.pooling import completion_features
+from repexp.features import completion_features, load_backbone
 
 COVARIANCE_STATE_FILE = layout.TRL_COVARIANCE
 GRPO_EPSILON = 1e-6  # verl's compute_grpo_outcome_advantage
@@ -48,20 +48,6 @@ def group_normalized(rewards: torch.Tensor, group_size: int, epsilon: float = GR
     grouped = rewards.double().view(-1, group_size)
     normalized = (grouped - grouped.mean(dim=1, keepdim=True)) / (grouped.std(dim=1, keepdim=True) + epsilon)
     return normalized.view(-1).float()
-
-
-
-def load_backbone(path: str, *, dtype: torch.dtype, device: torch.device, key: str) -> torch.nn.Module:
-    """A frozen transformers base model (no LM head) for the bonus features."""
-    from transformers import AutoModel
-
-    try:
-        model = AutoModel.from_pretrained(path, dtype=dtype)
-    except (OSError, ValueError) as err:
-        raise FileNotFoundError(f"{key}: cannot load the representation model from {path!r} ({err})") from None
-    model.to(device).eval()
-    model.requires_grad_(False)
-    return model
 
 
 class RepExpReward:
