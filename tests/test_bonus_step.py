@@ -134,18 +134,18 @@ VERL_CASES = {
 
 
 def verl_outputs() -> dict:
-    from repexp.verl.bonus import BonusState, compute_step_bonus, group_metrics
+    from repexp.bonus_step import BonusState, compute_step_bonus, group_metrics
     from repexp.verl.settings import RepExpSettings
 
     out = {}
     for name, values in VERL_CASES.items():
         settings = RepExpSettings(**values)
-        state = BonusState(settings)
+        state = BonusState(settings, sparse_dim=settings.sparse_dim, seed=settings.seed)  # as the trainer
         steps = []
         for step in (5, 6):
             hidden, uids, scores, excluded, keys = _verl_batch(step)
-            result = compute_step_bonus(hidden, uids, scores, excluded, settings, step, state,
-                                        keys if settings.persist_covariance else None)
+            result = compute_step_bonus(hidden, uids, scores, settings, beta=settings.beta, step=step, state=state,
+                                        excluded=excluded, prompt_keys=keys if settings.persist_covariance else None)
             assert result.shaped.dtype == torch.float64 and result.bonus_scaled.dtype == torch.float64
             steps.append({"bonus_raw": result.bonus_raw.tolist(), "bonus_scaled": result.bonus_scaled.tolist(),
                           "shaped": result.shaped.tolist(), "metrics": _metrics(result.metrics)})

@@ -6,8 +6,9 @@ docs/trl_backend.md for the config mapping and the run-directory contract. The f
 
 - `settings`   pure: RunConfig -> step plan and GRPOConfig keyword arguments; unsupported
                settings fail here with the config key in the message.
-- `reward`     `RepExpReward`: verifier scores, frozen-model features, `repexp.elliptical` bonus,
-               turn-off rules, shaped reward α·score + β·bonus and the shared metric names.
+- `reward`     `RepExpReward`: verifier scores, frozen-model features (`repexp.features`), then the
+               step verl runs too (`repexp.bonus_step`: bonus, turn-off rules, shaped reward
+               α·score + β·bonus, the shared metrics), group-normalised as verl's GRPO advantage.
 - `validation` dev pass@k with the in-memory policy (HF `generate`, seeded per step).
 - `runlog`     `metrics.jsonl` writer and the optional MLflow sink (never fails training).
 - `train`      ``python -m repexp.trl.train --config job.yaml``: data, trainer, checkpoints, resume.
