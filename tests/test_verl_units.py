@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from repexp import bonus_defaults as B
 from repexp import config as C
 from repexp.bonus_step import BonusState, compute_step_bonus, group_metrics
 from repexp.elliptical import projection_seed, sparse_projection
@@ -240,6 +241,8 @@ def test_overrides_map_the_run_config(tmp_path):
     assert repexp["hydra.run.dir"] == f"{run_dir}/hydra"
     assert repexp["data.train_files"] == str((tmp_path / "data" / "gsm8k" / "train.parquet").resolve())
     assert repexp["actor_rollout_ref.repexp.beta"] == "0.01" and grpo["actor_rollout_ref.repexp.beta"] == "0.0"
+    # GRPO has no sparse_dim; the node gets the one default (repexp.bonus_defaults), never a literal
+    assert grpo["actor_rollout_ref.repexp.sparse_dim"] == str(RepExpSettings.sparse_dim) == str(B.SPARSE_DIM)
     for key in ("data.seed", "actor_rollout_ref.rollout.seed", "actor_rollout_ref.repexp.seed",
                 "actor_rollout_ref.actor.data_loader_seed", "actor_rollout_ref.actor.fsdp_config.seed"):
         assert repexp[key] == "41", key
