@@ -4,11 +4,11 @@
     python benchmarks/verl_gpu_check.py --quick --device cpu      # smoke run of this script
 
 No verl, no vLLM, no Hub access. A random-weight Qwen2 backbone with Qwen2.5-7B's shapes runs in
-bfloat16; the response-mean features of `repexp.verl.pooling` in each layout the verl engine uses
+bfloat16; the response-mean features of `repexp.features` in each layout the verl engine uses
 (packed sequences, right-padded rows, the recipe's left/right padding) are compared with one
 unpadded forward per sequence (the plain-transformers reference). It also checks that
 ``hidden_states[-1]`` is the final-norm output ``last_hidden_state``, runs the step bonus
-(`repexp.verl.bonus`, `repexp.elliptical`) on CPU and CUDA features of the same batch, and times
+(`repexp.bonus_step`, `repexp.elliptical`) on CPU and CUDA features of the same batch, and times
 the frozen forward and a pinned host-to-device copy of one rank's offloaded parameter shard.
 Results go to ``<out>/gpu_check.json``; the exit status is 1 if a correctness check fails.
 """
@@ -28,8 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from repexp.verl.bonus import BonusState, compute_step_bonus  # noqa: E402
-from repexp.verl.pooling import response_mean_masked, response_mean_packed, response_mean_right_padded  # noqa: E402
+from repexp.bonus_step import BonusState, compute_step_bonus  # noqa: E402
+from repexp.features import response_mean_masked, response_mean_packed, response_mean_right_padded  # noqa: E402
 from repexp.verl.settings import RepExpSettings  # noqa: E402
 
 COSINE_MIN = 0.999  # bf16 features vs the unpadded bf16 reference
@@ -160,20 +160,26 @@ def bonus_checks(hidden_dim: int, device: torch.device, groups: int, n: int) -> 
     out = {"rows": groups * n, "hidden_dim": hidden_dim}
     for sparse_dim in (32, 128):
         settings = RepExpSettings(sparse_dim=sparse_dim, beta=0.01, seed=42)
+
+        def step(hidden, scores, excluded, settings=settings):  # as the verl trainer calls it, fresh state
+            state = BonusState(settings, sparse_dim=settings.sparse_dim, seed=settings.seed)
+            return compute_step_bonus(hidden, uids, scores, settings, beta=settings.beta, step=7, state=state,
+                                      excluded=excluded)
+
         times = []
         for _ in range(3):
             start = time.perf_counter()
-            cpu = compute_step_bonus(hidden, uids, scores, excluded, settings, 7, BonusState(settings))
+            cpu = step(hidden, scores, excluded)
             times.append(time.perf_counter() - start)
         entry = {"cpu_step_bonus_s_median": statistics.median(times)}
         if device.type == "cuda":
             hidden_dev, scores_dev, excluded_dev = hidden.to(device), scores.to(device), excluded.to(device)
-            compute_step_bonus(hidden_dev, uids, scores_dev, excluded_dev, settings, 7, BonusState(settings))  # warm-up
+            step(hidden_dev, scores_dev, excluded_dev)  # warm-up
             times = []
             for _ in range(3):
                 _sync(device)
                 start = time.perf_counter()
-                dev = compute_step_bonus(hidden_dev, uids, scores_dev, excluded_dev, settings, 7, BonusState(settings))
+                dev = step(hidden_dev, scores_dev, excluded_dev)
                 _sync(device)
                 times.append(time.perf_counter() - start)
             entry["cuda_step_bonus_s_median"] = statistics.median(times)

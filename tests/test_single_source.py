@@ -239,7 +239,7 @@ def test_both_backends_build_their_step_and_dev_metrics_with_one_function():
     nothing (never zeros) for a step in which no row takes part."""
     import torch
 
-    from repexp.verl.bonus import BonusState, compute_step_bonus
+    from repexp.bonus_step import BonusState, compute_step_bonus
     from repexp.verl.settings import RepExpSettings
     from repexp.verl.validation import dev_pass_at_k
 
@@ -247,14 +247,16 @@ def test_both_backends_build_their_step_and_dev_metrics_with_one_function():
     hidden = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
     scores = torch.tensor([1.0, 0.0, 1.0, 1.0])
     uids = ["a", "a", "b", "b"]
-    result = compute_step_bonus(hidden, uids, scores, torch.zeros(4, dtype=torch.bool), settings, 1,
-                                BonusState(settings))
+    def step(excluded):
+        return compute_step_bonus(hidden, uids, scores, settings, beta=settings.beta, step=1, excluded=excluded,
+                                  state=BonusState(settings, sparse_dim=settings.sparse_dim, seed=settings.seed))
+
+    result = step(torch.zeros(4, dtype=torch.bool))
     expected = {M.statistic(prefix, s) for prefix in (M.BONUS_RAW, M.BONUS_SCALED) for s in M.STATISTICS}
     expected |= {M.BONUS_TURNED_OFF, M.HIDDEN_NORM_MEAN, M.REWARD_VERIFIER_MEAN, M.REWARD_SHAPED_MEAN}
     expected |= {M.group_fraction(status) for status in M.GROUP_STATUSES}
     assert set(result.metrics) == expected
-    excluded = compute_step_bonus(hidden, uids, scores, torch.ones(4, dtype=torch.bool), settings, 1,
-                                  BonusState(settings))
+    excluded = step(torch.ones(4, dtype=torch.bool))
     assert excluded.metrics == {}
     assert M.bonus_metrics([], [], 0.1, []) == {} and M.group_metrics({}, [], []) == {} and M.summary("x", []) == {}
 
@@ -292,7 +294,7 @@ PURE_CORES = ("repexp.elliptical", "repexp.elliptical_order", "repexp.passk", "r
               "repexp.verify.pool", "repexp.verify.routing", "repexp.verify.scoring", "repexp.verify.timeout",
               "repexp.splits", "repexp.config", "repexp.arith", "repexp.testtime.core", "repexp.layout",
               "repexp.metrics", "repexp.bonus_defaults", "repexp.io", "repexp.walltime", "repexp.plan",
-              "repexp.intermediates")
+              "repexp.intermediates", "repexp.features", "repexp.bonus_step")
 FRAMEWORKS = ("verl", "trl", "transformers", "mlflow", "vllm", "snakemake", "ray", "hydra")
 
 

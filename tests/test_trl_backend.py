@@ -170,7 +170,7 @@ def test_pruning_keeps_newest_whole_and_best_without_resume_state(tmp_path):
 def test_pooling_equals_plain_forward_masked_mean(tiny_model):
     from transformers import AutoModel, AutoModelForCausalLM
 
-    from repexp.trl.pooling import completion_features
+    from repexp.features import completion_features
 
     backbone = AutoModel.from_pretrained(tiny_model, dtype=torch.float32).eval()
     causal_lm = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()

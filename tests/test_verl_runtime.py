@@ -29,8 +29,10 @@ from hydra import compose, initialize_config_module  # noqa: E402
 from omegaconf import open_dict  # noqa: E402
 from verl_layouts import build_worker, hidden_means, nested, v0_batch, v1_batch  # noqa: E402
 
-from repexp.elliptical import sparse_projection  # noqa: E402
-from repexp.verl.bonus import projection_seed  # noqa: E402
+from repexp.elliptical import (
+    projection_seed,  # noqa: E402
+    sparse_projection,  # noqa: E402
+)
 
 TINY_OVERRIDES = [
     "actor_rollout_ref.rollout.n=4",
@@ -413,9 +415,9 @@ def test_checkpoints_resume_and_merge(runtime, tmp_path):
     from torchdata.stateful_dataloader import StatefulDataLoader
     from transformers import AutoModelForCausalLM
 
+    from repexp.bonus_step import compute_step_bonus
     from repexp.checkpoints import checkpoint_dir, is_complete, select
     from repexp.cli import main as repexp_cli
-    from repexp.verl.bonus import compute_step_bonus
     from repexp.verl.merge import merge_checkpoint
 
     run_dir = tmp_path / "run"
@@ -435,6 +437,10 @@ def test_checkpoints_resume_and_merge(runtime, tmp_path):
     uids, keys = ["a"] * 4 + ["b"] * 4, ["p1"] * 4 + ["p2"] * 4
     scores, none = torch.tensor([1.0, 0, 1, 0, 1, 1, 1, 0]), torch.zeros(8, dtype=torch.bool)
 
+    def step_bonus(trainer, features, step):  # the shared step with the trainer's settings and state
+        return compute_step_bonus(features, uids, scores, trainer.repexp, beta=trainer.repexp.beta, step=step,
+                                  state=trainer.bonus_state, excluded=none, prompt_keys=keys)
+
     first = _trainer(cfg, ActorWorkerGroup(actor), step=0)
     first.train_dataloader = dataloader()
     batches = iter(first.train_dataloader)
@@ -442,7 +448,7 @@ def test_checkpoints_resume_and_merge(runtime, tmp_path):
     for step, pass_rate in ((2, 0.75), (4, 0.5), (6, 0.25)):
         first.global_steps = step
         next(batches)
-        compute_step_bonus(hidden[step // 2 - 1], uids, scores, none, first.repexp, step, first.bonus_state, keys)
+        step_bonus(first, hidden[step // 2 - 1], step)
         _perturb(module, step)  # "training"
         states[step] = _full_state(module)
         first._save_checkpoint()
@@ -464,7 +470,7 @@ def test_checkpoints_resume_and_merge(runtime, tmp_path):
     best = json.loads((run_dir / "best_dev.json").read_text())
     assert best["best_step"] == 2 and best["best_checkpoint"] == str(checkpoint_dir(run_dir, 2))
     expected_batch = next(batches)
-    expected_bonus = compute_step_bonus(hidden[3], uids, scores, none, first.repexp, 7, first.bonus_state, keys)
+    expected_bonus = step_bonus(first, hidden[3], 7)
 
     # a fresh process resumes from global_step_6: weights, data order, covariance
     _perturb(module, 99)
@@ -476,7 +482,7 @@ def test_checkpoints_resume_and_merge(runtime, tmp_path):
     for name, value in _full_state(module).items():
         torch.testing.assert_close(value, states[6][name], msg=name)
     assert torch.equal(next(iter(resumed.train_dataloader)), expected_batch)
-    again = compute_step_bonus(hidden[3], uids, scores, none, resumed.repexp, 7, resumed.bonus_state, keys)
+    again = step_bonus(resumed, hidden[3], 7)
     torch.testing.assert_close(again.bonus_raw, expected_bonus.bonus_raw)
     logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in logged] == [2, 4, 6] and logged[0]["dev/pass_at_1"] == pytest.approx(0.75)

@@ -1,4 +1,5 @@
-"""Pure parts of the verl backend: pooling, per-step bonus glue, dev pass@k, settings, overrides (no verl import)."""
+"""Pure parts of the verl backend: pooling layouts, the shared bonus step as the trainer calls it, dev pass@k, settings,
+overrides (no verl import)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,17 @@ import numpy as np
 import pytest
 import torch
 
+from repexp import bonus_defaults as B
 from repexp import config as C
-from repexp.elliptical import sparse_projection
-from repexp.verl.bonus import BonusState, compute_step_bonus, group_metrics, projection_seed
-from repexp.verl.overrides import DEAD_KEY_PREFIXES, build_overrides, hydra_value
-from repexp.verl.pooling import (
+from repexp.bonus_step import BonusState, compute_step_bonus, group_metrics
+from repexp.elliptical import projection_seed, sparse_projection
+from repexp.features import (
     response_mask_right_padded,
     response_mean_masked,
     response_mean_packed,
     response_mean_right_padded,
 )
+from repexp.verl.overrides import DEAD_KEY_PREFIXES, build_overrides, hydra_value
 from repexp.verl.settings import RepExpSettings, RunSettings
 from repexp.verl.validation import dev_pass_at_k
 
@@ -78,6 +80,15 @@ def test_pooling_rejects_inconsistent_lengths():
 
 
 # --------------------------------------------------------------------------- bonus glue
+def verl_step(hidden, uids, scores, excluded, settings, step, state, keys=None):
+    """The shared step called as the verl trainer calls it (the node's settings carry β)."""
+    return compute_step_bonus(hidden, uids, scores, settings, beta=settings.beta, step=step, state=state,
+                              excluded=excluded, prompt_keys=keys)
+
+
+def verl_state(settings):
+    return BonusState(settings, sparse_dim=settings.sparse_dim, seed=settings.seed)
+
 
 
 def _closed_form_leverage(x: np.ndarray, lamb: float) -> np.ndarray:
@@ -98,7 +109,7 @@ def _batch(seed: int = 0):
 def test_step_bonus_matches_a_hand_computation():
     hidden, uids, scores, excluded = _batch()
     settings = RepExpSettings(beta=0.5, alpha=2.0, sparse_dim=3, lamb=1.0, seed=7)
-    result = compute_step_bonus(hidden, uids, scores, excluded, settings, step=5, state=BonusState(settings))
+    result = verl_step(hidden, uids, scores, excluded, settings, 5, verl_state(settings))
 
     projection = sparse_projection(16, 3, seed=projection_seed(7, 5))
     features = (hidden.float() @ projection).double().numpy()
@@ -123,7 +134,7 @@ def test_turn_off_rules_and_leave_one_out():
     hidden, uids, scores, excluded = _batch(1)
     settings = RepExpSettings(beta=1.0, sparse_dim=4, lamb=0.5, reward_type="leave_one_out",
                               turn_off_if_none_correct=False, turn_off_if_rollout_incorrect=True)
-    result = compute_step_bonus(hidden, uids, scores, excluded, settings, step=0, state=BonusState(settings))
+    result = verl_step(hidden, uids, scores, excluded, settings, 0, verl_state(settings))
     features = (hidden.float() @ sparse_projection(16, 4, seed=projection_seed(0, 0))).double().numpy()
     h = _closed_form_leverage(features[:4], 0.5)
     np.testing.assert_allclose(result.bonus_raw[:4].numpy(), h / (1 - h), rtol=1e-8)
@@ -133,13 +144,13 @@ def test_turn_off_rules_and_leave_one_out():
 
 def test_projection_is_seeded_by_seed_and_step():
     settings = RepExpSettings(sparse_dim=8, seed=3)
-    state = BonusState(settings)
+    state = verl_state(settings)
     assert torch.equal(state.projection(64, 10), sparse_projection(64, 8, seed=projection_seed(3, 10)))
-    assert torch.equal(state.projection(64, 10), BonusState(settings).projection(64, 10))
+    assert torch.equal(state.projection(64, 10), verl_state(settings).projection(64, 10))
     assert not torch.equal(state.projection(64, 10), state.projection(64, 11))
-    other_seed = BonusState(RepExpSettings(sparse_dim=8, seed=4))
+    other_seed = verl_state(RepExpSettings(sparse_dim=8, seed=4))
     assert not torch.equal(state.projection(64, 10), other_seed.projection(64, 10))
-    fixed = BonusState(RepExpSettings(sparse_dim=8, seed=3, randomize_projection=False))
+    fixed = verl_state(RepExpSettings(sparse_dim=8, seed=3, randomize_projection=False))
     assert torch.equal(fixed.projection(64, 1), fixed.projection(64, 99))
     assert torch.equal(fixed.projection(64, 1), sparse_projection(64, 8, seed=projection_seed(3, 0, randomize=False)))
 
@@ -152,18 +163,18 @@ def test_persistent_covariance_state_round_trip_continues_identically():
     keys = ["p1"] * 4 + ["p2"] * 4
     scores = torch.tensor([1.0, 0, 0, 0, 1, 1, 1, 1])
     none = torch.zeros(8, dtype=torch.bool)
-    straight = BonusState(settings)
-    first = [compute_step_bonus(h, uids, scores, none, settings, i, straight, keys) for i, h in enumerate(steps)]
-    resumed = BonusState(settings)
-    compute_step_bonus(steps[0], uids, scores, none, settings, 0, resumed, keys)
-    compute_step_bonus(steps[1], uids, scores, none, settings, 1, resumed, keys)
-    restored = BonusState(settings)
+    straight = verl_state(settings)
+    first = [verl_step(h, uids, scores, none, settings, i, straight, keys) for i, h in enumerate(steps)]
+    resumed = verl_state(settings)
+    verl_step(steps[0], uids, scores, none, settings, 0, resumed, keys)
+    verl_step(steps[1], uids, scores, none, settings, 1, resumed, keys)
+    restored = verl_state(settings)
     restored.load_state_dict(resumed.state_dict())
-    again = compute_step_bonus(steps[2], uids, scores, none, settings, 2, restored, keys)
+    again = verl_step(steps[2], uids, scores, none, settings, 2, restored, keys)
     torch.testing.assert_close(again.bonus_raw, first[2].bonus_raw)
     assert not torch.allclose(first[2].bonus_raw, first[0].bonus_raw), "state must influence later steps"
     with pytest.raises(ValueError, match="prompt key"):
-        compute_step_bonus(steps[0], uids, scores, none, settings, 0, BonusState(settings), None)
+        verl_step(steps[0], uids, scores, none, settings, 0, verl_state(settings), None)
 
 
 def test_group_metrics_for_the_grpo_baseline():
@@ -230,6 +241,8 @@ def test_overrides_map_the_run_config(tmp_path):
     assert repexp["hydra.run.dir"] == f"{run_dir}/hydra"
     assert repexp["data.train_files"] == str((tmp_path / "data" / "gsm8k" / "train.parquet").resolve())
     assert repexp["actor_rollout_ref.repexp.beta"] == "0.01" and grpo["actor_rollout_ref.repexp.beta"] == "0.0"
+    # GRPO has no sparse_dim; the node gets the one default (repexp.bonus_defaults), never a literal
+    assert grpo["actor_rollout_ref.repexp.sparse_dim"] == str(RepExpSettings.sparse_dim) == str(B.SPARSE_DIM)
     for key in ("data.seed", "actor_rollout_ref.rollout.seed", "actor_rollout_ref.repexp.seed",
                 "actor_rollout_ref.actor.data_loader_seed", "actor_rollout_ref.actor.fsdp_config.seed"):
         assert repexp[key] == "41", key

@@ -2,7 +2,7 @@
 
 The feature of a sample is the training bonus's (docs/bonus.md): the feature model's `last_hidden_state`
 averaged over the response tokens, the first EOS included and the prompt in context but not pooled
-(`repexp.trl.pooling.completion_features`), then multiplied by a seeded sparse projection
+(`repexp.features.completion_features`), then multiplied by a seeded sparse projection
 (`repexp.elliptical.sparse_projection`). Prompts are rendered with the feature model's chat template
 exactly as `repexp eval` rendered them; the stored response text is re-tokenised (special tokens
 were skipped when it was decoded) and the EOS token is appended to responses that stopped.
@@ -86,7 +86,7 @@ def shard_features(store, problems, plan, settings: FeatureSettings, out_dir: Pa
 
     from repexp.elliptical import sparse_projection
     from repexp.evaluate.engines import encode_prompts, load_tokenizer
-    from repexp.trl.pooling import completion_features
+    from repexp.features import completion_features
 
     cache_dir = out_dir / FEATURES_DIR
     _open_cache(cache_dir, settings.cache_key(generation))
@@ -141,7 +141,7 @@ def shard_features(store, problems, plan, settings: FeatureSettings, out_dir: Pa
 def _load_backbone(settings: FeatureSettings):
     import torch
 
-    from repexp.trl.reward import load_backbone
+    from repexp.features import load_backbone
 
     return load_backbone(settings.model, dtype=getattr(torch, settings.dtype), device=torch.device(settings.device),
                          key="--model")

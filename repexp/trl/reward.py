@@ -6,11 +6,11 @@ completions i·n … i·n + n − 1 share a prompt (TRL's RepeatSampler). Per ca
 1. decode each completion (special tokens skipped, as in evaluation) and score it with
    `repexp.verify.score` under the run's grader (0/1);
 2. β > 0 only: mean-pool the frozen representation model's last hidden state over each
-   completion (`pooling.completion_features`), project with `repexp.elliptical.sparse_projection`
-   (seeded by (seed, step) when `bonus.randomize_projection`, else by seed), and compute the
-   per-group bonus with `repexp.elliptical.bonuses` (or `PersistentCovariance`, keyed by
-   `extra_info.index`);
-3. `repexp.elliptical.combine_rewards` applies α, β and the turn-off rules.
+   completion (`repexp.features.completion_features`);
+3. `repexp.bonus_step.compute_step_bonus`, the step verl runs too: projection (seeded by (seed, step)
+   when `bonus.randomize_projection`, else by seed), per-group bonus (or the persistent covariance,
+   keyed by `extra_info.index`), α, β and the turn-off rules, the step's metrics; in float32, the
+   precision this reward has always had. β = 0: `repexp.bonus_step.group_metrics` of α·score;
 
 4. the shaped reward is normalised within each group exactly as verl's GRPO advantage,
    (r − mean) / (unbiased std + 1e-6), and returned; TRL runs with `scale_rewards="none"`, so
@@ -19,7 +19,7 @@ completions i·n … i·n + n − 1 share a prompt (TRL's RepeatSampler). Per ca
    β·bonus spread, e.g. all-correct groups: the two backends would no longer agree.)
 
 β = 0 never loads the representation model. Metrics use the names shared with the verl
-backend (docs/architecture.md).
+backend (docs/architecture.md); `rollout/distinct_frac` and the timings are added here.
 """
 
 from __future__ import annotations
@@ -32,10 +32,11 @@ from typing import Any, Optional
 
 import torch
 
-from repexp import elliptical, layout, verify
+from repexp import layout, verify
 from repexp import metrics as metric_names
+from repexp.bonus_step import BonusState, compute_step_bonus, group_metrics
 from repexp.config import ConfigError, RunConfig
-from repexp.trl.pooling import completion_features
+from repexp.features import completion_features, load_backbone
 
 COVARIANCE_STATE_FILE = layout.TRL_COVARIANCE
 GRPO_EPSILON = 1e-6  # verl's compute_grpo_outcome_advantage
@@ -48,20 +49,6 @@ def group_normalized(rewards: torch.Tensor, group_size: int, epsilon: float = GR
     grouped = rewards.double().view(-1, group_size)
     normalized = (grouped - grouped.mean(dim=1, keepdim=True)) / (grouped.std(dim=1, keepdim=True) + epsilon)
     return normalized.view(-1).float()
-
-
-
-def load_backbone(path: str, *, dtype: torch.dtype, device: torch.device, key: str) -> torch.nn.Module:
-    """A frozen transformers base model (no LM head) for the bonus features."""
-    from transformers import AutoModel
-
-    try:
-        model = AutoModel.from_pretrained(path, dtype=dtype)
-    except (OSError, ValueError) as err:
-        raise FileNotFoundError(f"{key}: cannot load the representation model from {path!r} ({err})") from None
-    model.to(device).eval()
-    model.requires_grad_(False)
-    return model
 
 
 class RepExpReward:
@@ -92,8 +79,8 @@ class RepExpReward:
         self.representation_path = cfg.bonus.representation_model or cfg.model
         self._backbone_loader = backbone_loader
         self._backbone: Optional[torch.nn.Module] = None
-        self._covariance: Optional[elliptical.PersistentCovariance] = None
-        self._pending_covariance_state: Optional[dict] = None
+        # projection and persistent covariance across steps; β = 0 runs have no sparse_dim and no bonus
+        self._state = BonusState(cfg.bonus, sparse_dim=cfg.sparse_dim, seed=cfg.seed) if self.enabled else None
         # Counters the tests and the benchmark read: β = 0 must leave both at 0.
         self.backbone_loads = 0
         self.forward_calls = 0
@@ -127,31 +114,21 @@ class RepExpReward:
 
     # ----------------------------------------------------------------- persistent covariance
 
-    def _persistent(self, dim: int) -> elliptical.PersistentCovariance:
-        if self._covariance is None:
-            bonus = self.cfg.bonus
-            self._covariance = elliptical.PersistentCovariance(
-                dim, lamb=bonus.lamb, reward_type=bonus.reward_type, normalization=bonus.normalization
-            )
-            if self._pending_covariance_state is not None:
-                self._covariance.load_state_dict(self._pending_covariance_state)
-                self._pending_covariance_state = None
-        return self._covariance
+    @property
+    def _persists(self) -> bool:
+        return self.enabled and self.cfg.bonus.persist_covariance
 
     def save_state(self, directory: Path) -> None:
         """Write the persistent covariance (if any) into a checkpoint directory."""
-        if self._covariance is not None:
-            torch.save(self._covariance.state_dict(), Path(directory) / COVARIANCE_STATE_FILE)
-        elif self._pending_covariance_state is not None:  # resumed but not stepped since
-            torch.save(self._pending_covariance_state, Path(directory) / COVARIANCE_STATE_FILE)
+        if self._persists:
+            torch.save(self._state.covariance.state_dict(), Path(directory) / COVARIANCE_STATE_FILE)
 
     def load_state(self, directory: Path) -> None:
         path = Path(directory) / COVARIANCE_STATE_FILE
-        if self.cfg.bonus.persist_covariance and self.enabled:
+        if self._persists:
             if not path.exists():
                 raise FileNotFoundError(f"{path}: missing; the checkpoint has no persistent covariance to resume")
-            self._pending_covariance_state = torch.load(path, weights_only=True)
-            self._covariance = None
+            self._state.covariance.load_state_dict(torch.load(path, weights_only=True))
 
     # ----------------------------------------------------------------- the reward
 
@@ -200,11 +177,9 @@ class RepExpReward:
         if batch % self.n:
             raise ValueError(f"{batch} completions is not a whole number of groups of n_rollouts={self.n}")
         self._check_groups(prompts)
-        num_groups = batch // self.n
-        groups = torch.arange(batch) // self.n
+        groups = [i // self.n for i in range(batch)]
         extrinsic = torch.tensor(scores, dtype=torch.float64)
         metrics: dict[str, float] = {}
-        hidden_norms = None
         if self.enabled:
             backbone = self.backbone  # loaded on first use, outside the timed forward
             start = time.perf_counter()
@@ -218,54 +193,18 @@ class RepExpReward:
             self.forward_calls += 1
             metrics[metric_names.timing(metric_names.TIMER_REPEXP_FORWARD)] = time.perf_counter() - start
             start = time.perf_counter()
-            hidden_norms = features.double().norm(dim=1).cpu()
-            raw = self._bonus(features, groups.to(features.device), num_groups, step, prompt_keys)
-        else:
-            raw = torch.zeros(batch, dtype=torch.float32)
-            start = time.perf_counter()
-        bonus = self.cfg.bonus
-        combined = elliptical.combine_rewards(
-            extrinsic,
-            raw.cpu(),
-            groups,
-            alpha=self.alpha,
-            beta=self.beta,
-            turn_off_if_none_correct=bonus.turn_off_if_none_correct,
-            turn_off_if_some_correct=bonus.turn_off_if_some_correct,
-            turn_off_if_all_correct=bonus.turn_off_if_all_correct,
-            turn_off_if_rollout_incorrect=bonus.turn_off_if_rollout_incorrect,
-            num_groups=num_groups,
-        )
-        if self.enabled:
+            result = compute_step_bonus(features, groups, extrinsic, self.cfg.bonus, beta=self.beta, step=step,
+                                        state=self._state, prompt_keys=prompt_keys, dtype=torch.float32)
             metrics[metric_names.timing(metric_names.TIMER_REPEXP_BONUS)] = time.perf_counter() - start
-            metrics.update(metric_names.bonus_metrics(raw.double().cpu(), combined.intrinsic.double().cpu(),
-                                                      self.beta, hidden_norms))
-        metrics.update(metric_names.group_metrics(combined.status_fractions(), extrinsic, combined.total.double()))
-        metrics.update(metric_names.distinct_fraction(groups.tolist(), completion_ids))
-        return combined.total, metrics
-
-    def _bonus(
-        self, features: torch.Tensor, groups: torch.Tensor, num_groups: int, step: int,
-        prompt_keys: Optional[Sequence[int]],
-    ) -> torch.Tensor:
-        bonus = self.cfg.bonus
-        seed = elliptical.projection_seed(self.cfg.seed, step, bonus.randomize_projection)
-        projection = elliptical.sparse_projection(
-            features.shape[1], int(self.cfg.sparse_dim), seed=seed, dtype=features.dtype, device=features.device
-        )
-        projected = features @ projection
-        if bonus.persist_covariance:
-            return self._persistent(projected.shape[1]).update_and_score(projected, list(prompt_keys))
-        return elliptical.bonuses(
-            projected,
-            groups,
-            lamb=bonus.lamb,
-            reward_type=bonus.reward_type,
-            normalization=bonus.normalization,
-            center=bonus.center,
-            num_groups=num_groups,
-            max_group_size=self.n,
-        )
+            metrics.update(result.metrics)
+            shaped = result.shaped
+        else:
+            # α·score even without the bonus, as combine_rewards always gave this reward (verl leaves β = 0
+            # scores unscaled; the group-normalised advantage barely depends on α)
+            shaped = (self.alpha * extrinsic).float()
+            metrics.update(group_metrics(groups, extrinsic, shaped=shaped))
+        metrics.update(metric_names.distinct_fraction(groups, completion_ids))
+        return shaped, metrics
 
     def _check_groups(self, prompts: Sequence[Any]) -> None:
         # TRL's RepeatSampler puts a prompt's n completions next to each other; the bonus relies on it.

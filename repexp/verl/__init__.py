@@ -1,10 +1,8 @@
 """The production trainer: RepExp as a plugin on verl 0.9.1 (no copied verl files).
 
-Layout (see docs/verl_backend.md):
+Layout (see docs/verl_backend.md; the features' pooling is `repexp.features`, shared with the
+TRL backend and test-time, and the step's bonus is `repexp.bonus_step`, shared with the TRL backend):
 
-- `pooling`   pure torch: response-token mean of hidden states, in every layout verl uses.
-- `bonus`     pure torch glue: per-step projection seed, grouping, `repexp.elliptical` bonus,
-              turn-off rules, shaped reward and the shared metric names.
 - `engine`    `RepExpHiddenMeanEngine`: a frozen, forward-only FSDP engine registered in verl's
               `EngineRegistry` as model type ``repexp_hidden_mean``.
 - `worker`    `RepExpActorRolloutRefWorker`: builds that engine inside the colocated actor worker

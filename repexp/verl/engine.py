@@ -10,7 +10,7 @@ batching, dynamic batch size and its reordering, parameter CPU offload (forced b
   checkpoint: no LM head and no vocabulary-sized logits. Its ``last_hidden_state`` is the output
   of the final norm, the recipe's feature.
 - `prepare_model_outputs` pools that state over each sequence's response tokens
-  (`repexp.verl.pooling`) and returns ``{"repexp_hidden_mean": (B, H) float32}``.
+  (`repexp.features`, the feature every consumer shares) and returns ``{"repexp_hidden_mean": (B, H) float32}``.
 
 Data layouts: ``input_ids`` is always jagged (prompt + response per row). Response lengths come
 from jagged ``responses`` (V1 trainer) or, in the legacy layout produced by
@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
-from repexp.verl.pooling import response_mean_packed, response_mean_right_padded
+from repexp.features import response_mean_packed, response_mean_right_padded
 
 from verl.utils import tensordict_utils as tu
 from verl.workers.engine.base import EngineRegistry

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
+from repexp import bonus_defaults as B
 from repexp import layout
 from repexp.config import DEAD_VERL_KEY_PREFIXES, RunConfig
 from repexp.verl import reward
@@ -152,7 +153,8 @@ def build_overrides(run_config: RunConfig, attention: Optional[Attention] = None
         # RepExp: beta = 0 is the GRPO baseline (no representation model is built)
         ("actor_rollout_ref.repexp.beta", float(rc.beta)),
         ("actor_rollout_ref.repexp.alpha", bonus.alpha),
-        ("actor_rollout_ref.repexp.sparse_dim", rc.sparse_dim if rc.sparse_dim is not None else 32),
+        # a GRPO run (β = 0) has no sparse_dim; the node's key is an int, never read then: its default
+        ("actor_rollout_ref.repexp.sparse_dim", rc.sparse_dim if rc.sparse_dim is not None else B.SPARSE_DIM),
         ("actor_rollout_ref.repexp.lamb", bonus.lamb),
         ("actor_rollout_ref.repexp.reward_type", bonus.reward_type),
         ("actor_rollout_ref.repexp.normalization", bonus.normalization),

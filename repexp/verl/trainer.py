@@ -6,7 +6,7 @@ What it changes, each through an overridable method of verl's `PPOTrainer`:
   frozen representation engine when beta > 0).
 - `_compute_advantage` (runs after batch balancing, while vLLM sleeps; training only, since
   verl's `_validate` never calls it): hidden-state forward on the workers, bonus on the driver
-  (`repexp.verl.bonus` -> `repexp.elliptical`), then verl's own advantage computation on
+  (`repexp.bonus_step`, the step the TRL backend runs too), then verl's own advantage computation on
   ``alpha * score + beta * bonus``. Afterwards ``rm_scores`` is restored to the verifier score
   and ``token_level_rewards`` holds the shaped reward, so verl's ``critic/score`` stays comparable
   with plain GRPO and ``critic/rewards`` shows what was optimised. beta = 0 (the GRPO baseline)
@@ -43,6 +43,7 @@ from transfer_queue import KVBatchMeta
 
 from repexp import layout
 from repexp import metrics as metric_names
+from repexp.bonus_step import BonusState, compute_step_bonus, group_metrics
 from repexp.checkpoints import (
     BestDevTracker,
     TrainingTime,
@@ -53,7 +54,6 @@ from repexp.checkpoints import (
 )
 from repexp.io import atomic_path, write_text_atomic
 from repexp.verl import dataplane
-from repexp.verl.bonus import BonusState, compute_step_bonus, group_metrics
 from repexp.verl.engine import OUTPUT_KEY
 from repexp.verl.settings import RUN_NODE, TRAINER_MODE, RunSettings, run_dir_of
 from repexp.verl.validation import dev_pass_at_k
@@ -118,7 +118,7 @@ class RepExpTrainer(PPOTrainerSync):
         super().__init__(config)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.best_dev = BestDevTracker.load(self.run_dir)
-        self.bonus_state = BonusState(self.repexp)
+        self.bonus_state = BonusState(self.repexp, sparse_dim=self.repexp.sparse_dim, seed=self.repexp.seed)
         self.metrics_logger = JsonlMetricsLogger(self.run_dir / METRICS_FILE)
         self.training_time = TrainingTime()  # resumed in _load_checkpoint
         self.clock = ChunkClock(self.run_settings.chunk_deadline)
@@ -163,13 +163,14 @@ class RepExpTrainer(PPOTrainerSync):
             rm_scores = data["rm_scores"]
             excluded = dataplane.padding_rows(batch) | (dataplane.row_lengths(rm_scores) == 0)
             result = compute_step_bonus(
-                hidden=hidden,
-                uids=dataplane.non_tensor_list(data, "uid"),
-                scores=dataplane.row_sums(rm_scores).double(),
-                excluded=excluded,
-                settings=self.repexp,
+                hidden,
+                dataplane.non_tensor_list(data, "uid"),
+                dataplane.row_sums(rm_scores).double(),
+                self.repexp,
+                beta=self.repexp.beta,
                 step=self.global_steps,
                 state=self.bonus_state,
+                excluded=excluded,
                 prompt_keys=_prompt_keys(data) if self.repexp.persist_covariance else None,
             )
             shaped = dataplane.add_at_last_token(rm_scores, self.repexp.alpha, result.bonus_scaled.float())
@@ -203,7 +204,7 @@ class RepExpTrainer(PPOTrainerSync):
 
     def _save_checkpoint(self):
         step_dir = checkpoint_dir(self.run_dir, self.global_steps)
-        if self.bonus_state.has_state():
+        if self.repexp.enabled and self.repexp.persist_covariance:
             step_dir.mkdir(parents=True, exist_ok=True)
             with atomic_path(step_dir / STATE_FILE) as tmp:
                 torch.save(self.bonus_state.state_dict(), tmp)
