@@ -12,7 +12,7 @@ import torch
 from repexp import config as C
 from repexp.elliptical import sparse_projection
 from repexp.verl.bonus import BonusState, compute_step_bonus, group_metrics, projection_seed
-from repexp.verl.overrides import DEAD_KEY_PREFIXES, build_overrides, hydra_value
+from repexp.verl.overrides import build_overrides, hydra_value
 from repexp.verl.pooling import (
     response_mask_right_padded,
     response_mean_masked,
@@ -236,7 +236,7 @@ def test_overrides_map_the_run_config(tmp_path):
     assert repexp["actor_rollout_ref.model.path"] == "Qwen/Qwen2.5-7B-Instruct"  # a Hub id stays as it is
     assert repexp["trainer.logger"] == "[console]"
     assert not any(k.startswith("+") for k in repexp), "every key must already exist in verl's config"
-    assert not [k for k in repexp if k.startswith(DEAD_KEY_PREFIXES)]
+    assert not [k for k in repexp if k.startswith(C.DEAD_VERL_KEY_PREFIXES)]
     with pytest.raises(ValueError, match="not a verl run"):
         build_overrides(runs[("trl", "repexp")])
 
