@@ -50,7 +50,11 @@ TRL_DTYPES = ("float32", "bfloat16")
 ATTENTION = ("auto", "flash_attention_2", "sdpa", "eager")  # verl.attn_implementation (repexp.verl.attention)
 VERL_STRATEGIES = ("fsdp", "fsdp2")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
-TRL_LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean")  # seq-mean-token-sum has no TRL loss_type
+# train.loss_agg_mode → the TRL loss_type with the same normalisation (the TRL backend's one table):
+#   token-mean: Σ token losses / number of tokens in the mini-batch  = TRL "dapo"
+#   seq-mean-token-mean: mean over sequences of each sequence's token mean = TRL "grpo"
+# seq-mean-token-sum has no TRL counterpart ("dr_grpo" divides by a constant instead).
+TRL_LOSS_TYPES = {"token-mean": "dapo", "seq-mean-token-mean": "grpo"}
 # Every rule of the workflow (keys of `resources`).
 RULES = ("download_model", "download_data", "model", "preprocess", "train", "select", "merge", "eval", "testtime",
          "aggregate", "figures")
@@ -70,7 +74,8 @@ REMOVED_KEYS = {
 TRACKING_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "file", "databricks")
 # The `--config` key whose value is a dotlist of overrides: --config set="sweep.betas=[0.01,0.02] train.lr=2e-6"
 OVERRIDES_KEY = "set"
-# Legacy verl keys that verl 0.9.1 accepts but ignores (an override of one is a silent no-op).
+# The legacy reward keys verl 0.9.1 still accepts but ignores (verl_0_9.md §4), and data keys the
+# reward loop never reads: an override of one is a silent no-op, so `check_verl_overrides` refuses it.
 DEAD_VERL_KEY_PREFIXES = ("custom_reward_function.", "reward_model.", "data.reward_fn_key")
 
 
@@ -547,6 +552,12 @@ def _check_constraints(key: str, value: Any, meta: Mapping) -> None:
         raise ConfigError(f"{key}: {value!r} does not match {meta['pattern']}")
 
 
+def check_value(key: str, value: Any, cls: type, name: str) -> None:
+    """The per-field rules of `cls.name` applied to a value read elsewhere under `key` (a trainer's own
+    config node with the same setting), so the rule is not restated there."""
+    _check_constraints(key, value, next(f.metadata for f in dataclasses.fields(cls) if f.name == name))
+
+
 def check_fields(obj: Any, prefix: str = "") -> None:
     """The per-field rules of the dataclass metadata (what the JSON schema says), recursively."""
     for f in dataclasses.fields(obj):
@@ -638,26 +649,15 @@ def check_tracking_uri(uri: Optional[str], key: str = "tracking.tracking_uri") -
 def _check_training(cfg: PipelineConfig, task: str) -> None:
     train = task_section(cfg, task, "train")
     key = lambda name: _key(cfg, task, "train", name)  # noqa: E731
-    if train.train_batch_size % train.ppo_mini_batch_size:
-        raise ConfigError(f"{key('ppo_mini_batch_size')}: {train.ppo_mini_batch_size} does not divide "
-                          f"train_batch_size {train.train_batch_size}")
-    if train.test_freq % train.save_freq:
-        raise ConfigError(f"{key('save_freq')}: {train.save_freq} must divide test_freq {train.test_freq} "
-                          "so that every validated step has a checkpoint to select")
+    check_train_batches(train, key)
     runtime = rule_resources(cfg, "train").runtime
     if train.walltime_margin_minutes >= runtime:
         raise ConfigError(f"{key('walltime_margin_minutes')}: {canonical(train.walltime_margin_minutes)} min leaves "
                           f"nothing of resources.train.runtime {runtime} min to train in; lower it")
     sparse_dims, betas = task_sweep(cfg, task)
     if "trl" in cfg.sweep.backends:
-        if train.loss_agg_mode not in TRL_LOSS_AGG_MODES:
-            raise ConfigError(f"{key('loss_agg_mode')}: {train.loss_agg_mode!r} has no TRL equivalent "
-                              f"(the TRL backend supports {', '.join(TRL_LOSS_AGG_MODES)})")
-        sequences = train.ppo_mini_batch_size * train.n_rollouts
-        micro = min(train.micro_batch_size_per_gpu, sequences)
-        if sequences % micro:
-            raise ConfigError(f"{key('micro_batch_size_per_gpu')}: {micro} does not divide the {sequences} "
-                              f"sequences of a PPO mini-batch (ppo_mini_batch_size × n_rollouts)")
+        check_trl_loss(train, key)
+        trl_micro_batch(train, key)
         trl = task_section(cfg, task, "trl")
         if trl.device != "cpu":
             _check_share(trl.gpu_memory_fraction, rule_resources(cfg, "train"), "train",
@@ -690,16 +690,87 @@ def _check_verl(cfg: PipelineConfig, task: str, train: TrainConfig, repexp_runs:
         raise ConfigError(f"{key('rollout_tensor_parallel_size')}: {verl.rollout_tensor_parallel_size} does not "
                           f"divide the {gpus} GPUs of a training job (n_gpus_per_node × nnodes)")
     if repexp_runs:
-        # verl pads each step to a multiple of lcm(dp, mini-batch); every rank's share must split into micro-batches
-        mini = train.ppo_mini_batch_size * train.n_rollouts
-        per_rank = math.lcm(gpus, mini) // gpus
-        if per_rank % verl.repexp_micro_batch_size_per_gpu:
-            raise ConfigError(f"{key('repexp_micro_batch_size_per_gpu')}: {verl.repexp_micro_batch_size_per_gpu} "
-                              f"must divide the {per_rank} rows per GPU and mini-batch")
-    for raw in verl.overrides:
+        check_repexp_micro_batch(verl.repexp_micro_batch_size_per_gpu, gpus,
+                                 train.ppo_mini_batch_size * train.n_rollouts, key("repexp_micro_batch_size_per_gpu"))
+    check_verl_overrides(verl.overrides, key("overrides"))
+
+
+# --------------------------------------------------------------------------- rules the trainers share
+# Each rule below is written once. `check` applies it to every task of a pipeline config, naming the
+# key a value came from (a task override's own key where it set one). A trainer re-applies the same
+# function only where it can be started without a checked pipeline config: the TRL trainer on a
+# job.yaml (`repexp.trl.settings.check_run_config`), `repexp.verl.overrides.build_overrides` on a
+# RunConfig, and ``python -m repexp.verl.train`` on verl's Hydra config (under verl's key names).
+
+
+def _in_section(section: str) -> typing.Callable[[str], str]:
+    """The key names of a RunConfig's section (`train.save_freq`), the trainers' default."""
+    return lambda name: f"{section}.{name}"
+
+
+def check_trains(rc: RunConfig, backend: str) -> None:
+    """A job the `backend` trainer can train: its own backend, and a sweep point that trains."""
+    if rc.backend != backend:
+        raise ConfigError(f"backend: run {rc.run} is a {rc.backend!r} run, not a {backend} run")
+    if rc.method not in ("repexp", "grpo"):
+        raise ConfigError(f"method: {rc.method!r} runs do not train ('base' runs evaluate the initial model)")
+    if rc.method == "grpo" and rc.beta != 0:
+        raise ConfigError(f"beta: a 'grpo' run must have beta 0, got {rc.beta}")
+    if rc.method == "repexp" and not rc.beta > 0:
+        raise ConfigError(f"beta: a 'repexp' run needs beta > 0, got {rc.beta}")
+    if rc.method == "repexp" and (rc.sparse_dim is None or rc.sparse_dim < 1):
+        raise ConfigError(f"sparse_dim: a positive projection dimension is required when beta > 0, "
+                          f"got {rc.sparse_dim}")
+
+
+def check_train_batches(train: TrainConfig, key: typing.Callable[[str], str] = _in_section("train")) -> None:
+    """The step shape both backends rely on: whole PPO mini-batches per step, a checkpoint at every validation."""
+    if train.train_batch_size % train.ppo_mini_batch_size:
+        raise ConfigError(f"{key('ppo_mini_batch_size')}: {train.ppo_mini_batch_size} does not divide "
+                          f"train_batch_size {train.train_batch_size}")
+    check_save_freq(train.save_freq, train.test_freq, key("save_freq"), key("test_freq"))
+
+
+def check_save_freq(save_freq: int, test_freq: int, key: str, test_key: str) -> None:
+    """Every validated step must have a checkpoint: `repexp select` picks the best dev step's. A test_freq
+    ≤ 0 (verl's "no validation"; the pipeline config's minimum is 1) needs none."""
+    if test_freq > 0 and (save_freq <= 0 or test_freq % save_freq):
+        raise ConfigError(f"{key}: {save_freq} must divide {test_key} {test_freq} so that every validated step "
+                          "has a checkpoint to select")
+
+
+def check_trl_loss(train: TrainConfig, key: typing.Callable[[str], str] = _in_section("train")) -> None:
+    if train.loss_agg_mode not in TRL_LOSS_TYPES:
+        raise ConfigError(f"{key('loss_agg_mode')}: {train.loss_agg_mode!r} has no TRL equivalent "
+                          f"(the TRL backend supports {', '.join(TRL_LOSS_TYPES)})")
+
+
+def trl_micro_batch(train: TrainConfig, key: typing.Callable[[str], str] = _in_section("train")) -> int:
+    """Sequences per TRL forward/backward: `micro_batch_size_per_gpu`, at most one PPO mini-batch, which it
+    must split into whole micro-batches (TRL accumulates gradients over them)."""
+    sequences = train.ppo_mini_batch_size * train.n_rollouts
+    micro = min(train.micro_batch_size_per_gpu, sequences)
+    if sequences % micro:
+        raise ConfigError(f"{key('micro_batch_size_per_gpu')}: {micro} does not divide the {sequences} sequences of "
+                          f"a PPO mini-batch (ppo_mini_batch_size {train.ppo_mini_batch_size} × n_rollouts "
+                          f"{train.n_rollouts})")
+    return micro
+
+
+def check_repexp_micro_batch(micro: int, gpus: int, mini_batch_sequences: int, key: str, remedy: str = "") -> None:
+    """verl pads each step to a multiple of lcm(dp, mini-batch); every rank's share must split into the
+    bonus forward's micro-batches (`remedy`: what else fixes it where the caller has another way)."""
+    per_rank = math.lcm(gpus, mini_batch_sequences) // gpus
+    if per_rank % micro:
+        raise ConfigError(f"{key}: {micro} must divide the {per_rank} rows per GPU and mini-batch{remedy}")
+
+
+def check_verl_overrides(overrides: Sequence[str], key: str) -> None:
+    """A raw override of a key verl 0.9.1 accepts but ignores would be a silent no-op."""
+    for raw in overrides:
         name = raw.lstrip("+~").split("=", 1)[0]
         if name.startswith(DEAD_VERL_KEY_PREFIXES):
-            raise ConfigError(f"{key('overrides')}: {name} is a legacy key verl 0.9.1 ignores")
+            raise ConfigError(f"{key}: {name} is a legacy key verl 0.9.1 ignores")
 
 
 def _check_eval(cfg: PipelineConfig, task: str) -> None:
@@ -819,6 +890,33 @@ def canonical(value: Any) -> str:
     return str(value)
 
 
+# The run-name grammar, written once: each method's template. `RunSpec.name` fills it, `parse_run`
+# reads it back and the Snakemake wildcards below match it; a field's syntax is a regex of its values.
+RUN_NAMES = {
+    "repexp": "{backend}_repexp_k{sparse_dim}_b{beta}_s{seed}",
+    "grpo": "{backend}_grpo_s{seed}",
+    "base": "base",
+}
+_INT = r"(?:0|[1-9]\d*)"
+# Numbers only in their canonical spelling (no leading/trailing zeros), so a path such as
+# .../trl_repexp_k8_b0.010_s42/... matches no rule instead of naming a duplicate run.
+_CANONICAL_FIELDS = {"backend": "|".join(BACKENDS), "sparse_dim": r"[1-9]\d*",
+                     "beta": _INT + r"(?:\.\d*[1-9])?", "seed": _INT}
+# Any spelling: `parse_run` reads these, then refuses a non-canonical one naming the canonical name.
+_LOOSE_FIELDS = {**_CANONICAL_FIELDS, "sparse_dim": r"\d+", "beta": r"[0-9.]+", "seed": r"\d+"}
+
+
+def _run_pattern(method: str, fields: Mapping[str, str], *, named: bool = False) -> str:
+    """The regex of `method`'s run names, each template field replaced by its syntax in `fields`."""
+    parts = re.split(r"\{(\w+)\}", RUN_NAMES[method])  # literal, field, literal, ...
+    group = "(?P<{}>{})" if named else "(?:{1})"
+    return "".join(re.escape(part) if i % 2 == 0 else group.format(part, fields[part]) for i, part in enumerate(parts))
+
+
+# One regex per method: group names repeat across methods, which one alternation cannot hold.
+_RUN_RES = {method: re.compile(_run_pattern(method, _LOOSE_FIELDS, named=True)) for method in RUN_NAMES}
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """One sweep point. `name` is its stable path component under results/<stage>/<task>/."""
@@ -832,11 +930,8 @@ class RunSpec:
 
     @property
     def name(self) -> str:
-        if self.method == "base":
-            return "base"
-        if self.method == "grpo":
-            return f"{self.backend}_grpo_s{self.seed}"
-        return f"{self.backend}_repexp_k{self.sparse_dim}_b{canonical(self.beta)}_s{self.seed}"
+        return RUN_NAMES[self.method].format(backend=self.backend, sparse_dim=self.sparse_dim,
+                                             beta=canonical(self.beta), seed=self.seed)
 
     @property
     def path(self) -> str:
@@ -850,25 +945,17 @@ class RunSpec:
         return {"task": self.task, "run": self.name}
 
 
-_RUN_RE = re.compile(
-    r"^(?:(?P<base>base)"
-    r"|(?P<gb>trl|verl)_grpo_s(?P<gs>\d+)"
-    r"|(?P<rb>trl|verl)_repexp_k(?P<k>\d+)_b(?P<beta>[0-9.]+)_s(?P<rs>\d+))$"
-)
-
-
 def parse_run(task: str, name: str) -> RunSpec:
     """Inverse of `RunSpec.name`; rejects non-canonical spellings such as b0.010."""
-    m = _RUN_RE.match(name)
-    if not m or task not in TASKS:
+    match = next(((method, m) for method, regex in _RUN_RES.items() if (m := regex.fullmatch(name))), None)
+    if match is None or task not in TASKS:
         raise ConfigError(f"run: {task}/{name} is not a valid run name")
-    if m["base"]:
-        spec = RunSpec(task=task, method="base")
-    elif m["gb"]:
-        spec = RunSpec(task=task, method="grpo", backend=m["gb"], seed=int(m["gs"]))
-    else:
-        spec = RunSpec(task=task, method="repexp", backend=m["rb"], sparse_dim=int(m["k"]),
-                       beta=float(m["beta"]), seed=int(m["rs"]))
+    method, m = match
+    fields = m.groupdict()
+    spec = RunSpec(task=task, method=method, backend=fields.get("backend"),
+                   sparse_dim=int(fields["sparse_dim"]) if "sparse_dim" in fields else None,
+                   beta=float(fields["beta"]) if "beta" in fields else 0.0,
+                   seed=int(fields["seed"]) if "seed" in fields else None)
     if spec.name != name:
         raise ConfigError(f"run: {name} is not canonical (expected {spec.name})")
     return spec
@@ -892,15 +979,10 @@ def sweep_runs(cfg: PipelineConfig) -> list[RunSpec]:
 
 
 # Wildcard regexes for Snakemake (no named groups: Snakemake wraps each in its own group).
-# Numbers only in their canonical spelling (no leading/trailing zeros), so a path such as
-# .../trl_repexp_k8_b0.010_s42/... matches no rule instead of naming a duplicate run.
 TASK_PATTERN = "|".join(re.escape(t) for t in TASKS)
-_INT = r"(?:0|[1-9]\d*)"
-_DECIMAL = _INT + r"(?:\.\d*[1-9])?"
-_TRAINED_SUFFIX = rf"_(?:grpo_s{_INT}|repexp_k[1-9]\d*_b{_DECIMAL}_s{_INT})"
-TRAINED_RUN_PATTERN = r"(?:trl|verl)" + _TRAINED_SUFFIX
-VERL_RUN_PATTERN = r"verl" + _TRAINED_SUFFIX
-RUN_PATTERN = r"base|" + TRAINED_RUN_PATTERN
+TRAINED_RUN_PATTERN = "|".join(_run_pattern(m, _CANONICAL_FIELDS) for m in ("grpo", "repexp"))
+VERL_RUN_PATTERN = "|".join(_run_pattern(m, {**_CANONICAL_FIELDS, "backend": "verl"}) for m in ("grpo", "repexp"))
+RUN_PATTERN = "|".join(_run_pattern(m, _CANONICAL_FIELDS) for m in RUN_NAMES)
 MODEL_ALIASES = _MODEL_ALIASES  # `model:` values built offline by `repexp model`
 MODEL_ALIAS_PATTERN = "|".join(_MODEL_ALIASES)
 

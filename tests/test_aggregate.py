@@ -234,11 +234,13 @@ def test_sweep_points_carry_test_pass_at_k_in_mlflow(sweep, tmp_path, tmp_path_f
 
 
 def test_tracking_off_disables_mlflow_logging(monkeypatch):
+    from repexp import tracking
+
     monkeypatch.setenv("REPEXP_TRACKING", "off")
-    assert aggregate.mlflow_target("sqlite:///x.db", "exp") is None
+    assert tracking.mlflow_target("sqlite:///x.db", "exp") is None
     monkeypatch.setenv("REPEXP_TRACKING", "on")
-    assert aggregate.mlflow_target("sqlite:///x.db", "exp") == aggregate.MlflowTarget("sqlite:///x.db", "exp")
-    assert aggregate.mlflow_target(None, None) is None  # no flags, no enclosing node run: nothing to log
+    assert tracking.mlflow_target("sqlite:///x.db", "exp") == tracking.MlflowTarget("sqlite:///x.db", "exp")
+    assert tracking.mlflow_target(None, None) is None  # no flags, no enclosing node run: nothing to log
 
 
 # --------------------------------------------------------------------------- bootstrap of the k-efficiency

@@ -124,11 +124,9 @@ def test_the_rules_take_their_outputs_from_the_layout():
 def test_the_bonus_enums_are_one_object_everywhere():
     from repexp import elliptical
     from repexp.evaluate import engines
-    from repexp.verl import settings as verl_settings
 
     assert C.REWARD_TYPES is B.REWARD_TYPES is elliptical.REWARD_TYPES
     assert C.NORMALIZATIONS is B.NORMALIZATIONS is elliptical.NORMALIZATIONS
-    assert verl_settings.STRATEGIES is C.VERL_STRATEGIES
     assert engines.DTYPES is C.DTYPES and engines.ENGINES is C.ENGINES
     fields = {f.name: f for f in dataclasses.fields(C.BonusConfig)}
     assert tuple(fields["reward_type"].metadata["enum"]) == B.REWARD_TYPES

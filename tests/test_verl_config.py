@@ -17,7 +17,7 @@ import pytest
 
 from repexp import config as C
 from repexp.verl.attention import Attention, flash_attn_error, resolve
-from repexp.verl.overrides import DEAD_KEY_PREFIXES, build_overrides
+from repexp.verl.overrides import build_overrides
 
 pytest.importorskip("verl")
 
@@ -84,7 +84,7 @@ def test_every_task_and_setting_passes_verls_validation(run_configs):
 
     for rc in run_configs:
         overrides = build_overrides(rc)
-        assert not [o for o in overrides if o.lstrip("+~").startswith(DEAD_KEY_PREFIXES)]
+        assert not [o for o in overrides if o.lstrip("+~").startswith(C.DEAD_VERL_KEY_PREFIXES)]
         cfg = _compose(overrides)
         settings = check_config(cfg)  # verl's validate_config plus the RepExp checks
         assert need_reference_policy(cfg) is False and need_critic(cfg) is False, "GRPO without KL: actor only"

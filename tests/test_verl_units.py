@@ -20,7 +20,7 @@ from repexp.features import (
     response_mean_packed,
     response_mean_right_padded,
 )
-from repexp.verl.overrides import DEAD_KEY_PREFIXES, build_overrides, hydra_value
+from repexp.verl.overrides import build_overrides, hydra_value
 from repexp.verl.settings import RepExpSettings, RunSettings
 from repexp.verl.validation import dev_pass_at_k
 
@@ -249,7 +249,7 @@ def test_overrides_map_the_run_config(tmp_path):
     assert repexp["actor_rollout_ref.model.path"] == "Qwen/Qwen2.5-7B-Instruct"  # a Hub id stays as it is
     assert repexp["trainer.logger"] == "[console]"
     assert not any(k.startswith("+") for k in repexp), "every key must already exist in verl's config"
-    assert not [k for k in repexp if k.startswith(DEAD_KEY_PREFIXES)]
+    assert not [k for k in repexp if k.startswith(C.DEAD_VERL_KEY_PREFIXES)]
     with pytest.raises(ValueError, match="not a verl run"):
         build_overrides(runs[("trl", "repexp")])
 

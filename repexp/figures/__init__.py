@@ -115,12 +115,12 @@ def make_figures(table, out_dir: Path, *, expected: Sequence[RunSpec] | None = N
                  k_efficiency=None, k_efficiency_source: str = "") -> dict:
     """Draw and save every figure; write `index.json` last. Returns the index.
 
-    `k_efficiency`: the per-reference-k table with bootstrap intervals (`aggregate.read_k_efficiency` of
+    `k_efficiency`: the per-reference-k table with bootstrap intervals (`aggregate.tables.read_k_efficiency` of
     `k_efficiency_by_k.csv`); None: computed from `table`, without intervals.
     """
     import matplotlib
 
-    from repexp import aggregate
+    from repexp.aggregate import tables
 
     matplotlib.use("Agg")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -136,7 +136,7 @@ def make_figures(table, out_dir: Path, *, expected: Sequence[RunSpec] | None = N
     record["files"] = _save(fig, out_dir, TESTTIME_STEM)
     figures.append(record)
     if k_efficiency is None:
-        k_efficiency = aggregate.k_efficiency(table, by_reference_k=True)
+        k_efficiency = tables.k_efficiency(table, by_reference_k=True)
         k_efficiency_source = (f"computed from the pass@k table: no {layout.K_EFFICIENCY_BY_K_CSV}, "
                                "no per-problem counts")
     fig, record = plot_k_efficiency(k_efficiency, table, tasks=tasks, expected=expected, source=k_efficiency_source)
@@ -179,10 +179,11 @@ def _json_safe(obj: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from repexp import aggregate
+    from repexp import tracking
+    from repexp.aggregate import tables
 
     try:
-        table = aggregate.read_table(args.table)
+        table = tables.read_table(args.table)
         if table.empty:
             raise ValueError(f"{args.table}: the table has no rows")
         expected = expected_from_config(args.config) if args.config else None
@@ -198,14 +199,14 @@ def run(args: argparse.Namespace) -> int:
                 raise FileNotFoundError(f"{args.train_dir}: training directory not found")
             curves, curves_source = training_curves_from_jsonl(args.train_dir, specs), layout.METRICS
         elif source == "mlflow":
-            target = aggregate.mlflow_target(args.tracking_uri, args.experiment, args.config)
+            target = tracking.mlflow_target(args.tracking_uri, args.experiment, args.config)
             if target is None:
                 raise ValueError("--curves-from mlflow needs --experiment (or a `repexp mlflow node` run)")
             curves, curves_source = training_curves_from_mlflow(target, specs), "MLflow"
         keff_path = args.k_efficiency
         if keff_path is None and (args.table.parent / layout.K_EFFICIENCY_BY_K_CSV).is_file():
             keff_path = args.table.parent / layout.K_EFFICIENCY_BY_K_CSV
-        keff = aggregate.read_k_efficiency(keff_path) if keff_path is not None else None
+        keff = tables.read_k_efficiency(keff_path) if keff_path is not None else None
         index = make_figures(table, args.out_dir, expected=expected, curves=curves, curves_source=curves_source,
                              max_repexp_lines=args.max_repexp_lines, table_path=str(args.table), k_efficiency=keff,
                              k_efficiency_source=str(keff_path or ""))
@@ -220,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
         for note in figure["notes"]:
             print(f"figures: {figure['id']}: {note}", file=sys.stderr)
     print(f"figures: {len(index['figures'])} figures → {args.out_dir}")
-    target = aggregate.mlflow_target(args.tracking_uri, args.experiment, args.config)
+    target = tracking.mlflow_target(args.tracking_uri, args.experiment, args.config)
     if target is not None:
         figure_paths = [args.out_dir / name for f in index["figures"] for name in f["files"]]
         figure_paths.append(args.out_dir / layout.FIGURE_INDEX)

@@ -1,5 +1,5 @@
 """The k-efficiency figure: per task, RepExp's k-efficiency over GRPO at several reference k, with the paired
-bootstrap interval of `repexp.aggregate.bootstrap_k_efficiency` as error bars."""
+bootstrap interval of `repexp.aggregate.tables.bootstrap_k_efficiency` as error bars."""
 
 from __future__ import annotations
 
@@ -56,9 +56,9 @@ def _ratio_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
 
 def plot_k_efficiency(keff, table, *, tasks: Sequence[str] | None = None, expected: Sequence[RunSpec] | None = None,
                       source: str = ""):
-    """The k-efficiency figure. `keff`: the per-reference-k table (`aggregate.k_efficiency(..., by_reference_k=True)`
+    """The k-efficiency figure. `keff`: the per-reference-k table (`tables.k_efficiency(..., by_reference_k=True)`
     or `k_efficiency_by_k.csv`); `table`: the pass@k table (for the missing-run notes). Returns (figure, record)."""
-    from repexp import aggregate as A
+    from repexp.aggregate import tables as A
 
     found = table_specs(table)
     tasks = list(tasks) if tasks else list(dict.fromkeys(s.task for s in found))
@@ -165,7 +165,7 @@ def _draw_panel(ax, rows_by_series: dict[Series, list], styles: dict, handles: d
     import numpy as np
     from matplotlib.ticker import FixedLocator, NullLocator
 
-    from repexp import aggregate as A
+    from repexp.aggregate import tables as A
 
     series_list = sorted(rows_by_series, key=_series_sort_key)
     shown = {s: [r for r in rows_by_series[s]

@@ -121,7 +121,7 @@ def plot_heatmap(table, task: str, backend: str, *, expected: Sequence[RunSpec] 
     import matplotlib.colors as mcolors
     import numpy as np
 
-    from repexp import aggregate
+    from repexp.aggregate import tables
 
     sparse_dims, betas = heatmap_grid(table, task, backend, expected)
     found = table_specs(table)
@@ -131,8 +131,8 @@ def plot_heatmap(table, task: str, backend: str, *, expected: Sequence[RunSpec] 
     rows = table[(table["task"] == task) & (table["backend"] == backend) & table["method"].isin(["repexp", "grpo"])]
     ks_per_run = [set(g["k"].astype(int)) for _, g in rows.groupby("run")]
     common = set.intersection(*ks_per_run) if ks_per_run else set()
-    k_ref = max((k for k in common if k <= aggregate.HEADLINE_K), default=None)
-    keff = aggregate.k_efficiency(table[table["task"] == task])
+    k_ref = max((k for k in common if k <= tables.HEADLINE_K), default=None)
+    keff = tables.k_efficiency(table[table["task"] == task])
     n_full_seeds = len({s.seed for s in trained_here(expected if expected is not None else found) if s.task == task})
     grpo_curve = seed_curve(table, Series(task, "grpo", backend, None, 0.0))
 

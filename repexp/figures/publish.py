@@ -14,14 +14,14 @@ def log_figures_run(target, figure_paths: Sequence[Path], table_files: Sequence[
     to the outbox with the rest of the record). Standalone (`--experiment`), a run named 'figures'
     is created under the experiment's parent run with everything under `figures/` and `table/`.
     """
-    from repexp import aggregate, tracking
+    from repexp import tracking
 
     node = tracking.current_node()
     if node is not None and node.enabled and target.experiment == node.record.experiment:
         for path in table_files:
             node.log_artifact(path, "table")
         return node.run_id
-    store, experiment_id = aggregate.mlflow_store(target)
+    store, experiment_id = tracking.mlflow_store(target)
     with store.lock():
         parent_id, _ = store.parent(experiment_id, tracking.scope_for(results_id=getattr(target, "results_id", None)))
     run = store.client.create_run(experiment_id, run_name="figures",

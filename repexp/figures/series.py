@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from repexp.aggregate import METHOD_NAMES
+from repexp.aggregate.tables import METHOD_NAMES
 from repexp.config import METHODS, TASKS, RunSpec, canonical, parse_run
 from repexp.figures.style import PAPER_POINTS
 

@@ -60,14 +60,14 @@ def training_curves_from_jsonl(train_dir: str | Path,
 
 
 def training_curves_from_mlflow(target, specs: Sequence[RunSpec]) -> dict[str, dict[str, dict[int, float]]]:
-    """Same as `training_curves_from_jsonl`, read from the MLflow store (`target`: aggregate.MlflowTarget).
+    """Same as `training_curves_from_jsonl`, read from the MLflow store (`target`: tracking.MlflowTarget).
 
     Every run of a sweep point (its parent and its node runs, see repexp.tracking) is searched. For a
     step logged by several runs (retried attempts), the latest run wins.
     """
-    from repexp import aggregate
+    from repexp import tracking
 
-    store, experiment_id = aggregate.mlflow_store(target)
+    store, experiment_id = tracking.mlflow_store(target)
     out = {}
     for spec in specs:
         if not spec.trains:

@@ -23,6 +23,7 @@ Modules, in the order a node uses them:
 | `outputs` | outputs → MLflow: `cmd.*` params, artifacts, eval.json → per-k metrics, datasets |
 | `outbox` | what MLflow lacks for an unreachable server: records and `repexp mlflow sync` |
 | `parents` | parent runs created at workflow start |
+| `targets` | where `repexp aggregate` and `repexp figures` log (`MlflowTarget`), and their metrics on parent runs |
 | `server` | `repexp mlflow serve`, the cluster's tracking server on the submit host |
 | `workflow` | the Snakefile's onstart/onsuccess/onerror hooks |
 | `cli` | the `repexp mlflow` command |
@@ -77,12 +78,14 @@ from repexp.tracking.outputs import flag_params, log_outputs, pass_at_k_curve
 from repexp.tracking.record import Record
 from repexp.tracking.scopes import Scope, scope_for, scope_for_rule
 from repexp.tracking.store import Store, artifact_location, reachable, resolve_tracking_uri
+from repexp.tracking.targets import MlflowTarget, log_point_metrics, mlflow_store, mlflow_target, node_for_target
 
 __all__ = [
     "ENV_CONFIG", "ENV_RUN_FILE", "ENV_SNAKEMAKE_EXEC", "ENV_TRACKING", "EXECUTION_TAG", "PARENT_KEY_TAG",
     "RECORD_FILE", "REPO_ROOT", "RESULTS_ID_TAG", "SCOPE_KEY_TAG", "SCOPE_TAG", "SNAKEMAKE_JOBID_HELP",
     "SUPERSEDED_TAG", "SWEEP_POINT_TAG", "SYNCED_FILE", "NodeFailed", "NodeInterrupted", "NodeRun", "Record",
-    "Scope", "Store",
+    "Scope", "Store", "MlflowTarget", "log_point_metrics", "mlflow_store", "mlflow_target",
+    "node_for_target",
     "artifact_location", "await_node_run", "configure_parser", "current_node", "default_tracking_uri",
     "flag_params", "flatten", "git_commit", "log_outputs", "metric_name", "node_run", "node_scope",
     "open_in_background", "outbox_dir", "pass_at_k_curve", "pending_records", "prepare_node",

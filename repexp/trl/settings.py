@@ -13,13 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from repexp.config import ConfigError, RunConfig, check_bonus
-
-# verl loss aggregation → TRL loss_type with the same normalisation.
-#   token-mean: Σ token losses / number of tokens in the mini-batch  = TRL "dapo"
-#   seq-mean-token-mean: mean over sequences of each sequence's token mean = TRL "grpo"
-# verl's seq-mean-token-sum has no TRL counterpart ("dr_grpo" divides by a constant instead).
-LOSS_TYPES = {"token-mean": "dapo", "seq-mean-token-mean": "grpo"}
+from repexp import config as C
+from repexp.config import ConfigError, RunConfig
 
 # AdamW settings verl uses by default (the RepExp recipe does not override them).
 WEIGHT_DECAY = 0.01
@@ -59,35 +54,15 @@ class StepPlan:
 
 
 def check_run_config(cfg: RunConfig) -> None:
-    """Reject jobs this backend cannot run as configured (messages start with the key)."""
-    if cfg.backend != "trl":
-        raise ConfigError(f"backend: this job is for backend {cfg.backend!r}; the TRL trainer runs backend 'trl' jobs")
-    if cfg.method == "base":
-        raise ConfigError("method: 'base' runs evaluate the initial model; there is nothing to train")
-    if cfg.method == "grpo" and cfg.beta != 0:
-        raise ConfigError(f"beta: a 'grpo' run must have beta 0, got {cfg.beta}")
-    if cfg.method == "repexp" and not cfg.beta > 0:
-        raise ConfigError(f"beta: a 'repexp' run needs beta > 0, got {cfg.beta}")
-    if cfg.beta < 0:
-        raise ConfigError(f"beta: must be >= 0, got {cfg.beta}")
-    if cfg.beta > 0 and (cfg.sparse_dim is None or cfg.sparse_dim < 1):
-        raise ConfigError(f"sparse_dim: a positive projection dimension is required when beta > 0, "
-                          f"got {cfg.sparse_dim}")
-    if cfg.train.loss_agg_mode not in LOSS_TYPES:
-        raise ConfigError(
-            f"train.loss_agg_mode: {cfg.train.loss_agg_mode!r} has no TRL equivalent "
-            f"(the TRL backend supports {', '.join(LOSS_TYPES)})"
-        )
+    """Reject jobs this backend cannot run as configured (messages start with the key).
+
+    A job.yaml need not come from a checked pipeline config (``python -m repexp.trl.train --config``
+    reads any), so the pipeline's own rules are applied again here: the same functions, not copies."""
+    C.check_trains(cfg, "trl")
+    C.check_trl_loss(cfg.train)
     if cfg.beta > 0:
-        check_bonus(cfg.bonus)  # the pipeline's own rule, also applied when the config is parsed
-    train = cfg.train
-    if train.train_batch_size % train.ppo_mini_batch_size:
-        raise ConfigError(
-            f"train.ppo_mini_batch_size: {train.ppo_mini_batch_size} does not divide "
-            f"train_batch_size {train.train_batch_size}"
-        )
-    if train.test_freq % train.save_freq:
-        raise ConfigError(f"train.save_freq: {train.save_freq} must divide test_freq {train.test_freq}")
+        C.check_bonus(cfg.bonus)
+    C.check_train_batches(cfg.train)
 
 
 def plan_steps(cfg: RunConfig, num_train_prompts: int) -> StepPlan:
@@ -99,12 +74,7 @@ def plan_steps(cfg: RunConfig, num_train_prompts: int) -> StepPlan:
             f"{num_train_prompts} usable prompts (after dropping prompts longer than max_prompt_length)"
         )
     mini_batch_sequences = train.ppo_mini_batch_size * train.n_rollouts
-    micro = min(train.micro_batch_size_per_gpu, mini_batch_sequences)
-    if mini_batch_sequences % micro:
-        raise ConfigError(
-            f"train.micro_batch_size_per_gpu: {micro} does not divide the {mini_batch_sequences} sequences of a "
-            f"PPO mini-batch (ppo_mini_batch_size {train.ppo_mini_batch_size} × n_rollouts {train.n_rollouts})"
-        )
+    micro = C.trl_micro_batch(train)
     steps_per_epoch = num_train_prompts // train.train_batch_size  # the last partial batch is dropped
     total = train.total_steps if train.total_steps is not None else train.total_epochs * steps_per_epoch
     return StepPlan(
@@ -154,7 +124,7 @@ def grpo_config_kwargs(cfg: RunConfig, plan: StepPlan, *, output_dir: str, use_c
         # returns verl's group-normalised advantage, so TRL must not rescale it (see repexp.trl.reward).
         beta=0.0,
         epsilon=train.clip_ratio,
-        loss_type=LOSS_TYPES[train.loss_agg_mode],
+        loss_type=C.TRL_LOSS_TYPES[train.loss_agg_mode],
         scale_rewards="none",
         mask_truncated_completions=False,
         importance_sampling_level="token",

@@ -19,14 +19,9 @@ from typing import Any, Optional
 
 from repexp import bonus_defaults as B
 from repexp import layout
-from repexp.config import DEAD_VERL_KEY_PREFIXES, RunConfig
+from repexp.config import RunConfig, check_trains, check_verl_overrides
 from repexp.verl import reward
 from repexp.verl.attention import Attention, flash_attn_error, resolve
-
-# The legacy reward keys verl 0.9.1 still accepts but ignores (verl_0_9.md §4), and data keys the
-# reward loop never reads. An override of one of them is a silent no-op, so we refuse them
-# (and `repexp.config.check` already refuses them at parse time).
-DEAD_KEY_PREFIXES = DEAD_VERL_KEY_PREFIXES
 
 REWARD_FUNCTION = "pkg://repexp.verl.reward"
 
@@ -84,15 +79,9 @@ def build_overrides(run_config: RunConfig, attention: Optional[Attention] = None
     seconds, `repexp.walltime`); not part of the training config.
     """
     rc = run_config
-    if rc.backend != "verl":
-        raise ValueError(f"backend: run {rc.run} is a {rc.backend!r} run, not a verl run")
-    if rc.method not in ("repexp", "grpo"):
-        raise ValueError(f"method: {rc.method!r} runs do not train")
-    if rc.method == "grpo" and rc.beta != 0:
-        raise ValueError(f"beta: the GRPO baseline needs beta = 0, got {rc.beta}")
-    if rc.method == "repexp" and (rc.beta <= 0 or rc.sparse_dim is None):
-        raise ValueError(f"beta/sparse_dim: a RepExp run needs beta > 0 and a sparse_dim, "
-                         f"got {rc.beta}/{rc.sparse_dim}")
+    # A RunConfig need not come from a checked pipeline config: the pipeline's own rules, not copies.
+    check_trains(rc, "verl")
+    check_verl_overrides(rc.verl.overrides, "verl.overrides")
     train, verl, bonus = rc.train, rc.verl, rc.bonus
     if attention is None:
         attention = resolve(verl.attn_implementation, verl.use_remove_padding, flash_attn_error())
@@ -192,9 +181,5 @@ def build_overrides(run_config: RunConfig, attention: Optional[Attention] = None
         ("hydra.run.dir", str(run_dir / layout.VERL_HYDRA_DIR)),
     ]
     overrides = [f"{key}={hydra_value(value)}" for key, value in settings]
-    for raw in verl.overrides:
-        key = raw.lstrip("+~").split("=", 1)[0]
-        if key.startswith(DEAD_KEY_PREFIXES):
-            raise ValueError(f"verl.overrides: {key} is a legacy key verl 0.9.1 ignores")
-        overrides.append(raw)
+    overrides.extend(verl.overrides)
     return overrides

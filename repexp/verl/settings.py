@@ -18,13 +18,21 @@ from omegaconf import DictConfig, OmegaConf
 
 from repexp import bonus_defaults as B
 from repexp import layout
-from repexp.config import NORMALIZATIONS, REWARD_TYPES, VERL_STRATEGIES, VerlConfig, check_bonus
+from repexp.config import BonusConfig, VerlConfig, check_bonus, check_value
 
 NODE = "actor_rollout_ref.repexp"
 RUN_NODE = "repexp_run"
 TRAINER_MODE = "repexp"  # trainer.v1.trainer_mode under which repexp.verl.trainer registers RepExpTrainer
 DTYPES = ("bf16", "fp16", "fp32")
-STRATEGIES = VERL_STRATEGIES
+# This node's settings that are the pipeline config's too: name → (section dataclass, field).
+PIPELINE_FIELDS = {
+    "alpha": (BonusConfig, "alpha"),
+    "lamb": (BonusConfig, "lamb"),
+    "reward_type": (BonusConfig, "reward_type"),
+    "normalization": (BonusConfig, "normalization"),
+    "strategy": (VerlConfig, "strategy"),
+    "micro_batch_size_per_gpu": (VerlConfig, "repexp_micro_batch_size_per_gpu"),
+}
 
 
 @dataclass(frozen=True)
@@ -70,18 +78,15 @@ class RepExpSettings:
         return settings
 
     def _check(self, where: str) -> None:
+        # Settings the pipeline config also has: its per-field rules (this node is also read from
+        # hand-written overrides that no pipeline config checked).
+        for name, (cls, field) in PIPELINE_FIELDS.items():
+            check_value(f"{where}.{name}", getattr(self, name), cls, field)
+        # beta = 0 is the GRPO baseline here, where the sweep's betas are RepExp's (> 0)
         _require(self.beta >= 0, f"{where}.beta", f"must be >= 0, got {self.beta}")
-        _require(self.alpha >= 0, f"{where}.alpha", f"must be >= 0, got {self.alpha}")
         _require(self.sparse_dim >= 1, f"{where}.sparse_dim", f"must be >= 1, got {self.sparse_dim}")
-        _require(self.lamb > 0, f"{where}.lamb", f"must be > 0, got {self.lamb}")
-        _require(self.reward_type in REWARD_TYPES, f"{where}.reward_type",
-                 f"{self.reward_type!r} is not one of {', '.join(REWARD_TYPES)}")
-        _require(self.normalization in NORMALIZATIONS, f"{where}.normalization",
-                 f"{self.normalization!r} is not one of {', '.join(NORMALIZATIONS)}")
         _require(self.seed >= 0, f"{where}.seed", f"must be >= 0, got {self.seed}")
-        _require(self.strategy in STRATEGIES, f"{where}.strategy", f"{self.strategy!r} is not one of {STRATEGIES}")
         _require(self.dtype in DTYPES, f"{where}.dtype", f"{self.dtype!r} is not one of {DTYPES}")
-        _require(self.micro_batch_size_per_gpu >= 1, f"{where}.micro_batch_size_per_gpu", "must be >= 1")
         _require(self.max_token_len_per_gpu >= 1, f"{where}.max_token_len_per_gpu", "must be >= 1")
         check_bonus(self, where)  # the pipeline config's own rules (this node has the same keys)
 

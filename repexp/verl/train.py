@@ -11,7 +11,6 @@ best-dev step and value, wall time), as the training-run contract asks.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from repexp import checkpoints, layout, tracking
 from repexp.checkpoints import BestDevTracker, complete_steps
+from repexp.config import check_repexp_micro_batch, check_save_freq
 from repexp.verl.settings import RUN_NODE, TRAINER_MODE, RepExpSettings, RunSettings, run_dir_of
 from repexp.walltime import read_chunk_end
 
@@ -42,22 +42,15 @@ def check_config(config: DictConfig) -> RepExpSettings:
     if config.algorithm.adv_estimator != "grpo":
         raise ValueError("algorithm.adv_estimator: RepExp shapes GRPO's outcome reward; "
                          f"got {config.algorithm.adv_estimator!r}")
-    test_freq, save_freq = config.trainer.test_freq, config.trainer.save_freq
-    if test_freq > 0 and (save_freq <= 0 or test_freq % save_freq):
-        raise ValueError(
-            f"trainer.save_freq: {save_freq} must divide trainer.test_freq {test_freq} so that every validated "
-            "step has a checkpoint to select"
-        )
+    # The pipeline config's own rules (repexp.config), under verl's key names: this entry point also
+    # runs on hand-written overrides that no pipeline config checked.
+    check_save_freq(config.trainer.save_freq, config.trainer.test_freq, "trainer.save_freq", "trainer.test_freq")
     if settings.enabled and not settings.use_dynamic_bsz:
-        # verl pads each step to a multiple of lcm(dp, mini-batch); every rank's share must split into micro-batches
-        dp = config.trainer.n_gpus_per_node * config.trainer.nnodes
-        mini = config.actor_rollout_ref.actor.ppo_mini_batch_size * config.actor_rollout_ref.rollout.n
-        per_rank_unit = math.lcm(dp, mini) // dp
-        if per_rank_unit % settings.micro_batch_size_per_gpu:
-            raise ValueError(
-                f"actor_rollout_ref.repexp.micro_batch_size_per_gpu: {settings.micro_batch_size_per_gpu} must divide "
-                f"{per_rank_unit} rows per GPU and mini-batch (or set actor_rollout_ref.repexp.use_dynamic_bsz=true)"
-            )
+        check_repexp_micro_batch(
+            settings.micro_batch_size_per_gpu, config.trainer.n_gpus_per_node * config.trainer.nnodes,
+            config.actor_rollout_ref.actor.ppo_mini_batch_size * config.actor_rollout_ref.rollout.n,
+            "actor_rollout_ref.repexp.micro_batch_size_per_gpu",
+            remedy=" (or set actor_rollout_ref.repexp.use_dynamic_bsz=true)")
     validate_config(
         config=config,
         use_reference_policy=need_reference_policy(config),

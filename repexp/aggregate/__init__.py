@@ -1,0 +1,231 @@
+"""`repexp aggregate`: every `eval.json` → one tidy pass@k table and the k-efficiency table.
+
+Inputs are `results/eval/<task>/<run>/eval.json` files (the evaluation contract in
+docs/architecture.md); `<run>` is a `RunSpec.name` and supplies the config columns.
+
+Graders: every eval.json holds pass@k under both graders (`graders`, docs/evaluation.md). The
+table's `pass_at_k` (and k-efficiency, the figures and the MLflow sweep-point metrics built on it)
+uses one grader for every run: `--grader`, else the config's `grader` (with `--config`), else the
+grader the files were evaluated with (which must then agree). `pass_at_k_repexp` and
+`pass_at_k_paper` hold both curves, and the Markdown/HTML views show the seed means under both.
+
+Outputs (each written atomically) in `--out-dir`:
+
+* `pass_at_k.csv` — tidy: one row per (run, k) with the config columns;
+* `k_efficiency.csv` — one row per RepExp point (task, backend, sparse_dim, β), defined in `tables`;
+* `k_efficiency_by_k.csv` — the same per RepExp point and reference k (every grid k);
+* `pass_at_k.md`, `pass_at_k.html` — the same for people (seed means, per-run values, k-efficiency,
+  definitions and the list of missing runs); the HTML is what the Snakemake report embeds.
+
+With `--testtime` (the `testtime.json` files of `repexp testtime`), the tidy table's
+`testtime_pass_at_k` column holds pass@k when the verifier takes the run's samples in RepExp order
+(its `pass_at_k` is the random order of the same samples), and the per-run tables gain the test-time
+verifier efficiency (samples-to-correct, random / RepExp, with its bootstrap interval).
+
+The package, by what it owns (docs/architecture.md):
+
+| module | what it holds |
+|---|---|
+| `load` | `EvalRun`, `TesttimeRun`: the input files, checked; the runs a config expects, the missing ones |
+| `tables` | the tidy table, seed summaries, k-efficiency and its bootstrap; `HEADLINE_K`, `METHOD_NAMES` |
+| `render` | the Markdown and HTML views |
+| this module | the command: what it writes, the sweep points' MLflow metrics (logged by `repexp.tracking.targets`) |
+
+The names below re-export the loading and table API (`repexp.aggregate.load_evals`, `.k_efficiency`, ...) that
+tests and notebooks use; each is defined in its submodule only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from repexp import layout
+from repexp import metrics as metric_names
+from repexp.aggregate.load import (
+    EvalRun,
+    TesttimeRun,
+    attach_testtime,
+    expected_runs,
+    find_eval_files,
+    load_eval,
+    load_evals,
+    load_testtime,
+    missing_runs,
+    run_sort_key,
+)
+from repexp.aggregate.render import render_html, render_markdown
+from repexp.aggregate.tables import (
+    BOOTSTRAP_LEVEL,
+    BOOTSTRAP_REPLICATES,
+    BOOTSTRAP_SEED,
+    HEADLINE_K,
+    K_EFFICIENCY_COLUMNS,
+    METHOD_NAMES,
+    NO_INTERVAL_NOTE,
+    STATUS_NO_COMMON_K,
+    STATUS_NO_GRPO,
+    STATUS_NOT_REACHED,
+    STATUS_REACHED,
+    STATUS_REACHED_FIRST,
+    STATUS_UNDEFINED,
+    TIDY_COLUMNS,
+    bootstrap_k_efficiency,
+    crossing_k,
+    crossing_k_batch,
+    k_efficiency,
+    k_efficiency_headline,
+    read_k_efficiency,
+    read_table,
+    seed_summary,
+    tidy_table,
+)
+from repexp.config import RunSpec
+from repexp.io import atomic_path, read_json
+from repexp.verify.routing import GRADERS
+
+__all__ = [
+    "BOOTSTRAP_LEVEL", "BOOTSTRAP_REPLICATES", "BOOTSTRAP_SEED", "HEADLINE_K", "K_EFFICIENCY_COLUMNS", "METHOD_NAMES",
+    "NO_INTERVAL_NOTE", "STATUS_NO_COMMON_K", "STATUS_NO_GRPO", "STATUS_NOT_REACHED", "STATUS_REACHED",
+    "STATUS_REACHED_FIRST", "STATUS_UNDEFINED", "TIDY_COLUMNS", "EvalRun", "TesttimeRun", "aggregate",
+    "attach_testtime", "bootstrap_k_efficiency", "configure_parser", "crossing_k", "crossing_k_batch",
+    "expected_runs", "find_eval_files", "k_efficiency", "k_efficiency_headline", "load_eval", "load_evals",
+    "load_testtime", "log_sweep_point_metrics", "missing_runs", "read_k_efficiency", "read_table", "run",
+    "run_sort_key", "seed_summary", "sweep_point_metrics", "tidy_table",
+]
+
+# ks logged on every sweep point's MLflow parent run (plus the largest evaluated k)
+MLFLOW_KS = (1, 16, 256)
+
+
+# --------------------------------------------------------------------------- MLflow sweep-point metrics
+
+
+def sweep_point_metrics(run: EvalRun) -> dict[str, float]:
+    """`test/pass_at_<k>` for k in MLFLOW_KS ∩ evaluated, plus the largest evaluated k (the eval node runs
+    carry every k; '@' is not allowed in MLflow names)."""
+    ks = [k for k in MLFLOW_KS if k in run.pass_at_k] + [max(run.pass_at_k)]
+    return {metric_names.pass_at_k(metric_names.TEST, k): run.pass_at_k[k] for k in dict.fromkeys(ks)}
+
+
+def log_sweep_point_metrics(runs: Sequence[EvalRun], target, testtime: dict[tuple[str, str], TesttimeRun] | None = None
+                            ) -> dict[str, str | None]:
+    """Log `sweep_point_metrics` (plus test-time metrics) on every sweep point's MLflow parent run (of this
+    results directory), so the MLflow compare view of the parent runs shows pass@1/16/256 next to their
+    sparse_dim/β/seed params (`repexp.tracking.log_point_metrics`). Returns {'<task>/<run>': parent run id or None}.
+    """
+    from repexp import tracking
+
+    return tracking.log_point_metrics(
+        target, {(run.spec.task, run.spec.name): _point_metrics(run, testtime) for run in runs})
+
+
+def _point_metrics(run: EvalRun, testtime: dict[tuple[str, str], TesttimeRun] | None) -> dict[str, float]:
+    """A sweep point's test pass@k and, when its test-time stage ran, its test-time metrics."""
+    metrics = sweep_point_metrics(run)
+    tt = (testtime or {}).get((run.spec.task, run.spec.name))
+    if tt is not None:
+        metrics.update(metric_names.testtime_metrics(read_json(tt.path)))
+    return metrics
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--eval-dir", type=Path, help="collect every <task>/<run>/eval.json below this directory")
+    source.add_argument("--inputs", type=Path, nargs="+", metavar="EVAL_JSON",
+                        help="explicit eval.json files (each at <task>/<run>/eval.json)")
+    parser.add_argument("--testtime", type=Path, nargs="*", default=[], metavar="TESTTIME_JSON",
+                        help="testtime.json files of `repexp testtime` (at <task>/<run>/testtime.json): the test-time "
+                             "column and table")
+    parser.add_argument("--out-dir", type=Path, required=True, help="where the tables go")
+    parser.add_argument("--config", type=Path,
+                        help="pipeline config: list its runs without an eval.json as missing (and, with --eval-dir, "
+                             "ignore runs that are not part of it)")
+    parser.add_argument("--grader", choices=GRADERS,
+                        help="grader of the table's pass_at_k (default: the config's `grader` with --config, else "
+                             "the one the eval.json files were graded with)")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI)")
+    parser.add_argument("--experiment",
+                        help="MLflow experiment: log test pass@1/16/256 on every sweep point's parent run "
+                             "(default: the enclosing `repexp mlflow node` run's experiment, if any)")
+
+
+def aggregate(paths: Sequence[Path], out_dir: Path, *, expected: Sequence[RunSpec] | None = None,
+              drop_unexpected: bool = False, grader: str | None = None,
+              testtime_paths: Sequence[Path] = ()) -> dict[str, Any]:
+    """Load, tabulate and write every output. Returns {runs, table, k_efficiency, k_efficiency_by_k, missing,
+    ignored, testtime}."""
+    runs = load_evals(paths, grader)
+    ignored: list[str] = []
+    missing: list[str] = []
+    if expected is not None:
+        wanted = {(s.task, s.name) for s in expected}
+        if drop_unexpected:
+            ignored = [r.spec.path for r in runs if (r.spec.task, r.spec.name) not in wanted]
+            runs = [r for r in runs if (r.spec.task, r.spec.name) in wanted]
+        missing = missing_runs(expected, runs)
+    if not runs:
+        raise ValueError("no eval.json to aggregate" + (f" (missing: {', '.join(missing)})" if missing else ""))
+    testtime = attach_testtime(runs, testtime_paths)
+    table = tidy_table(runs, testtime)
+    keff_by_k = k_efficiency(table, runs, by_reference_k=True)
+    keff = k_efficiency_headline(keff_by_k)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out_dir / layout.K_EFFICIENCY_CSV) as tmp:
+        keff.to_csv(tmp, index=False)
+    with atomic_path(out_dir / layout.K_EFFICIENCY_BY_K_CSV) as tmp:
+        keff_by_k.to_csv(tmp, index=False)
+    with atomic_path(out_dir / layout.PASS_AT_K_MD) as tmp:
+        tmp.write_text(render_markdown(table, keff, missing=missing, ignored=ignored, testtime=testtime))
+    with atomic_path(out_dir / layout.PASS_AT_K_HTML) as tmp:
+        tmp.write_text(render_html(table, keff, missing=missing, ignored=ignored, testtime=testtime))
+    with atomic_path(out_dir / layout.PASS_AT_K_CSV) as tmp:  # last: the rule's first output
+        table.to_csv(tmp, index=False)
+    return {"runs": runs, "table": table, "k_efficiency": keff, "k_efficiency_by_k": keff_by_k, "missing": missing,
+            "ignored": ignored, "testtime": testtime}
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        paths = find_eval_files(args.eval_dir) if args.eval_dir else list(args.inputs)
+        for path in paths:
+            if not Path(path).is_file():
+                raise FileNotFoundError(f"{path}: eval.json not found")
+        expected = expected_runs(args.config) if args.config else None
+        for path in args.testtime:
+            if not Path(path).is_file():
+                raise FileNotFoundError(f"{path}: testtime.json not found")
+        grader = args.grader
+        if grader is None and args.config:
+            from repexp.config import load
+
+            grader = load(args.config).grader
+        result = aggregate(paths, args.out_dir, expected=expected, drop_unexpected=bool(args.eval_dir), grader=grader,
+                           testtime_paths=args.testtime)
+    except (ValueError, FileNotFoundError) as err:  # ConfigError is a ValueError
+        print(f"aggregate: error: {err}", file=sys.stderr)
+        return 1
+    for name in result["missing"]:
+        print(f"aggregate: missing run (no eval.json): {name}", file=sys.stderr)
+    if result["ignored"]:
+        print(f"aggregate: ignored runs not in the config: {', '.join(result['ignored'])}", file=sys.stderr)
+    print(f"aggregate: {len(result['runs'])} runs → {args.out_dir}/{', '.join(layout.AGGREGATE_FILES)}")
+    from repexp import tracking
+
+    target = tracking.mlflow_target(args.tracking_uri, args.experiment, args.config)
+    if target is not None:
+        try:
+            logged = log_sweep_point_metrics(result["runs"], target, result["testtime"])
+            node = tracking.node_for_target(target)
+            where = "kept for `repexp mlflow sync`" if node is not None and not node.online else "logged"
+            print(f"aggregate: test pass@k {where} on {len(logged)} MLflow sweep-point runs ({target.experiment})")
+        except Exception as err:  # the tables are written and valid; tracking failures are reported, not fatal
+            print(f"aggregate: warning: MLflow logging failed ({type(err).__name__}: {err}); "
+                  "the tables are complete, rerun with the same flags to log", file=sys.stderr)
+    return 0

@@ -1,0 +1,276 @@
+"""The Markdown and HTML views of `repexp aggregate`'s tables (`pass_at_k.md`, `pass_at_k.html`): seed means
+under both graders, k-efficiency, test-time efficiency, per-run values, the definitions and the missing runs."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from repexp.aggregate.load import TesttimeRun, run_sort_key
+from repexp.aggregate.tables import (
+    BOOTSTRAP_LEVEL,
+    BOOTSTRAP_REPLICATES,
+    BOOTSTRAP_SEED,
+    HEADLINE_K,
+    METHOD_NAMES,
+    POINT_COLUMNS,
+    seed_summary,
+)
+from repexp.config import canonical
+from repexp.verify.routing import DEFAULT_GRADER, GRADERS
+
+K_EFFICIENCY_NOTE = (
+    "k-efficiency: per task, backend, sparse_dim and β, on pass@k curves averaged over seeds. "
+    "The k grid holds the ks evaluated by every seed of the RepExp point and of GRPO; the reference k "
+    f"is the largest grid k ≤ {HEADLINE_K}. Target = GRPO's mean pass@reference_k. "
+    "k*_evaluated = the smallest grid k at which RepExp's mean pass@k ≥ target; k* interpolates linearly "
+    "in log2 k between that grid point and the previous one (an upper bound when it is the first grid "
+    "point). k_grpo = the same crossing on GRPO's own curve (the reference k unless GRPO saturates earlier). "
+    "efficiency = k_grpo / k* (the paper's reference_k / k* when GRPO is not saturated). "
+    "\"not reached\": RepExp's mean pass@reference_k < target; \"undefined\": the target is 0. "
+    f"[lo, hi]: {BOOTSTRAP_LEVEL:.0%} percentile interval of a paired bootstrap ({BOOTSTRAP_REPLICATES} replicates, "
+    f"seed {BOOTSTRAP_SEED}) that resamples the test problems (the same ones for both methods) and, per method "
+    "with ≥ 2 seeds, the seeds; a replicate in which RepExp misses the target counts as efficiency 0 (its share is "
+    "\"missed\"). Δpass@k = RepExp − GRPO (seed means) with the same bootstrap's interval."
+)
+SEM_NOTE = (
+    "pass@k: the unbiased estimator over n samples per problem, averaged over problems. "
+    "In seed summaries ± is the standard error of the mean over seeds (ddof 1), shown only with ≥ 2 seeds; "
+    "the tidy CSV's `sem` column is the per-run standard error over problems."
+)
+TESTTIME_NOTE = (
+    "Test-time RepExp: each run's stored samples are handed to the verifier in RepExp order (greedy elliptical "
+    "bonus w.r.t. the samples already taken, features of the frozen initial policy). samples-to-correct = mean "
+    "position of the first correct sample over solved problems (random: (n+1)/(c+1)); ratio = random / RepExp "
+    "(> 1: fewer verifier calls), 95% bootstrap interval over problems. eff@k = k / (the smallest k' at which "
+    "RepExp-order pass@k' reaches random-order pass@k)."
+)
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    try:
+        import pandas as pd
+
+        if pd.isna(value):
+            return "–"
+    except (TypeError, ValueError):
+        pass
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def summary_wide(table, value: str = "pass_at_k"):
+    """Seed summary, one row per point, columns pass@k as 'mean ± sem' strings (for Markdown/HTML)."""
+    import pandas as pd
+
+    summary = seed_summary(table, value)
+    ks = sorted(summary["k"].unique())
+    rows = []
+    for key, group in summary.groupby(list(POINT_COLUMNS), dropna=False, sort=False):
+        point = dict(zip(POINT_COLUMNS, key))
+        seeds = sorted({s for ss in group["seeds"] for s in ss})
+        is_repexp = point["method"] == "repexp"
+        row = {"task": point["task"], "method": METHOD_NAMES[point["method"]], "backend": point["backend"] or "–",
+               "sparse_dim": int(point["sparse_dim"]) if is_repexp else "–",
+               "β": canonical(float(point["beta"])) if is_repexp else "–",
+               "seeds": ", ".join(map(str, seeds)) or "–", "#seeds": int(group["n_seeds"].max())}
+        by_k = {int(r.k): r for r in group.itertuples(index=False)}
+        for k in ks:
+            r = by_k.get(int(k))
+            if r is None or math.isnan(r.mean):
+                row[f"pass@{k}"] = "–"
+            elif r.n_seeds >= 2:
+                row[f"pass@{k}"] = f"{r.mean:.3f} ± {r.sem_seeds:.3f}"
+            else:
+                row[f"pass@{k}"] = f"{r.mean:.3f}"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _stc_text(tt: TesttimeRun | None) -> str:
+    if tt is None:
+        return "–"
+    ratio, ci = tt.stc.get("ratio"), tt.stc.get("ratio_ci95")
+    if ratio is None:
+        return "undefined"
+    return f"{ratio:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+
+
+def per_run_wide(table, testtime: dict[tuple[str, str], TesttimeRun] | None = None):
+    import pandas as pd
+
+    ks = sorted(table["k"].unique())
+    rows = []
+    for run_key, group in table.groupby(["task", "run"], sort=False):
+        first = group.iloc[0]
+        row = {"task": run_key[0], "run": run_key[1], "checkpoint": _fmt(first["checkpoint_step"]),
+               "n": int(first["n_samples"]), "problems": int(first["num_problems"])}
+        if testtime:
+            row["test-time efficiency"] = _stc_text(testtime.get(tuple(run_key)))
+        by_k = dict(zip(group["k"].astype(int), group["pass_at_k"]))
+        for k in ks:
+            row[f"pass@{k}"] = _fmt(by_k.get(int(k)))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def k_efficiency_display(keff):
+    import pandas as pd
+
+    rows = []
+    for r in keff.itertuples(index=False):
+        rows.append({
+            "task": r.task, "backend": r.backend, "sparse_dim": r.sparse_dim, "β": canonical(float(r.beta)),
+            "seeds (RepExp/GRPO)": f"{r.n_repexp_seeds}/{r.n_grpo_seeds}",
+            "reference k": _fmt(r.reference_k), "GRPO pass@ref": _fmt(r.grpo_pass_at_ref),
+            "RepExp pass@ref": _fmt(r.repexp_pass_at_ref), "k GRPO": _fmt(r.k_grpo, 1), "k*": _fmt(r.k_star, 1),
+            "k* (evaluated)": _fmt(r.k_star_evaluated),
+            f"efficiency [{BOOTSTRAP_LEVEL:.0%} CI]": _efficiency_text(r),
+            f"Δpass@1 [{BOOTSTRAP_LEVEL:.0%} CI]": _interval_text(r.diff_pass_at_1, r.diff_pass_at_1_lo,
+                                                                  r.diff_pass_at_1_hi),
+            f"Δpass@ref [{BOOTSTRAP_LEVEL:.0%} CI]": _interval_text(r.diff_pass_at_ref, r.diff_pass_at_ref_lo,
+                                                                    r.diff_pass_at_ref_hi),
+            "status": r.status + (f" ({r.note})" if r.note else ""),
+        })
+    return pd.DataFrame(rows)
+
+
+def _interval_text(value, lo, hi, digits: int = 3, signed: bool = True) -> str:
+    """'+0.050 [+0.010, +0.090]'; the interval is left out when there is none."""
+    def number(x) -> str:
+        return f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
+
+    finite = [x is not None and not _isna(x) for x in (value, lo, hi)]
+    if not finite[0]:
+        return "–"
+    return number(value) + (f" [{number(lo)}, {number(hi)}]" if all(finite[1:]) else "")
+
+
+def _efficiency_text(r) -> str:
+    """'2.26 [1.80, 2.90]', with the share of bootstrap replicates in which RepExp misses the target."""
+    has_interval = not (_isna(r.efficiency_lo) or _isna(r.efficiency_hi))
+    text = "–" if _isna(r.efficiency) else f"{r.efficiency:.2f}"
+    if has_interval:
+        text += f" [{r.efficiency_lo:.2f}, {r.efficiency_hi:.2f}]"
+        if r.bootstrap_not_reached and r.bootstrap_not_reached > 0:
+            text += f" (missed {r.bootstrap_not_reached:.1%})"
+    return text
+
+
+def _isna(value) -> bool:
+    import pandas as pd
+
+    return value is None or bool(pd.isna(value))
+
+
+def testtime_display(testtime: dict[tuple[str, str], TesttimeRun]):
+    """Per run: samples-to-correct of both orders, their ratio with its interval, eff@k at the reference ks."""
+    import pandas as pd
+
+    rows = []
+    for (task, run), tt in sorted(testtime.items(), key=lambda kv: run_sort_key(kv[1].spec)):
+        row = {"task": task, "run": run, "solved": tt.stc.get("num_solved"),
+               "samples-to-correct random": _fmt(tt.stc.get("random"), 2),
+               "samples-to-correct RepExp": _fmt(tt.stc.get("repexp"), 2), "ratio [95% CI]": _stc_text(tt)}
+        for k, ratio in tt.efficiency.items():
+            row[f"eff@{k}"] = "–" if ratio is None else f"{ratio:.2f}×"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def markdown_table(df) -> str:
+    """A GitHub-flavoured Markdown table (no tabulate dependency)."""
+    if df.empty:
+        return "_(none)_\n"
+    header = [str(c) for c in df.columns]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for row in df.itertuples(index=False):
+        lines.append("| " + " | ".join(_fmt(v).replace("|", "\\|") for v in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _graders(table) -> tuple[str, str]:
+    """(the grader of the table's pass_at_k, the other one)."""
+    grader = str(table["grader"].iloc[0]) if len(table) else DEFAULT_GRADER
+    return grader, next(g for g in GRADERS if g != grader)
+
+
+GRADER_NOTE = (
+    "Graders: repexp = this project's verifier; paper = the recipe's scorers (verl's strict GSM8K `####`, "
+    "Hendrycks string equivalence for MATH, Math-Verify for AIME), comparable to the paper's numbers. "
+    "Both are computed from the same stored samples (docs/data.md)."
+)
+
+
+def render_markdown(table, keff, *, missing: Sequence[str], ignored: Sequence[str],
+                    testtime: dict[tuple[str, str], TesttimeRun] | None = None) -> str:
+    grader, other = _graders(table)
+    parts = ["# pass@k", "", f"{table['run'].nunique()} evaluated runs over tasks "
+             f"{', '.join(dict.fromkeys(table['task']))}, graded by **{grader}**. {SEM_NOTE}", "", GRADER_NOTE, ""]
+    parts += _missing_lines(missing, ignored, bullet="- ")
+    parts += [f"## Mean over seeds ({grader} grader)", "", markdown_table(summary_wide(table)),
+              f"## Mean over seeds ({other} grader, same samples)", "",
+              markdown_table(summary_wide(table, f"pass_at_k_{other}")),
+              "## k-efficiency (RepExp vs GRPO)", "", markdown_table(k_efficiency_display(keff)),
+              f"_{K_EFFICIENCY_NOTE}_", ""]
+    if testtime:
+        parts += ["## Test-time RepExp (verifier efficiency)", "", markdown_table(testtime_display(testtime)),
+                  f"_{TESTTIME_NOTE}_", ""]
+    parts += ["## Per run", "", markdown_table(per_run_wide(table, testtime))]
+    return "\n".join(parts)
+
+
+def _missing_lines(missing: Sequence[str], ignored: Sequence[str], bullet: str) -> list[str]:
+    lines = []
+    if missing:
+        lines += [f"**Missing runs** (expected by the config, no eval.json): {len(missing)}", ""]
+        lines += [f"{bullet}{m}" for m in missing] + [""]
+    if ignored:
+        lines += [f"Ignored (not part of the config): {', '.join(ignored)}", ""]
+    return lines
+
+
+_HTML_STYLE = """
+body { font-family: sans-serif; font-size: 13px; margin: 1em; }
+table { border-collapse: collapse; margin-bottom: 1.2em; }
+th, td { border: 1px solid #ccc; padding: 3px 7px; text-align: right; white-space: nowrap; }
+th { background: #f2f2f2; }
+td:first-child, td:nth-child(2) { text-align: left; }
+p.note { max-width: 60em; color: #444; }
+.missing { color: #a00; }
+"""
+
+
+def render_html(table, keff, *, missing: Sequence[str], ignored: Sequence[str],
+                testtime: dict[tuple[str, str], TesttimeRun] | None = None) -> str:
+    import html
+
+    def frame(df) -> str:
+        return df.to_html(index=False, border=0, na_rep="–", escape=True) if not df.empty else "<p>(none)</p>"
+
+    grader, other = _graders(table)
+    missing_html = ""
+    if missing:
+        items = "".join(f"<li>{html.escape(m)}</li>" for m in missing)
+        missing_html = ('<p class="missing"><b>Missing runs</b> (expected by the config, no eval.json):</p>'
+                        f'<ul class="missing">{items}</ul>')
+    if ignored:
+        missing_html += f"<p>Ignored (not part of the config): {html.escape(', '.join(ignored))}</p>"
+    return (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>pass@k</title>"
+        f"<style>{_HTML_STYLE}</style></head><body>"
+        f"<h2>pass@k: mean over seeds ({grader} grader)</h2><p class='note'>{html.escape(SEM_NOTE)}</p>"
+        f"<p class='note'>{html.escape(GRADER_NOTE)}</p>{missing_html}"
+        f"{frame(summary_wide(table))}"
+        f"<h2>pass@k: mean over seeds ({other} grader, same samples)</h2>"
+        f"{frame(summary_wide(table, f'pass_at_k_{other}'))}"
+        f"<h2>k-efficiency (RepExp vs GRPO)</h2>{frame(k_efficiency_display(keff))}"
+        f"<p class='note'>{html.escape(K_EFFICIENCY_NOTE)}</p>"
+        + (f"<h2>Test-time RepExp (verifier efficiency)</h2>{frame(testtime_display(testtime))}"
+           f"<p class='note'>{html.escape(TESTTIME_NOTE)}</p>" if testtime else "")
+        + f"<h2>Per run</h2>{frame(per_run_wide(table, testtime))}</body></html>\n"
+    )

@@ -1,0 +1,460 @@
+"""The tables of `repexp aggregate`: the tidy pass@k table, seed summaries and the k-efficiency with its
+bootstrap (pandas/numpy; their Markdown/HTML views are `repexp.aggregate.render`'s).
+
+k-efficiency (the paper's headline "RepExp reaches GRPO's pass@256 at pass@80"), per task, backend,
+sparse_dim and β, on seed-mean curves:
+
+1. the k grid is the set of k evaluated by every seed of the RepExp point and of GRPO (same task and
+   backend); the reference k is the largest grid k ≤ 256 (256 when 256 samples were drawn);
+2. target = GRPO's pass@reference_k, averaged over GRPO seeds; the RepExp curve is pass@k averaged over
+   the point's seeds, for grid k ≤ reference_k;
+3. k*_evaluated = the smallest grid k whose RepExp value is ≥ target; k* interpolates linearly in
+   log2 k between that grid point and the one before it (k* = k*_evaluated when that is the first
+   grid point, an upper bound: status "reached at the smallest k");
+4. k_grpo = the same crossing for GRPO's own mean curve: reference_k, unless GRPO's curve is already
+   flat (saturated) below it;
+5. efficiency = k_grpo / k* (= reference_k / k*, the paper's ratio, whenever GRPO is not saturated);
+   when RepExp's pass@reference_k < target the status is "not reached" and k*, efficiency are empty
+   (also when GRPO's pass@reference_k is 0: status "undefined: GRPO solves nothing").
+
+Uncertainty (`bootstrap_k_efficiency`, from eval.json's `per_problem` counts (n, c)): a paired percentile
+bootstrap. Each of `BOOTSTRAP_REPLICATES` replicates (generator seeded with `BOOTSTRAP_SEED`) resamples the
+test problems with replacement — the same problem indices for RepExp and GRPO — and, for a method with ≥ 2
+seeds, its seeds with replacement (each method's own); the unbiased per-problem pass@k is computed once, so
+a replicate's seed-mean curve is a weighted sum. Steps 1–5 on each replicate's curves give its efficiency
+(0 when RepExp does not reach the target: k* beyond the grid) and its pass@k difference RepExp − GRPO;
+`efficiency_lo`/`_hi` and `diff_pass_at_{1,ref}_lo`/`_hi` are their 2.5th and 97.5th percentiles.
+`k_efficiency_by_k.csv` holds the same row for every grid k as the reference k (the figure's data).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from repexp.aggregate.load import EvalRun, TesttimeRun
+from repexp.verify.routing import GRADERS
+
+HEADLINE_K = 256  # the largest reference k of k-efficiency; the figures' heatmap uses the same k
+GRADER_COLUMNS = tuple(f"pass_at_k_{g}" for g in GRADERS)  # pass@k under each grader (NaN if not evaluated)
+TIDY_COLUMNS = (
+    "task", "run", "method", "backend", "sparse_dim", "beta", "seed", "k", "pass_at_k", "sem",
+    "n_samples", "num_problems", "mean_at_n", "checkpoint_step", "split", "engine", "eval_seed",
+    "data_hash", "model_path", "source", "grader", *GRADER_COLUMNS, "testtime_pass_at_k",
+)
+K_EFFICIENCY_COLUMNS = (
+    "task", "backend", "sparse_dim", "beta", "n_repexp_seeds", "n_grpo_seeds", "reference_k",
+    "grpo_pass_at_ref", "repexp_pass_at_ref", "k_grpo", "k_star", "k_star_evaluated", "efficiency", "status", "note",
+    # the paired bootstrap (module docstring): percentile interval of the efficiency, the fraction of replicates
+    # in which RepExp misses the target, and the pass@k difference RepExp − GRPO at k = 1 and at reference_k
+    "efficiency_lo", "efficiency_hi", "bootstrap_not_reached",
+    "diff_pass_at_1", "diff_pass_at_1_lo", "diff_pass_at_1_hi",
+    "diff_pass_at_ref", "diff_pass_at_ref_lo", "diff_pass_at_ref_hi",
+    "bootstrap_replicates", "bootstrap_resampled",
+)
+BOOTSTRAP_REPLICATES = 1000
+BOOTSTRAP_SEED = 0
+BOOTSTRAP_LEVEL = 0.95
+NO_INTERVAL_NOTE = "no bootstrap interval"  # starts a k-efficiency row's note that says why it has none
+METHOD_NAMES = {"repexp": "RepExp", "grpo": "GRPO", "base": "Base model"}  # tables, notes and figure legends
+STATUS_REACHED = "reached"
+STATUS_REACHED_FIRST = "reached at the smallest k"
+STATUS_NOT_REACHED = "not reached"
+STATUS_NO_GRPO = "no GRPO baseline"
+STATUS_UNDEFINED = "undefined: GRPO solves nothing"
+STATUS_NO_COMMON_K = "no common k"  # RepExp and GRPO seeds share no evaluated k ≤ 256
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def tidy_table(runs: Sequence[EvalRun], testtime: dict[tuple[str, str], TesttimeRun] | None = None):
+    """One row per (run, k), columns `TIDY_COLUMNS` (`testtime_pass_at_k` empty without a test-time result)."""
+    import pandas as pd
+
+    rows = []
+    for run in runs:
+        s = run.spec
+        tt = (testtime or {}).get((s.task, s.name))
+        for k, value in run.pass_at_k.items():
+            rows.append({
+                "task": s.task, "run": s.name, "method": s.method, "backend": s.backend,
+                "sparse_dim": s.sparse_dim, "beta": s.beta, "seed": s.seed, "k": k,
+                "pass_at_k": value, "sem": run.pass_at_k_sem.get(k, math.nan),
+                "n_samples": run.n_samples, "num_problems": run.num_problems,
+                "mean_at_n": run.meta["mean_at_n"], "checkpoint_step": run.meta["checkpoint_step"],
+                "split": run.meta["split"], "engine": run.meta["engine"], "eval_seed": run.meta["seed"],
+                "data_hash": run.meta["data_hash"], "model_path": run.meta["model_path"],
+                "source": str(run.path), "grader": run.grader,
+                **{f"pass_at_k_{g}": run.by_grader.get(g, {}).get(k, math.nan) for g in GRADERS},
+                "testtime_pass_at_k": tt.pass_at_k_repexp.get(k, math.nan) if tt else math.nan,
+            })
+    table = pd.DataFrame(rows, columns=list(TIDY_COLUMNS))
+    for column in ("sparse_dim", "seed", "checkpoint_step", "eval_seed"):
+        table[column] = table[column].astype("Int64")  # nullable: base has no seed, GRPO no sparse_dim
+    return table
+
+
+def read_table(path: str | Path):
+    """Read `pass_at_k.csv` back with the dtypes `tidy_table` gives."""
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: pass@k table not found (run `repexp aggregate` first)")
+    table = pd.read_csv(path, dtype={"backend": "string", "run": "string", "task": "string",
+                                     "method": "string", "split": "string", "engine": "string",
+                                     "data_hash": "string", "model_path": "string", "source": "string",
+                                     "grader": "string"})
+    missing = [c for c in TIDY_COLUMNS if c not in table.columns]
+    if missing:
+        raise ValueError(f"{path}: missing columns {missing}")
+    for column in ("sparse_dim", "seed", "checkpoint_step", "eval_seed"):
+        table[column] = table[column].astype("Int64")
+    for column in ("backend", "task", "run", "method"):
+        table[column] = table[column].astype(object).where(table[column].notna(), None)
+    return table
+
+
+POINT_COLUMNS = ("task", "method", "backend", "sparse_dim", "beta")
+
+
+def seed_summary(table, value: str = "pass_at_k"):
+    """Mean over seeds per (task, method, backend, sparse_dim, β, k): mean, sem_seeds, n_seeds, seeds.
+
+    `sem_seeds` is the standard error over seeds (ddof 1), NaN with one seed. `value`: the column
+    averaged (`pass_at_k`, or one grader's `pass_at_k_<grader>`).
+    """
+    import pandas as pd
+
+    rows = []
+    for key, group in table.groupby(list(POINT_COLUMNS) + ["k"], dropna=False, sort=False):
+        values = group[value].to_numpy(dtype=float)
+        n = len(values)
+        sem = float(values.std(ddof=1) / math.sqrt(n)) if n >= 2 else math.nan
+        seeds = sorted(int(s) for s in group["seed"].dropna())
+        rows.append({**dict(zip(list(POINT_COLUMNS) + ["k"], key)), "mean": float(values.mean()),
+                     "sem_seeds": sem, "n_seeds": n, "seeds": seeds})
+    summary = pd.DataFrame(rows, columns=list(POINT_COLUMNS) + ["k", "mean", "sem_seeds", "n_seeds", "seeds"])
+    return summary
+
+
+def _mean_curve(table, mask) -> dict[int, float] | None:
+    """Seed-mean pass@k over the ks every seed evaluated (None when there are no rows)."""
+    rows = table[mask]
+    if rows.empty:
+        return None
+    per_run = {run: dict(zip(g["k"].astype(int), g["pass_at_k"].astype(float))) for run, g in rows.groupby("run")}
+    common = set.intersection(*(set(c) for c in per_run.values()))
+    return {k: sum(c[k] for c in per_run.values()) / len(per_run) for k in sorted(common)}
+
+
+_REACH_TOLERANCE = 1e-12  # equal means reach; guards against float noise in the seed mean
+
+
+def crossing_k(curve: dict[int, float], target: float) -> tuple[float, int] | None:
+    """(k*, k*_evaluated) where the increasing curve first reaches `target` (log2-linear interpolation).
+
+    None when it never does. k* = k*_evaluated when the first grid point already reaches it.
+    """
+    ks = sorted(curve)
+    k_star, k_evaluated = crossing_k_batch(ks, [[curve[k] for k in ks]], [target])
+    return None if math.isnan(k_star[0]) else (float(k_star[0]), int(k_evaluated[0]))
+
+
+def crossing_k_batch(ks: Sequence[int], curves, targets):
+    """`crossing_k` of many curves on one grid at once: (k*, k*_evaluated), arrays of shape [B].
+
+    `ks`: the increasing grid [K]; `curves`: [B, K]; `targets`: [B]. Where a curve never reaches its
+    target, k* is NaN and k*_evaluated 0.
+    """
+    import numpy as np
+
+    ks = np.asarray(ks, dtype=np.int64)
+    curves = np.atleast_2d(np.asarray(curves, dtype=np.float64))
+    targets = np.broadcast_to(np.asarray(targets, dtype=np.float64), (len(curves),))
+    reached = curves >= targets[:, None] - _REACH_TOLERANCE
+    hit = reached.any(axis=1)
+    i = reached.argmax(axis=1)
+    prev = np.maximum(i - 1, 0)
+    rows = np.arange(len(curves))
+    y_lo, y_hi = curves[rows, prev], curves[rows, i]
+    rise = y_hi - y_lo
+    frac = np.where(rise > 0, np.clip((targets - y_lo) / np.where(rise > 0, rise, 1.0), 0.0, 1.0), 1.0)
+    log_k = np.log2(ks.astype(np.float64))
+    # reached at the first grid point: k* is that k exactly (no round trip through log2)
+    k_star = np.where(i == 0, ks[0].astype(np.float64), 2.0 ** (log_k[prev] + frac * (log_k[i] - log_k[prev])))
+    return np.where(hit, k_star, np.nan), np.where(hit, ks[i], 0)
+
+
+def _per_seed_pass(num_samples, num_correct, ks: Sequence[int]):
+    """Unbiased pass@k per seed, problem and k, [seeds, problems, K], from [seeds, problems] counts."""
+    import numpy as np
+
+    from repexp import passk
+
+    n = np.atleast_2d(np.asarray(num_samples))
+    c = np.atleast_2d(np.asarray(num_correct))
+    if n.shape != c.shape or n.ndim != 2 or n.shape[0] < 1 or n.shape[1] < 1:
+        raise ValueError(f"counts must be [seeds, problems] arrays of one shape, got {n.shape} and {c.shape}")
+    return np.stack([passk.pass_at_k(n[s], c[s], ks) for s in range(n.shape[0])])
+
+
+def _counts_to_weights(draws, size: int):
+    """How often each of `size` indices was drawn, per row of `draws` [B, m], divided by m: [B, size]."""
+    import numpy as np
+
+    rows, m = draws.shape
+    offsets = draws + size * np.arange(rows)[:, None]
+    return np.bincount(offsets.ravel(), minlength=rows * size).reshape(rows, size) / m
+
+
+def _interval(values, level: float) -> tuple[float, float]:
+    """Percentile interval of the finite values (NaN, NaN when there are none)."""
+    import numpy as np
+
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return math.nan, math.nan
+    lo, hi = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def bootstrap_k_efficiency(repexp_n, repexp_c, grpo_n, grpo_c, ks: Sequence[int], *,
+                           reference_ks: Sequence[int] | None = None, diff_ks: Sequence[int] = (),
+                           replicates: int = BOOTSTRAP_REPLICATES, seed: int = BOOTSTRAP_SEED,
+                           level: float = BOOTSTRAP_LEVEL) -> dict[str, Any]:
+    """RepExp-vs-GRPO k-efficiency and pass@k differences with paired percentile-bootstrap intervals.
+
+    `repexp_n`, `repexp_c`: [seeds, problems] sample and correct counts of RepExp's seeds (a 1-D array is
+    one seed); `grpo_n`, `grpo_c`: GRPO's, over the same problems in the same order (the columns are
+    paired). `ks`: the increasing k grid (no k above a problem's n); the efficiency is computed at every
+    k of `reference_ks` (default: the largest) on the grid up to it, as in the module docstring; the
+    difference RepExp − GRPO of the seed-mean pass@k at every k of `diff_ks`.
+
+    Every replicate draws the problems with replacement (one draw for both methods), then, for a method
+    with ≥ 2 seeds, its seeds with replacement (RepExp's, then GRPO's), from `numpy.random.default_rng(seed)`.
+    Per-problem pass@k is computed once; a replicate's curve is a weighted mean of it. A replicate in which
+    RepExp misses the target has efficiency 0 (k* beyond the grid); one whose target is 0 has none.
+
+    Returns {"efficiency": {ref: {"estimate", "k_star", "lo", "hi", "not_reached", "undefined"}},
+    "difference": {k: {"estimate", "lo", "hi"}}, "replicates", "level", "seed", "num_problems",
+    "seeds": (RepExp, GRPO), "resampled"}. `estimate` is the full-data value (NaN when not reached or
+    undefined); `not_reached`/`undefined` are fractions of the replicates; lo/hi the percentile interval.
+    """
+    import numpy as np
+
+    ks = [int(k) for k in ks]
+    if not ks or ks != sorted(set(ks)):
+        raise ValueError(f"ks must be a non-empty increasing list, got {ks}")
+    reference_ks = [ks[-1]] if reference_ks is None else [int(k) for k in reference_ks]
+    unknown = [k for k in (*reference_ks, *diff_ks) if k not in ks]
+    if unknown:
+        raise ValueError(f"reference and difference ks {unknown} are not on the grid {ks}")
+    if replicates < 1 or not 0 < level < 1:
+        raise ValueError(f"need replicates ≥ 1 and 0 < level < 1, got {replicates}, {level}")
+    values = {"repexp": _per_seed_pass(repexp_n, repexp_c, ks), "grpo": _per_seed_pass(grpo_n, grpo_c, ks)}
+    num_problems = values["repexp"].shape[1]
+    if values["grpo"].shape[1] != num_problems:
+        raise ValueError(f"paired bootstrap: RepExp has {num_problems} problems, GRPO {values['grpo'].shape[1]}")
+
+    rng = np.random.default_rng(seed)
+    problem_weights = _counts_to_weights(rng.integers(0, num_problems, size=(replicates, num_problems)),
+                                         num_problems)  # [B, P]
+    boot, full, resampled = {}, {}, ["problems"]
+    for name, per_seed in values.items():
+        seeds = per_seed.shape[0]
+        # [B, P] @ [P, S·K] → each seed's problem-resampled curve, [B, S, K]
+        curves = (problem_weights @ per_seed.transpose(1, 0, 2).reshape(num_problems, -1)).reshape(
+            replicates, seeds, len(ks))
+        if seeds >= 2:
+            seed_weights = _counts_to_weights(rng.integers(0, seeds, size=(replicates, seeds)), seeds)
+            resampled.append(f"{METHOD_NAMES[name]} seeds")
+        else:
+            seed_weights = np.ones((replicates, 1))
+        boot[name] = np.einsum("bs,bsk->bk", seed_weights, curves)
+        full[name] = per_seed.mean(axis=(0, 1))[None, :]
+
+    def efficiency(rep, grpo, j):
+        target = grpo[:, j]
+        k_grpo, _ = crossing_k_batch(ks[: j + 1], grpo[:, : j + 1], target)
+        k_star, _ = crossing_k_batch(ks[: j + 1], rep[:, : j + 1], target)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(np.isnan(k_star), 0.0, k_grpo / k_star)
+        return np.where(target > 0, ratio, np.nan), k_star
+
+    result: dict[str, Any] = {"efficiency": {}, "difference": {}, "replicates": replicates, "level": level,
+                              "seed": seed, "num_problems": num_problems,
+                              "seeds": (values["repexp"].shape[0], values["grpo"].shape[0]),
+                              "resampled": ", ".join(resampled)}
+    for ref in reference_ks:
+        j = ks.index(ref)
+        draws, _ = efficiency(boot["repexp"], boot["grpo"], j)
+        point, k_star = efficiency(full["repexp"], full["grpo"], j)
+        lo, hi = _interval(draws, level)
+        defined = np.isfinite(draws)
+        result["efficiency"][ref] = {
+            "estimate": float(point[0]) if point[0] > 0 else math.nan, "k_star": float(k_star[0]), "lo": lo,
+            "hi": hi, "not_reached": float(np.mean(draws[defined] == 0)) if defined.any() else math.nan,
+            "undefined": float(np.mean(~defined)),
+        }
+    for k in diff_ks:
+        j = ks.index(k)
+        lo, hi = _interval(boot["repexp"][:, j] - boot["grpo"][:, j], level)
+        result["difference"][k] = {"estimate": float(full["repexp"][0, j] - full["grpo"][0, j]), "lo": lo, "hi": hi}
+    return result
+
+
+def _counts_matrix(runs: Sequence[EvalRun]) -> tuple[list[str], Any, Any]:
+    """(problem ids, n, c) with n, c of shape [runs, problems], aligned by problem id; ValueError says why not."""
+    import numpy as np
+
+    lacking = [r.spec.name for r in runs if not r.per_problem]
+    if lacking:
+        raise ValueError(f"no per-problem counts for {', '.join(lacking)} (eval.json without `per_problem`, "
+                         f"or the table's grader {runs[0].grader} is not the one the file was evaluated with)")
+    ids = [pid for pid, _, _ in runs[0].per_problem]
+    n = np.empty((len(runs), len(ids)), dtype=np.int64)
+    c = np.empty_like(n)
+    for i, run in enumerate(runs):
+        counts = {pid: (ni, ci) for pid, ni, ci in run.per_problem}
+        if set(counts) != set(ids):
+            raise ValueError(f"the problems of {run.spec.name} differ from those of {runs[0].spec.name}")
+        n[i], c[i] = zip(*(counts[pid] for pid in ids))
+    return ids, n, c
+
+
+def _efficiency_at(repexp_curve: dict[int, float], grpo_curve: dict[int, float], grid: list[int]) -> dict[str, Any]:
+    """Steps 2–5 of the module docstring with the last grid k as the reference k."""
+    ref = grid[-1]
+    target = grpo_curve[ref]
+    row: dict[str, Any] = {"reference_k": ref, "grpo_pass_at_ref": target, "repexp_pass_at_ref": repexp_curve[ref]}
+    if target <= 0.0:  # every curve "reaches" 0 at k = 1: no ratio to report
+        return {**row, "status": STATUS_UNDEFINED}
+    k_grpo, k_grpo_evaluated = crossing_k({k: grpo_curve[k] for k in grid}, target)  # reaches by construction
+    row["k_grpo"] = k_grpo
+    if k_grpo_evaluated < ref:
+        row["note"] = f"GRPO saturates: its pass@k is flat from k={k_grpo_evaluated}"
+    found = crossing_k({k: repexp_curve[k] for k in grid}, target)
+    if found is None:
+        return {**row, "status": STATUS_NOT_REACHED}
+    k_star, k_eval = found
+    return {**row, "k_star": k_star, "k_star_evaluated": k_eval, "efficiency": k_grpo / k_star,
+            "status": STATUS_REACHED_FIRST if k_eval == grid[0] else STATUS_REACHED}
+
+
+def _note(*parts: str) -> str:
+    return "; ".join(p for p in parts if p)
+
+
+def _k_efficiency_rows(table, runs: Sequence[EvalRun] | None) -> list[dict[str, Any]]:
+    """Every row of `k_efficiency_by_k.csv`, each with `headline` True where reference_k is the point's largest
+    grid k (the row of `k_efficiency.csv`; also every row without a grid)."""
+    by_name = {(r.spec.task, r.spec.name): r for r in runs or ()}
+    rows = []
+    repexp = table[table["method"] == "repexp"]
+    points = repexp[["task", "backend", "sparse_dim", "beta"]].drop_duplicates()
+    for point in points.itertuples(index=False):
+        point_mask = ((table["method"] == "repexp") & (table["task"] == point.task)
+                      & (table["backend"] == point.backend) & (table["sparse_dim"] == point.sparse_dim)
+                      & (table["beta"] == point.beta))
+        grpo_mask = (table["method"] == "grpo") & (table["task"] == point.task) & (table["backend"] == point.backend)
+        base: dict[str, Any] = {
+            "task": point.task, "backend": point.backend, "sparse_dim": int(point.sparse_dim),
+            "beta": float(point.beta),
+            "n_repexp_seeds": int(table.loc[point_mask, "run"].nunique()),
+            "n_grpo_seeds": int(table.loc[grpo_mask, "run"].nunique()),
+            "reference_k": None, "grpo_pass_at_ref": math.nan, "repexp_pass_at_ref": math.nan, "k_grpo": math.nan,
+            "k_star": math.nan, "k_star_evaluated": None, "efficiency": math.nan, "note": "",
+            "efficiency_lo": math.nan, "efficiency_hi": math.nan, "bootstrap_not_reached": math.nan,
+            **{f"diff_pass_at_{at}{end}": math.nan for at in ("1", "ref") for end in ("", "_lo", "_hi")},
+            "bootstrap_replicates": 0, "bootstrap_resampled": "", "headline": True,
+        }
+        repexp_curve = _mean_curve(table, point_mask)
+        grpo_curve = _mean_curve(table, grpo_mask)
+        grid = sorted(set(repexp_curve) & set(grpo_curve)) if grpo_curve else []
+        grid = [k for k in grid if k <= HEADLINE_K]
+        if not grid:
+            rows.append({**base, "status": STATUS_NO_GRPO if not grpo_curve else STATUS_NO_COMMON_K})
+            continue
+        boot, why_not = None, ""
+        if runs is not None:
+            names = [sorted(set(table.loc[mask, "run"])) for mask in (point_mask, grpo_mask)]
+            lacking = [name for group in names for name in group if (point.task, name) not in by_name]
+            try:
+                if lacking:
+                    raise ValueError(f"no loaded evaluation of {', '.join(lacking)}")
+                point_runs, grpo_runs = ([by_name[(point.task, name)] for name in group] for group in names)
+                _, n, c = _counts_matrix(point_runs + grpo_runs)
+                split = len(point_runs)
+                boot = bootstrap_k_efficiency(n[:split], c[:split], n[split:], c[split:], grid, reference_ks=grid,
+                                              diff_ks=grid)
+            except ValueError as err:
+                why_not = f"{NO_INTERVAL_NOTE}: {err}"
+        for ref in grid:
+            row = {**base, **_efficiency_at(repexp_curve, grpo_curve, [k for k in grid if k <= ref]),
+                   "headline": ref == grid[-1]}
+            row["diff_pass_at_ref"] = repexp_curve[ref] - grpo_curve[ref]
+            if 1 in grid:
+                row["diff_pass_at_1"] = repexp_curve[1] - grpo_curve[1]
+            row["note"] = _note(row["note"], why_not)
+            if boot is not None:
+                eff = boot["efficiency"][ref]
+                row.update(efficiency_lo=eff["lo"], efficiency_hi=eff["hi"], bootstrap_not_reached=eff["not_reached"],
+                           bootstrap_replicates=boot["replicates"], bootstrap_resampled=boot["resampled"])
+                for at, k in (("1", 1), ("ref", ref)):
+                    if k in boot["difference"]:
+                        diff = boot["difference"][k]
+                        row.update({f"diff_pass_at_{at}_lo": diff["lo"], f"diff_pass_at_{at}_hi": diff["hi"]})
+            rows.append(row)
+    return rows
+
+
+def k_efficiency(table, runs: Sequence[EvalRun] | None = None, *, by_reference_k: bool = False):
+    """The k-efficiency table (one row per RepExp point; definition in the module docstring).
+
+    With `runs` (the loaded evaluations of the table), the interval columns hold the paired bootstrap of
+    their per-problem counts (`bootstrap_k_efficiency`); without, they are empty. `by_reference_k`: one row
+    per RepExp point and grid k taken as the reference k (`k_efficiency_by_k.csv`) instead.
+    """
+    import pandas as pd
+
+    rows = [r for r in _k_efficiency_rows(table, runs) if by_reference_k or r["headline"]]
+    return _k_efficiency_frame(pd.DataFrame(rows, columns=list(K_EFFICIENCY_COLUMNS)))
+
+
+def k_efficiency_headline(by_k):
+    """The rows of `k_efficiency.csv` from those of `k_efficiency_by_k.csv`: per RepExp point, its largest
+    reference k (or its one row without a grid). Equal to `k_efficiency(table, runs)`: a point's bootstrap
+    draws do not depend on the reference k."""
+    keys = ["task", "backend", "sparse_dim", "beta"]
+    order = by_k.assign(_ref=by_k["reference_k"].astype("Float64").fillna(-1.0))
+    last = order.groupby(keys, dropna=False, sort=False)["_ref"].transform("max")
+    return by_k[(order["_ref"] == last).to_numpy()].reset_index(drop=True)
+
+
+def _k_efficiency_frame(out):
+    for column in ("reference_k", "k_star_evaluated", "sparse_dim", "bootstrap_replicates"):
+        out[column] = out[column].astype("Int64")
+    for column in ("note", "bootstrap_resampled"):
+        out[column] = out[column].fillna("").astype(str)
+    return out
+
+
+def read_k_efficiency(path: str | Path):
+    """Read `k_efficiency.csv` or `k_efficiency_by_k.csv` back with the dtypes `k_efficiency` gives."""
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: k-efficiency table not found (run `repexp aggregate` first)")
+    out = pd.read_csv(path, dtype={"task": "string", "backend": "string", "status": "string", "note": "string",
+                                   "bootstrap_resampled": "string"})
+    missing = [c for c in K_EFFICIENCY_COLUMNS if c not in out.columns]
+    if missing:
+        raise ValueError(f"{path}: missing columns {missing} (written by an older `repexp aggregate`? rerun it)")
+    for column in ("task", "backend", "status"):
+        out[column] = out[column].astype(object).where(out[column].notna(), None)
+    return _k_efficiency_frame(out)
