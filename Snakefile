@@ -25,7 +25,7 @@ if not workflow.overwrite_configfiles:
 
 # Three checks, all before any job is scheduled, each naming the key (or file):
 # 1. structure and types: the config files re-read strictly (a repeated key is an error), then
-#    merged into the OmegaConf structured config of repexp/config.py's dataclasses, with the
+#    merged into the OmegaConf structured config of repexp/config/model.py's dataclasses, with the
 #    `--config set="a.b=1 c.d=[1,2]"` dotlist applied; strings become numbers where the schema
 #    says so (`lr: 1e-5`, Snakemake's string-valued --config);
 # 2. per-field rules (ranges, enums, patterns): the JSON schema generated

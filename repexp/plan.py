@@ -132,10 +132,10 @@ def _gpus(res) -> int:
 
 
 def train_cost(cfg, spec, params: float, sizes: dict[str, int]) -> JobCost:
-    from repexp import config as C
+    from repexp.config.runs import rule_resources, task_section
 
-    train = C.task_section(cfg, spec.task, "train")
-    res = C.rule_resources(cfg, "train")
+    train = task_section(cfg, spec.task, "train")
+    res = rule_resources(cfg, "train")
     gpus = _gpus(res)
     steps = train.total_steps or train.total_epochs * max(1, sizes["train"] // train.train_batch_size)
     tokens = train.max_prompt_length + train.max_response_length
@@ -156,11 +156,11 @@ def train_cost(cfg, spec, params: float, sizes: dict[str, int]) -> JobCost:
 
 
 def eval_cost(cfg, spec, params: float, sizes: dict[str, int]) -> JobCost:
-    from repexp import config as C
+    from repexp.config.runs import rule_resources, task_section
 
-    ev = C.task_section(cfg, spec.task, "eval")
-    new_tokens = ev.max_new_tokens or C.task_section(cfg, spec.task, "train").max_response_length
-    gpus = _gpus(C.rule_resources(cfg, "eval"))
+    ev = task_section(cfg, spec.task, "eval")
+    new_tokens = ev.max_new_tokens or task_section(cfg, spec.task, "train").max_response_length
+    gpus = _gpus(rule_resources(cfg, "eval"))
     engines = min(ev.tensor_parallel_size * ev.data_parallel_size, gpus)  # the GPUs that sample (vLLM TP × DP)
     samples = sizes["test"] * ev.n_samples
     sampling_s = samples * new_tokens * params / (GENERATE_TOKENS_PER_S * GENERATE_PARAMS) / engines
@@ -170,11 +170,11 @@ def eval_cost(cfg, spec, params: float, sizes: dict[str, int]) -> JobCost:
 
 
 def testtime_cost(cfg, spec, params: float, sizes: dict[str, int]) -> JobCost:
-    from repexp import config as C
+    from repexp.config.runs import rule_resources, task_section
 
-    ev, train = C.task_section(cfg, spec.task, "eval"), C.task_section(cfg, spec.task, "train")
+    ev, train = task_section(cfg, spec.task, "eval"), task_section(cfg, spec.task, "train")
     tokens = train.max_prompt_length + (ev.max_new_tokens or train.max_response_length)
-    gpus = _gpus(C.rule_resources(cfg, "testtime"))
+    gpus = _gpus(rule_resources(cfg, "testtime"))
     samples = sizes["test"] * ev.n_samples  # one feature model on one GPU, whatever the job holds
     hours = (TESTTIME_STARTUP_S + samples * tokens * params / (FORWARD_TOKENS_PER_S * FORWARD_PARAMS)) / 3600
     return JobCost("testtime", spec.task, spec.name, gpus, hours, hours)
@@ -182,11 +182,11 @@ def testtime_cost(cfg, spec, params: float, sizes: dict[str, int]) -> JobCost:
 
 def job_costs(cfg, params: float) -> list[JobCost]:
     """Every GPU job of the sweep with its estimate (CPU rules cost minutes and no GPUs)."""
-    from repexp import config as C
+    from repexp.config.runs import sweep_runs
 
     sizes = {task: split_sizes(cfg, task) for task in cfg.sweep.tasks}
     jobs = []
-    for spec in C.sweep_runs(cfg):
+    for spec in sweep_runs(cfg):
         if spec.trains:
             jobs.append(train_cost(cfg, spec, params, sizes[spec.task]))
         jobs.append(eval_cost(cfg, spec, params, sizes[spec.task]))
@@ -197,9 +197,9 @@ def job_costs(cfg, params: float) -> list[JobCost]:
 
 def job_counts(cfg) -> dict[str, int]:
     """Jobs per rule of `all` (the same counts as Snakemake's dry run; tests/test_workflow.py)."""
-    from repexp import config as C
+    from repexp.config.runs import sweep_runs
 
-    runs = C.sweep_runs(cfg)
+    runs = sweep_runs(cfg)
     trained = [s for s in runs if s.trains]
     return {"preprocess": len(cfg.sweep.tasks), "train": len(trained), "select": len(trained),
             "merge": sum(s.backend == "verl" for s in trained), "eval": len(runs),
@@ -213,17 +213,18 @@ HOW_ELSE = {"eval": " or sample on more GPUs (eval.data_parallel_size with resou
 def check_runtimes(cfg) -> None:
     """Refuse a GPU rule whose runtime is below its smallest unit of work (the module docstring);
     nothing is checked for CPU-only rules or a model of unknown size."""
-    from repexp import config as C
+    from repexp.config.model import ConfigError
+    from repexp.config.runs import rule_resources
 
     params = model_params(cfg.model)
     if params is None:
         return
     for job in job_costs(cfg, params):
-        res = C.rule_resources(cfg, job.rule)
+        res = rule_resources(cfg, job.rule)
         if res.gpu > 0 and job.unit_hours * 60 > res.runtime:
             what = ("one step, a validation and start-up, plus train.walltime_margin_minutes" if job.rule == "train"
                     else f"the whole {job.rule} job")
-            raise C.ConfigError(
+            raise ConfigError(
                 f"resources.{job.rule}.runtime: {res.runtime} min is below the estimate for {what} of "
                 f"{job.task}/{job.run}: {job.unit_hours * 60:.0f} min (`repexp plan`; docs/performance.md, "
                 f"'Cost plan'); raise it{HOW_ELSE.get(job.rule, '')}")
@@ -233,13 +234,14 @@ def check_runtimes(cfg) -> None:
 
 
 def report(cfg, *, gpus: int, params: Optional[float] = None) -> str:
-    from repexp import config as C
+    from repexp.config.model import ConfigError
+    from repexp.config.runs import rule_resources, sweep_runs
 
     params = params or model_params(cfg.model)
     if params is None:
-        raise C.ConfigError(f"model: {cfg.model!r} has an unknown parameter count; pass --params")
+        raise ConfigError(f"model: {cfg.model!r} has an unknown parameter count; pass --params")
     jobs = job_costs(cfg, params)
-    runs = C.sweep_runs(cfg)
+    runs = sweep_runs(cfg)
     counts = job_counts(cfg)
     lines = [f"plan for {cfg.name}: model {cfg.model} ({params / 1e9:.2f} B parameters), "
              f"{len(runs)} runs over {', '.join(cfg.sweep.tasks)}",
@@ -248,7 +250,7 @@ def report(cfg, *, gpus: int, params: Optional[float] = None) -> str:
     total = 0.0
     for rule, count in counts.items():
         mine = [j for j in jobs if j.rule == rule]
-        res = C.rule_resources(cfg, rule)
+        res = rule_resources(cfg, rule)
         if not mine:
             lines.append(f"| {rule} | {count} | 0 | – | 1 | {res.runtime} | 0 (CPU) |")
             continue
@@ -285,12 +287,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from repexp import config as C
+    from repexp.config.loading import split_overrides
+    from repexp.config.model import ConfigError
+    from repexp.config.rules import load
 
     try:
-        cfg = C.load(args.config, overrides=C.split_overrides(args.overrides) if args.overrides else ())
+        cfg = load(args.config, overrides=split_overrides(args.overrides) if args.overrides else ())
         print(report(cfg, gpus=args.gpus, params=args.params))
-    except C.ConfigError as err:
+    except ConfigError as err:
         print(f"plan: {err}", file=sys.stderr)
         return 2
     return 0

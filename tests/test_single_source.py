@@ -330,9 +330,10 @@ def test_the_pure_cores_import_no_framework():
 
 # --------------------------------------------------------------------------- import direction
 
-# config.check runs plan.check_runtimes (a GPU job must fit its allocation) and plan reads the config's
-# dataclasses: a circle through function-level imports on both sides, left for a later change.
-KNOWN_IMPORT_CIRCLES = {frozenset({"repexp.config", "repexp.plan"})}
+# config.rules.check runs plan.check_runtimes (a GPU job must fit its allocation) and plan reads the
+# config (its runs; `load` in its CLI): a circle through function-level imports on both sides, kept to
+# these two modules (plan imports the config's modules, not the package), left for a later change.
+KNOWN_IMPORT_CIRCLES = {frozenset({"repexp.config.rules", "repexp.plan"})}
 
 
 def _repexp_imports() -> dict[str, set[str]]:

@@ -1,0 +1,325 @@
+"""The pipeline config's model: its constants and dataclasses, the single source of its keys, types, defaults
+and per-field rules (`help`, `minimum`, `enum`, ... in each field's metadata).
+
+Everything else in `repexp.config` reads these: `loading` parses YAML onto them, `rules` applies their
+per-field and cross-field rules, `runs` resolves one job's `RunConfig` from them and `schema` writes
+them as `configs/schema.yaml`. `ConfigError` is here, at the bottom of the package, because every
+layer above raises it.
+
+Pure: no imports beyond the standard library and the repexp modules the defaults come from.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from repexp import arith
+from repexp import bonus_defaults as B
+from repexp.verify.routing import DEFAULT_GRADER, GRADERS
+
+GENERATED_TASKS = arith.TASKS  # built in (repexp.arith): read no data.source
+TASKS = ("math", "gsm8k", "aime24", "dapo-with-aime24", *GENERATED_TASKS)
+BACKENDS = ("trl", "verl")
+METHODS = ("repexp", "grpo", "base")
+REWARD_TYPES = B.REWARD_TYPES
+NORMALIZATIONS = B.NORMALIZATIONS
+ENGINES = ("auto", "hf", "vllm")
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # sampling and feature-model dtypes (auto: by device)
+TRL_DTYPES = ("float32", "bfloat16")
+ATTENTION = ("auto", "flash_attention_2", "sdpa", "eager")  # verl.attn_implementation (repexp.verl.attention)
+VERL_STRATEGIES = ("fsdp", "fsdp2")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+# train.loss_agg_mode → the TRL loss_type with the same normalisation (the TRL backend's one table):
+#   token-mean: Σ token losses / number of tokens in the mini-batch  = TRL "dapo"
+#   seq-mean-token-mean: mean over sequences of each sequence's token mean = TRL "grpo"
+# seq-mean-token-sum has no TRL counterpart ("dr_grpo" divides by a constant instead).
+TRL_LOSS_TYPES = {"token-mean": "dapo", "seq-mean-token-mean": "grpo"}
+# Every rule of the workflow (keys of `resources`).
+RULES = ("download_model", "download_data", "model", "preprocess", "train", "select", "merge", "eval", "testtime",
+         "aggregate", "figures")
+# Sizes beyond any sensible experiment (issue 27: `n_samples: 1000000000000` validated, then the eval
+# died with a MemoryError): pass@k curves need n ≥ k, the paper uses 256; one shard's samples are held
+# in memory while it is generated.
+MAX_SAMPLES_PER_PROBLEM = 2**16
+MAX_SHARD_SAMPLES = 2**22
+TRAIN_RETRIES = 2  # the train rule's `retries` for failures (a walltime chunk's end requeues, repexp.walltime)
+# Keys that no longer exist, with what replaced them (their "unknown key" error says so).
+REMOVED_KEYS = {
+    "max_hours": "removed: the training budget is train.total_steps, the same for every arm; "
+                 "resources.train.runtime is one allocation, which the trainer ends with a checkpoint "
+                 "and a requeue (train.walltime_margin_minutes; docs/slurm.md, 'Walltime chunks')",
+}
+# MLflow tracking-URI schemes (database URIs may name a driver: postgresql+psycopg2://...).
+TRACKING_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "file", "databricks")
+# The `--config` key whose value is a dotlist of overrides: --config set="sweep.betas=[0.01,0.02] train.lr=2e-6"
+OVERRIDES_KEY = "set"
+# The legacy reward keys verl 0.9.1 still accepts but ignores (verl_0_9.md §4), and data keys the
+# reward loop never reads: an override of one is a silent no-op, so `check_verl_overrides` refuses it.
+DEAD_VERL_KEY_PREFIXES = ("custom_reward_function.", "reward_model.", "data.reward_fn_key")
+
+
+class ConfigError(ValueError):
+    """An invalid pipeline config; the message starts with the offending key (or file)."""
+
+
+def _f(default: Any = dataclasses.MISSING, *, help: str = "", runtime: bool = False, **constraints: Any) -> Any:
+    """A dataclass field with a help string and JSON-schema constraints (minimum, enum, ...).
+
+    `runtime=True` marks a setting that changes how fast or where a job runs, never what a
+    training run computes: it is left out of `training_hash`, so changing it reruns nothing."""
+    meta = {"help": help, **constraints}
+    if runtime:
+        meta["runtime"] = True
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: copy.deepcopy(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class DataConfig:
+    source: str = _f("../shared/data", help="directory of JSONL files, or 'hf' for the Hugging Face ids "
+                     "(downloaded once on the submit host by the download_data rule)")
+    split_seed: int = _f(0, help="seed of the GSM8K dev/test split and of subsets", minimum=0)
+    limit_train: Optional[int] = _f(None, help="seeded train subset size (null: all)", minimum=1)
+    limit_dev: Optional[int] = _f(None, help="seeded dev subset size (null: all)", minimum=1)
+    limit_test: Optional[int] = _f(None, help="seeded test subset size (null: all)", minimum=1)
+    dapo_source: Optional[str] = _f(None, help="DAPO training set: JSONL path or 'hf' (dapo-with-aime24 only)")
+
+
+@dataclass
+class SweepConfig:
+    tasks: list[str] = _f(["math"], help="tasks to run", items_enum=TASKS)
+    backends: list[str] = _f(["trl"], help="trainer backends", items_enum=BACKENDS)
+    sparse_dims: list[int] = _f([B.SPARSE_DIM], help="projection dimensions (RepExp runs)", items_minimum=1)
+    betas: list[float] = _f([B.BETA], help="bonus weights β > 0 (RepExp runs; GRPO is the β = 0 baseline)",
+                            items_exclusiveMinimum=0)
+    seeds: list[int] = _f([42], help="training and sampling seeds", items_minimum=0)
+    grpo_baseline: bool = _f(True, help="also train GRPO (β = 0) for every task × backend × seed")
+    base_baseline: bool = _f(True, help="also evaluate the untrained base model per task")
+
+
+@dataclass
+class BonusConfig:
+    # Defaults: repexp.bonus_defaults (shared with the verl node and the bonus maths).
+    lamb: float = _f(B.LAMB, help="ridge λ of A = λI + Σ x xᵀ", exclusiveMinimum=0)
+    reward_type: str = _f(B.REWARD_TYPE, help="bonus form", enum=REWARD_TYPES)
+    normalization: str = _f(B.NORMALIZATION, help="per-group bonus normalization", enum=NORMALIZATIONS)
+    center: bool = _f(B.CENTER, help="centre features by the group mean")
+    randomize_projection: bool = _f(B.RANDOMIZE_PROJECTION,
+                                    help="draw a new projection every step (seeded by seed and step)")
+    persist_covariance: bool = _f(B.PERSIST_COVARIANCE, help="accumulate per-prompt covariance across steps "
+                                  "(needs reward_type leverage and randomize_projection false)")
+    alpha: float = _f(B.ALPHA, help="verifier reward weight α", minimum=0)
+    turn_off_if_none_correct: bool = _f(B.TURN_OFF_IF_NONE_CORRECT,
+                                        help="zero the bonus of groups with no correct rollout")
+    turn_off_if_some_correct: bool = _f(B.TURN_OFF_IF_SOME_CORRECT, help="zero the bonus of partially correct groups")
+    turn_off_if_all_correct: bool = _f(B.TURN_OFF_IF_ALL_CORRECT, help="zero the bonus of fully correct groups")
+    turn_off_if_rollout_incorrect: bool = _f(B.TURN_OFF_IF_ROLLOUT_INCORRECT,
+                                             help="zero the bonus of each incorrect rollout")
+    representation_model: Optional[str] = _f(None, help="frozen feature model (null: the initial policy)")
+
+
+@dataclass
+class TrainConfig:
+    n_rollouts: int = _f(8, help="rollouts per prompt (GRPO group size)", minimum=2)
+    lr: float = _f(1e-6, help="actor learning rate", exclusiveMinimum=0)
+    train_batch_size: int = _f(1024, help="prompts per step", minimum=1)
+    ppo_mini_batch_size: int = _f(256, help="prompts per optimizer step", minimum=1)
+    micro_batch_size_per_gpu: int = _f(16, help="sequences per forward/backward", minimum=1)
+    max_prompt_length: int = _f(1024, help="tokens", minimum=1)
+    max_response_length: int = _f(1024, help="tokens", minimum=1)
+    total_steps: Optional[int] = _f(None, help="stop after this many steps (null: total_epochs)", minimum=1)
+    total_epochs: int = _f(1000, help="epochs when total_steps is null", minimum=1)
+    walltime_margin_minutes: float = _f(
+        5.0, help="under SLURM: the trainer saves and stops this long before the job's walltime, when the next "
+        "step and a save would not end before it; the job is requeued and resumes", minimum=0, runtime=True)
+    test_freq: int = _f(20, help="validate on dev every N steps", minimum=1)
+    save_freq: int = _f(20, help="checkpoint every N steps (validated steps must be saved)", minimum=1)
+    val_n: int = _f(128, help="dev samples per prompt for validation pass@k", minimum=1,
+                    maximum=MAX_SAMPLES_PER_PROBLEM)
+    val_before_train: bool = _f(True, help="validate the initial model (step 0)")
+    temperature: float = _f(1.0, help="rollout and validation temperature", exclusiveMinimum=0)
+    top_p: float = _f(1.0, help="rollout and validation top-p", exclusiveMinimum=0, maximum=1)
+    clip_ratio: float = _f(0.2, help="PPO clip ratio", exclusiveMinimum=0)
+    entropy_coeff: float = _f(0.0, help="entropy bonus", minimum=0)
+    loss_agg_mode: str = _f("token-mean", help="PPO loss aggregation", enum=LOSS_AGG_MODES)
+    max_checkpoints_to_keep: Optional[int] = _f(
+        None, help="keep the newest N checkpoints besides the best-dev one, whose optimizer state is dropped "
+        "(null: all)", minimum=1, runtime=True)
+
+
+@dataclass
+class EvalConfig:
+    engine: str = _f("auto", help="sampling engine (auto: vllm on GPU, else hf)", enum=ENGINES)
+    n_samples: int = _f(256, help="samples per problem", minimum=1, maximum=MAX_SAMPLES_PER_PROBLEM)
+    temperature: float = _f(1.0, help="sampling temperature", exclusiveMinimum=0)
+    top_p: float = _f(1.0, help="sampling top-p", exclusiveMinimum=0, maximum=1)
+    max_new_tokens: Optional[int] = _f(None, help="tokens per sample (null: train.max_response_length)", minimum=1)
+    batch_size: int = _f(64, help="prompts per generate call (hf engine)", minimum=1)
+    shard_size: int = _f(64, help="problems per resumable shard", minimum=1)
+    tensor_parallel_size: int = _f(1, help="vLLM tensor parallel size", minimum=1)
+    data_parallel_size: int = _f(1, help="vLLM data parallel size", minimum=1)
+    gpu_memory_utilization: float = _f(0.85, help="vLLM memory fraction", exclusiveMinimum=0, maximum=1)
+    kv_cache_gib: Optional[float] = _f(None, help="vLLM KV-cache size in GiB instead of profiling free memory "
+                                       "(null: profile); jobs that start beside others on one GPU need it, since "
+                                       "vLLM's profiling fails when a neighbour frees memory meanwhile",
+                                       exclusiveMinimum=0, runtime=True)
+    max_model_len: Optional[int] = _f(None, help="vLLM context length (null: prompt + response)", minimum=1)
+    dtype: str = _f("auto", help="model dtype for sampling", enum=DTYPES)
+    enforce_eager: bool = _f(False, help="vLLM without CUDA graphs: a faster engine start, slower sampling "
+                             "(worth it for small evaluations)")
+
+
+@dataclass
+class TesttimeConfig:
+    # The test-time RepExp stage (repexp testtime): λ and centring are the training bonus's (`bonus.lamb`,
+    # `bonus.center`) and the feature model is `bonus.representation_model` or the initial policy.
+    enabled: bool = _f(True, help="order every evaluated run's samples by the elliptical bonus (testtime rule)")
+    sparse_dim: int = _f(B.SPARSE_DIM, help="projection dimension of the test-time features (the same for every run)",
+                         minimum=1)
+    projection_seed: int = _f(0, help="seed of the test-time sparse projection", minimum=0)
+    batch_size: int = _f(64, help="sequences per feature-model forward", minimum=1)
+    dtype: str = _f("auto", help="feature-model dtype (auto: bfloat16 on GPU, float32 on CPU)", enum=DTYPES)
+    bootstrap: int = _f(1000, help="bootstrap replicates over problems for the efficiency intervals", minimum=0)
+
+
+@dataclass
+class VerlConfig:
+    n_gpus_per_node: int = _f(8, help="GPUs per node", minimum=1)
+    nnodes: int = _f(1, help="nodes per training job", minimum=1)
+    rollout_tensor_parallel_size: int = _f(2, help="vLLM TP size during rollouts", minimum=1)
+    gpu_memory_utilization: float = _f(0.6, help="vLLM memory fraction during training", exclusiveMinimum=0, maximum=1)
+    max_num_batched_tokens: int = _f(8192, help="vLLM batched-token budget", minimum=1)
+    log_prob_micro_batch_size_per_gpu: int = _f(16, help="old-log-prob micro batch", minimum=1, runtime=True)
+    repexp_micro_batch_size_per_gpu: int = _f(32, help="hidden-state forward micro batch", minimum=1, runtime=True)
+    enable_gradient_checkpointing: bool = _f(True, help="actor gradient checkpointing")
+    attn_implementation: str = _f("auto", help="attention of the actor and the frozen representation model: auto "
+                                  "(flash_attention_2 where flash_attn imports on the node, else sdpa), "
+                                  "flash_attention_2, sdpa or eager; decided at the job's start and logged",
+                                  enum=ATTENTION)
+    use_remove_padding: Optional[bool] = _f(None, help="packed sequences; null follows the attention (on with "
+                                            "flash_attention_2, off otherwise)")
+    strategy: str = _f("fsdp", help="FSDP flavour of the actor and the frozen representation model",
+                       enum=VERL_STRATEGIES)
+    ray_num_cpus: Optional[int] = _f(None, help="CPUs Ray may use (null: all; set it under SLURM)", minimum=1,
+                                     runtime=True)
+    overrides: list[str] = _f([], help="extra raw Hydra overrides for verl (validated by verl)")
+
+
+@dataclass
+class TrlConfig:
+    # Batch shapes come from `train` (micro_batch_size_per_gpu, ppo_mini_batch_size): one meaning, both backends.
+    device: str = _f("auto", help="torch device (auto: cuda if available else cpu)", enum=("auto", "cpu", "cuda"))
+    dtype: str = _f("float32", help="compute dtype: float32, or bfloat16 autocast over float32 weights "
+                    "(the frozen feature model is loaded in this dtype)", enum=TRL_DTYPES)
+    eval_batch_size: int = _f(16, help="dev prompts per validation generate call (each with train.val_n samples)",
+                              minimum=1, runtime=True)
+    logging_steps: int = _f(1, help="log every N training steps", minimum=1)
+    gradient_checkpointing: bool = _f(False, help="policy gradient checkpointing (less memory, about a fifth more "
+                                      "time)", runtime=True)
+    bonus_micro_batch_size: int = _f(32, help="sequences per frozen-model forward of the bonus features", minimum=1,
+                                     runtime=True)
+    num_threads: Optional[int] = _f(None, help="torch CPU threads (null: torch's default)", minimum=1, runtime=True)
+    gpu_memory_fraction: Optional[float] = _f(None, help="cap on the job's CUDA memory as a fraction of the GPU "
+                                              "(torch's per-process fraction), so jobs can share one GPU; null: none",
+                                              exclusiveMinimum=0, maximum=1, runtime=True)
+
+
+@dataclass
+class TrackingConfig:
+    tracking_uri: Optional[str] = _f(None, help="MLflow URI (null: $MLFLOW_TRACKING_URI, else SQLite under "
+                                     "results/); schemes: " + ", ".join(TRACKING_SCHEMES))
+    experiment: Optional[str] = _f(None, help="MLflow experiment (null: the config's name)")
+    server: str = _f("auto", help="the workflow's MLflow server on the submit host (repexp mlflow serve): on, off, "
+                     "or auto = on for a cluster executor (SLURM) when no tracking URI is set",
+                     enum=("auto", "on", "off"))
+    # Bind only the interface jobs use (issue 27, item 5): the address this host's name resolves to,
+    # which is also the address jobs are given (docs/tracking.md, "Access control").
+    server_host: str = _f("auto", help="interface the workflow's server binds: auto = the address this host's name "
+                          "resolves to (the one jobs are given); an address, or 0.0.0.0 for every interface")
+    server_auth: bool = _f(True, help="the workflow's server requires a login (MLflow's basic-auth app; per results "
+                           "directory, in <results>/mlflow/credentials.json, mode 0600); false: anyone who reaches "
+                           "it can read, edit or delete the runs")
+    server_port: int = _f(0, help="port of the workflow's server (0: a free port)", minimum=0, maximum=65535)
+    server_store: Optional[str] = _f(None, help="backend store of the workflow's server, e.g. postgresql://... "
+                                     "(null: SQLite on the submit host's local disk, /var/tmp/repexp-mlflow-<user>/)")
+    # A damaged or vanished SQLite store stops the workflow before any job (docs/tracking.md, "When
+    # the store is damaged or gone"); these two settings are the ways on.
+    store_backups: int = _f(3, help="backups of the SQLite store kept in backups/ beside it, one per workflow "
+                            "start when it changed (SQLite's online backup; 0: none)", minimum=0)
+    new_store: bool = _f(False, help="where the SQLite store this results directory used is damaged or gone, "
+                         "start a new, empty one instead of stopping (the damaged file is kept)")
+
+
+@dataclass
+class RuleResources:
+    gpu: int = _f(0, help="GPUs per node", minimum=0)
+    nodes: int = _f(1, help="nodes", minimum=1)
+    cpus_per_task: int = _f(1, help="CPU cores (per node)", minimum=1)
+    mem_mb: int = _f(4000, help="memory per node (MB)", minimum=1)
+    runtime: int = _f(60, help="wall-clock limit (minutes)", minimum=1)
+    gpu_share: int = _f(100, help="percent of one GPU a job with gpu > 0 takes when jobs share a GPU on one machine "
+                        "(`--resources gpu_share=100` per GPU runs jobs side by side while their shares fit; "
+                        "SLURM gives each job whole GPUs and ignores it)", minimum=1, maximum=100)
+    # Which GPUs and nodes a SLURM job may land on (docs/slurm.md, "GPU types"): without them `--gpus=8`
+    # can land on V100s or 40 GB cards that have no bfloat16 or too little memory for the job.
+    gpu_model: Optional[str] = _f(None, help="SLURM GPU type the job asks for (`--gpus=<model>:<gpu>`, e.g. h100, "
+                                  "a100); the names are the cluster's gres types (`sinfo -o %G`); needs gpu > 0",
+                                  pattern=r"^[A-Za-z0-9_.]+$")
+    constraint: Optional[str] = _f(None, help="SLURM node features the job needs (`--constraint`, e.g. "
+                                   "'a100_80gb|h100'); the names are the cluster's (`sinfo -o %f`)",
+                                   pattern=r"^[A-Za-z0-9_.|&,()\[\]*:-]+$")
+
+
+def _default_resources() -> dict:
+    return {name: RuleResources() for name in RULES}
+
+
+@dataclass
+class TaskSweepOverride:
+    sparse_dims: Optional[list[int]] = _f(None, help="replaces sweep.sparse_dims for this task", items_minimum=1)
+    betas: Optional[list[float]] = _f(None, help="replaces sweep.betas for this task", items_exclusiveMinimum=0)
+
+
+@dataclass
+class TaskOverride:
+    # Partial sections: the keys given are merged onto the config's section (OmegaConf.merge) and
+    # checked against that section's dataclass when the config is parsed.
+    sweep: TaskSweepOverride = field(default_factory=TaskSweepOverride)
+    train: dict[str, Any] = _f({}, help="partial train settings for this task", section=TrainConfig)
+    eval: dict[str, Any] = _f({}, help="partial eval settings for this task", section=EvalConfig)
+    verl: dict[str, Any] = _f({}, help="partial verl settings for this task", section=VerlConfig)
+    trl: dict[str, Any] = _f({}, help="partial trl settings for this task", section=TrlConfig)
+
+
+@dataclass
+class PipelineConfig:
+    name: str = _f("repexp", help="config name; MLflow experiment unless tracking.experiment is set",
+                   pattern=r"^[A-Za-z0-9_.-]+$")
+    results_dir: str = _f("results", help="where every output goes")
+    model: str = _f("Qwen/Qwen2.5-7B-Instruct", help="initial policy: a Hugging Face id (downloaded once on the "
+                    "submit host), a local directory, or 'tiny'/'smollm2' (built offline)")
+    grader: str = _f(DEFAULT_GRADER, help="answer grader of training rewards, dev selection and test pass@k: repexp "
+                     "(this project's verifier) or paper (the recipe's scorers, for numbers comparable to the paper's)",
+                     enum=GRADERS)
+    data: DataConfig = field(default_factory=DataConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    bonus: BonusConfig = field(default_factory=BonusConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    testtime: TesttimeConfig = field(default_factory=TesttimeConfig)
+    verl: VerlConfig = field(default_factory=VerlConfig)
+    trl: TrlConfig = field(default_factory=TrlConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    resources: dict[str, RuleResources] = field(
+        default_factory=_default_resources, metadata={"help": "per-rule scheduler requests", "keys": RULES})
+    task_overrides: dict[str, TaskOverride] = field(
+        default_factory=dict, metadata={"help": "per-task overrides", "keys": TASKS})
+
+
+# Sections a task override may patch.
+SECTIONS = ("train", "eval", "verl", "trl")
+MODEL_ALIASES = ("tiny", "smollm2")  # `model:` values built offline by `repexp model`

@@ -1,0 +1,378 @@
+"""Every rule of the pipeline config, each written once, and `load` (read, parse, check).
+
+- `check` applies the per-field rules (the dataclass metadata that the JSON schema also states) and
+  every cross-field rule of the pipeline and its two trainer backends, so a config that a job would
+  reject fails at parse time, before any job; the cost rule (a GPU job must fit its allocation) is
+  `repexp.plan.check_runtimes`;
+- the `check_*` functions the trainers share, re-applied where a trainer starts without a checked
+  pipeline config (see "rules the trainers share" below);
+- `check_paths` checks local paths (data sources, a local `model:` directory).
+
+`load` is here, above both the parser and the rules, so that `repexp.plan` (whose cost rule `check`
+runs) imports this module and not the package: the one import circle is rules <-> plan.
+
+Pure: OmegaConf and PyYAML only (through `repexp.config.loading`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+from repexp.config.loading import parse, read_yaml
+from repexp.config.model import (
+    DEAD_VERL_KEY_PREFIXES,
+    GENERATED_TASKS,
+    MAX_SHARD_SAMPLES,
+    MODEL_ALIASES,
+    SECTIONS,
+    TRACKING_SCHEMES,
+    TRL_LOSS_TYPES,
+    BonusConfig,
+    ConfigError,
+    PipelineConfig,
+    RuleResources,
+    TrainConfig,
+)
+from repexp.config.runs import RunConfig, canonical, rule_resources, task_section, task_sweep
+
+# --------------------------------------------------------------------------- rules
+
+
+def _check_constraints(key: str, value: Any, meta: Mapping) -> None:
+    if "enum" in meta and value not in meta["enum"]:
+        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, meta['enum']))}")
+    if "minimum" in meta and value < meta["minimum"]:
+        raise ConfigError(f"{key}: {value!r} is below the minimum {meta['minimum']}")
+    if "exclusiveMinimum" in meta and value <= meta["exclusiveMinimum"]:
+        raise ConfigError(f"{key}: {value!r} must be greater than {meta['exclusiveMinimum']}")
+    if "maximum" in meta and value > meta["maximum"]:
+        raise ConfigError(f"{key}: {value!r} is above the maximum {meta['maximum']}")
+    if "pattern" in meta and not re.match(meta["pattern"], value):
+        raise ConfigError(f"{key}: {value!r} does not match {meta['pattern']}")
+
+
+def check_value(key: str, value: Any, cls: type, name: str) -> None:
+    """The per-field rules of `cls.name` applied to a value read elsewhere under `key` (a trainer's own
+    config node with the same setting), so the rule is not restated there."""
+    _check_constraints(key, value, next(f.metadata for f in dataclasses.fields(cls) if f.name == name))
+
+
+def check_fields(obj: Any, prefix: str = "") -> None:
+    """The per-field rules of the dataclass metadata (what the JSON schema says), recursively."""
+    for f in dataclasses.fields(obj):
+        value, key = getattr(obj, f.name), prefix + f.name
+        if dataclasses.is_dataclass(value):
+            check_fields(value, key + ".")
+        elif isinstance(value, dict):
+            if "keys" in f.metadata:
+                unknown = sorted(set(value) - set(f.metadata["keys"]))
+                if unknown:
+                    raise ConfigError(f"{key}.{unknown[0]}: unknown name (known: {', '.join(f.metadata['keys'])})")
+            for name, item in value.items():
+                if dataclasses.is_dataclass(item):
+                    check_fields(item, f"{key}.{name}.")
+        elif isinstance(value, list):
+            item_meta = {k[len("items_"):]: v for k, v in f.metadata.items() if k.startswith("items_")}
+            for i, item in enumerate(value):
+                _check_constraints(f"{key}[{i}]", item, item_meta)
+        elif value is not None:
+            _check_constraints(key, value, f.metadata)
+
+
+def _key(cfg: PipelineConfig, task: str, section: str, name: str) -> str:
+    """Where a task's effective `<section>.<name>` comes from: its task override, else the section."""
+    override = cfg.task_overrides.get(task)
+    if override is not None and name in getattr(override, section):
+        return f"task_overrides.{task}.{section}.{name}"
+    return f"{section}.{name}"
+
+
+def check(cfg: PipelineConfig) -> None:
+    """Every rule a job would otherwise apply later: per-field rules, then cross-field rules of the
+    sweep, the trainer backends, evaluation, tracking and the scheduler requests. Raises ConfigError."""
+    check_fields(cfg)
+    for task, override in cfg.task_overrides.items():
+        check_fields(override.sweep, f"task_overrides.{task}.sweep.")
+        for section in SECTIONS:
+            if getattr(override, section):
+                check_fields(task_section(cfg, task, section), f"task_overrides.{task}.{section}.")
+    _check_sweep(cfg)
+    if cfg.data.dapo_source is None and "dapo-with-aime24" in cfg.sweep.tasks:
+        raise ConfigError("data.dapo_source: required when sweep.tasks contains dapo-with-aime24")
+    if any(task_sweep(cfg, task)[1] for task in cfg.sweep.tasks):
+        check_bonus(cfg.bonus)
+    check_tracking_uri(cfg.tracking.tracking_uri)
+    for task in cfg.sweep.tasks:
+        _check_training(cfg, task)
+        _check_eval(cfg, task)
+    for rule, res in cfg.resources.items():
+        if res.gpu_model is not None and res.gpu == 0:
+            raise ConfigError(f"resources.{rule}.gpu_model: {res.gpu_model!r} asks for a GPU type, but "
+                              f"resources.{rule}.gpu is 0 (the job asks for no GPU)")
+    from repexp.plan import check_runtimes  # the cost plan: a GPU job must fit its allocation
+
+    check_runtimes(cfg)
+
+
+def _check_sweep(cfg: PipelineConfig) -> None:
+    for name in ("tasks", "backends", "sparse_dims", "betas", "seeds"):
+        values = getattr(cfg.sweep, name)
+        if len(set(map(canonical, values))) != len(values):
+            raise ConfigError(f"sweep.{name}: duplicate values {values}")
+        if name in ("tasks", "seeds") and not values:
+            raise ConfigError(f"sweep.{name}: must not be empty")
+    if not cfg.sweep.backends and (cfg.sweep.betas or cfg.sweep.grpo_baseline):
+        raise ConfigError("sweep.backends: must not be empty when training runs are requested")
+
+
+def check_bonus(bonus: BonusConfig, where: str = "bonus") -> None:
+    """Rules of the bonus settings (both backends apply the same ones)."""
+    if bonus.persist_covariance and bonus.reward_type != "leverage":
+        raise ConfigError(f"{where}.persist_covariance: a persistent covariance supports reward_type 'leverage' only")
+    if bonus.persist_covariance and bonus.randomize_projection:
+        raise ConfigError(f"{where}.persist_covariance: needs {where}.randomize_projection=false "
+                          "(accumulating features of different projections is meaningless)")
+
+
+def check_tracking_uri(uri: Optional[str], key: str = "tracking.tracking_uri") -> None:
+    if uri is None:
+        return
+    if uri == "databricks":  # MLflow's shorthand for the default Databricks profile
+        return
+    scheme = uri.split(":", 1)[0].split("+", 1)[0].lower()  # postgresql+psycopg2://... names a driver
+    if scheme not in TRACKING_SCHEMES or ":" not in uri:
+        raise ConfigError(f"{key}: {uri!r} has no known scheme (use one of {', '.join(TRACKING_SCHEMES)}, "
+                          "e.g. http://HOST:PORT or sqlite:///PATH)")
+
+
+def _check_training(cfg: PipelineConfig, task: str) -> None:
+    train = task_section(cfg, task, "train")
+    key = lambda name: _key(cfg, task, "train", name)  # noqa: E731
+    check_train_batches(train, key)
+    runtime = rule_resources(cfg, "train").runtime
+    if train.walltime_margin_minutes >= runtime:
+        raise ConfigError(f"{key('walltime_margin_minutes')}: {canonical(train.walltime_margin_minutes)} min leaves "
+                          f"nothing of resources.train.runtime {runtime} min to train in; lower it")
+    sparse_dims, betas = task_sweep(cfg, task)
+    if "trl" in cfg.sweep.backends:
+        check_trl_loss(train, key)
+        trl_micro_batch(train, key)
+        trl = task_section(cfg, task, "trl")
+        if trl.device != "cpu":
+            _check_share(trl.gpu_memory_fraction, rule_resources(cfg, "train"), "train",
+                         _key(cfg, task, "trl", "gpu_memory_fraction"))
+    if "verl" in cfg.sweep.backends:
+        _check_verl(cfg, task, train, repexp_runs=bool(betas))
+        _check_share(task_section(cfg, task, "verl").gpu_memory_utilization, rule_resources(cfg, "train"), "train",
+                     _key(cfg, task, "verl", "gpu_memory_utilization"))
+
+
+def _check_verl(cfg: PipelineConfig, task: str, train: TrainConfig, repexp_runs: bool) -> None:
+    """verl must be told the allocation the scheduler grants the train rule, and its batch shapes must fit it."""
+    res = rule_resources(cfg, "train")
+    verl = task_section(cfg, task, "verl")
+    key = lambda name: _key(cfg, task, "verl", name)  # noqa: E731
+    if verl.nnodes != res.nodes:
+        raise ConfigError(f"resources.train.nodes: {res.nodes} differs from {key('nnodes')} {verl.nnodes} "
+                          f"(task {task})")
+    if res.gpu and verl.n_gpus_per_node != res.gpu:
+        raise ConfigError(f"resources.train.gpu: {res.gpu} differs from {key('n_gpus_per_node')} "
+                          f"{verl.n_gpus_per_node} (task {task})")
+    if verl.ray_num_cpus is not None and res.nodes > 1:
+        raise ConfigError(f"{key('ray_num_cpus')}: must be null for multi-node training: ray_slurm.sh starts Ray "
+                          "with resources.train.cpus_per_task per node and verl joins that cluster")
+    if verl.ray_num_cpus is not None and verl.ray_num_cpus > res.cpus_per_task:
+        raise ConfigError(f"{key('ray_num_cpus')}: {verl.ray_num_cpus} exceeds the {res.cpus_per_task} CPUs of "
+                          "resources.train.cpus_per_task")
+    gpus = verl.n_gpus_per_node * verl.nnodes
+    if gpus % verl.rollout_tensor_parallel_size:
+        raise ConfigError(f"{key('rollout_tensor_parallel_size')}: {verl.rollout_tensor_parallel_size} does not "
+                          f"divide the {gpus} GPUs of a training job (n_gpus_per_node × nnodes)")
+    if repexp_runs:
+        check_repexp_micro_batch(verl.repexp_micro_batch_size_per_gpu, gpus,
+                                 train.ppo_mini_batch_size * train.n_rollouts, key("repexp_micro_batch_size_per_gpu"))
+    check_verl_overrides(verl.overrides, key("overrides"))
+
+
+# --------------------------------------------------------------------------- rules the trainers share
+# Each rule below is written once. `check` applies it to every task of a pipeline config, naming the
+# key a value came from (a task override's own key where it set one). A trainer re-applies the same
+# function only where it can be started without a checked pipeline config: the TRL trainer on a
+# job.yaml (`repexp.trl.settings.check_run_config`), `repexp.verl.overrides.build_overrides` on a
+# RunConfig, and ``python -m repexp.verl.train`` on verl's Hydra config (under verl's key names).
+
+
+def _in_section(section: str) -> typing.Callable[[str], str]:
+    """The key names of a RunConfig's section (`train.save_freq`), the trainers' default."""
+    return lambda name: f"{section}.{name}"
+
+
+def check_trains(rc: RunConfig, backend: str) -> None:
+    """A job the `backend` trainer can train: its own backend, and a sweep point that trains."""
+    if rc.backend != backend:
+        raise ConfigError(f"backend: run {rc.run} is a {rc.backend!r} run, not a {backend} run")
+    if rc.method not in ("repexp", "grpo"):
+        raise ConfigError(f"method: {rc.method!r} runs do not train ('base' runs evaluate the initial model)")
+    if rc.method == "grpo" and rc.beta != 0:
+        raise ConfigError(f"beta: a 'grpo' run must have beta 0, got {rc.beta}")
+    if rc.method == "repexp" and not rc.beta > 0:
+        raise ConfigError(f"beta: a 'repexp' run needs beta > 0, got {rc.beta}")
+    if rc.method == "repexp" and (rc.sparse_dim is None or rc.sparse_dim < 1):
+        raise ConfigError(f"sparse_dim: a positive projection dimension is required when beta > 0, "
+                          f"got {rc.sparse_dim}")
+
+
+def check_train_batches(train: TrainConfig, key: typing.Callable[[str], str] = _in_section("train")) -> None:
+    """The step shape both backends rely on: whole PPO mini-batches per step, a checkpoint at every validation."""
+    if train.train_batch_size % train.ppo_mini_batch_size:
+        raise ConfigError(f"{key('ppo_mini_batch_size')}: {train.ppo_mini_batch_size} does not divide "
+                          f"train_batch_size {train.train_batch_size}")
+    check_save_freq(train.save_freq, train.test_freq, key("save_freq"), key("test_freq"))
+
+
+def check_save_freq(save_freq: int, test_freq: int, key: str, test_key: str) -> None:
+    """Every validated step must have a checkpoint: `repexp select` picks the best dev step's. A test_freq
+    ≤ 0 (verl's "no validation"; the pipeline config's minimum is 1) needs none."""
+    if test_freq > 0 and (save_freq <= 0 or test_freq % save_freq):
+        raise ConfigError(f"{key}: {save_freq} must divide {test_key} {test_freq} so that every validated step "
+                          "has a checkpoint to select")
+
+
+def check_trl_loss(train: TrainConfig, key: typing.Callable[[str], str] = _in_section("train")) -> None:
+    if train.loss_agg_mode not in TRL_LOSS_TYPES:
+        raise ConfigError(f"{key('loss_agg_mode')}: {train.loss_agg_mode!r} has no TRL equivalent "
+                          f"(the TRL backend supports {', '.join(TRL_LOSS_TYPES)})")
+
+
+def trl_micro_batch(train: TrainConfig, key: typing.Callable[[str], str] = _in_section("train")) -> int:
+    """Sequences per TRL forward/backward: `micro_batch_size_per_gpu`, at most one PPO mini-batch, which it
+    must split into whole micro-batches (TRL accumulates gradients over them)."""
+    sequences = train.ppo_mini_batch_size * train.n_rollouts
+    micro = min(train.micro_batch_size_per_gpu, sequences)
+    if sequences % micro:
+        raise ConfigError(f"{key('micro_batch_size_per_gpu')}: {micro} does not divide the {sequences} sequences of "
+                          f"a PPO mini-batch (ppo_mini_batch_size {train.ppo_mini_batch_size} × n_rollouts "
+                          f"{train.n_rollouts})")
+    return micro
+
+
+def check_repexp_micro_batch(micro: int, gpus: int, mini_batch_sequences: int, key: str, remedy: str = "") -> None:
+    """verl pads each step to a multiple of lcm(dp, mini-batch); every rank's share must split into the
+    bonus forward's micro-batches (`remedy`: what else fixes it where the caller has another way)."""
+    per_rank = math.lcm(gpus, mini_batch_sequences) // gpus
+    if per_rank % micro:
+        raise ConfigError(f"{key}: {micro} must divide the {per_rank} rows per GPU and mini-batch{remedy}")
+
+
+def check_verl_overrides(overrides: Sequence[str], key: str) -> None:
+    """A raw override of a key verl 0.9.1 accepts but ignores would be a silent no-op."""
+    for raw in overrides:
+        name = raw.lstrip("+~").split("=", 1)[0]
+        if name.startswith(DEAD_VERL_KEY_PREFIXES):
+            raise ConfigError(f"{key}: {name} is a legacy key verl 0.9.1 ignores")
+
+
+def _check_eval(cfg: PipelineConfig, task: str) -> None:
+    ev = task_section(cfg, task, "eval")
+    res = rule_resources(cfg, "eval")
+    if ev.shard_size * ev.n_samples > MAX_SHARD_SAMPLES:
+        raise ConfigError(f"{_key(cfg, task, 'eval', 'shard_size')}: {ev.shard_size} problems × n_samples "
+                          f"{ev.n_samples} = {ev.shard_size * ev.n_samples:,} samples in memory per shard, more than "
+                          f"{MAX_SHARD_SAMPLES:,}; lower shard_size")
+    if ev.engine == "vllm" or (ev.engine == "auto" and res.gpu > 0):
+        needed = ev.tensor_parallel_size * ev.data_parallel_size
+        available = max(res.gpu, 1) * res.nodes
+        if needed > available:
+            raise ConfigError(
+                f"{_key(cfg, task, 'eval', 'tensor_parallel_size')}: {ev.tensor_parallel_size} × data_parallel_size "
+                f"{ev.data_parallel_size} needs {needed} GPUs, but resources.eval.gpu grants {res.gpu} (task {task})")
+        _check_share(ev.gpu_memory_utilization, res, "eval", _key(cfg, task, "eval", "gpu_memory_utilization"))
+
+
+def _check_share(fraction: Optional[float], res: RuleResources, rule: str, key: str) -> None:
+    """A job that shares its GPU (resources.<rule>.gpu_share < 100) must cap its memory within its share."""
+    if res.gpu == 0 or res.gpu_share == 100:
+        return
+    if fraction is None or fraction * 100 > res.gpu_share + 1e-9:
+        raise ConfigError(
+            f"{key}: {fraction} of the GPU's memory, but resources.{rule}.gpu_share is {res.gpu_share}%: jobs side by "
+            f"side on one GPU would not fit; set it to at most {res.gpu_share / 100:g}")
+
+
+# --------------------------------------------------------------------------- local paths
+
+
+def model_kind(value: str, root: str | Path = ".") -> str:
+    """'alias' (built offline), 'hub' (a Hugging Face id, downloaded once) or 'local' (a directory).
+
+    A value is a local path when it exists under `root`, is absolute, starts with `.` or `~`, has
+    more than one `/`, or its first component is an existing directory under `root` (`models/x`);
+    otherwise it must look like a hub id (`org/name` or `name`)."""
+    if value in MODEL_ALIASES:
+        return "alias"
+    path = Path(value).expanduser()
+    first = value.split("/", 1)[0]
+    if (path.is_absolute() or value.startswith((".", "~")) or value.count("/") > 1 or value.endswith("/")
+            or (Path(root) / path).exists() or ("/" in value and (Path(root) / first).is_dir())):
+        return "local"
+    if re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?", value) and ".." not in value:
+        return "hub"
+    raise ConfigError(f"{value!r} is neither a local directory nor a Hugging Face id (org/name)")
+
+
+def check_paths(cfg: PipelineConfig, root: str | Path = ".") -> None:
+    """Local inputs must exist before any job is scheduled (relative paths resolve against `root`)."""
+    root = Path(root)
+
+    def resolved(value: str) -> Path:
+        path = Path(value).expanduser()
+        return path if path.is_absolute() else root / path
+
+    reads_files = any(task not in GENERATED_TASKS for task in cfg.sweep.tasks)
+    for key, value in (("data.source", cfg.data.source), ("data.dapo_source", cfg.data.dapo_source)):
+        if key == "data.source" and not reads_files:
+            continue  # only generated tasks: nothing is read from it
+        if value not in (None, "hf") and not resolved(value).exists():
+            raise ConfigError(
+                f"{key}: {os.path.normpath(resolved(value))} does not exist. Put the offline benchmark copies there "
+                f"(README, 'Data'), or point {key} at a directory of JSONL files laid out like them, or set it to "
+                f"'hf' to download them once from the Hugging Face Hub; on the command line: "
+                f"--config set=\"{key}=/path/to/data\""
+            )
+    for key, value in (("model", cfg.model), ("bonus.representation_model", cfg.bonus.representation_model)):
+        if value is None:
+            continue
+        try:
+            kind = model_kind(value, root)
+        except ConfigError as err:
+            raise ConfigError(f"{key}: {err}") from None
+        if kind == "local":
+            path = resolved(value)
+            if not path.is_dir():
+                raise ConfigError(f"{key}: {path} does not exist (a local model directory; Hugging Face ids "
+                                  "look like org/name)")
+            if not (path / "config.json").is_file():
+                raise ConfigError(f"{key}: {path} has no config.json (not a Hugging Face model directory)")
+
+
+# --------------------------------------------------------------------------- read, parse, check
+
+
+def load(path_or_dict: str | Path | Mapping, *, overrides: Sequence[str] = ()) -> PipelineConfig:
+    """Read, parse and check a pipeline config (a YAML path or an already-loaded mapping)."""
+    if isinstance(path_or_dict, Mapping):
+        raw = path_or_dict
+    else:
+        raw = read_yaml(path_or_dict)
+        if raw is None:
+            raw = {}
+    cfg = parse(raw, overrides=overrides)
+    check(cfg)
+    return cfg
