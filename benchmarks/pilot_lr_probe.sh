@@ -21,10 +21,11 @@ started=$(date +%s)
 pids=()
 for lr in "${LRS[@]}"; do
     out="$ROOT/lr$lr"
-    # the pilot's config as it is, but for the probe's model path, learning rate, dtype and steps
+    # the pilot's config as it is, but for the probe's model path, task (arith-hard, the task these probes
+    # ran on; the config now holds the third design's arith-mid), learning rate, dtype and steps
     snakemake "$out/train/arith-hard/trl_grpo_s1/DONE" --configfile configs/pilot.yaml --cores 4 \
         --resources gpu_share=100 \
-        --config set="results_dir=$out model=$MODEL train.lr=$lr trl.dtype=bfloat16 train.total_steps=$STEPS" \
+        --config set="results_dir=$out model=$MODEL sweep.tasks=[arith-hard] train.lr=$lr trl.dtype=bfloat16 train.total_steps=$STEPS" \
         > "$ROOT/lr$lr.log" 2>&1 &
     pids+=($!)
 done
