@@ -12,7 +12,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from repexp import aggregate, cli, figures  # noqa: E402
@@ -562,3 +564,23 @@ def test_training_figure_scales_marks_switched_off_bonus_and_shows_both_reward_s
     assert any("policy entropy: RepExp = GRPO at every step" in note for note in record["notes"]), record["notes"]
     entropy = {line.get_color(): line for line in fig.axes[0].get_lines()}
     assert sorted(line.get_linestyle() for line in entropy.values()) == ["-", "--"]
+
+
+def test_legends_fit_the_figure_with_two_repexp_points(table):
+    """The pilot's shape (two β points, GRPO, base) on one task: every legend row lies inside the figure; the
+    test-time figure's six entries once ran past both edges, cutting the RepExp handles off (2026-12-04)."""
+    math_rows = table[table.task == "math"].copy()
+    second = math_rows[math_rows.method == "repexp"].copy()
+    second["beta"] = 0.1
+    second["run"] = second["run"].str.replace("_b0.01_", "_b0.1_")
+    pilot = pd.concat([math_rows, second], ignore_index=True)
+    pilot["testtime_pass_at_k"] = pilot["pass_at_k"]
+    for fig, _ in (figures.plot_testtime(pilot, tasks=["math"]), figures.plot_pass_at_k(pilot, tasks=["math"])):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        legends = [legend for sub in fig.subfigs for legend in sub.legends]
+        assert legends
+        for legend in legends:
+            box = legend.get_window_extent(renderer)
+            assert 0 <= box.x0 and box.x1 <= fig.bbox.width, (box, fig.bbox.width)
+        plt.close(fig)

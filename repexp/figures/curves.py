@@ -33,6 +33,7 @@ from repexp.figures.style import (
     _finish_curve_panel,
     _size_px,
     _style,
+    legend_columns,
 )
 
 
@@ -89,10 +90,7 @@ def plot_pass_at_k(table, *, tasks: Sequence[str] | None = None, expected: Seque
                   "on top)" for s in sorted(coincide, key=_series_sort_key)]
     labels = list(dict.fromkeys(styles[s]["label"] for s in sorted(all_series, key=_series_sort_key)))
     width = max(5.0, 3.2 * len(tasks))
-    # as many legend columns as fit the figure's width (about 0.065 in per character at FONT["legend"],
-    # plus the marker): a row wider than the figure is cut at both edges
-    column_inches = 0.065 * max((len(label) for label in labels), default=1) + 0.6
-    ncol = max(1, min(len(labels), 4, int(width // column_inches)))
+    ncol = legend_columns(labels, width)
     with _style():
         fig, axes, footer = _figure_with_footer(width, 2.9, legend_rows=math.ceil(len(labels) / ncol), notes=notes,
                                                 ncols=len(tasks))

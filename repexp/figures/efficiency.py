@@ -11,7 +11,16 @@ from repexp import layout
 from repexp.config import RunSpec
 from repexp.figures.curves import _series_styles
 from repexp.figures.series import Series, _series_sort_key, completeness_notes, table_specs
-from repexp.figures.style import FONT, GRPO_COLOR, TASK_TITLES, _figure_with_footer, _no_data, _size_px, _style
+from repexp.figures.style import (
+    FONT,
+    GRPO_COLOR,
+    TASK_TITLES,
+    _figure_with_footer,
+    _no_data,
+    _size_px,
+    _style,
+    legend_columns,
+)
 
 # a point's markers are spread this far apart (in log2 k) so that error bars of several points stay apart
 DODGE_LOG2 = 0.09
@@ -118,8 +127,8 @@ def plot_k_efficiency(keff, table, *, tasks: Sequence[str] | None = None, expect
                              "≥ 2.5% of bootstrap replicates (bar to the bottom edge)")
     handles_needed = [styles[s]["label"] for s in sorted(all_series, key=_series_sort_key)]
     labels = ["GRPO (= 1)"] + list(dict.fromkeys(handles_needed))
-    ncol = min(len(labels), 4)
     width = max(5.0, 3.2 * len(tasks))
+    ncol = legend_columns(labels, width)
     record_panels = []
     with _style():
         fig, axes, footer = _figure_with_footer(width, 2.9, legend_rows=math.ceil(len(labels) / ncol), notes=notes,

@@ -59,6 +59,13 @@ def _wrap(text: str, width_in: float, fontsize: float) -> list[str]:
     return textwrap.wrap(text, chars) or [""]
 
 
+def legend_columns(labels: Sequence[str], width: float) -> int:
+    """As many legend columns (at most 4) as fit a figure `width` inches wide: about 0.065 in per character at
+    FONT["legend"] plus the handle; a row wider than the figure is cut at both edges, handles first."""
+    column_inches = 0.065 * max((len(label) for label in labels), default=1) + 0.6
+    return max(1, min(len(labels), 4, int(width // column_inches)))
+
+
 def _figure_with_footer(width: float, plot_height: float, *, legend_rows: int, notes: Sequence[str], ncols: int = 1,
                         nrows: int = 1, sharey: bool = False):
     """A figure of fixed size: a plot area on top, legend and wrapped notes below (never over the data)."""

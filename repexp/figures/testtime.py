@@ -24,6 +24,7 @@ from repexp.figures.style import (
     _finish_curve_panel,
     _size_px,
     _style,
+    legend_columns,
 )
 
 STEM = layout.TESTTIME_FIGURE
@@ -81,8 +82,8 @@ def plot_testtime(table, *, tasks: Sequence[str] | None = None, expected: Sequen
         notes += [f"{title}: {styles[s]['label']} = GRPO at every k in both orders (the curves coincide; RepExp "
                   "is drawn on top with hollow markers)" for s in sorted(coincide, key=_series_sort_key)]
     labels = list(dict.fromkeys(styles[s]["label"] for s in sorted(all_series, key=_series_sort_key)))
-    ncol = min(max(1, len(labels) + 2), 4)
     width = max(5.0, 3.2 * len(tasks))
+    ncol = legend_columns(labels + [name for _, name, _ in ORDERS], width)
     record_panels = []
     with _style():
         fig, axes, footer = _figure_with_footer(width, 2.9, legend_rows=math.ceil((len(labels) + 2) / ncol),
