@@ -9,6 +9,8 @@
 #   verl_step    benchmarks/verl_step.py: RepExp vs GRPO s/step on Qwen2.5-1.5B shapes
 #   eval_engine  repexp eval --engine vllm vs --engine hf on the DAG's SmolLM2, same problems and n
 #   testtime     benchmarks/testtime_order.py on the GPU; test-time RepExp of SmolLM2 on arith (n = 256)
+#   smoke        after a refactor: one TRL RepExp run of configs/pilot.yaml through train (4 steps) →
+#                select → eval (vLLM) → testtime, then one verl RepExp step of configs/gpu.yaml on arith-mid
 # OUT_DIR/progress.log says which stage runs (one line per start and end, with exit codes);
 # OUT_DIR/<stage>.log holds each stage's output; results go to OUT_DIR/<stage>/.
 set -uo pipefail
@@ -66,6 +68,24 @@ stage_testtime() {
     repexp testtime --eval-dir /tmp/arith-eval --model "$model" --out /tmp/arith-testtime --bootstrap 2000 &&
         cp /tmp/arith-testtime/testtime.json "$OUT/testtime/testtime_arith_smollm2.json" &&
         cp /tmp/arith-eval/eval.json "$OUT/testtime/eval_arith_smollm2.json"
+}
+
+stage_smoke() {
+    local started=$SECONDS point=arith-mid/trl_repexp_k32_b0.1_s1 code
+    # (targets before --config, which takes every word after it)
+    snakemake "results/pilot/testtime/$point/testtime.json" --configfile configs/pilot.yaml --cores "$(nproc)" \
+        --resources gpu_share=100 --config set="train.total_steps=4 train.test_freq=2 train.save_freq=2 eval.n_samples=32"
+    code=$?
+    echo "trl chain exit $code after $((SECONDS - started)) s"
+    cp -r results/pilot/train/$point/metrics.jsonl results/pilot/eval/$point/eval.json \
+        results/pilot/testtime/$point/testtime.json results/pilot/mlflow/mlflow.db "$OUT/smoke/" 2>/dev/null
+    started=$SECONDS
+    snakemake results/gpu/train/arith-mid/verl_repexp_k32_b0.01_s42/DONE --configfile configs/gpu.yaml "${GPU_ARGS[@]}" \
+        --config set="sweep.tasks=[arith-mid] train.total_steps=1 train.test_freq=1 train.save_freq=1"
+    local verl=$?
+    echo "verl step exit $verl after $((SECONDS - started)) s"
+    cp results/gpu/train/arith-mid/verl_repexp_k32_b0.01_s42/metrics.jsonl "$OUT/smoke/verl_metrics.jsonl" 2>/dev/null
+    return $((code || verl))
 }
 
 mark "start ${STAGES[*]}"
