@@ -28,11 +28,9 @@ Pure: the config dataclasses and the arithmetic; no framework imports.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -276,25 +274,3 @@ def report(cfg, *, gpus: int, params: Optional[float] = None) -> str:
               + f" (longest train → eval → testtime chain {chain:,.0f} h; no queue waits)",
               "Estimates: measured H200 rates scaled by parameters × token caps (repexp/plan.py); they lean high."]
     return "\n".join(lines)
-
-
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--configfile", "--config", dest="config", type=Path, required=True,
-                        help="pipeline config, e.g. configs/paper.yaml")
-    parser.add_argument("--gpus", type=int, default=64, help="GPUs the sweep may use at once (default %(default)s)")
-    parser.add_argument("--params", type=float, help="the model's parameter count, when the plan cannot tell")
-    parser.add_argument("--set", dest="overrides", default="", help="the workflow's set= overrides (key=value ...)")
-
-
-def run(args: argparse.Namespace) -> int:
-    from repexp.config.loading import split_overrides
-    from repexp.config.model import ConfigError
-    from repexp.config.rules import load
-
-    try:
-        cfg = load(args.config, overrides=split_overrides(args.overrides) if args.overrides else ())
-        print(report(cfg, gpus=args.gpus, params=args.params))
-    except ConfigError as err:
-        print(f"plan: {err}", file=sys.stderr)
-        return 2
-    return 0
