@@ -584,3 +584,25 @@ def test_legends_fit_the_figure_with_two_repexp_points(table):
             box = legend.get_window_extent(renderer)
             assert 0 <= box.x0 and box.x1 <= fig.bbox.width, (box, fig.bbox.width)
         plt.close(fig)
+
+
+def test_a_bonus_switched_off_at_most_steps_is_said_not_marked(tmp_path):
+    """The pilot's case: groups with no correct rollout at nearly every step. A × on every step hid the curve;
+    the note says how often instead, and a bonus off at a few steps is still marked."""
+    specs = [s for s in sweep_runs(load_config(CONFIG)) if s.task == "math" and s.method == "repexp"]
+    steps = range(1, 11)
+    curves = {spec.path: {"repexp/bonus_scaled/mean": {s: 0.01 for s in steps},
+                          "repexp/bonus_turned_off_frac": {s: 0.5 for s in steps}} for spec in specs}
+    fig, record = figures.plot_training(curves, "math", "verl", specs=specs, source="metrics.jsonl")
+    panel = next(ax for ax in fig.axes if ax.get_title() == "bonus (× β), mean")
+    assert not [line for line in panel.get_lines() if line.get_marker() == "x"]
+    notes = record["notes"]
+    assert any("switched off in some groups at most steps (RepExp 10 of 10" in note for note in notes), notes
+    plt.close(fig)
+    for run in curves.values():  # off at 2 of 10 steps: marked
+        run["repexp/bonus_turned_off_frac"] = {s: 0.5 if s in (3, 7) else 0.0 for s in steps}
+    fig, record = figures.plot_training(curves, "math", "verl", specs=specs, source="metrics.jsonl")
+    panel = next(ax for ax in fig.axes if ax.get_title() == "bonus (× β), mean")
+    assert [list(line.get_xdata()) for line in panel.get_lines() if line.get_marker() == "x"] == [[3, 7]]
+    assert not any("at most steps" in note for note in record["notes"])
+    plt.close(fig)

@@ -125,6 +125,8 @@ DYNAMICS_PANELS = (
 )
 # the panel whose steps with a switched-off bonus get a mark (a dip there is the turn-off rule, not noise)
 TURN_OFF_PANEL = "bonus (× β), mean"
+# × marks for steps with a switched-off bonus only while they are this share of the steps or fewer
+MARK_MAX_FRACTION = 0.5
 # the two line styles of the reward panel (shaped, verifier), as legend entries
 METRIC_LEGEND = (("shaped reward (—)", "-"), ("verifier reward (- -)", "--"))
 # a panel whose values vary by less than this fraction of their size is drawn on a span of that
@@ -193,10 +195,23 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
             notes += [f"{panel_title}: GRPO's verifier reward = {styles[s]['label']}'s at every step (to "
                       f"{COINCIDE_FRACTION:.1%}; GRPO's dashed line is drawn on top of it)"
                       for s in sorted(same[panel_title], key=_series_sort_key)]
-    turned_off = {s: _turned_off_steps(curves, series_runs[s]) for s in series}
-    if any(turned_off.values()) and any(title == TURN_OFF_PANEL for title, _ in panels):
-        notes.append(f"{TURN_OFF_PANEL}: × marks steps where the bonus was switched off in some groups "
-                     f"({M.BONUS_TURNED_OFF} > 0, the bonus.turn_off_if_* rules): the mean dips there by design")
+    turned_off, dense = {}, []
+    for s in series:
+        off, logged = _turned_off_steps(curves, series_runs[s])
+        # marks tell a few dips apart; where the bonus is off in some group at most steps (a hard task: many
+        # groups with no correct rollout), a mark on every step would hide the curve, so it is said instead
+        if len(off) > MARK_MAX_FRACTION * logged:
+            dense.append(f"{styles[s]['label']} {len(off)} of {logged}")
+            off = []
+        turned_off[s] = off
+    if any(title == TURN_OFF_PANEL for title, _ in panels):
+        if any(turned_off.values()):
+            notes.append(f"{TURN_OFF_PANEL}: × marks steps where the bonus was switched off in some groups "
+                         f"({M.BONUS_TURNED_OFF} > 0, the bonus.turn_off_if_* rules): the mean dips there by design")
+        if dense:
+            notes.append(f"{TURN_OFF_PANEL}: the bonus was switched off in some groups at most steps "
+                         f"({'; '.join(dense)}; {M.BONUS_TURNED_OFF} > 0, the bonus.turn_off_if_* rules), so the "
+                         "mean over all groups is lower than the bonus of the groups that keep it (not marked)")
     two_metric = [metrics for _, metrics in panels if len(metrics) == 2]
     labels = [styles[s]["label"] for s in series] + ([label for label, _ in METRIC_LEGEND]
                                                      if two_metric and series else [])
@@ -274,12 +289,15 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
     return fig, notes, missing, panels_record
 
 
-def _turned_off_steps(curves, runs: Sequence[RunSpec]) -> list[int]:
-    """Steps at which any seed of a series logged a switched-off bonus (`repexp/bonus_turned_off_frac` > 0)."""
-    steps = set()
+def _turned_off_steps(curves, runs: Sequence[RunSpec]) -> tuple[list[int], int]:
+    """Steps at which any seed of a series logged a switched-off bonus (`repexp/bonus_turned_off_frac` > 0),
+    and how many steps logged the metric at all."""
+    steps, logged = set(), set()
     for run in runs:
-        steps |= {step for step, value in curves[run.path].get(M.BONUS_TURNED_OFF, {}).items() if value > 0}
-    return sorted(steps)
+        values = curves[run.path].get(M.BONUS_TURNED_OFF, {})
+        logged |= set(values)
+        steps |= {step for step, value in values.items() if value > 0}
+    return sorted(steps), len(logged)
 
 
 def _readable_ylim(lows: Sequence[float], highs: Sequence[float]) -> tuple[float, float]:
