@@ -209,6 +209,8 @@ def test_settings_reject_unknown_keys_and_bad_values():
         RepExpSettings.from_mapping({**point, "betta": 0.1})
     with pytest.raises(ValueError, match=r"actor_rollout_ref\.repexp\.beta: missing"):
         RepExpSettings.from_mapping({"sparse_dim": 4})
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.repexp\.sparse_dim: missing"):
+        RepExpSettings.from_mapping({"beta": 0.1, "sparse_dim": "???"})  # the YAML's value when no override set it
     with pytest.raises(ValueError, match=r"actor_rollout_ref\.repexp\.sparse_dim: must be >= 1 when beta > 0"):
         RepExpSettings.from_mapping({"beta": 0.1, "sparse_dim": None})
     with pytest.raises(ValueError, match=r"actor_rollout_ref\.repexp\.lamb: unknown key"):  # it is bonus.lamb

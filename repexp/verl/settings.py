@@ -137,7 +137,8 @@ def _strict_fields(fields: Sequence[dataclasses.Field], raw: Mapping[str, Any], 
     unknown = sorted(set(raw) - set(known))
     if unknown:
         raise ValueError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(known)})")
-    missing = [name for name, f in known.items() if f.default is dataclasses.MISSING and name not in raw]
+    # "???": the YAML's mark of a required key that no override set (OmegaConf.to_container keeps it)
+    missing = [name for name, f in known.items() if f.default is dataclasses.MISSING and raw.get(name, "???") == "???"]
     if missing:
         raise ValueError(f"{where}.{missing[0]}: missing (no default: every run sets it)")
     values = {}
