@@ -18,9 +18,9 @@ Excluded rows (verl's padding rows, empty responses) get bonus 0 and are left ou
 statistic. The bonus runs on the features' device, the rewards and metrics on the scores' device.
 
 The settings are the pipeline config's `BonusConfig` fields (α, λ, reward type, normalization, centring,
-projection and covariance switches, turn-off rules), read from any object that has them: TRL passes
-`RunConfig.bonus`, verl its node's `RepExpSettings`; β, `sparse_dim` and the seed are the sweep
-point's, passed beside it.
+projection and covariance switches, turn-off rules), a `BonusConfig`: TRL passes `RunConfig.bonus`,
+verl its node's `RepExpSettings` (a `BonusConfig` subclass, read from the node
+``actor_rollout_ref.repexp.bonus``); β, `sparse_dim` and the seed are the sweep point's, passed beside it.
 """
 
 from __future__ import annotations

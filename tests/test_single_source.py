@@ -2,8 +2,8 @@
 
 These tests fail when a copy reappears: a results file name or a metric name spelled outside
 `repexp.layout` / `repexp.metrics`, a bonus default or enum that differs between the pipeline
-config, the verl config node (Python and YAML) and the bonus maths, or a `repexp eval` default that
-is not the config's. The pure cores are checked to import no framework, the package to have no import
+config and the bonus maths or is restated in the verl config node (Python and YAML), or a `repexp eval`
+default that is not the config's. The pure cores are checked to import no framework, the package to have no import
 circles (issue 24) beyond the known one, and the tracking layer to import no stage's core.
 """
 
@@ -137,17 +137,23 @@ def _bonus_default_of(name: str):
     return getattr(B, name.upper())
 
 
-def test_bonus_defaults_agree_across_config_verl_node_and_maths():
+def test_bonus_defaults_agree_across_config_and_maths_and_the_verl_node_has_none_of_its_own():
     from repexp.elliptical import PersistentCovariance, bonuses, combine_rewards
     from repexp.elliptical_order import greedy_order
     from repexp.verl.settings import RepExpSettings
 
-    bonus, verl = C.BonusConfig(), RepExpSettings()
-    shared = [f.name for f in dataclasses.fields(C.BonusConfig) if f.name != "representation_model"]
-    for name in shared:
-        assert getattr(bonus, name) == getattr(verl, name) == _bonus_default_of(name), name
-    assert C.SweepConfig().betas == [verl.beta] == [B.BETA]
+    bonus = C.BonusConfig()
+    for name in [f.name for f in dataclasses.fields(C.BonusConfig) if f.name != "representation_model"]:
+        assert getattr(bonus, name) == _bonus_default_of(name), name
+    assert C.SweepConfig().betas == [B.BETA] and C.SweepConfig().sparse_dims == [B.SPARSE_DIM]
+    # verl's node: the bonus settings are BonusConfig's own fields (inherited, not restated), and the sweep
+    # point has no default there
+    assert issubclass(RepExpSettings, C.BonusConfig)
+    assert not set(vars(RepExpSettings)["__annotations__"]) & {f.name for f in dataclasses.fields(C.BonusConfig)}
+    own = {f.name: f for f in dataclasses.fields(RepExpSettings)}
+    assert own["beta"].default is own["sparse_dim"].default is dataclasses.MISSING
     pipeline_verl = C.VerlConfig()
+    verl = RepExpSettings(beta=B.BETA, sparse_dim=B.SPARSE_DIM)
     assert (verl.strategy, verl.micro_batch_size_per_gpu) == \
         (pipeline_verl.strategy, pipeline_verl.repexp_micro_batch_size_per_gpu)
     from repexp.verl.attention import resolve
@@ -155,7 +161,6 @@ def test_bonus_defaults_agree_across_config_verl_node_and_maths():
     # the node's attention defaults are the pipeline's `auto` on a node where flash-attn imports
     flash = resolve(pipeline_verl.attn_implementation, pipeline_verl.use_remove_padding, None)
     assert (verl.attn_implementation, verl.use_remove_padding) == (flash.implementation, flash.packing)
-    assert C.SweepConfig().sparse_dims == [verl.sparse_dim] == [B.SPARSE_DIM]
     for function in (bonuses, PersistentCovariance, combine_rewards, greedy_order):
         for name, parameter in inspect.signature(function).parameters.items():
             if hasattr(B, name.upper()) and parameter.default is not inspect.Parameter.empty:
@@ -172,17 +177,20 @@ def _yaml_node(*keys: str) -> dict:
 @pytest.mark.parametrize("keys, cls_name", [(("actor_rollout_ref", "repexp"), "RepExpSettings"),
                                             (("repexp_run",), "RunSettings")])
 def test_the_verl_yaml_nodes_equal_the_settings_dataclasses(keys, cls_name):
-    """The verl config node repeats the defaults for people reading it; they must be the dataclass's."""
+    """The verl config node repeats its own defaults for people reading it; they must be the dataclass's.
+    The bonus settings are not among them: their node's schema is BonusConfig (repexp/verl/config)."""
     from repexp.verl import settings as verl_settings
 
     cls = getattr(verl_settings, cls_name)
     node = _yaml_node(*keys)
-    assert set(node) == {f.name for f in dataclasses.fields(cls)}, f"{'.'.join(keys)}: keys differ from {cls_name}"
-    defaults = cls()
-    for name, value in node.items():
-        if isinstance(value, str) and value.startswith("${"):
-            continue  # an interpolation of verl's own setting (the actor's strategy, its packing)
-        assert value == getattr(defaults, name), f"{'.'.join(keys)}.{name}: {value!r} in the YAML"
+    bonus = {f.name for f in dataclasses.fields(C.BonusConfig)} if cls is verl_settings.RepExpSettings else set()
+    assert set(node) == {f.name for f in dataclasses.fields(cls)} - bonus, f"{'.'.join(keys)}: keys differ"
+    for f in dataclasses.fields(cls):
+        value = node.get(f.name)
+        if f.name in bonus or isinstance(value, str) and value.startswith("${"):
+            continue  # the bonus node; an interpolation of verl's own setting (the actor's strategy, its packing)
+        expected = "???" if f.default is dataclasses.MISSING else f.default  # required: every run sets it
+        assert value == expected, f"{'.'.join(keys)}.{f.name}: {value!r} in the YAML"
 
 
 # --------------------------------------------------------------------------- eval defaults
@@ -241,7 +249,7 @@ def test_both_backends_build_their_step_and_dev_metrics_with_one_function():
     from repexp.verl.settings import RepExpSettings
     from repexp.verl.validation import dev_pass_at_k
 
-    settings = RepExpSettings(sparse_dim=4)
+    settings = RepExpSettings(beta=0.01, sparse_dim=4)
     hidden = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
     scores = torch.tensor([1.0, 0.0, 1.0, 1.0])
     uids = ["a", "a", "b", "b"]

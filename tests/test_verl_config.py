@@ -8,7 +8,9 @@ that verl silently ignores (or that lands on a dead key) fails here.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -125,7 +127,7 @@ def test_every_task_and_setting_passes_verls_validation(run_configs):
         assert settings.beta == rc.beta and settings.enabled == (rc.method == "repexp")
         if rc.method == "repexp":
             assert settings.sparse_dim == rc.sparse_dim and settings.seed == rc.seed
-            assert settings.lamb == rc.bonus.lamb and settings.reward_type == rc.bonus.reward_type
+            assert settings.bonus == rc.bonus
             worker = build_repexp_worker_config(cfg.actor_rollout_ref)
             assert worker.model_type == "repexp_hidden_mean"
             assert worker.engine_config.forward_only is True and worker.optimizer_config is None
@@ -157,8 +159,56 @@ def test_repexp_specific_checks(run_configs):
         check_config(_compose(overrides + ["trainer.default_local_dir=/elsewhere/ckpt"]))
     with pytest.raises(ValueError, match="adv_estimator"):
         check_config(_compose(overrides + ["algorithm.adv_estimator=gae"]))
-    settings = RepExpSettings.from_mapping({"persist_covariance": True, "randomize_projection": False})
+    settings = RepExpSettings.from_mapping({"beta": 0.1, "sparse_dim": 4,
+                                            "bonus": {"persist_covariance": True, "randomize_projection": False}})
     assert settings.persist_covariance
+
+
+# Two bonus sections that, between them, set every BonusConfig field to a value other than its default
+# (persist_covariance needs reward_type leverage, so leave_one_out is the second one's).
+CHANGED_BONUSES = [
+    C.BonusConfig(lamb=0.25, normalization="z_score", center=False, randomize_projection=False, persist_covariance=True,
+                  alpha=0.5, turn_off_if_none_correct=False, turn_off_if_some_correct=True,
+                  turn_off_if_all_correct=True, turn_off_if_rollout_incorrect=True,
+                  representation_model="org/frozen-model"),
+    C.BonusConfig(reward_type="leave_one_out", normalization="rnd"),
+]
+
+
+def test_the_bonus_reaches_verl_as_one_node_and_comes_back_the_same(run_configs):
+    """The run's `BonusConfig` is one override of one node, ``actor_rollout_ref.repexp.bonus``, and verl's side
+    reads back the same dataclass, every field; no bonus key is anywhere else in the node."""
+    default = C.BonusConfig()
+    assert {f.name for bonus in CHANGED_BONUSES for f in dataclasses.fields(bonus)
+            if getattr(bonus, f.name) != getattr(default, f.name)} == {f.name for f in dataclasses.fields(default)}
+    from repexp.verl.worker import repexp_settings
+
+    rc = next(rc for rc in run_configs if rc.method == "repexp")
+    for bonus in CHANGED_BONUSES:
+        overrides = build_overrides(dataclasses.replace(rc, bonus=bonus))
+        assert len([o for o in overrides if o.startswith("actor_rollout_ref.repexp.bonus")]) == 1
+        cfg = _compose(overrides)
+        assert set(cfg.actor_rollout_ref.repexp) == {"bonus"} | {
+            f.name for f in dataclasses.fields(RepExpSettings) if f.name not in {g.name for g in
+                                                                                 dataclasses.fields(default)}}
+        for settings in (check_config(cfg), repexp_settings(cfg.actor_rollout_ref)):  # the trainer's, the worker's
+            assert settings.bonus == bonus
+            assert (settings.beta, settings.sparse_dim, settings.seed) == (rc.beta, rc.sparse_dim, rc.seed)
+
+
+def test_a_misspelled_bonus_key_fails_naming_it(run_configs):
+    overrides = build_overrides(next(rc for rc in run_configs if rc.method == "repexp"))
+    for typo in ("actor_rollout_ref.repexp.bonus.lamd=0.1", "actor_rollout_ref.repexp.bonus={lamd:0.1}",
+                 "actor_rollout_ref.repexp.lamb=0.1"):  # the node's schema is BonusConfig: Hydra refuses them
+        with pytest.raises(ConfigCompositionException, match=re.escape(typo.split("=")[0])):
+            _compose(overrides + [typo])
+    with pytest.raises(ConfigCompositionException, match=r"actor_rollout_ref\.repexp\.bonus\.lamb"):
+        _compose(overrides + ["actor_rollout_ref.repexp.bonus.lamb=abc"])
+    cfg = _compose(overrides + ["+actor_rollout_ref.repexp.bonus.lamd=0.1"])  # "+" adds it; the conversion refuses
+    with pytest.raises(ValueError, match=r"^actor_rollout_ref\.repexp\.bonus\.lamd: unknown key"):
+        check_config(cfg)
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.repexp\.bonus\.reward_type: 'levrage'"):
+        check_config(_compose(overrides + ["actor_rollout_ref.repexp.bonus.reward_type=levrage"]))
 
 
 def test_the_entry_point_composes_the_same_config(run_configs, tmp_path):

@@ -47,7 +47,7 @@ TINY_OVERRIDES = [
     "actor_rollout_ref.repexp.use_remove_padding=true",
     "actor_rollout_ref.repexp.micro_batch_size_per_gpu=2",
     "actor_rollout_ref.repexp.sparse_dim=8",
-    "actor_rollout_ref.repexp.lamb=1.0",
+    "actor_rollout_ref.repexp.bonus.lamb=1.0",
     "actor_rollout_ref.repexp.beta=0.5",
     "actor_rollout_ref.repexp.seed=11",
     "trainer.n_gpus_per_node=1",
@@ -422,8 +422,8 @@ def test_checkpoints_resume_and_merge(runtime, tmp_path):
 
     run_dir = tmp_path / "run"
     cfg = compose_config(
-        runtime["model"], run_dir, "actor_rollout_ref.repexp.persist_covariance=true",
-        "actor_rollout_ref.repexp.randomize_projection=false", "repexp_run.max_checkpoints_to_keep=1",
+        runtime["model"], run_dir, "actor_rollout_ref.repexp.bonus.persist_covariance=true",
+        "actor_rollout_ref.repexp.bonus.randomize_projection=false", "repexp_run.max_checkpoints_to_keep=1",
     )
     actor = _actor_worker(cfg)
     module = actor.engine.module

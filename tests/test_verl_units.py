@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from repexp import bonus_defaults as B
 from repexp import config as C
 from repexp.bonus_step import BonusState, compute_step_bonus, group_metrics
 from repexp.elliptical import projection_seed, sparse_projection
@@ -143,20 +142,20 @@ def test_turn_off_rules_and_leave_one_out():
 
 
 def test_projection_is_seeded_by_seed_and_step():
-    settings = RepExpSettings(sparse_dim=8, seed=3)
+    settings = RepExpSettings(beta=0.01, sparse_dim=8, seed=3)
     state = verl_state(settings)
     assert torch.equal(state.projection(64, 10), sparse_projection(64, 8, seed=projection_seed(3, 10)))
     assert torch.equal(state.projection(64, 10), verl_state(settings).projection(64, 10))
     assert not torch.equal(state.projection(64, 10), state.projection(64, 11))
-    other_seed = verl_state(RepExpSettings(sparse_dim=8, seed=4))
+    other_seed = verl_state(RepExpSettings(beta=0.01, sparse_dim=8, seed=4))
     assert not torch.equal(state.projection(64, 10), other_seed.projection(64, 10))
-    fixed = verl_state(RepExpSettings(sparse_dim=8, seed=3, randomize_projection=False))
+    fixed = verl_state(RepExpSettings(beta=0.01, sparse_dim=8, seed=3, randomize_projection=False))
     assert torch.equal(fixed.projection(64, 1), fixed.projection(64, 99))
     assert torch.equal(fixed.projection(64, 1), sparse_projection(64, 8, seed=projection_seed(3, 0, randomize=False)))
 
 
 def test_persistent_covariance_state_round_trip_continues_identically():
-    settings = RepExpSettings(sparse_dim=4, lamb=0.1, persist_covariance=True, randomize_projection=False)
+    settings = RepExpSettings(beta=0.01, sparse_dim=4, lamb=0.1, persist_covariance=True, randomize_projection=False)
     gen = torch.Generator().manual_seed(2)
     steps = [torch.randn(8, 12, generator=gen) for _ in range(3)]
     uids = ["u1"] * 4 + ["u2"] * 4
@@ -204,15 +203,24 @@ def test_dev_pass_at_k_is_unbiased_and_checks_scores():
 
 
 def test_settings_reject_unknown_keys_and_bad_values():
-    assert RepExpSettings.from_mapping({"beta": 0}).enabled is False
+    point = {"beta": 0.1, "sparse_dim": 4}  # the sweep point: required, every run sets it
+    assert RepExpSettings.from_mapping({"beta": 0, "sparse_dim": None}).enabled is False
     with pytest.raises(ValueError, match=r"actor_rollout_ref\.repexp\.betta: unknown key"):
-        RepExpSettings.from_mapping({"betta": 0.1})
-    with pytest.raises(ValueError, match=r"actor_rollout_ref\.repexp\.reward_type"):
-        RepExpSettings.from_mapping({"reward_type": "levrage"})
+        RepExpSettings.from_mapping({**point, "betta": 0.1})
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.repexp\.beta: missing"):
+        RepExpSettings.from_mapping({"sparse_dim": 4})
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.repexp\.sparse_dim: missing"):
+        RepExpSettings.from_mapping({"beta": 0.1, "sparse_dim": "???"})  # the YAML's value when no override set it
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.repexp\.sparse_dim: must be >= 1 when beta > 0"):
+        RepExpSettings.from_mapping({"beta": 0.1, "sparse_dim": None})
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.repexp\.lamb: unknown key"):  # it is bonus.lamb
+        RepExpSettings.from_mapping({**point, "lamb": 0.1})
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.repexp\.bonus\.reward_type"):
+        RepExpSettings.from_mapping({**point, "bonus": {"reward_type": "levrage"}})
     with pytest.raises(ValueError, match=r"sparse_dim: expected an integer"):
-        RepExpSettings.from_mapping({"sparse_dim": 3.5})
+        RepExpSettings.from_mapping({"beta": 0.1, "sparse_dim": 3.5})
     with pytest.raises(ValueError, match="randomize_projection=false"):
-        RepExpSettings.from_mapping({"persist_covariance": True})
+        RepExpSettings.from_mapping({**point, "bonus": {"persist_covariance": True}})
     with pytest.raises(ValueError, match=r"repexp_run\.max_checkpoints_to_keep"):
         RunSettings.from_mapping({"max_checkpoints_to_keep": 0})
 
@@ -241,8 +249,9 @@ def test_overrides_map_the_run_config(tmp_path):
     assert repexp["hydra.run.dir"] == f"{run_dir}/hydra"
     assert repexp["data.train_files"] == str((tmp_path / "data" / "gsm8k" / "train.parquet").resolve())
     assert repexp["actor_rollout_ref.repexp.beta"] == "0.01" and grpo["actor_rollout_ref.repexp.beta"] == "0.0"
-    # GRPO has no sparse_dim; the node gets the one default (repexp.bonus_defaults), never a literal
-    assert grpo["actor_rollout_ref.repexp.sparse_dim"] == str(RepExpSettings.sparse_dim) == str(B.SPARSE_DIM)
+    # GRPO has no sparse_dim, and the node no default for it
+    key = "actor_rollout_ref.repexp.sparse_dim"
+    assert (repexp[key], grpo[key]) == ("32", "null")
     for key in ("data.seed", "actor_rollout_ref.rollout.seed", "actor_rollout_ref.repexp.seed",
                 "actor_rollout_ref.actor.data_loader_seed", "actor_rollout_ref.actor.fsdp_config.seed"):
         assert repexp[key] == "41", key

@@ -32,6 +32,7 @@ from repexp.config.loading import (
     parse_files,
     read_yaml,
     split_overrides,
+    to_dataclass,
 )
 from repexp.config.model import (
     ATTENTION,
@@ -121,7 +122,8 @@ __all__ = [
     "TRL_LOSS_TYPES", "VERL_STRATEGIES", "BonusConfig", "ConfigError", "DataConfig", "EvalConfig", "PipelineConfig",
     "RuleResources", "SweepConfig", "TaskOverride", "TaskSweepOverride", "TesttimeConfig", "TrackingConfig",
     "TrainConfig", "TrlConfig", "VerlConfig", "as_dict", "dump_yaml", "parse", "parse_files", "read_yaml",
-    "split_overrides", "check", "check_bonus", "check_fields", "check_paths", "check_repexp_micro_batch",
+    "split_overrides", "to_dataclass",
+    "check", "check_bonus", "check_fields", "check_paths", "check_repexp_micro_batch",
     "check_save_freq", "check_tracking_uri", "check_train_batches", "check_trains", "check_trl_loss", "check_value",
     "check_verl_overrides", "load", "model_kind", "trl_micro_batch", "MODEL_ALIAS_PATTERN", "RUN_NAMES", "RUN_PATTERN",
     "TASK_PATTERN", "TRAINED_RUN_PATTERN", "VERL_RUN_PATTERN", "RunConfig", "RunSpec", "canonical", "compose",

@@ -132,7 +132,7 @@ def _structured(obj: Any) -> Any:
     return OmegaConf.structured(obj)
 
 
-def _to_dataclass(cls_or_obj: Any, *raws: Any, prefix: str = "") -> Any:
+def to_dataclass(cls_or_obj: Any, *raws: Any, prefix: str = "") -> Any:
     """Merge mappings onto a dataclass (a class: its defaults; an instance: its values) with OmegaConf's
     type checks and conversions, and return the dataclass instance."""
     from omegaconf import OmegaConf
@@ -184,7 +184,7 @@ def _merge_task_overrides(cfg: PipelineConfig) -> None:
         for section in SECTIONS:
             patch = getattr(override, section)
             if patch:
-                merged = _to_dataclass(getattr(cfg, section), patch, prefix=f"task_overrides.{task}.{section}.")
+                merged = to_dataclass(getattr(cfg, section), patch, prefix=f"task_overrides.{task}.{section}.")
                 setattr(override, section, {key: getattr(merged, key) for key in patch})
 
 

@@ -103,7 +103,9 @@ class SweepConfig:
 
 @dataclass
 class BonusConfig:
-    # Defaults: repexp.bonus_defaults (shared with the verl node and the bonus maths).
+    # Defaults: repexp.bonus_defaults (shared with the bonus maths). Also the schema of verl's bonus node
+    # (repexp/verl/config) and the base of its settings (repexp.verl.settings.RepExpSettings): both backends
+    # read this one dataclass.
     lamb: float = _f(B.LAMB, help="ridge λ of A = λI + Σ x xᵀ", exclusiveMinimum=0)
     reward_type: str = _f(B.REWARD_TYPE, help="bonus form", enum=REWARD_TYPES)
     normalization: str = _f(B.NORMALIZATION, help="per-group bonus normalization", enum=NORMALIZATIONS)

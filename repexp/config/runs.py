@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from repexp import layout
-from repexp.config.loading import _to_dataclass, read_yaml
+from repexp.config.loading import read_yaml, to_dataclass
 from repexp.config.model import (
     BACKENDS,
     MODEL_ALIASES,
@@ -214,7 +214,7 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, raw: Mapping) -> RunConfig:
-        return _to_dataclass(cls, raw)
+        return to_dataclass(cls, raw)
 
 
 def config_hash(cfg: PipelineConfig) -> str:

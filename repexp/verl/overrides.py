@@ -3,7 +3,9 @@
 The node wrapper runs ``python -m repexp.verl.train <overrides...>``. Every setting of the run
 comes from the single `RunConfig`; nothing here reads the environment. Keys are plain overrides
 of keys that exist in the composed config (never ``+key``), so a misspelled key fails Hydra's
-struct check instead of being silently added. Settings that verl reads from two places are set
+struct check instead of being silently added. The bonus settings go as one override of one typed node,
+``actor_rollout_ref.repexp.bonus={...}``: the run's `BonusConfig`, every field (its schema is that
+dataclass, repexp/verl/config/__init__.py). Settings that verl reads from two places are set
 in both (PPO clip: ``clip_ratio`` *and* ``clip_ratio_low``/``clip_ratio_high``, since the
 latter win when set). `run_config.verl.overrides` (raw verl overrides) come last.
 
@@ -12,12 +14,12 @@ Pure but for `attention=None` (below): no verl import.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from repexp import bonus_defaults as B
 from repexp import layout
 from repexp.config import RunConfig, check_trains, check_verl_overrides
 from repexp.verl import reward
@@ -29,7 +31,8 @@ _BARE = re.compile(r"^[A-Za-z0-9_./:-]+$")
 
 
 def hydra_value(value: Any) -> str:
-    """A Hydra override value: strings quoted unless plainly safe, lists bracketed, None -> null."""
+    """A Hydra override value: strings quoted unless plainly safe, lists bracketed, mappings braced (their
+    strings always quoted: a bare ``:`` would split a key from its value), None -> null."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -38,9 +41,16 @@ def hydra_value(value: Any) -> str:
         return repr(value)
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_quoted(v) if isinstance(v, str) else hydra_value(v)}"
+                              for k, v in value.items()) + "}"
     text = str(value)
     if _BARE.match(text) and text.lower() not in {"null", "true", "false"} and not _looks_numeric(text):
         return text
+    return _quoted(text)
+
+
+def _quoted(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
@@ -139,24 +149,13 @@ def build_overrides(run_config: RunConfig, attention: Optional[Attention] = None
         # the one 0/1 verifier for training and dev (repexp.verify), under the run's grader
         ("reward.custom_reward_function.path", REWARD_FUNCTION),
         ("reward.custom_reward_function.name", reward.FUNCTION_NAMES[rc.grader]),
-        # RepExp: beta = 0 is the GRPO baseline (no representation model is built)
+        # RepExp: the sweep point (beta = 0 is the GRPO baseline: no representation model is built, and
+        # no sparse_dim) and the bonus section as one node; a local representation model made absolute
         ("actor_rollout_ref.repexp.beta", float(rc.beta)),
-        ("actor_rollout_ref.repexp.alpha", bonus.alpha),
-        # a GRPO run (β = 0) has no sparse_dim; the node's key is an int, never read then: its default
-        ("actor_rollout_ref.repexp.sparse_dim", rc.sparse_dim if rc.sparse_dim is not None else B.SPARSE_DIM),
-        ("actor_rollout_ref.repexp.lamb", bonus.lamb),
-        ("actor_rollout_ref.repexp.reward_type", bonus.reward_type),
-        ("actor_rollout_ref.repexp.normalization", bonus.normalization),
-        ("actor_rollout_ref.repexp.center", bonus.center),
-        ("actor_rollout_ref.repexp.randomize_projection", bonus.randomize_projection),
-        ("actor_rollout_ref.repexp.persist_covariance", bonus.persist_covariance),
-        ("actor_rollout_ref.repexp.turn_off_if_none_correct", bonus.turn_off_if_none_correct),
-        ("actor_rollout_ref.repexp.turn_off_if_some_correct", bonus.turn_off_if_some_correct),
-        ("actor_rollout_ref.repexp.turn_off_if_all_correct", bonus.turn_off_if_all_correct),
-        ("actor_rollout_ref.repexp.turn_off_if_rollout_incorrect", bonus.turn_off_if_rollout_incorrect),
+        ("actor_rollout_ref.repexp.sparse_dim", rc.sparse_dim),
         ("actor_rollout_ref.repexp.seed", rc.seed),
-        ("actor_rollout_ref.repexp.model_path",
-         _model_path(bonus.representation_model) if bonus.representation_model else None),
+        ("actor_rollout_ref.repexp.bonus", dataclasses.asdict(dataclasses.replace(
+            bonus, representation_model=bonus.representation_model and _model_path(bonus.representation_model)))),
         ("actor_rollout_ref.repexp.micro_batch_size_per_gpu", verl.repexp_micro_batch_size_per_gpu),
         # trainer: layout under the run directory, resumable, our own checkpoint pruning
         ("trainer.project_name", rc.tracking.experiment or rc.config_name),

@@ -9,52 +9,39 @@ trainer it registers (`trainer`) read them: `train` imports `trainer`, so `train
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from repexp import bonus_defaults as B
 from repexp import layout
-from repexp.config import BonusConfig, VerlConfig, check_bonus, check_value
+from repexp.config import BonusConfig, VerlConfig, check_bonus, check_fields, check_value, to_dataclass
 
 NODE = "actor_rollout_ref.repexp"
+BONUS_KEY = "bonus"  # NODE's sub-node holding the pipeline's BonusConfig (config/repexp_trainer.yaml)
 RUN_NODE = "repexp_run"
 TRAINER_MODE = "repexp"  # trainer.v1.trainer_mode under which repexp.verl.trainer registers RepExpTrainer
 DTYPES = ("bf16", "fp16", "fp32")
-# This node's settings that are the pipeline config's too: name → (section dataclass, field).
+# This node's own settings that are the pipeline config's `verl` section's too: name → (section dataclass, field).
 PIPELINE_FIELDS = {
-    "alpha": (BonusConfig, "alpha"),
-    "lamb": (BonusConfig, "lamb"),
-    "reward_type": (BonusConfig, "reward_type"),
-    "normalization": (BonusConfig, "normalization"),
     "strategy": (VerlConfig, "strategy"),
     "micro_batch_size_per_gpu": (VerlConfig, "repexp_micro_batch_size_per_gpu"),
 }
 
 
-@dataclass(frozen=True)
-class RepExpSettings:
-    # Defaults: the bonus's are repexp.bonus_defaults', the ones the pipeline config's `verl` section also
-    # has are its defaults; config/repexp_trainer.yaml repeats them for people reading the node, and
-    # tests/test_single_source.py keeps the two equal.
-    beta: float = B.BETA
-    alpha: float = B.ALPHA
-    sparse_dim: int = B.SPARSE_DIM
-    lamb: float = B.LAMB
-    reward_type: str = B.REWARD_TYPE
-    normalization: str = B.NORMALIZATION
-    center: bool = B.CENTER
-    randomize_projection: bool = B.RANDOMIZE_PROJECTION
-    persist_covariance: bool = B.PERSIST_COVARIANCE
-    turn_off_if_none_correct: bool = B.TURN_OFF_IF_NONE_CORRECT
-    turn_off_if_some_correct: bool = B.TURN_OFF_IF_SOME_CORRECT
-    turn_off_if_all_correct: bool = B.TURN_OFF_IF_ALL_CORRECT
-    turn_off_if_rollout_incorrect: bool = B.TURN_OFF_IF_ROLLOUT_INCORRECT
+@dataclass(kw_only=True)
+class RepExpSettings(BonusConfig):
+    """The node, read: the bonus settings are the pipeline's `BonusConfig` itself (inherited, so its fields,
+    defaults and rules are not restated; the node carries them as its ``bonus`` sub-node), plus the sweep
+    point (beta, sparse_dim, seed) and the frozen representation forward's settings. Being a `BonusConfig`,
+    it is what `repexp.bonus_step` takes, as TRL passes `RunConfig.bonus`."""
+
+    # the sweep point: no default, every run sets it (a default here would be a second copy of the sweep's)
+    beta: float
+    sparse_dim: Optional[int]  # null for the GRPO baseline (beta = 0), which projects nothing
     seed: int = 0
-    model_path: Optional[str] = None
     strategy: str = VerlConfig.strategy
     dtype: str = "bf16"
     # the node's own defaults are what `verl.attn_implementation: auto` gives where flash-attn imports;
@@ -66,14 +53,25 @@ class RepExpSettings:
     max_token_len_per_gpu: int = 32768
 
     @property
+    def bonus(self) -> BonusConfig:
+        """The `BonusConfig` part, as the pipeline config has it."""
+        return BonusConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(BonusConfig)})
+
+    @property
     def enabled(self) -> bool:
         """beta = 0 is the GRPO baseline: no representation model and no hidden-state forward."""
         return self.beta > 0
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any], where: str = NODE) -> RepExpSettings:
-        values = _strict_fields(cls, raw, where)
-        settings = cls(**values)
+        raw = dict(raw)
+        # the bonus node -> the pipeline's dataclass in one call: its keys, types and defaults, unknown keys
+        # refused with their full name; then its per-field and cross-field rules, the pipeline config's own
+        bonus = to_dataclass(BonusConfig, raw.pop(BONUS_KEY, {}), prefix=f"{where}.{BONUS_KEY}.")
+        check_fields(bonus, f"{where}.{BONUS_KEY}.")
+        check_bonus(bonus, f"{where}.{BONUS_KEY}")
+        own = [f for f in dataclasses.fields(cls) if f.name not in _BONUS_FIELDS]
+        settings = cls(**vars(bonus), **_strict_fields(own, raw, where))
         settings._check(where)
         return settings
 
@@ -84,11 +82,15 @@ class RepExpSettings:
             check_value(f"{where}.{name}", getattr(self, name), cls, field)
         # beta = 0 is the GRPO baseline here, where the sweep's betas are RepExp's (> 0)
         _require(self.beta >= 0, f"{where}.beta", f"must be >= 0, got {self.beta}")
-        _require(self.sparse_dim >= 1, f"{where}.sparse_dim", f"must be >= 1, got {self.sparse_dim}")
+        if self.enabled:
+            _require(self.sparse_dim is not None and self.sparse_dim >= 1, f"{where}.sparse_dim",
+                     f"must be >= 1 when beta > 0, got {self.sparse_dim}")
         _require(self.seed >= 0, f"{where}.seed", f"must be >= 0, got {self.seed}")
         _require(self.dtype in DTYPES, f"{where}.dtype", f"{self.dtype!r} is not one of {DTYPES}")
         _require(self.max_token_len_per_gpu >= 1, f"{where}.max_token_len_per_gpu", "must be >= 1")
-        check_bonus(self, where)  # the pipeline config's own rules (this node has the same keys)
+
+
+_BONUS_FIELDS = {f.name for f in dataclasses.fields(BonusConfig)}
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ class RunSettings:
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any], where: str = RUN_NODE) -> RunSettings:
-        settings = cls(**_strict_fields(cls, raw, where))
+        settings = cls(**_strict_fields(dataclasses.fields(cls), raw, where))
         if settings.max_checkpoints_to_keep is not None:
             _require(settings.max_checkpoints_to_keep >= 1, f"{where}.max_checkpoints_to_keep", "must be >= 1 or null")
         if settings.chunk_deadline is not None:
@@ -127,25 +129,33 @@ def _require(ok: bool, key: str, message: str) -> None:
         raise ValueError(f"{key}: {message}")
 
 
-def _strict_fields(cls: type, raw: Mapping[str, Any], where: str) -> dict:
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(fields))
+def _strict_fields(fields: Sequence[dataclasses.Field], raw: Mapping[str, Any], where: str) -> dict:
+    """The values of `raw` for these fields, type-checked by each field's annotation (a string: this module
+    has ``from __future__ import annotations``); unknown keys, nulls where none is allowed and missing
+    required keys raise ValueError naming the full key."""
+    known = {f.name: f for f in fields}
+    unknown = sorted(set(raw) - set(known))
     if unknown:
-        raise ValueError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(fields)})")
+        raise ValueError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(known)})")
+    # "???": the YAML's mark of a required key that no override set (OmegaConf.to_container keeps it)
+    missing = [name for name, f in known.items() if f.default is dataclasses.MISSING and raw.get(name, "???") == "???"]
+    if missing:
+        raise ValueError(f"{where}.{missing[0]}: missing (no default: every run sets it)")
     values = {}
     for name, value in raw.items():
-        default = fields[name].default
+        kind = known[name].type
+        base = kind.removeprefix("Optional[").removesuffix("]")
         key = f"{where}.{name}"
         if value is None:
-            if default is not None:
+            if base == kind:
                 raise ValueError(f"{key}: must not be null")
-        elif isinstance(default, bool):
+        elif base == "bool":
             if not isinstance(value, bool):
                 raise ValueError(f"{key}: expected true/false, got {value!r}")
-        elif isinstance(default, int) or name == "max_checkpoints_to_keep":
+        elif base == "int":
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{key}: expected an integer, got {value!r}")
-        elif isinstance(default, float) or name == "chunk_deadline":
+        elif base == "float":
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"{key}: expected a number, got {value!r}")
             value = float(value)

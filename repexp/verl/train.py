@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from repexp import checkpoints, layout, tracking
 from repexp.checkpoints import BestDevTracker, complete_steps
 from repexp.config import check_repexp_micro_batch, check_save_freq
+from repexp.verl import config as _schemas  # noqa: F401  stores the bonus node's schema before Hydra composes
 from repexp.verl.settings import RUN_NODE, TRAINER_MODE, RepExpSettings, RunSettings, run_dir_of
 from repexp.walltime import read_chunk_end
 

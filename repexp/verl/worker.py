@@ -43,7 +43,7 @@ def build_repexp_worker_config(actor_rollout_ref: DictConfig) -> TrainingWorkerC
     settings = repexp_settings(actor_rollout_ref)
     model = actor_rollout_ref.model
     model_config = HFModelConfig(
-        path=settings.model_path or model.path,
+        path=settings.representation_model or model.path,
         trust_remote_code=bool(model.get("trust_remote_code", False)),
         use_shm=bool(model.get("use_shm", False)),
         use_remove_padding=settings.use_remove_padding,
