@@ -4,7 +4,7 @@
       compose()    -> PreprocessJob | SelectJob | MergeJob | EvalJob | TesttimeJob
                       settings: the composed per-run config (repexp.config.compose; `data`/`testtime`
                       from the pipeline config), paths: repexp.layout, identity: repexp.config.parse_run
-      run_job()    -> the stage core: repexp.data | checkpoints | verl.merge | evaluate | testtime
+      run_job()    -> the stage core: repexp.data | checkpoints | evaluate | testtime (merge: run_cli.run_merge)
       .outputs()   -> the rule's declared outputs, which the MLflow node logs (repexp.run_cli)
       job_hash()   -> Snakemake's params of the rule: a settings change reruns exactly its jobs
 
@@ -202,7 +202,7 @@ def _testtime(cfg, spec: C.RunSpec, rc: C.RunConfig) -> TesttimeJob:
 RULES = {
     "preprocess": (_preprocess, "repexp.data:run_job"),
     "select": (_select, "repexp.checkpoints:run_job"),
-    "merge": (_merge, "repexp.jobs:run_merge"),  # repexp.verl.merge (the verl side's) keeps its CLI
+    "merge": (_merge, "repexp.run_cli:run_merge"),  # repexp.verl.merge (the verl side's) keeps its CLI
     "eval": (_eval, "repexp.evaluate:run_job"),
     "testtime": (_testtime, "repexp.testtime:run_job"),
 }
@@ -237,13 +237,6 @@ def run_job(rule: str, job: Job) -> int:
     """Run the stage in this process (`repexp run --stage-only`, the node's child)."""
     module, function = RULES[rule][1].split(":")
     return int(getattr(importlib.import_module(module), function)(job) or 0)
-
-
-def run_merge(job: MergeJob) -> int:
-    # repexp/verl/ is owned by the verl side; its `repexp merge` CLI takes these two paths
-    from repexp.verl import merge
-
-    return merge.run(argparse.Namespace(checkpoint_dir=None, pointer=Path(job.pointer), out=Path(job.out)))
 
 
 def params(job: Job) -> dict[str, Any]:

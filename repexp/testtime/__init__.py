@@ -40,6 +40,7 @@ def _ks(text: str) -> tuple[int, ...]:
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     from repexp.config import BonusConfig, TesttimeConfig
+    from repexp.jobs import TesttimeJob  # the hand-only settings' defaults
 
     defaults, bonus = TesttimeConfig(), BonusConfig()
     parser.add_argument("--eval-dir", type=Path, required=True,
@@ -55,10 +56,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-center", action="store_true", help="do not centre each pool's features by its mean")
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="sequences per forward")
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default=defaults.dtype)
-    parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
+    parser.add_argument("--device", default=TesttimeJob.device, help="auto (cuda if available), cpu, cuda, cuda:N")
     parser.add_argument("--reference-ks", type=_ks, help="ks for the efficiency (default 1, 2, 4, … below n, and n)")
     parser.add_argument("--bootstrap", type=int, default=defaults.bootstrap, help="replicates over problems (0: none)")
-    parser.add_argument("--bootstrap-seed", type=int, default=0)
+    parser.add_argument("--bootstrap-seed", type=int, default=TesttimeJob.bootstrap_seed)
 
 
 def run(args: argparse.Namespace) -> int:

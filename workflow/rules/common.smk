@@ -412,8 +412,10 @@ def node_command(rule):
     """The shell of a `repexp run` rule: identities only; the job composes everything else from the
     config snapshot (repexp.jobs) and runs beside its MLflow node run (repexp.run_cli)."""
     run = "" if rule == "preprocess" else " --run {wildcards.run}"
-    return (f"repexp run {rule} --task {{wildcards.task}}{run} --attempt {{resources.attempt}}"
-            " --snakemake-jobid {{{jobid}}} > {log} 2>&1")
+    return (
+        f"repexp run {rule} --task {{wildcards.task}}{run} --attempt {{resources.attempt}}"
+        " --snakemake-jobid {{{jobid}}} > {log} 2>&1"
+    )
 
 
 def eval_inputs(wildcards):
