@@ -84,7 +84,7 @@ def run_job(job) -> int:
     return 0
 
 
-def _check_args(job) -> None:
+def _check_job(job) -> None:
     for name in ("sparse_dim", "batch_size"):
         if getattr(job, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(job, name)}")
@@ -126,7 +126,7 @@ def testtime(job) -> dict:
     from repexp.testtime import core
     from repexp.testtime.features import FeatureSettings, resolve_device, resolve_dtype, shard_features
 
-    _check_args(job)
+    _check_job(job)
     out = Path(job.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / TESTTIME_JSON).unlink(missing_ok=True)  # never a testtime.json that does not match what follows
