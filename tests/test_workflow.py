@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from repexp import config as C
+from repexp import jobs
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
@@ -126,7 +127,10 @@ def test_the_one_gpu_config_dry_runs_under_both_profiles(profile, tmp_path):
     text = proc.stdout + proc.stderr
     for rule in ("train", "eval", "testtime"):
         assert {r["gpu" if profile == "local" else "gpus_per_node"] for r in rule_resources_of(text, rule)} == {"1"}
-    assert "--engine vllm" in text and "verl_repexp_k32_b0.1_s42" in text and "verl_grpo_s42" in text
+    assert "verl_repexp_k32_b0.1_s42" in text and "verl_grpo_s42" in text
+    # the evals sample with vLLM: what `repexp run eval` composes from this config
+    cfg = C.load(GPU)
+    assert {jobs.compose(cfg, "eval", spec.task, spec.name).engine for spec in C.sweep_runs(cfg)} == {"vllm"}
 
 
 def test_gpu_types_and_node_features_reach_the_slurm_jobs(tmp_path):
