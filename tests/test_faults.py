@@ -959,7 +959,7 @@ def test_eval_killed_mid_generation_resumes_from_complete_shards(kill_workdir, t
     first_shard = out / "samples" / "shard-00000.parquet"
     snake = SnakemakeRun(workdir, "results/eval/gsm8k/base/eval.json")
     # SIGKILL (the OOM killer, a node failure) of the eval job as soon as shard 0 is complete
-    assert kill_when(first_shard.exists, snake.proc, "repexp eval", signal.SIGKILL, "the first sample shard") > 0
+    assert kill_when(first_shard.exists, snake.proc, "repexp run eval", signal.SIGKILL, "the first sample shard") > 0
     kept = first_shard.stat()
     shards_at_kill = sorted(p.name for p in (out / "samples").glob("shard-*.parquet"))
     assert not (out / "eval.json").exists()
