@@ -342,14 +342,21 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from repexp.jobs import SelectJob, from_args
+
+    return run_job(from_args(SelectJob, args))
+
+
+def run_job(job) -> int:
+    """Write the model pointer of a finished run (`repexp.jobs.SelectJob`: the workflow's and `repexp select`'s)."""
     try:
-        pointer = select(args.run_dir, args.backend)
+        pointer = select(job.run_dir, job.backend)
     except (FileNotFoundError, ValueError) as err:
         print(f"select: {err}", file=sys.stderr)
         return 1
     for skipped in pointer.get("skipped", []):
         print(f"select: warning: skipping step {skipped['step']} ({pointer['metric']} = {skipped['value']:.4f}), its "
               f"checkpoint is damaged: {'; '.join(skipped['problems'])}", file=sys.stderr)
-    write_json_atomic(args.out, pointer)
+    write_json_atomic(job.out, pointer)
     print(f"selected step {pointer['checkpoint_step']} ({pointer['metric']} = {pointer['value']:.4f})", file=sys.stderr)
     return 0

@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "merge": ("repexp.verl.merge", "merge a verl FSDP checkpoint into a Hugging Face directory"),
     "eval": ("repexp.evaluate", "sample a model on a split and compute pass@k"),
     "testtime": ("repexp.testtime", "order an evaluation's samples by the elliptical bonus (test-time RepExp)"),
+    "run": ("repexp.run_cli", "run one workflow job (preprocess, select, merge, eval, testtime) from the config "
+                              "snapshot and its task/run, beside its MLflow node run"),
     "plan": ("repexp.plan_cli", "what a sweep costs before anything is submitted: jobs, GPU-hours, disk, wall time"),
     "aggregate": ("repexp.aggregate", "collect eval.json files into one tidy pass@k table"),
     "figures": ("repexp.figures", "plot pass@k curves, sweep heatmaps and training curves"),

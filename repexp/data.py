@@ -716,27 +716,29 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.action != "prepare":
         raise SystemExit(f"unknown action {args.action!r}")
-    options = Options(
-        seed=args.seed,
-        limit_train=args.limit_train,
-        limit_dev=args.limit_dev,
-        limit_test=args.limit_test,
-        gsm8k_dev_size=args.gsm8k_dev_size,
-        dapo_train_size=args.dapo_train_size,
-        aime_train=args.aime_train,
-    )
     from repexp.config import PipelineConfig
+    from repexp.jobs import PreprocessJob, from_args
 
-    out = args.out or str(layout.data_dir(PipelineConfig.results_dir, args.task))
+    return run_job(from_args(PreprocessJob, args, out=args.out or str(layout.data_dir(PipelineConfig.results_dir,
+                                                                                     args.task))))
+
+
+def run_job(job) -> int:
+    """A task's splits and manifest (`repexp.jobs.PreprocessJob`: the workflow's and `repexp data prepare`'s)."""
+    hand_only = {name: getattr(job, name) for name in ("gsm8k_dev_size", "dapo_train_size", "aime_train")
+                 if getattr(job, name) is not None}  # unset: Options' defaults
+    options = Options(seed=job.seed, limit_train=job.limit_train, limit_dev=job.limit_dev, limit_test=job.limit_test,
+                      **hand_only)
+    out = job.out
     try:
-        manifest = prepare(args.task, out, source=args.source, options=options, dapo_source=args.dapo_source)
+        manifest = prepare(job.task, out, source=job.source, options=options, dapo_source=job.dapo_source)
     except (DataError, sp.SplitError, FileNotFoundError) as err:
-        print(f"repexp data prepare {args.task}: error: {err}", file=sys.stderr)
+        print(f"repexp data prepare {job.task}: error: {err}", file=sys.stderr)
         return 2
     from repexp.intermediates import record_content
 
     for info in manifest["splits"].values():
         record_content(Path(out) / info["file"])  # a byte-identical rebuild reruns nothing made from it
     counts = ", ".join(f"{name} {info['rows']}" for name, info in manifest["splits"].items())
-    print(f"{args.task}: wrote {out} ({counts}; dropped {len(manifest['dropped'])} training rows)")
+    print(f"{job.task}: wrote {out} ({counts}; dropped {len(manifest['dropped'])} training rows)")
     return 0

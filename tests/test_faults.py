@@ -334,9 +334,8 @@ def test_mlflow_down_during_a_node_then_sync_uploads_once(tmp_path, mlflow_serve
     assert not mlflow_server.healthy()  # nothing listens on the configured port yet
 
     # the select rule's command line (workflow/rules/select.smk), with the server down
-    node = run([REPEXP, "mlflow", "node", "--config", str(config), "--rule", "select", "--task", "gsm8k",
-                "--run", "trl_grpo_s42", "--attempt", "1", "--output", str(pointer), "--",
-                "repexp", "select", "--run-dir", str(run_dir), "--backend", "trl", "--out", str(pointer)])
+    node = run([REPEXP, "run", "select", "--config", str(config), "--task", "gsm8k", "--run", "trl_grpo_s42",
+                "--attempt", "1"])
     assert node.returncode == 0, node.stderr[-3000:]
     assert json.loads(pointer.read_text())["checkpoint_step"] == 2
     assert "MLflow unavailable" in node.stderr
@@ -345,7 +344,7 @@ def test_mlflow_down_during_a_node_then_sync_uploads_once(tmp_path, mlflow_serve
     assert len(records) == 1
     record = json.loads((records[0] / "record.json").read_text())
     assert record["run_id"] is None and record["status"] == "FINISHED"
-    assert record["params"]["cmd"] == "select" and record["metrics"], record
+    assert record["params"]["job.backend"] == "trl" and record["metrics"], record
 
     mlflow_server.start()  # the server comes back
     sync = run([REPEXP, "mlflow", "sync", "--config", str(config)])
@@ -960,7 +959,7 @@ def test_eval_killed_mid_generation_resumes_from_complete_shards(kill_workdir, t
     first_shard = out / "samples" / "shard-00000.parquet"
     snake = SnakemakeRun(workdir, "results/eval/gsm8k/base/eval.json")
     # SIGKILL (the OOM killer, a node failure) of the eval job as soon as shard 0 is complete
-    assert kill_when(first_shard.exists, snake.proc, "repexp eval", signal.SIGKILL, "the first sample shard") > 0
+    assert kill_when(first_shard.exists, snake.proc, "repexp run eval", signal.SIGKILL, "the first sample shard") > 0
     kept = first_shard.stat()
     shards_at_kill = sorted(p.name for p in (out / "samples").glob("shard-*.parquet"))
     assert not (out / "eval.json").exists()

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from test_workflow import job_counts, rule_resources_of, snakemake
 
-from repexp import arith, data, verify
+from repexp import arith, data, jobs, verify
 from repexp import config as C
 from repexp import layout as L
 from repexp import metrics as M
@@ -176,7 +176,9 @@ def test_the_pilot_dry_runs_under_both_profiles(profile, tmp_path):
             assert resources["gpu_share"] == str(C.rule_resources(cfg, rule).gpu_share)
     for resources in rule_resources_of(text, "model"):
         assert resources["gpu_share"] == "0"
-    assert "--engine vllm" in text and "--kv-cache-gib 4" in text and "trl_repexp_k32_b0.01_s3" in text
+    assert "repexp run eval --task arith-mid --run trl_repexp_k32_b0.01_s3" in text
+    job = jobs.compose(cfg, "eval", "arith-mid", "trl_repexp_k32_b0.01_s3")  # what that command runs
+    assert (job.engine, job.kv_cache_gib) == ("vllm", 4)
 
 
 # --------------------------------------------------------------------------- the CPU form, end to end

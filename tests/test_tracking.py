@@ -241,7 +241,8 @@ def test_node_wrapper_runs_the_command_and_logs_its_outputs(store, tmp_path, cap
     pointer = run_dir / "select.json"
     wrapper = ["mlflow", "node", "--config", str(cfg), "--rule", "select", "--snakemake-jobid", "{12}",
                "--task", "gsm8k", "--run", SPEC, "--output", str(pointer), "--"]
-    # as workflow/rules/select.smk runs it; the command's exit status is the node's
+    # any command beside a node (the aggregate/figures/model/download rules' way; the select rule's is
+    # `repexp run`, tests/test_run_jobs.py); the command's exit status is the node's
     assert cli.main([*wrapper, "repexp", "select", "--run-dir", str(run_dir), "--backend", "trl",
                      "--out", str(pointer)]) == 0
     assert json.loads(pointer.read_text())["checkpoint_step"] == 2

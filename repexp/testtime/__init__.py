@@ -40,6 +40,7 @@ def _ks(text: str) -> tuple[int, ...]:
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     from repexp.config import BonusConfig, TesttimeConfig
+    from repexp.jobs import TesttimeJob  # the hand-only settings' defaults
 
     defaults, bonus = TesttimeConfig(), BonusConfig()
     parser.add_argument("--eval-dir", type=Path, required=True,
@@ -55,15 +56,22 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-center", action="store_true", help="do not centre each pool's features by its mean")
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="sequences per forward")
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default=defaults.dtype)
-    parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
+    parser.add_argument("--device", default=TesttimeJob.device, help="auto (cuda if available), cpu, cuda, cuda:N")
     parser.add_argument("--reference-ks", type=_ks, help="ks for the efficiency (default 1, 2, 4, … below n, and n)")
     parser.add_argument("--bootstrap", type=int, default=defaults.bootstrap, help="replicates over problems (0: none)")
-    parser.add_argument("--bootstrap-seed", type=int, default=0)
+    parser.add_argument("--bootstrap-seed", type=int, default=TesttimeJob.bootstrap_seed)
 
 
 def run(args: argparse.Namespace) -> int:
+    from repexp.jobs import TesttimeJob, from_args
+
+    return run_job(from_args(TesttimeJob, args, center=not args.no_center))
+
+
+def run_job(job) -> int:
+    """Order one evaluation's samples (`repexp.jobs.TesttimeJob`: the workflow's and `repexp testtime`'s)."""
     try:
-        result = testtime(args)
+        result = testtime(job)
     except (FileNotFoundError, ValueError) as err:
         print(f"testtime: {err}", file=sys.stderr)
         return 2
@@ -72,17 +80,17 @@ def run(args: argparse.Namespace) -> int:
     shown = ", ".join(f"k={k}: {r:.2f}x" for k, r in zip(eff["reference_k"], eff["ratio"]) if r is not None)
     ratio = "undefined (nothing solved)" if stc["ratio"] is None else f"{stc['ratio']:.3f}"
     print(f"testtime: {result['num_problems']} problems; samples-to-correct random/RepExp = {ratio}; "
-          f"efficiency {shown or 'undefined'}; wrote {args.out / TESTTIME_JSON}", file=sys.stderr)
+          f"efficiency {shown or 'undefined'}; wrote {Path(job.out) / TESTTIME_JSON}", file=sys.stderr)
     return 0
 
 
-def _check_args(args: argparse.Namespace) -> None:
+def _check_job(job) -> None:
     for name in ("sparse_dim", "batch_size"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if not args.lamb > 0:
-        raise ValueError(f"--lamb must be > 0, got {args.lamb}")
-    if args.bootstrap < 0 or args.projection_seed < 0:
+        if getattr(job, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(job, name)}")
+    if not job.lamb > 0:
+        raise ValueError(f"--lamb must be > 0, got {job.lamb}")
+    if job.bootstrap < 0 or job.projection_seed < 0:
         raise ValueError("--bootstrap and --projection-seed must be >= 0")
 
 
@@ -109,7 +117,8 @@ def _load_evaluation(eval_dir: Path, data: Path | None):
     return store, meta, problems, plan
 
 
-def testtime(args: argparse.Namespace) -> dict:
+def testtime(job) -> dict:
+    """The test-time ordering of `job` (a `repexp.jobs.TesttimeJob`); writes testtime.json last."""
     import torch
 
     from repexp.elliptical_order import greedy_order, pad_pools
@@ -117,18 +126,18 @@ def testtime(args: argparse.Namespace) -> dict:
     from repexp.testtime import core
     from repexp.testtime.features import FeatureSettings, resolve_device, resolve_dtype, shard_features
 
-    _check_args(args)
-    out = Path(args.out)
+    _check_job(job)
+    out = Path(job.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / TESTTIME_JSON).unlink(missing_ok=True)  # never a testtime.json that does not match what follows
     from repexp.evaluate.runner import resolve_model
 
-    model, _ = resolve_model(args.model, None)  # a local directory (checked) or a hub id, as for `repexp eval`
-    store, meta, problems, plan = _load_evaluation(Path(args.eval_dir), args.data)
-    device = resolve_device(args.device)
-    settings = FeatureSettings(model=model, sparse_dim=args.sparse_dim,
-                               projection_seed=args.projection_seed, batch_size=args.batch_size,
-                               dtype=resolve_dtype(args.dtype, device), device=device)
+    model, _ = resolve_model(job.model, None)  # a local directory (checked) or a hub id, as for `repexp eval`
+    store, meta, problems, plan = _load_evaluation(Path(job.eval_dir), job.data and Path(job.data))
+    device = resolve_device(job.device)
+    settings = FeatureSettings(model=model, sparse_dim=job.sparse_dim,
+                               projection_seed=job.projection_seed, batch_size=job.batch_size,
+                               dtype=resolve_dtype(job.dtype, device), device=device)
     started = time.perf_counter()
     per_problem = shard_features(store, problems, plan, settings, out, meta["generation"])
     feature_seconds = time.perf_counter() - started
@@ -141,7 +150,7 @@ def testtime(args: argparse.Namespace) -> dict:
 
     started = time.perf_counter()
     padded, sizes = pad_pools([e["features"] for e in entries], device=device)
-    ordered = greedy_order(padded, sizes, lamb=args.lamb, center=not args.no_center)
+    ordered = greedy_order(padded, sizes, lamb=job.lamb, center=job.center)
     orders = [ordered.order[g, : int(s)].tolist() for g, s in enumerate(sizes.cpu())]
     taken_bonus = [ordered.bonus[g, : int(s)].tolist() for g, s in enumerate(sizes.cpu())]
     if device.startswith("cuda"):
@@ -151,18 +160,18 @@ def testtime(args: argparse.Namespace) -> dict:
     _write_orders(out / ORDER_FILE, problems.problem_ids, orders, taken_bonus)
     gen = meta["generation"]
     metadata = {
-        "task": meta.get("task"), "split": meta.get("split"), "eval_dir": str(args.eval_dir),
+        "task": meta.get("task"), "split": meta.get("split"), "eval_dir": str(job.eval_dir),
         "model_path": gen.get("model_path"), "checkpoint_step": gen.get("checkpoint_step"),
         "data_hash": gen.get("data_hash"), "sampling": gen.get("sampling"),
         "settings": {"feature_model": settings.model, "sparse_dim": settings.sparse_dim,
-                     "projection_seed": settings.projection_seed, "lamb": float(args.lamb),
-                     "center": not args.no_center, "dtype": settings.dtype, "device": device,
+                     "projection_seed": settings.projection_seed, "lamb": float(job.lamb),
+                     "center": job.center, "dtype": settings.dtype, "device": device,
                      "order": "greedy elliptical (repexp.elliptical_order)"},
         "timing_s": {"features": round(feature_seconds, 3), "order": round(order_seconds, 3)},
     }
     result = core.testtime_result(
         problem_ids=problems.problem_ids, scores=[e["score"] for e in entries], orders=orders,
-        reference_ks=args.reference_ks, bootstrap=args.bootstrap, bootstrap_seed=args.bootstrap_seed,
+        reference_ks=job.reference_ks, bootstrap=job.bootstrap, bootstrap_seed=job.bootstrap_seed,
         metadata=metadata,
     )
     write_json_atomic(out / TESTTIME_JSON, result)

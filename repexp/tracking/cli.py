@@ -309,11 +309,22 @@ def _run_node(args: argparse.Namespace) -> int:
     tags = {"repexp.command": " ".join(["repexp", *command])[:5000]}
     node_args = dict(config=args.config, params=flag_params(command), tags=tags, attempt=args.attempt,
                      wildcards=wildcards, snakemake_jobid=args.snakemake_jobid)
+    if command[0] in IN_RUN_COMMANDS:
+        _stop_on_sigterm()
+        return _run_in_node(cli, command, args, node_args)
+    return run_beside_node(command, args, node_args)
+
+
+def _stop_on_sigterm() -> None:
     # SLURM (walltime, preemption, scancel) and Snakemake stop a job with SIGTERM: end the node run
     # as FAILED instead of leaving it RUNNING forever (a running child gets the signal forwarded).
     signal.signal(signal.SIGTERM, _exit_on_signal)
-    if command[0] in IN_RUN_COMMANDS:
-        return _run_in_node(cli, command, args, node_args)
+
+
+def run_beside_node(command: list[str], args: argparse.Namespace, node_args: dict) -> int:
+    """`repexp COMMAND` beside the node run of `args.rule/task/run`, then log `args.output` (also
+    `repexp run`'s way, repexp.run_cli)."""
+    _stop_on_sigterm()
     return _run_beside_node(command, args, node_args)
 
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from repexp import config as C
+from repexp import jobs as J
 from repexp import layout as L
 from repexp.io import write_text_atomic
 
@@ -338,31 +339,6 @@ def all_testtime_files():
     return [testtime_file(spec.task, spec.name) for spec in RUNS] if CFG.testtime.enabled else []
 
 
-def testtime_model(wildcards):
-    """The frozen feature model: `bonus.representation_model`, else the initial policy (as in training)."""
-    model = CFG.bonus.representation_model or (model_dir()[0] if MODEL_ALIAS else CFG.model)
-    return shlex.quote(model)
-
-
-def testtime_flags(wildcards):
-    tt, bonus = CFG.testtime, CFG.bonus
-    options = {
-        "--sparse-dim": tt.sparse_dim,
-        "--projection-seed": tt.projection_seed,
-        "--batch-size": tt.batch_size,
-        "--dtype": tt.dtype,
-        "--bootstrap": tt.bootstrap,
-        "--lamb": C.canonical(bonus.lamb),
-    }
-    return shlex.join(command_flags(options, {"--no-center": not bonus.center}))
-
-
-def command_flags(options, switches=None):
-    """`--flag value` for every option that is set (not None), then every switch that is on."""
-    flags = [str(token) for flag, value in options.items() if value is not None for token in (flag, value)]
-    return flags + [flag for flag, on in (switches or {}).items() if on]
-
-
 def all_train_markers():
     return [train_file(L.DONE, spec.task, spec.name) for spec in RUNS if spec.trains]
 
@@ -420,44 +396,26 @@ def training_hash(wildcards):
     return C.training_hash(run_config(wildcards.task, wildcards.run))
 
 
-def backend_of(wildcards):
-    return run_spec(wildcards.task, wildcards.run).backend
+@functools.lru_cache(maxsize=None)
+def _job_hash(rule, task, run):
+    rc = run_config(task, run) if run else None
+    return J.job_hash(J.compose(CFG, rule, task, run, run_config=rc))
 
 
-def preprocess_flags(wildcards):
-    data = CFG.data
-    flags = ["--source", data.source, "--seed", str(data.split_seed)]  # local paths only (downloads)
-    for name in L.SPLITS:
-        limit = getattr(data, f"limit_{name}")
-        if limit is not None:
-            flags += [f"--limit-{name}", str(limit)]
-    if wildcards.task == "dapo-with-aime24" and data.dapo_source is not None:
-        flags += ["--dapo-source", data.dapo_source]
-    return shlex.join(flags)
+def job_hash(rule):
+    """The params of a `repexp run` rule: its job's settings hashed, so a config change reruns exactly
+    the jobs whose settings changed (the shell command carries none)."""
+    return lambda wildcards: _job_hash(rule, wildcards.task, getattr(wildcards, "run", None))
 
 
-def eval_flags(wildcards):
-    rc = run_config(wildcards.task, wildcards.run)
-    ev = rc.eval
-    options = {
-        "--task": rc.task,
-        "--engine": ev.engine,
-        "--n-samples": ev.n_samples,
-        "--temperature": C.canonical(ev.temperature),
-        "--top-p": C.canonical(ev.top_p),
-        "--max-new-tokens": ev.max_new_tokens,
-        "--seed": rc.seed,
-        "--batch-size": ev.batch_size,
-        "--shard-size": ev.shard_size,
-        "--dtype": ev.dtype,
-        "--tensor-parallel-size": ev.tensor_parallel_size,
-        "--data-parallel-size": ev.data_parallel_size,
-        "--gpu-memory-utilization": C.canonical(ev.gpu_memory_utilization),
-        "--kv-cache-gib": None if ev.kv_cache_gib is None else C.canonical(ev.kv_cache_gib),
-        "--grader": rc.grader,
-        "--max-model-len": ev.max_model_len,
-    }
-    return shlex.join(command_flags(options, {"--enforce-eager": ev.enforce_eager}))
+def node_command(rule):
+    """The shell of a `repexp run` rule: identities only; the job composes everything else from the
+    config snapshot (repexp.jobs) and runs beside its MLflow node run (repexp.run_cli)."""
+    run = "" if rule == "preprocess" else " --run {wildcards.run}"
+    return (
+        f"repexp run {rule} --task {{wildcards.task}}{run} --attempt {{resources.attempt}}"
+        " --snakemake-jobid {{{jobid}}} > {log} 2>&1"
+    )
 
 
 def eval_inputs(wildcards):
@@ -470,12 +428,6 @@ def eval_inputs(wildcards):
     elif policy_dir():
         inputs["model"] = policy_dir()[0]
     return inputs
-
-
-def eval_model_flag(wildcards, input):
-    if "pointer" in input.keys():
-        return f"--model-pointer {shlex.quote(input.pointer)}"
-    return f"--model {shlex.quote(input.model if 'model' in input.keys() else CFG.model)}"
 
 
 def train_inputs(wildcards):

@@ -18,10 +18,6 @@ rule eval:
     resources:
         **rule_resources("eval"),
     params:
-        model=eval_model_flag,
-        flags=eval_flags,
+        job=job_hash("eval"),  # its settings, hashed: a change reruns it (the shell names none)
     shell:
-        'repexp mlflow node --config "$REPEXP_CONFIG" --rule eval --snakemake-jobid {{{jobid}}} --task {wildcards.task} --run {wildcards.run}'
-        " --attempt {resources.attempt} --output {output} --"
-        " repexp eval {params.model} --data {input.data} --out $(dirname {output.eval}) {params.flags}"
-        " --overwrite --no-progress > {log} 2>&1"
+        node_command("eval")

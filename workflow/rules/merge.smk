@@ -19,6 +19,4 @@ rule merge:
     resources:
         **rule_resources("merge"),
     shell:
-        'repexp mlflow node --config "$REPEXP_CONFIG" --rule merge --snakemake-jobid {{{jobid}}} --task {wildcards.task} --run {wildcards.run}'
-        " --attempt {resources.attempt} --output {output} --"
-        " repexp merge --pointer {input.pointer} --out {output.merged} > {log} 2>&1"
+        node_command("merge")

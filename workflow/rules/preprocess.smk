@@ -19,9 +19,6 @@ rule preprocess:
     resources:
         **rule_resources("preprocess"),
     params:
-        flags=preprocess_flags,
+        job=job_hash("preprocess"),  # its settings, hashed: a change reruns it (the shell names none)
     shell:
-        'repexp mlflow node --config "$REPEXP_CONFIG" --rule preprocess --snakemake-jobid {{{jobid}}} --task {wildcards.task}'
-        " --attempt {resources.attempt} --output {output} --"
-        " repexp data prepare {wildcards.task} --out $(dirname {output.manifest}) {params.flags}"
-        " > {log} 2>&1"
+        node_command("preprocess")

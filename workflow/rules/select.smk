@@ -17,10 +17,5 @@ rule select:
     threads: rule_threads("select")
     resources:
         **rule_resources("select"),
-    params:
-        backend=backend_of,
     shell:
-        'repexp mlflow node --config "$REPEXP_CONFIG" --rule select --snakemake-jobid {{{jobid}}} --task {wildcards.task} --run {wildcards.run}'
-        " --attempt {resources.attempt} --output {output} --"
-        " repexp select --run-dir $(dirname {input.done}) --backend {params.backend} --out {output.pointer}"
-        " > {log} 2>&1"
+        node_command("select")

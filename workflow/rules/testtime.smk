@@ -20,10 +20,6 @@ rule testtime:
     resources:
         **rule_resources("testtime"),
     params:
-        model=testtime_model,
-        flags=testtime_flags,
+        job=job_hash("testtime"),  # its settings, hashed: a change reruns it (the shell names none)
     shell:
-        'repexp mlflow node --config "$REPEXP_CONFIG" --rule testtime --snakemake-jobid {{{jobid}}} --task {wildcards.task} --run {wildcards.run}'
-        " --attempt {resources.attempt} --output {output} --"
-        " repexp testtime --eval-dir $(dirname {input.eval}) --model {params.model} --out $(dirname {output.result})"
-        " {params.flags} > {log} 2>&1"
+        node_command("testtime")

@@ -1,0 +1,162 @@
+"""`repexp run RULE --task T [--run R]` (issue 24, item 1): the rules pass identities only and the
+typed job (repexp.jobs) carries every setting, composed from the config snapshot."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from test_workflow import PAPER, TEST, snakemake
+
+from repexp import cli
+from repexp import config as C
+from repexp import jobs as J
+from repexp import layout as L
+
+REPEXP = str(Path(sys.executable).parent / "repexp")
+CONVERTED = ("preprocess", "select", "merge", "eval", "testtime")
+# the one shell shape of a converted rule (common.smk, node_command): identities, the attempt, the job id, the log
+SHAPE = re.compile(r"repexp run (?P<rule>\w+) --task [\w-]+(?: --run \w[\w.]*)? --attempt \d+ "
+                   r"--snakemake-jobid \{\d+\} > \S+\.log 2>&1")
+
+
+def shell_commands(proc: subprocess.CompletedProcess) -> dict[str, list[str]]:
+    """rule -> the shell commands `snakemake -n -p` printed for its jobs (`Shell command: ...`)."""
+    commands: dict[str, list[str]] = {}
+    rule = None
+    for line in proc.stdout.splitlines():
+        if found := re.match(r"(?:local)?rule (\w+):", line):
+            rule = found[1]
+        elif line.startswith("Shell command: "):
+            commands.setdefault(rule, []).append(line.removeprefix("Shell command: ").strip())
+    return {rule: lines for rule, lines in commands.items() if rule in CONVERTED}
+
+
+@pytest.mark.parametrize("configfile", [TEST, PAPER], ids=["test", "paper"])
+def test_every_converted_rule_runs_one_command_shape_without_settings(configfile, tmp_path):
+    proc = snakemake("all", "-n", "-p", "--profile", "local", "--configfile", str(configfile),
+                     "--config", f"results_dir={tmp_path / 'results'}", workdir=tmp_path)
+    commands = shell_commands(proc)
+    expected = {"preprocess", "select", "eval", "testtime"} | ({"merge"} if configfile == PAPER else set())
+    assert set(commands) == expected, commands.keys()
+    for rule, lines in commands.items():
+        for line in lines:  # (the paper's hub model is downloaded by a localrule, not passed here)
+            match = SHAPE.fullmatch(line)
+            assert match and match["rule"] == rule, line
+            # no setting, path or model reaches the command line: the job composes them
+            assert not re.search(r"--(?!task|run|attempt|snakemake-jobid)[\w-]+", line), line
+    raw = yaml.safe_load(configfile.read_text())
+    assert str(raw["eval"]["n_samples"]) not in " ".join(commands["eval"]).replace("s42", "")
+
+
+def _config(tmp_path: Path) -> C.PipelineConfig:
+    raw = yaml.safe_load(TEST.read_text())
+    raw["results_dir"] = str(tmp_path / "results")
+    raw["eval"].update(temperature=0.7, top_p=0.95, kv_cache_gib=2.5, enforce_eager=True)  # not the defaults
+    raw["bonus"] = {"lamb": 0.5, "center": False}
+    return C.load(raw)
+
+
+def test_the_eval_job_carries_the_settings_the_old_flags_did(tmp_path):
+    cfg = _config(tmp_path)
+    for run in ("base", "trl_repexp_k8_b0.01_s42"):
+        spec = C.parse_run("gsm8k", run)
+        rc = C.compose(cfg, spec)
+        job = J.compose(cfg, "eval", "gsm8k", run)
+        assert isinstance(job, J.EvalJob) and job.task == "gsm8k" and job.run == run
+        # every field of the config's eval section that the old --flags carried, the same value
+        for name in ("engine", "n_samples", "temperature", "top_p", "max_new_tokens", "batch_size", "shard_size",
+                     "dtype", "tensor_parallel_size", "data_parallel_size", "gpu_memory_utilization",
+                     "kv_cache_gib", "max_model_len", "enforce_eager"):
+            assert getattr(job, name) == getattr(rc.eval, name), name
+        assert (job.temperature, job.top_p, job.kv_cache_gib, job.enforce_eager) == (0.7, 0.95, 2.5, True)
+        assert (job.seed, job.grader, job.max_new_tokens) == (42, cfg.grader, 16)
+        assert (job.overwrite, job.no_progress) == (True, True)
+        # paths: the layout's, the ones the eval rule declares
+        assert job.data == str(L.data_file(cfg.results_dir, "gsm8k", "test"))
+        assert job.outputs() == [str(L.eval_json(cfg.results_dir, "gsm8k", run))]
+        if spec.trains:
+            pointer = L.train_run_dir(cfg.results_dir, "gsm8k", run) / L.SELECT
+            assert (job.model, job.model_pointer) == (None, str(pointer))
+        else:
+            assert (job.model, job.model_pointer) == (C.resolve_model(cfg), None)
+    testtime = J.compose(cfg, "testtime", "gsm8k", "base")
+    assert (testtime.lamb, testtime.center, testtime.sparse_dim) == (0.5, False, cfg.testtime.sparse_dim)
+    # the node's params are the job's fields
+    params = J.params(J.compose(cfg, "eval", "gsm8k", "base"))
+    from repexp.tracking.node import flatten
+
+    flat = flatten(params)
+    assert flat["job.n_samples"] == "4" and flat["job.temperature"] == "0.7" and "job.model_pointer" not in flat
+
+
+def test_the_hand_cli_builds_the_same_job(tmp_path):
+    """`repexp eval` with the job's settings as flags builds the job `repexp run eval` composes (one path)."""
+    cfg = _config(tmp_path)
+    job = J.compose(cfg, "eval", "gsm8k", "base")
+    flags = ["--model", job.model, "--data", job.data, "--out", job.out, "--task", job.task]
+    for field in dataclasses.fields(job):
+        value = getattr(job, field.name)
+        if field.name in ("model", "data", "out", "task", "run") or value is None or value is False:
+            continue
+        flags += [f"--{field.name.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    args = cli.command_parser("eval").parse_args(flags)
+    hand = J.from_args(J.EvalJob, args, run="base")
+    # the two hand-only settings whose flags show a default: the job's None is that same default
+    from repexp.evaluate.core import SamplingSettings
+    from repexp.evaluate.runner import EvalConfig
+
+    assert (hand.top_k, hand.maj_draws) == (SamplingSettings().top_k, EvalConfig.maj_draws)
+    assert dataclasses.replace(hand, top_k=None, maj_draws=None) == job
+
+
+def test_a_bad_run_or_rule_fails_naming_it(tmp_path):
+    cfg = _config(tmp_path)
+    with pytest.raises(C.ConfigError, match="trl_repexp_k8_b0.010_s42"):
+        J.compose(cfg, "eval", "gsm8k", "trl_repexp_k8_b0.010_s42")
+    with pytest.raises(C.ConfigError, match="'train_fast'"):
+        J.compose(cfg, "train_fast", "gsm8k", "base")
+    with pytest.raises(C.ConfigError, match="base trains nothing"):
+        J.compose(cfg, "select", "gsm8k", "base")
+    with pytest.raises(C.ConfigError, match="needs --run"):
+        J.compose(cfg, "eval", "gsm8k")
+    config = tmp_path / "config.yaml"
+    config.write_text(C.dump_yaml(cfg))
+    env = {**os.environ, "REPEXP_CONFIG": str(config)}
+    bad_run = subprocess.run([REPEXP, "run", "eval", "--task", "gsm8k", "--run", "nonsense_s1"], env=env,
+                             capture_output=True, text=True)
+    assert bad_run.returncode == 2 and "nonsense_s1" in bad_run.stderr and "repexp run eval" in bad_run.stderr
+    bad_rule = subprocess.run([REPEXP, "run", "frobnicate", "--task", "gsm8k"], env=env, capture_output=True, text=True)
+    assert bad_rule.returncode == 2 and "'frobnicate'" in bad_rule.stderr
+    assert not (tmp_path / "results").exists()  # nothing ran, no node was opened
+
+
+def test_repexp_run_select_runs_the_stage_and_logs_the_job(tmp_path):
+    """The whole command as the select rule runs it: the stage in its child, the node's record with the
+    job's fields as params and the pointer logged (the store is unreachable: the record stays in the outbox)."""
+    from test_faults import finished_training_run
+
+    cfg = dataclasses.replace(_config(tmp_path), tracking=C.TrackingConfig(tracking_uri="http://127.0.0.1:9"))
+    config = tmp_path / "config.yaml"
+    config.write_text(C.dump_yaml(cfg))
+    run = "trl_grpo_s42"
+    run_dir = L.train_run_dir(cfg.results_dir, "gsm8k", run)
+    finished_training_run(run_dir)
+    env = {**os.environ, "REPEXP_CONFIG": str(config)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.run([REPEXP, "run", "select", "--task", "gsm8k", "--run", run, "--attempt", "1",
+                           "--snakemake-jobid", "{7}"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((run_dir / L.SELECT).read_text())["checkpoint_step"] == 2
+    (record,) = [json.loads(p.read_text()) for p in (Path(cfg.results_dir) / "mlflow" / "outbox").glob("*/record.json")]
+    assert record["status"] == "FINISHED" and record["tags"]["snakemake.rule"] == "select"
+    assert record["tags"]["repexp.command"] == f"repexp run select --task gsm8k --run {run}"
+    assert record["params"]["job.backend"] == "trl" and record["params"]["job.run_dir"] == str(run_dir)
+    assert record["params"]["select.checkpoint_step"] == "2"  # the outputs were logged as before
