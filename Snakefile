@@ -70,14 +70,18 @@ localrules:
     all,
 
 
-# MLflow records that nodes left for a later upload are in MLflow when the workflow returns.
+# Before the first job of a real run (not on dry runs): the intermediates check, the config snapshot,
+# the tracking server and parent runs. At the end, what nodes left in the MLflow outbox is uploaded.
+onstart:
+    P.on_start(PIPELINE, workflow)
+
+
 onsuccess:
-    upload_tracking_records()
-    print_where_results_are()
+    P.on_end(PIPELINE, success=True)
 
 
 onerror:
-    upload_tracking_records()
+    P.on_end(PIPELINE, success=False)
 
 
 rule all:

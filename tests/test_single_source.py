@@ -300,7 +300,7 @@ PURE_CORES = ("repexp.elliptical", "repexp.elliptical_order", "repexp.passk", "r
               "repexp.verify.pool", "repexp.verify.routing", "repexp.verify.scoring", "repexp.verify.timeout",
               "repexp.splits", "repexp.config", "repexp.arith", "repexp.testtime.core", "repexp.layout",
               "repexp.metrics", "repexp.bonus_defaults", "repexp.io", "repexp.walltime", "repexp.plan",
-              "repexp.intermediates", "repexp.features", "repexp.bonus_step")
+              "repexp.intermediates", "repexp.features", "repexp.bonus_step", "repexp.pipeline")
 FRAMEWORKS = ("verl", "trl", "transformers", "mlflow", "vllm", "snakemake", "ray", "hydra")
 
 
@@ -328,7 +328,8 @@ def test_the_pure_cores_import_no_framework():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split("\n")[-2] == "[]", result.stdout
-    torch_free = ("repexp.config", "repexp.verify", "repexp.layout", "repexp.metrics", "repexp.passk", "repexp.splits")
+    torch_free = ("repexp.config", "repexp.verify", "repexp.layout", "repexp.metrics", "repexp.passk", "repexp.splits",
+                  "repexp.pipeline")
     code = ("import importlib, sys\n"
             f"for name in {torch_free!r}:\n    importlib.import_module(name)\n"
             "print('torch' in sys.modules)\n")

@@ -1,0 +1,269 @@
+"""What the Snakefile derives from its parsed config, once per Snakemake invocation, as plain Python.
+
+    parsed config + repository root + Snakemake's workdir
+      setup()          -> Pipeline: the config as jobs see it (`cfg`: paths job-relative, hub ids
+                          replaced by their local copies), its snapshot path and hash, the sweep's
+                          runs, the hub downloads, the SLURM settings; every check has run
+      .environment()   -> the variables every job's shell reads ($REPEXP_CONFIG, offline Hub, ...)
+      .resources(rule) -> the rule's scheduler requests (config `resources.<rule>` + SLURM settings)
+      on_start / on_success / on_error: the workflow's hooks (intermediates, snapshot, tracking)
+
+workflow/rules/common.smk keeps the rules' paths, targets and resources and calls this module; it is
+parsed by every Snakemake invocation and every SLURM jobstep, so this module stays cheap: no MLflow,
+torch or pandas import, no I/O beyond the small content sidecars of the model and data splits
+(`repexp.intermediates.settle`, on the submit host).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from repexp import config as C
+from repexp import layout as L
+from repexp.io import write_text_atomic
+
+# The one place for cluster settings (docs/slurm.md): read from these variables of the submit
+# shell, never from SLURM's own input variables (SLURM_ACCOUNT, SLURM_PARTITION, ... change what
+# every interactive `srun`/`sbatch` does) and never through the profile's `$VAR` expansion (which
+# leaves an unset variable in place, literally). Unset or empty: the flag is not passed and SLURM's
+# defaults apply (the plugin guesses an account or submits without -A; the default partition).
+SLURM_VARIABLES = {
+    "account": "REPEXP_SLURM_ACCOUNT",  # -A for every job
+    "partition": "REPEXP_SLURM_PARTITION",  # -p for CPU jobs (preprocess, merge, model)
+    "gpu_partition": "REPEXP_SLURM_GPU_PARTITION",  # -p for jobs with resources.<rule>.gpu > 0 (train, eval)
+}
+SLURM_NAME = re.compile(r"[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*")
+
+
+def slurm_settings(cfg: C.PipelineConfig) -> dict[str, Optional[str]]:
+    """{account, partition, gpu_partition} from the environment; a bad value fails here, before any
+    job, naming the variable."""
+    settings = {}
+    for name, variable in SLURM_VARIABLES.items():
+        value = os.environ.get(variable, "").strip()
+        if value and not SLURM_NAME.fullmatch(value):
+            raise C.ConfigError(
+                f"{variable}: {value!r} is not a SLURM account or partition name"
+                + (" (an unexpanded shell variable?)" if "$" in value else "")
+            )
+        settings[name] = value or None
+    gpu_rules = [rule for rule in C.RULES if C.rule_resources(cfg, rule).gpu > 0]
+    if settings["partition"] and not settings["gpu_partition"] and gpu_rules:
+        raise C.ConfigError(
+            f"{SLURM_VARIABLES['gpu_partition']}: not set, but {SLURM_VARIABLES['partition']}="
+            f"{settings['partition']} is, and rules {', '.join(gpu_rules)} request GPUs; set it to the GPU "
+            f"partition (or to {settings['partition']} if that one has the GPUs)"
+        )
+    return settings
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    parsed: C.PipelineConfig  # as the user wrote it (paths relative to the repository root)
+    cfg: C.PipelineConfig  # as jobs see it
+    repo_root: Path
+    workdir: Path
+    hub_models: dict[str, str]  # local directory (job path) -> hub id, for download_model
+    slurm: dict[str, Optional[str]]
+
+    @property
+    def results(self) -> str:
+        return self.cfg.results_dir
+
+    @functools.cached_property
+    def config_hash(self) -> str:
+        return C.config_hash(self.cfg)
+
+    @functools.cached_property
+    def snapshot(self) -> Path:
+        """The config every job reads: content-addressed, so writing it never changes a file that
+        another invocation uses."""
+        return self.workdir / L.config_snapshot(self.results, self.cfg.name, self.config_hash)
+
+    @property
+    def hub_data_dir(self) -> str:
+        return str(L.hub_data_dir(self.results))
+
+    @property
+    def hub_data(self) -> bool:
+        return self.parsed.data.source == "hf" or self.parsed.data.dapo_source == "hf"
+
+    def environment(self, python: str) -> dict[str, str]:
+        """What every job's shell reads. Local jobs inherit it; SLURM jobs get it through
+        `sbatch --export=ALL` and set it again when their jobstep parses common.smk."""
+        return dict(
+            # `repexp` from the environment that runs Snakemake (works without an activated venv;
+            # with --sdm conda the rule's env is activated in front of it)
+            PATH=os.pathsep.join([str(Path(python).parent), os.environ.get("PATH", "")]),
+            REPEXP_CONFIG=str(self.snapshot),
+            REPEXP_ROOT=str(self.repo_root),  # also expanded by pip in workflow/envs/*.yaml
+            REPEXP_WORKFLOW_DIR=str(self.repo_root / "workflow"),
+            # Jobs read local paths only: hub models and datasets are fetched once, on the submit host,
+            # by download_model/download_data (which lift these for their own process); a job that would
+            # reach for the Hub on a compute node without internet fails at once instead of hanging.
+            HF_HUB_OFFLINE="1",
+            HF_DATASETS_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+        )
+
+    def hub_data_files(self) -> list[str]:
+        """The JSONL files download_data writes: every hub table the sweep's tasks read."""
+        if not self.hub_data:
+            return []
+        from repexp.download import data_files  # imports numpy: only for configs that download
+
+        return [
+            str(Path(self.hub_data_dir, name))
+            for name in data_files(self.cfg.sweep.tasks, source_hf=self.parsed.data.source == "hf",
+                                   dapo_hf=self.parsed.data.dapo_source == "hf")
+        ]
+
+    def resources(self, rule: str) -> dict:
+        """Scheduler requests from config `resources.<rule>` (SLURM: --gpus[=<model>:N], -C,
+        --cpus-per-task, --mem, -t) plus account and partition. Multi-node (nodes > 1): one task per
+        node with the rule's CPUs and GPUs, started by the rule's own srun launcher (ray_slurm.sh)."""
+        res = C.rule_resources(self.cfg, rule)
+        out = {
+            "mem_mb": res.mem_mb,
+            "runtime": res.runtime,
+            "cpus_per_task": res.cpus_per_task,
+            "nodes": res.nodes,
+            "gpus_per_node": res.gpu,  # for ray_slurm.sh's srun steps; not an sbatch flag
+        }
+        if self.slurm["account"]:
+            out["slurm_account"] = self.slurm["account"]
+        partition = self.slurm["gpu_partition"] if res.gpu > 0 else self.slurm["partition"]
+        if partition:
+            out["slurm_partition"] = partition
+        if res.nodes > 1:
+            # --nodes=N --ntasks=N --ntasks-per-node=1 --cpus-per-task=C --gres=gpu:G: every node holds
+            # C CPUs and G GPUs for its one task. `mpi` makes the jobstep run the command once in the
+            # batch step (no `srun -n1` wrapper), so ray_slurm.sh can srun one Ray node per host;
+            # tasks_per_gpu=0 keeps the plugin from adding --ntasks-per-gpu.
+            out.update(tasks=res.nodes, mpi="srun", tasks_per_gpu=0, slurm_extra="--ntasks-per-node=1")
+            if res.gpu:
+                out["gres"] = f"gpu:{res.gpu_model}:{res.gpu}" if res.gpu_model else f"gpu:{res.gpu}"
+        else:
+            out["gpu"] = res.gpu
+            if res.gpu_model:
+                out["gpu_model"] = res.gpu_model  # the plugin: --gpus=<model>:<gpu>
+        if res.constraint:
+            out["constraint"] = res.constraint  # the plugin: -C '<features>'
+        # Jobs sharing one GPU on one machine: `--resources gpu_share=100` per GPU (docs/pilot.md).
+        out["gpu_share"] = res.gpu_share if res.gpu else 0
+        return out
+
+
+def setup(parsed: C.PipelineConfig, repo_root: Path, workdir: Path) -> Pipeline:
+    """Check the parsed config (cross-field rules, local paths, SLURM settings: ConfigError naming the
+    key) and derive the job-path config from it."""
+    C.check(parsed)
+    C.check_paths(parsed, repo_root)
+    slurm = slurm_settings(parsed)
+
+    def from_root(path) -> Path:
+        """A config path: absolute as given, else relative to the repository root (not the job's cwd)."""
+        path = Path(path)
+        return path if path.is_absolute() else repo_root / path
+
+    def for_jobs(path) -> str:
+        """Relative when below the workdir, so targets such as `results/eval/...` match the rules' outputs."""
+        path = Path(os.path.normpath(path))
+        try:
+            return str(path.relative_to(workdir))
+        except ValueError:
+            return str(path)
+
+    results = for_jobs(from_root(parsed.results_dir))
+
+    def model_for_jobs(model):
+        """Aliases stay (the model rule builds them); a hub id becomes its local copy (download_model);
+        a local directory becomes job-relative. Jobs never see a hub id."""
+        if model is None:
+            return None
+        kind = C.model_kind(model, repo_root)
+        if kind == "alias":
+            return model
+        if kind == "hub":
+            return str(L.hub_model_dir(results, model))
+        return for_jobs(from_root(os.path.expanduser(model)))
+
+    def source_for_jobs(source, hub_dir):
+        if source == "hf":
+            return str(hub_dir)
+        return None if source is None else os.path.relpath(from_root(source), workdir)
+
+    data = parsed.data
+    cfg = dataclasses.replace(
+        parsed,
+        results_dir=results,
+        model=model_for_jobs(parsed.model),
+        data=dataclasses.replace(data, source=source_for_jobs(data.source, L.hub_data_dir(results)),
+                                 dapo_source=source_for_jobs(data.dapo_source, L.hub_dapo_dir(results))),
+        bonus=dataclasses.replace(parsed.bonus, representation_model=model_for_jobs(parsed.bonus.representation_model)),
+    )
+    # The hub models the sweep needs; download_model fetches them once, on the submit host, into results/.
+    hub_models = {
+        str(L.hub_model_dir(results, value)): value
+        for value in (parsed.model, parsed.bonus.representation_model)
+        if value is not None and C.model_kind(value, repo_root) == "hub"
+    }
+    return Pipeline(parsed=parsed, cfg=cfg, repo_root=repo_root, workdir=workdir, hub_models=hub_models, slurm=slurm)
+
+
+# --------------------------------------------------------------------------- the workflow's hooks
+
+
+def on_start(pipeline: Pipeline, workflow) -> None:
+    """Before the first job of a real run (not on dry runs): the intermediates check, the config
+    snapshot, the tracking server and parent runs."""
+    if not workflow.touch:
+        check_intermediates(workflow)
+    if not pipeline.snapshot.exists():
+        write_text_atomic(pipeline.snapshot, C.dump_yaml(pipeline.cfg))
+    from repexp.tracking.workflow import on_start as start_tracking
+
+    start_tracking(pipeline.snapshot, workflow.non_local_exec)
+
+
+def check_intermediates(workflow) -> None:
+    """Stop a run that would rerun finished jobs only because a deleted intermediate is rebuilt, or
+    whose jobs would read a checkpoint or merged model that is gone (repexp.intermediates). Not with
+    --touch, which accepts outputs as they are."""
+    from repexp import intermediates
+
+    problems = intermediates.check_pending(
+        intermediates.pending_jobs(workflow.dag), sys.argv, workflow.dag_settings.targets
+    )
+    if problems:
+        print("repexp: " + "\n  ".join(["not starting:", *problems, "No job was started."]), file=sys.stderr)
+        raise SystemExit(1)
+
+
+def on_end(pipeline: Pipeline, success: bool) -> None:
+    """Upload what nodes left in the MLflow outbox (detached uploads under way are awaited), stop the
+    tracking server this workflow started; after success, print where the results are."""
+    from repexp.tracking.workflow import on_end as end_tracking
+    from repexp.tracking.workflow import where_lines
+
+    end_tracking(pipeline.snapshot, pipeline.results)
+    if success:
+        where = (Path(pipeline.results), L.aggregate_dir(pipeline.results), L.figures_dir(pipeline.results))
+        for line in where_lines(pipeline.cfg, *(path.resolve() for path in where), config=pipeline.snapshot):
+            print(line, file=sys.stderr)
+
+
+def settle(paths: list[str]) -> None:
+    """At every start on the submit host: a model or data split rebuilt with the same content gets back
+    the time the jobs made from it were built against (repexp.intermediates.settle)."""
+    from repexp import intermediates
+
+    for line in intermediates.settle(paths):
+        print(f"repexp: {line}", file=sys.stderr)
