@@ -12,7 +12,7 @@ On a fresh, already-migrated SQLite store under a temp results dir:
    validate`, ends before MLflow is imported: its record is uploaded by a detached process) and
    a real preprocess node (`repexp data prepare gsm8k`). Between repeats the detached uploads are
    awaited (`tracking.sync`), so they do not slow the next measurement; their own time is shown.
-3. The train node's critical path: what `repexp train` does before its trainer starts, with the
+3. The train node's critical path: what `repexp run train` does before its trainer starts, with the
    run opened beside the trainer (prepare + store check + opener thread) vs opened first.
 4. Unreachable server (a closed 127.0.0.1 port): the cost of detecting it and writing the outbox.
 5. Workflow start: `repexp mlflow parents` (every parent run of the config, once, in a fresh process),

@@ -2,7 +2,7 @@
 # verl training with the default `verl.attn_implementation: auto` on a GPU node without flash-attn
 # (issue 23, item 1; docs/gpu-validation.md, "Attention `auto` on the GPU"): `configs/gpu.yaml` as it
 # is (no attention overrides), on the built-in `arith` task so that the rollouts earn reward, one
-# RepExp training (actor, vLLM rollout and the frozen representation model) through `repexp train`:
+# RepExp training (actor, vLLM rollout and the frozen representation model) through `repexp run train`:
 #
 #   bash benchmarks/verl_auto_attention.sh          # from the project root, the GPU stack installed
 #

@@ -17,13 +17,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "model": ("repexp.models", "build the offline tiny test model or convert SmolLM2-135M-Instruct"),
     "download": ("repexp.download", "fetch a hub model or the hub datasets once (the submit host's localrules)"),
     "data": ("repexp.data", "prepare a task's train/dev/test parquet splits"),
-    "train": ("repexp.train", "train one sweep point with the backend its run name names (trl or verl)"),
     "select": ("repexp.checkpoints", "pick the best-dev checkpoint of a training run"),
     "merge": ("repexp.verl.merge", "merge a verl FSDP checkpoint into a Hugging Face directory"),
     "eval": ("repexp.evaluate", "sample a model on a split and compute pass@k"),
     "testtime": ("repexp.testtime", "order an evaluation's samples by the elliptical bonus (test-time RepExp)"),
-    "run": ("repexp.run_cli", "run one workflow job (preprocess, select, merge, eval, testtime) from the config "
-                              "snapshot and its task/run, beside its MLflow node run"),
+    "run": ("repexp.run_cli", "run one workflow job (preprocess, train, select, merge, eval, testtime) from the "
+                              "config snapshot and its task/run, beside its MLflow node run"),
     "plan": ("repexp.plan_cli", "what a sweep costs before anything is submitted: jobs, GPU-hours, disk, wall time"),
     "aggregate": ("repexp.aggregate", "collect eval.json files into one tidy pass@k table"),
     "figures": ("repexp.figures", "plot pass@k curves, sweep heatmaps and training curves"),

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
             for spec in C.sweep_runs(cfg):
                 print(spec.path)
         elif args.action == "job":
-            text = C.dump_yaml(C.compose(cfg, C.parse_run(args.task, args.run)))
+            text = C.dump_yaml(C.compose(cfg, C.find_run(cfg, args.task, args.run)))
             if args.out:
                 write_text_atomic(args.out, text)
             else:

@@ -1,12 +1,15 @@
 """Typed jobs: what one per-task / per-run stage runs, composed once from the config snapshot.
 
     config snapshot ($REPEXP_CONFIG) + identity (rule, task, run)
-      compose()    -> PreprocessJob | SelectJob | MergeJob | EvalJob | TesttimeJob
+      compose()    -> PreprocessJob | TrainJob | SelectJob | MergeJob | EvalJob | TesttimeJob
                       settings: the composed per-run config (repexp.config.compose; `data`/`testtime`
-                      from the pipeline config), paths: repexp.layout, identity: repexp.config.parse_run
-      run_job()    -> the stage core: repexp.data | checkpoints | evaluate | testtime (merge: run_cli.run_merge)
+                      from the pipeline config), paths: repexp.layout, identity: the config's run of
+                      that name (repexp.config.find_run; a name is never parsed back)
+      run_job()    -> the stage core: repexp.data | checkpoints | evaluate | testtime (merge: run_cli.run_merge;
+                      train: repexp.train.run_node, its own node, as its trainer is a subprocess)
       .outputs()   -> the rule's declared outputs, which the MLflow node logs (repexp.run_cli)
-      job_hash()   -> Snakemake's params of the rule: a settings change reruns exactly its jobs
+      job_hash()   -> Snakemake's params of the rule: a settings change reruns exactly its jobs (train's:
+                      repexp.config.training_hash)
 
 `repexp run RULE --task T [--run R]` (repexp.run_cli) is the workflow's one command for these rules;
 the hand CLIs (`repexp eval`, `repexp testtime`, `repexp select`, `repexp data prepare`) build the
@@ -49,6 +52,16 @@ class PreprocessJob:
 
     def outputs(self) -> list[str]:
         return [*(str(L.split_file(self.out, split)) for split in L.SPLITS), str(L.manifest_file(self.out))]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainJob:
+    """One training run: its resolved config (`job.yaml`), hashed as the training hash (job_hash)."""
+
+    config: C.RunConfig
+
+    def outputs(self) -> list[str]:
+        return [str(Path(self.config.run_dir) / L.DONE)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,7 +155,7 @@ class TesttimeJob:
         return [str(Path(self.out) / L.TESTTIME_JSON)]
 
 
-Job = Union[PreprocessJob, SelectJob, MergeJob, EvalJob, TesttimeJob]
+Job = Union[PreprocessJob, TrainJob, SelectJob, MergeJob, EvalJob, TesttimeJob]
 
 
 # --------------------------------------------------------------------------- composition
@@ -201,6 +214,7 @@ def _testtime(cfg, spec: C.RunSpec, rc: C.RunConfig) -> TesttimeJob:
 # rule -> (composer, "module:function" of the stage core that takes the job)
 RULES = {
     "preprocess": (_preprocess, "repexp.data:run_job"),
+    "train": (lambda cfg, spec, rc: TrainJob(config=rc), "repexp.train:run_node"),  # its own node (run_cli)
     "select": (_select, "repexp.checkpoints:run_job"),
     "merge": (_merge, "repexp.run_cli:run_merge"),  # repexp.verl.merge (the verl side's) keeps its CLI
     "eval": (_eval, "repexp.evaluate:run_job"),
@@ -224,8 +238,8 @@ def compose(cfg: C.PipelineConfig, rule: str, task: str, run: Optional[str] = No
         return composer(cfg, task)
     if run is None:
         raise C.ConfigError(f"run: the {rule} rule needs --run")
-    spec = C.parse_run(task, run)
-    if rule in ("select", "merge") and not spec.trains:
+    spec = C.find_run(cfg, task, run)
+    if rule in ("train", "select", "merge") and not spec.trains:
         raise C.ConfigError(f"run: {task}/{run} trains nothing, so it has no {rule} job")
     if rule == "merge" and spec.backend != "verl":
         raise C.ConfigError(f"run: {task}/{run} is not a verl run; only verl checkpoints are merged")
@@ -246,6 +260,8 @@ def params(job: Job) -> dict[str, Any]:
 
 
 def job_hash(job: Job) -> str:
+    if isinstance(job, TrainJob):
+        return C.training_hash(job.config)
     blob = json.dumps(dataclasses.asdict(job), sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

@@ -11,7 +11,7 @@ file name of this module is spelled as a path anywhere else in repexp/ or workfl
                               checkpoints/global_step_<N>/  COMPLETE (last), budget.json, ...
                               select.json                                                         select
                               merged.json (verl: the model at checkpoints/global_step_<N>/actor/hf) merge
-      train/<task>/.superseded/<run>-<hash>-<time>/   a run directory set aside (repexp train)
+      train/<task>/.superseded/<run>-<hash>-<time>/   a run directory set aside (repexp run train)
       eval/<task>/<run>/      samples/ (shard-<i>.parquet, meta.json, timing/), eval.json (last)    eval
       testtime/<task>/<run>/  features/, order.parquet, testtime.json (last)                   testtime
       aggregate/              pass_at_k.csv (the rule's table), k_efficiency{,_by_k}.csv, .md, .html  aggregate
@@ -81,7 +81,7 @@ def manifest_file(task_data_dir: PathLike) -> Path:
 # --------------------------------------------------------------------------- train/<task>/<run>/
 
 JOB_YAML = "job.yaml"  # the run's resolved RunConfig
-NODE_STATE = "train_node.json"  # repexp train: {"training_hash", "status": running|failed|done}
+NODE_STATE = "train_node.json"  # repexp run train: {"training_hash", "status": running|failed|done}
 MLFLOW_RUN = "mlflow_run.json"  # the node's MLflow run id, for the trainer
 METRICS = "metrics.jsonl"  # one {"step": N, "<metric>": value} per logged step
 BEST_DEV = "best_dev.json"
@@ -89,7 +89,7 @@ DONE = "DONE"  # written last by the trainer: the train rule's output
 CHUNK_END = "CHUNK_END"  # the trainer stopped at a walltime chunk's end: {"step", "deadline", "at"} (repexp.walltime)
 SELECT = "select.json"  # the select rule's model pointer
 MERGED = "merged.json"  # the merge rule's model pointer (verl)
-SUPERSEDED_DIR = ".superseded"  # train/<task>/.superseded/: run directories set aside by repexp train
+SUPERSEDED_DIR = ".superseded"  # train/<task>/.superseded/: run directories set aside by repexp run train
 CHECKPOINTS_DIR = "checkpoints"
 STEP_PREFIX = "global_step_"
 # inside a checkpoint directory

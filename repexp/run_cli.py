@@ -1,5 +1,6 @@
-"""`repexp run RULE --task T [--run R]`: the workflow's one command for preprocess, select, merge,
+"""`repexp run RULE --task T [--run R]`: the workflow's one command for preprocess, train, select, merge,
 eval and testtime (repexp.jobs composes the job from the config snapshot; nothing else is passed).
+Train opens its own node (repexp.train.run_node): its trainer is a subprocess that logs into it.
 
 The stage runs in a child process (`repexp run ... --stage-only`) beside the rule's MLflow node run,
 exactly as `repexp mlflow node` runs any command (repexp.tracking.cli); the node's params are the
@@ -35,10 +36,15 @@ def run(args: argparse.Namespace) -> int:
     from repexp.tracking.node import load_config
 
     try:
-        job = jobs.compose(load_config(args.config), args.rule, args.task, args.run)
+        cfg = load_config(args.config)
+        job = jobs.compose(cfg, args.rule, args.task, args.run)
     except (C.ConfigError, ValueError, FileNotFoundError) as err:
         print(f"repexp run {args.rule}: {err}", file=sys.stderr)
         return 2
+    if args.rule == "train":  # its own node, with or without --stage-only: the trainer is a subprocess
+        from repexp.train import run_node
+
+        return run_node(job, config=cfg, attempt=args.attempt, snakemake_jobid=args.snakemake_jobid)
     if args.stage_only:
         return jobs.run_job(args.rule, job)
     from repexp.tracking import cli as node_cli

@@ -1,8 +1,9 @@
-"""`repexp train`: the training node of one sweep point.
+"""The train stage of `repexp run train`: the training node of one sweep point.
 
-    repexp train --config CFG.yaml --task gsm8k --run trl_repexp_k32_b0.01_s42
+    repexp run train --task gsm8k --run trl_repexp_k32_b0.01_s42 [--config CFG.yaml]
 
-1. Composes the run's `RunConfig` (`repexp.config.compose`) and writes `<run_dir>/job.yaml`.
+1. `repexp.jobs.compose` builds the run's `TrainJob` (its `RunConfig`, `repexp.config.compose`) from the
+   config snapshot; `run_node` writes it as `<run_dir>/job.yaml`; the job's hash is the training hash.
 2. Decides between resuming and starting over: a run directory left by an unfinished attempt
    with the same training config is resumed by the trainer (from its latest complete
    checkpoint); one whose config changed, or one that had finished (a deliberate rerun), is
@@ -28,7 +29,6 @@ last (the Snakemake output); see docs/architecture.md, "Training-run contract".
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -47,45 +47,23 @@ DONE_FILE = layout.DONE
 RUN_FILE = layout.MLFLOW_RUN  # the node's MLflow run id, for the trainer (tracking.open_in_background)
 
 
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, default=os.environ.get("REPEXP_CONFIG"),
-                        help="pipeline config (default: $REPEXP_CONFIG, the snapshot Snakemake writes)")
-    parser.add_argument("--task", required=True)
-    parser.add_argument("--run", required=True, help="run name, e.g. trl_repexp_k32_b0.01_s42")
-    parser.add_argument("--expect-hash", help="fail unless the composed training config has this hash "
-                        "(Snakemake passes the hash it scheduled the job with)")
-    parser.add_argument("--attempt", type=int, default=1, help="Snakemake attempt number (an MLflow tag)")
-    parser.add_argument("--snakemake-jobid", help=tracking.SNAKEMAKE_JOBID_HELP)
-
-
-def run(args: argparse.Namespace) -> int:
+def run_node(job, *, config=None, attempt: int = 1, snakemake_jobid: Optional[str] = None) -> int:
+    """The train stage of `repexp run train` (job: repexp.jobs.TrainJob, composed from the snapshot): its own
+    MLflow node, because its trainer is a subprocess that logs into the node's run."""
     from repexp import config as C
+    from repexp.jobs import job_hash
 
+    run_config = job.config
     try:
-        if args.config is None:
-            raise C.ConfigError("--config: required (or set $REPEXP_CONFIG)")
-        cfg = C.load(args.config)
-        spec = C.parse_run(args.task, args.run)
-        if not spec.trains:
-            raise C.ConfigError(f"run: {args.run} does not train")
-        if spec.backend not in cfg.sweep.backends:
-            raise C.ConfigError(f"sweep.backends: {spec.backend} is not part of this config")
-        run_config = C.compose(cfg, spec)
-        training_hash = C.training_hash(run_config)
-        if args.expect_hash and args.expect_hash != training_hash:
-            raise C.ConfigError(
-                f"{args.config}: the training config of {spec.path} hashes to {training_hash}, but the job was "
-                f"scheduled with {args.expect_hash}; was the config changed while the workflow ran?"
-            )
-        job_yaml = Path(run_config.run_dir) / layout.JOB_YAML
         attention = node_attention(run_config)
         deadline = chunk_deadline(run_config)
         # built once here to fail before anything starts
-        trainer_command(run_config, job_yaml, attention, mlflow=False, deadline=deadline)
+        trainer_command(run_config, Path(run_config.run_dir) / layout.JOB_YAML, attention, mlflow=False,
+                        deadline=deadline)
     except (C.ConfigError, ValueError) as err:
         print(f"train: {err}", file=sys.stderr)
         return 2
-    return _train(cfg, run_config, training_hash, args.attempt, args.snakemake_jobid, attention, deadline)
+    return _train(config, run_config, job_hash(job), attempt, snakemake_jobid, attention, deadline)
 
 
 def chunk_deadline(run_config) -> Optional[float]:

@@ -3,7 +3,7 @@
 The budget of a training run is its steps (`train.total_steps`, the same for every arm). On SLURM
 one allocation (`resources.train.runtime`, sbatch `--time`) is only a *chunk* of that budget:
 
-    repexp train (the node)                       the trainer (TRL or verl)
+    repexp run train (the node)                       the trainer (TRL or verl)
     ─────────────────────────                     ─────────────────────────
     allocation_end()  ── SLURM's EndTime ──►      ChunkClock(deadline = end − walltime_margin)
                                                   after every step: ends_chunk()?
@@ -17,7 +17,7 @@ one allocation (`resources.train.runtime`, sbatch `--time`) is only a *chunk* of
 A requeue rather than a Snakemake retry: the number of chunks then follows from the steps left,
 with no retry count to estimate in advance, and a chunk end takes the same path as a preemption
 (SLURM requeues a preempted job itself; jobs are submitted with `--requeue`, docs/slurm.md).
-Where the requeue is refused (a cluster that forbids it), `repexp train` exits with
+Where the requeue is refused (a cluster that forbids it), `repexp run train` exits with
 `CHUNK_EXIT_STATUS` and Snakemake's `retries` of the train rule start the next chunk instead.
 
 Pure: no framework imports; SLURM is asked through its command-line clients only.
@@ -37,10 +37,10 @@ from typing import Optional
 from repexp import layout
 from repexp.io import read_json, write_json_atomic
 
-# `repexp train` after a chunk whose requeue SLURM refused (EX_TEMPFAIL: "try again"): Snakemake
+# `repexp run train` after a chunk whose requeue SLURM refused (EX_TEMPFAIL: "try again"): Snakemake
 # counts it as a failed attempt and its retries run the next chunk.
 CHUNK_EXIT_STATUS = 75
-# How long `repexp train` waits to be stopped by its own requeue before it gives up and exits.
+# How long `repexp run train` waits to be stopped by its own requeue before it gives up and exits.
 REQUEUE_WAIT_S = 300
 SLURM_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"  # squeue's %e (local time)
 

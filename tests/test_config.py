@@ -292,8 +292,8 @@ def test_canonical_is_the_shortest_round_trip(value, text):
 def test_run_names_round_trip(task, backend, k, beta, seed):
     repexp = C.RunSpec(task, "repexp", backend, k, beta, seed)
     for spec in (repexp, C.RunSpec(task, "grpo", backend, None, 0.0, seed), C.RunSpec(task, "base")):
-        assert C.parse_run(task, spec.name) == spec
-        assert re.fullmatch(C.RUN_PATTERN, spec.name)  # the Snakemake wildcard accepts it
+        assert C.parse_run(task, spec.name) == spec  # results directories named by hand (repexp aggregate)
+        assert re.fullmatch(C.run_pattern([spec]), spec.name)  # the Snakemake wildcard accepts it
     assert C.parse_run(task, repexp.name).beta == beta  # exact float round trip
     # numpy scalars (e.g. from a Paramspace) name the same run
     assert C.RunSpec(task, "repexp", backend, np.int64(k), np.float64(beta), np.int64(seed)).name == repexp.name
@@ -308,10 +308,18 @@ def test_parse_run_rejects_non_canonical_or_unknown_names(name):
         C.parse_run("gsm8k", name)
 
 
-def test_wildcard_patterns_separate_trained_verl_and_base_runs():
-    assert re.fullmatch(C.TRAINED_RUN_PATTERN, "trl_grpo_s1") and not re.fullmatch(C.TRAINED_RUN_PATTERN, "base")
-    assert re.fullmatch(C.VERL_RUN_PATTERN, "verl_repexp_k8_b0.5_s3")
-    assert not re.fullmatch(C.VERL_RUN_PATTERN, "trl_grpo_s1")
+def test_runs_are_looked_up_among_the_configs_runs_and_the_wildcard_matches_exactly_them():
+    cfg = C.load(_patched({"sweep": {"betas": [0.01, 0.5]}}))
+    runs = C.sweep_runs(cfg)
+    assert [C.find_run(cfg, spec.task, spec.name) for spec in runs] == runs
+    for name in ("trl_repexp_k8_b0.010_s42", "trl_repexp_k8_b0.2_s42", "trl_grpo_s7", "base2"):
+        with pytest.raises(C.ConfigError, match=rf"run: gsm8k/{re.escape(name)} is not a run of this config"):
+            C.find_run(cfg, "gsm8k", name)
+    pattern, trained = C.run_pattern(runs), C.run_pattern(s for s in runs if s.trains)
+    assert all(re.fullmatch(pattern, s.name) for s in runs)
+    assert not re.fullmatch(pattern, "trl_repexp_k8_b0.010_s42") and not re.fullmatch(pattern, "trl_repexp_k8_b0")
+    assert re.fullmatch(trained, "trl_grpo_s42") and not re.fullmatch(trained, "base")
+    assert C.run_pattern([]) == "(?!)"
     assert all(re.fullmatch(C.TASK_PATTERN, t) for t in C.TASKS) and not re.fullmatch(C.TASK_PATTERN, "gsm8k/base")
 
 

@@ -504,8 +504,8 @@ def test_mlflow_server_killed_during_training_then_sync_stores_every_point_once(
                                    tracking={"tracking_uri": mlflow_server.uri, "experiment": "outage-train"})
     run_dir = results / "train" / "gsm8k" / TRAIN_RUN
     with open(tmp_path / "train.log", "w") as log:
-        train = subprocess.Popen([REPEXP, "train", "--config", str(config), "--task", "gsm8k", "--run", TRAIN_RUN],
-                                 env=quiet_env(), stdout=log, stderr=subprocess.STDOUT)
+        train = subprocess.Popen([REPEXP, "run", "train", "--config", str(config), "--task", "gsm8k",
+                                  "--run", TRAIN_RUN], env=quiet_env(), stdout=log, stderr=subprocess.STDOUT)
 
     def trained_step_logged_live():
         published = run_dir / "mlflow_run.json"
@@ -728,7 +728,7 @@ def test_select_skips_a_truncated_checkpoint_for_the_next_best_complete_one(tmp_
 
 
 def test_a_node_killed_by_sigterm_reports_it_in_one_wording(tmp_path, tiny_assets):
-    """Issue 20, item 6: the eval wrapper and `repexp train` describe a SIGTERM the same way
+    """Issue 20, item 6: the eval wrapper and `repexp run train` describe a SIGTERM the same way
     (the train side is checked in test_training_killed_by_sigterm_then_sigkill_resumes_and_matches)."""
     results = tmp_path / "results"
     config = write_pipeline_config(tmp_path / "config.yaml", results, tracking={"tracking_uri": None})
@@ -884,7 +884,7 @@ def test_training_killed_by_sigterm_then_sigkill_resumes_and_matches(kill_workdi
     # 1. SIGTERM to the training job's processes right after checkpoint 1 is complete, as SLURM does
     #    at a time limit; Snakemake (alive) retries the job (`retries:` in train.smk).
     first = SnakemakeRun(workdir, target)
-    assert kill_when(lambda: step_done(1), first.proc, "repexp train", signal.SIGTERM, "checkpoint 1") > 0
+    assert kill_when(lambda: step_done(1), first.proc, "repexp run train", signal.SIGTERM, "checkpoint 1") > 0
     assert not step_done(TOTAL_STEPS), "step 2 finished before the kill; the test lost its window"
 
     # 2. The retry resumes and saves step 2: SIGKILL Snakemake and every job at once while that
@@ -894,7 +894,8 @@ def test_training_killed_by_sigterm_then_sigkill_resumes_and_matches(kill_workdi
         staging = run_dir / "trl_staging"
         return (staging.exists() and any(staging.glob("checkpoint-*"))) or checkpoint_dir(run_dir, TOTAL_STEPS).exists()
 
-    wait_for(lambda: job_processes(first.proc.pid, "repexp train"), 120, "the retry of the train job", proc=first.proc)
+    wait_for(lambda: job_processes(first.proc.pid, "repexp run train"), 120, "the retry of the train job",
+             proc=first.proc)
     kill_when(saving_step_2, first.proc, None, signal.SIGKILL, "the retry saving step 2")
     first.proc.wait(timeout=60)
     assert not (run_dir / "DONE").exists(), "the retry finished before the kill; the test lost its window"
@@ -1025,7 +1026,7 @@ def test_non_finite_hidden_states_fail_the_training_step_loudly(tmp_path, tiny_a
     assert poison.returncode == 0, poison.stderr
     config = write_pipeline_config(tmp_path / "config.yaml", results,
                                    bonus={"representation_model": str(poisoned)})
-    proc = run([REPEXP, "train", "--config", str(config), "--task", "gsm8k", "--run", TRAIN_RUN], timeout=900)
+    proc = run([REPEXP, "run", "train", "--config", str(config), "--task", "gsm8k", "--run", TRAIN_RUN], timeout=900)
     run_dir = results / "train" / "gsm8k" / TRAIN_RUN
     assert_clear_failure(proc, "NaN or infinite")
     assert not (run_dir / "DONE").exists()

@@ -18,8 +18,8 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from repexp import aggregate, cli, figures  # noqa: E402
+from repexp.config import RunSpec, sweep_runs  # noqa: E402
 from repexp.config import load as load_config  # noqa: E402
-from repexp.config import sweep_runs  # noqa: E402
 
 KS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 SEEDS = (41, 42, 43)
@@ -183,6 +183,17 @@ def test_one_seed_has_no_band_and_says_so(tmp_path):
     assert all(s["sem"] is None for s in record["panels"][0]["series"])
     assert "one seed: no band" in record["caption"] and "Lines with one seed have no band." in record["notes"]
     assert record["panels"][0]["title"] == "AIME 2024"
+
+
+def test_figures_take_a_runs_fields_from_the_table_never_from_its_name(tmp_path):
+    """Runs outside any config (eval dirs aggregated by hand) plot from the table's columns."""
+    for run in ("trl_grpo_s7", "trl_repexp_k8_b0.1_s7", "base"):
+        write_eval(tmp_path / "eval", "aime24", run, curve(0.3))
+    aggregate.aggregate(aggregate.find_eval_files(tmp_path / "eval"), tmp_path / "agg")
+    table = aggregate.read_table(tmp_path / "agg" / "pass_at_k.csv")
+    table["run"] = "renamed"  # not read
+    assert figures.table_specs(table) == [RunSpec("aime24", "repexp", "trl", 8, 0.1, 7),
+                                          RunSpec("aime24", "grpo", "trl", None, 0.0, 7), RunSpec("aime24", "base")]
 
 
 def test_many_sweep_points_keep_the_paper_setting_in_the_curves(tmp_path):

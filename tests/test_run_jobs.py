@@ -21,9 +21,11 @@ from repexp import jobs as J
 from repexp import layout as L
 
 REPEXP = str(Path(sys.executable).parent / "repexp")
-CONVERTED = ("preprocess", "select", "merge", "eval", "testtime")
+CONVERTED = ("preprocess", "train", "select", "merge", "eval", "testtime")
 # the one shell shape of a converted rule (common.smk, node_command): identities, the attempt, the job id, the log
-SHAPE = re.compile(r"repexp run (?P<rule>\w+) --task [\w-]+(?: --run \w[\w.]*)? --attempt \d+ "
+# (train's behind ray_slurm.sh: nodes, GPUs per node, threads)
+SHAPE = re.compile(r"(?:bash \"\$REPEXP_WORKFLOW_DIR/scripts/ray_slurm.sh\" \d+ \d+ \d+ )?"
+                   r"repexp run (?P<rule>\w+) --task [\w-]+(?: --run \w[\w.]*)? --attempt \d+ "
                    r"--snakemake-jobid \{\d+\} > \S+\.log 2>&1")
 
 
@@ -44,7 +46,7 @@ def test_every_converted_rule_runs_one_command_shape_without_settings(configfile
     proc = snakemake("all", "-n", "-p", "--profile", "local", "--configfile", str(configfile),
                      "--config", f"results_dir={tmp_path / 'results'}", workdir=tmp_path)
     commands = shell_commands(proc)
-    expected = {"preprocess", "select", "eval", "testtime"} | ({"merge"} if configfile == PAPER else set())
+    expected = {"preprocess", "train", "select", "eval", "testtime"} | ({"merge"} if configfile == PAPER else set())
     assert set(commands) == expected, commands.keys()
     for rule, lines in commands.items():
         for line in lines:  # (the paper's hub model is downloaded by a localrule, not passed here)

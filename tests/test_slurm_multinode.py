@@ -4,7 +4,7 @@ this machine (tests/slurm_cluster.py with nodes=2; docs/slurm.md, "How the 2-nod
 The train rule's real resources for `resources.train.nodes: 2` (common.smk `rule_resources`)
 go through the real executor plugin to sbatch; the jobstep runs workflow/scripts/ray_slurm.sh in
 the batch step, which starts a Ray head on n1 and a worker on n2 as job steps bound to the
-allocation's CPUs, and then runs a probe where `repexp train` would run: verl's own
+allocation's CPUs, and then runs a probe where `repexp run train` would run: verl's own
 `ray.init()` (no arguments, RAY_ADDRESS from the script) must see both nodes and both CPUs.
 What a single host cannot show: GPU binding (no GPUs; `--gres=gpu:G` is on the srun steps only
 when GPUs are requested) and cgroup confinement (the test cluster runs without cgroups).

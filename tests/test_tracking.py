@@ -380,7 +380,7 @@ def test_tracking_uri_resolution(tmp_path, monkeypatch):
 
 
 def test_a_trainer_finds_its_node_run_once_it_is_open(store, tmp_path, monkeypatch):
-    """`repexp train` starts the trainer first and opens the node run meanwhile (no MLflow wait)."""
+    """`repexp run train` starts the trainer first and opens the node run meanwhile (no MLflow wait)."""
     from repexp.trl.runlog import MlflowSink
 
     cfg, uri = store

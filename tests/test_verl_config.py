@@ -239,7 +239,7 @@ def test_verls_reward_loader_finds_the_project_verifier(run_configs):
 
 
 def test_the_verl_entry_logs_into_the_node_run_or_drops_its_mlflow_logger(run_configs, tmp_path, monkeypatch):
-    """`repexp train` publishes the node's run id while verl starts (repexp.tracking.open_in_background)."""
+    """`repexp run train` publishes the node's run id while verl starts (repexp.tracking.open_in_background)."""
     import json
 
     from repexp import tracking
@@ -327,7 +327,7 @@ def test_train_stops_before_anything_when_flash_attention_is_asked_for_but_missi
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(yaml.safe_dump(raw))
     repexp = str(Path(sys.executable).parent / "repexp")
-    proc = subprocess.run([repexp, "train", "--config", str(cfg), "--task", "gsm8k", "--run", "verl_grpo_s42"],
+    proc = subprocess.run([repexp, "run", "train", "--config", str(cfg), "--task", "gsm8k", "--run", "verl_grpo_s42"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert "verl.attn_implementation: flash_attention_2 was asked for" in proc.stderr

@@ -181,14 +181,14 @@ def test_paper_training_budgets_are_finite_and_retention_bounded(tmp_path_factor
     runtimes = {int(r["runtime"]) for r in rule_resources_of(text, "train")}
     paper = C.load(PAPER)
     for task, run in jobs:
-        train = C.compose(paper, C.parse_run(task, run)).train
+        train = C.compose(paper, C.find_run(paper, task, run)).train
         assert train.total_steps is not None and train.total_steps <= 200, (task, run)
         assert all(train.walltime_margin_minutes < runtime <= 24 * 60 for runtime in runtimes)
         assert train.max_checkpoints_to_keep == 1 and train.test_freq % train.save_freq == 0
     assert {C.task_section(paper, t, "train").total_steps for t in paper.sweep.tasks} == {200, 80}
     steps_by_task = {}
     for task, run in jobs:  # equal arms: GRPO and every beta of a task train the same number of steps
-        steps_by_task.setdefault(task, set()).add(C.compose(paper, C.parse_run(task, run)).train.total_steps)
+        steps_by_task.setdefault(task, set()).add(C.compose(paper, C.find_run(paper, task, run)).train.total_steps)
     assert all(len(steps) == 1 for steps in steps_by_task.values()), steps_by_task
 
 
@@ -551,16 +551,17 @@ def test_train_node_resumes_an_interrupted_run_and_sets_aside_stale_ones(tmp_pat
     assert train.prepare_run_dir(run_dir, "hash-b") is not None  # finished before: a deliberate rerun starts over
 
 
-def test_train_node_refuses_a_config_that_changed_after_scheduling(tmp_path):
+def test_train_job_refuses_a_run_the_config_does_not_have(tmp_path):
+    """Runs are looked up among the config's runs, never parsed: an unknown or non-canonical name fails naming `run`."""
     raw = yaml.safe_load(TEST.read_text())
     raw["results_dir"] = str(tmp_path / "results")
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(yaml.safe_dump(raw))
     repexp = str(Path(sys.executable).parent / "repexp")
-    proc = subprocess.run([repexp, "train", "--config", str(cfg), "--task", "gsm8k",
-                           "--run", "trl_grpo_s42", "--expect-hash", "0123456789ab"], capture_output=True, text=True)
-    assert proc.returncode == 2 and "scheduled with 0123456789ab" in proc.stderr
+    for run, why in (("trl_repexp_k8_b0.010_s42", "is not a run of this config"), ("trl_grpo_s7", "is not a run of"),
+                     ("base", "trains nothing")):
+        proc = subprocess.run([repexp, "run", "train", "--config", str(cfg), "--task", "gsm8k", "--run", run],
+                              capture_output=True, text=True)
+        assert proc.returncode == 2 and f"run: gsm8k/{run} {why}" in proc.stderr, proc.stderr
+        assert run == "base" or "trl_grpo_s42" in proc.stderr  # the message lists the task's runs
     assert not (tmp_path / "results").exists()
-    base = subprocess.run([repexp, "train", "--config", str(cfg), "--task", "gsm8k", "--run", "base"],
-                          capture_output=True, text=True)
-    assert base.returncode == 2 and "base does not train" in base.stderr

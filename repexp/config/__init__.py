@@ -12,10 +12,10 @@ A package by job; this module re-exports their public API, so `from repexp impor
 - `rules`: `check` applies the per-field rules and every cross-field rule of the pipeline and its two
   trainer backends, so a config that a job would reject fails at parse time, before any job;
   `check_paths` checks local paths (data sources, a local `model:` directory); `load` = read, parse, check;
-- `runs`: the run-name grammar (`RUN_NAMES`: names, their parsing and the Snakemake wildcards), the
-  sweep's runs, and `compose`, which resolves one job's `RunConfig` (defaults <- file <- task
-  overrides <- sweep point), the only thing both trainer backends and the eval node read, with the
-  training hash;
+- `runs`: the run names (`RUN_NAMES`, printed by `RunSpec.name`), the sweep's runs (`sweep_runs`,
+  `find_run`, the Snakemake wildcard `run_pattern`), and `compose`, which resolves one job's
+  `RunConfig` (defaults <- file <- task overrides <- sweep point), the only thing both trainer
+  backends and the eval node read, with the training hash;
 - `schema`: `configs/schema.yaml` (Snakemake's `validate`) is generated from the same dataclasses
   (`repexp config schema`), and a test keeps the committed copy in sync.
 
@@ -93,20 +93,19 @@ from repexp.config.rules import (
 from repexp.config.runs import (
     MODEL_ALIAS_PATTERN,
     RUN_NAMES,
-    RUN_PATTERN,
     TASK_PATTERN,
-    TRAINED_RUN_PATTERN,
-    VERL_RUN_PATTERN,
     RunConfig,
     RunSpec,
     canonical,
     compose,
     config_hash,
+    find_run,
     load_run_config,
     max_new_tokens,
     parse_run,
     resolve_model,
     rule_resources,
+    run_pattern,
     sweep_runs,
     task_section,
     task_sweep,
@@ -125,8 +124,9 @@ __all__ = [
     "split_overrides", "to_dataclass",
     "check", "check_bonus", "check_fields", "check_paths", "check_repexp_micro_batch",
     "check_save_freq", "check_tracking_uri", "check_train_batches", "check_trains", "check_trl_loss", "check_value",
-    "check_verl_overrides", "load", "model_kind", "trl_micro_batch", "MODEL_ALIAS_PATTERN", "RUN_NAMES", "RUN_PATTERN",
-    "TASK_PATTERN", "TRAINED_RUN_PATTERN", "VERL_RUN_PATTERN", "RunConfig", "RunSpec", "canonical", "compose",
-    "config_hash", "load_run_config", "max_new_tokens", "parse_run", "resolve_model", "rule_resources", "sweep_runs",
+    "check_verl_overrides", "load", "model_kind", "trl_micro_batch", "MODEL_ALIAS_PATTERN", "RUN_NAMES",
+    "TASK_PATTERN", "RunConfig", "RunSpec", "canonical", "compose",
+    "config_hash", "find_run", "load_run_config", "max_new_tokens", "parse_run", "resolve_model", "rule_resources",
+    "run_pattern", "sweep_runs",
     "task_section", "task_sweep", "training_hash", "json_schema",
 ]

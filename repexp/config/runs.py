@@ -2,8 +2,9 @@
 
 - `task_section` / `task_sweep` / `rule_resources`: a task's effective sections and sweep points
   (task overrides applied) and a rule's scheduler requests;
-- `RUN_NAMES`, the run-name grammar written once: `RunSpec.name` fills it, `parse_run` reads it back
-  and the Snakemake wildcard patterns match it; `sweep_runs` lists every run of a sweep;
+- `RUN_NAMES`, each method's run name: `RunSpec.name` prints it; the pipeline never parses it back
+  (`parse_run` reads results directories named by hand); `sweep_runs` lists every run of a sweep,
+  `find_run` looks one up by name, `run_pattern` is Snakemake's wildcard regex of a set of runs;
 - `compose` resolves one job's `RunConfig` (defaults <- file <- task overrides <- sweep point),
   the only thing both trainer backends and the eval node read; `training_hash` is what reruns training.
 
@@ -17,7 +18,7 @@ import dataclasses
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -86,31 +87,19 @@ def canonical(value: Any) -> str:
     return str(value)
 
 
-# The run-name grammar, written once: each method's template. `RunSpec.name` fills it, `parse_run`
-# reads it back and the Snakemake wildcards below match it; a field's syntax is a regex of its values.
+# Each method's run name, written once: `RunSpec.name` prints it. The pipeline never reads a name back
+# (it looks the run up among the config's runs, `find_run`); only `parse_run` does, for results
+# directories named by hand without a config (repexp aggregate, the tracking scopes).
 RUN_NAMES = {
     "repexp": "{backend}_repexp_k{sparse_dim}_b{beta}_s{seed}",
     "grpo": "{backend}_grpo_s{seed}",
     "base": "base",
 }
-_INT = r"(?:0|[1-9]\d*)"
-# Numbers only in their canonical spelling (no leading/trailing zeros), so a path such as
-# .../trl_repexp_k8_b0.010_s42/... matches no rule instead of naming a duplicate run.
-_CANONICAL_FIELDS = {"backend": "|".join(BACKENDS), "sparse_dim": r"[1-9]\d*",
-                     "beta": _INT + r"(?:\.\d*[1-9])?", "seed": _INT}
-# Any spelling: `parse_run` reads these, then refuses a non-canonical one naming the canonical name.
-_LOOSE_FIELDS = {**_CANONICAL_FIELDS, "sparse_dim": r"\d+", "beta": r"[0-9.]+", "seed": r"\d+"}
-
-
-def _run_pattern(method: str, fields: Mapping[str, str], *, named: bool = False) -> str:
-    """The regex of `method`'s run names, each template field replaced by its syntax in `fields`."""
-    parts = re.split(r"\{(\w+)\}", RUN_NAMES[method])  # literal, field, literal, ...
-    group = "(?P<{}>{})" if named else "(?:{1})"
-    return "".join(re.escape(part) if i % 2 == 0 else group.format(part, fields[part]) for i, part in enumerate(parts))
-
-
+_FIELDS = {"backend": "|".join(BACKENDS), "sparse_dim": r"\d+", "beta": r"[0-9.]+", "seed": r"\d+"}
 # One regex per method: group names repeat across methods, which one alternation cannot hold.
-_RUN_RES = {method: re.compile(_run_pattern(method, _LOOSE_FIELDS, named=True)) for method in RUN_NAMES}
+_RUN_RES = {method: re.compile("".join(re.escape(part) if i % 2 == 0 else f"(?P<{part}>{_FIELDS[part]})"
+                                       for i, part in enumerate(re.split(r"\{(\w+)\}", template))))
+            for method, template in RUN_NAMES.items()}
 
 
 @dataclass(frozen=True)
@@ -142,7 +131,7 @@ class RunSpec:
 
 
 def parse_run(task: str, name: str) -> RunSpec:
-    """Inverse of `RunSpec.name`; rejects non-canonical spellings such as b0.010."""
+    """A results directory's run (`RunSpec.name` read back); rejects non-canonical spellings such as b0.010."""
     match = next(((method, m) for method, regex in _RUN_RES.items() if (m := regex.fullmatch(name))), None)
     if match is None or task not in TASKS:
         raise ConfigError(f"run: {task}/{name} is not a valid run name")
@@ -174,11 +163,23 @@ def sweep_runs(cfg: PipelineConfig) -> list[RunSpec]:
     return runs
 
 
+def find_run(cfg: PipelineConfig, task: str, name: str) -> RunSpec:
+    """The run of this config's sweep named `name`; ConfigError naming `run` and the task's runs otherwise
+    (a non-canonical spelling such as b0.010 names no run)."""
+    runs = {spec.name: spec for spec in sweep_runs(cfg) if spec.task == task}
+    if name not in runs:
+        raise ConfigError(f"run: {task}/{name} is not a run of this config (its runs of {task}: "
+                          f"{', '.join(runs) or f'none, {task} is not in sweep.tasks'})")
+    return runs[name]
+
+
+def run_pattern(runs: Iterable[RunSpec]) -> str:
+    """Snakemake's wildcard regex for `run`: exactly these runs' names (no match when there are none)."""
+    return "|".join(sorted({re.escape(spec.name) for spec in runs})) or "(?!)"
+
+
 # Wildcard regexes for Snakemake (no named groups: Snakemake wraps each in its own group).
 TASK_PATTERN = "|".join(re.escape(t) for t in TASKS)
-TRAINED_RUN_PATTERN = "|".join(_run_pattern(m, _CANONICAL_FIELDS) for m in ("grpo", "repexp"))
-VERL_RUN_PATTERN = "|".join(_run_pattern(m, {**_CANONICAL_FIELDS, "backend": "verl"}) for m in ("grpo", "repexp"))
-RUN_PATTERN = "|".join(_run_pattern(m, _CANONICAL_FIELDS) for m in RUN_NAMES)
 MODEL_ALIAS_PATTERN = "|".join(MODEL_ALIASES)
 
 
@@ -235,7 +236,7 @@ def training_hash(run_config: RunConfig) -> str:
     (batching for speed, CPUs, retention).
 
     Snakemake passes it as the train rule's param, so a config change reruns exactly the training
-    jobs it affects; `repexp train --expect-hash` refuses a snapshot that hashes differently.
+    jobs it affects (it is the train job's hash, `repexp.jobs.TrainJob`).
     """
     rc = run_config
     identity = {

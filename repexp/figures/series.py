@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from repexp.aggregate.tables import METHOD_NAMES
-from repexp.config import METHODS, TASKS, RunSpec, canonical, parse_run
+from repexp.config import METHODS, TASKS, RunSpec, canonical
 from repexp.figures.style import PAPER_POINTS
 
 # --------------------------------------------------------------------------- series
@@ -115,7 +115,11 @@ def expected_from_config(config_path: str | Path) -> list[RunSpec]:
 
 
 def table_specs(table) -> list[RunSpec]:
-    return sorted({parse_run(t, r) for t, r in table[["task", "run"]].drop_duplicates().itertuples(index=False)},
+    """The runs of a pass@k table, from the columns the aggregate writes for each run (never its name)."""
+    import pandas as pd
+
+    rows = table[["task", "method", "backend", "sparse_dim", "beta", "seed"]].drop_duplicates().astype(object)
+    return sorted({RunSpec(*(None if pd.isna(v) else v for v in row)) for row in rows.itertuples(index=False)},
                   key=lambda s: (TASKS.index(s.task), METHODS.index(s.method), s.backend or "", s.sparse_dim or 0,
                                  s.beta, s.seed or 0))
 

@@ -4,11 +4,11 @@
 On resume from step M the lines of steps > M (written after the checkpoint the run resumes
 from) are dropped, so the file of a resumed run equals that of an uninterrupted one.
 
-MLflow: only into the node's run: `MLFLOW_RUN_ID`, or the id that the `repexp train` wrapper
+MLflow: only into the node's run: `MLFLOW_RUN_ID`, or the id that the `repexp run train` wrapper
 publishes in `$REPEXP_MLFLOW_RUN_FILE` (set for this process only) while the trainer starts up,
 read at the first log. Metric names are sanitised as verl's MLflow logger does
 (`repexp.metrics.metric_name`: `@` → `_at_`, other invalid characters → `_`). Batches go through MLflow's async logging
-when `MLFLOW_ENABLE_ASYNC_LOGGING` is true (`repexp train` sets it): a step never waits for the
+when `MLFLOW_ENABLE_ASYNC_LOGGING` is true (`repexp run train` sets it): a step never waits for the
 store; a failed batch is seen at the next log. Any tracking failure is reported once as a
 warning and tracking is switched off; it never fails training (the wrapper replays what is
 missing from metrics.jsonl).
@@ -86,7 +86,7 @@ class MlflowSink:
         self.tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or tracking_uri
         self._client = None
         self._pending = None  # the previous async batch (MLflow's RunOperations)
-        # `repexp train` opens the node run while the trainer starts: its id is read at the first log
+        # `repexp run train` opens the node run while the trainer starts: its id is read at the first log
         self._awaiting_run = self.run_id is None and bool(os.environ.get(tracking.ENV_RUN_FILE))
         self.enabled = self.run_id is not None or self._awaiting_run
         if self.run_id is not None and not self.tracking_uri:

@@ -77,7 +77,7 @@ def build_overrides(run_config: RunConfig, attention: Optional[Attention] = None
     """The verl Hydra overrides of one training run (RepExp for beta > 0, the GRPO baseline for beta = 0).
 
     ``attention``: what `repexp.verl.attention.resolve` decided on the job's node, for the actor and
-    the frozen representation model alike (`repexp train` resolves and logs it once); None resolves
+    the frozen representation model alike (`repexp run train` resolves and logs it once); None resolves
     `verl.attn_implementation` on this machine (the one non-pure step: it tries to import flash_attn).
 
     ``loggers`` defaults to console (+ mlflow when ``tracking.tracking_uri`` is set). verl's MLflow

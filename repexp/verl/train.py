@@ -80,7 +80,7 @@ def write_done(run_dir: Path, wall_time_s: float) -> dict:
 
 
 def use_node_run(config: DictConfig) -> None:
-    """Log into the node's MLflow run that `repexp train` opened while this process imported verl
+    """Log into the node's MLflow run that `repexp run train` opened while this process imported verl
     and Ray: its id goes into the environment the TaskRunner inherits; without one (MLflow
     unreachable) verl's mlflow logger is dropped and metrics.jsonl keeps the curves."""
     node_run = tracking.await_node_run()

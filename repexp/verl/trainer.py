@@ -21,7 +21,7 @@ What it changes, each through an overridable method of verl's `PPOTrainer`:
   ``trainer.resume_mode=auto`` restores the covariance and the training time together with the
   weights and the data order.
 - `on_train_begin` / `on_step_end`: walltime chunks (``repexp_run.chunk_deadline``, set by
-  `repexp train` under SLURM; `repexp.walltime`): when another step and a save would not end
+  `repexp run train` under SLURM; `repexp.walltime`): when another step and a save would not end
   before the deadline, the step just trained is saved (unless verl's schedule just did), made the
   last one of this process, and ``CHUNK_END`` is written; `repexp.verl.train` then skips `DONE`.
 - Every logged step is also appended to ``<run_dir>/metrics.jsonl`` (`{"step": N, <metric>: value}`).

@@ -39,9 +39,15 @@ HUB_MODEL_PATTERN = "|".join(re.escape(Path(path).name) for path in HUB_MODELS) 
 EXPERIMENT = CFG.tracking.experiment or CFG.name  # one MLflow experiment per config
 
 
+# `run` matches exactly the sweep's run names (so b0.010 matches no rule); train/select only trained
+# runs, merge only verl runs.
+TRAINED_RUN_PATTERN = C.run_pattern(spec for spec in RUNS if spec.trains)
+VERL_RUN_PATTERN = C.run_pattern(spec for spec in RUNS if spec.backend == "verl")
+
+
 wildcard_constraints:
     task=C.TASK_PATTERN,
-    run=C.RUN_PATTERN,
+    run=C.run_pattern(RUNS),
     alias=C.MODEL_ALIAS_PATTERN,
 
 
@@ -180,18 +186,12 @@ def training_curve_flags(wildcards):
 
 @functools.lru_cache(maxsize=None)
 def run_spec(task, run):
-    return C.parse_run(task, run)  # raises on non-canonical names such as b0.010
+    return C.find_run(CFG, task, run)  # the sweep's run of that name: a name is never parsed back
 
 
 @functools.lru_cache(maxsize=None)
 def run_config(task, run):
     return C.compose(CFG, run_spec(task, run), cfg_hash=CONFIG_HASH)
-
-
-def training_hash(wildcards):
-    """The job's resolved training config, hashed: a params value, so editing one task's
-    settings reruns only that task's training jobs (and eval settings rerun none)."""
-    return C.training_hash(run_config(wildcards.task, wildcards.run))
 
 
 @functools.lru_cache(maxsize=None)
@@ -202,7 +202,8 @@ def _job_hash(rule, task, run):
 
 def job_hash(rule):
     """The params of a `repexp run` rule: its job's settings hashed, so a config change reruns exactly
-    the jobs whose settings changed (the shell command carries none)."""
+    the jobs whose settings changed (the shell command carries none). Train's is the training hash:
+    editing one task's training settings reruns only its trainings, eval settings none."""
     return lambda wildcards: _job_hash(rule, wildcards.task, getattr(wildcards, "run", None))
 
 

@@ -11,7 +11,7 @@ rule merge:
     benchmark:
         benchmark_path("merge", "{task}", "{run}")
     wildcard_constraints:
-        run=C.VERL_RUN_PATTERN,
+        run=VERL_RUN_PATTERN,
     retries: 1  # large checkpoints on shared filesystems: a transient I/O error can pass on retry
     conda:
         "../envs/train.yaml"

@@ -11,7 +11,7 @@ rule select:
     benchmark:
         benchmark_path("select", "{task}", "{run}")
     wildcard_constraints:
-        run=C.TRAINED_RUN_PATTERN,
+        run=TRAINED_RUN_PATTERN,
     conda:
         "../envs/core.yaml"
     threads: rule_threads("select")

@@ -1,6 +1,6 @@
 # train(task, backend, sparse_dim, β, seed) and the GRPO (β = 0) baselines.
-# `repexp train` composes the job's config, writes job.yaml, pre-creates the MLflow child run
-# and runs the backend trainer, which resumes from its latest complete checkpoint on a retry.
+# `repexp run train` composes the job's config, writes job.yaml, opens the MLflow node run and runs
+# the backend trainer, which resumes from its latest complete checkpoint on a retry (repexp.train).
 
 
 rule train:
@@ -13,7 +13,7 @@ rule train:
     benchmark:
         benchmark_path("train", "{task}", "{run}")
     wildcard_constraints:
-        run=C.TRAINED_RUN_PATTERN,
+        run=TRAINED_RUN_PATTERN,
     # failures (a crash, a node lost, a walltime kill) retry and resume from the newest checkpoint; a
     # walltime chunk's end and a preemption requeue the SLURM job instead (repexp.walltime)
     retries: C.TRAIN_RETRIES
@@ -23,8 +23,7 @@ rule train:
     resources:
         **rule_resources("train"),
     params:
-        training_hash=training_hash,
+        job=job_hash("train"),  # the training hash: eval, tracking and runtime settings rerun no training
     shell:
-        'bash "$REPEXP_WORKFLOW_DIR/scripts/ray_slurm.sh" {resources.nodes} {resources.gpus_per_node} {threads}'
-        ' repexp train --config "$REPEXP_CONFIG" --snakemake-jobid {{{jobid}}} --task {wildcards.task} --run {wildcards.run}'
-        " --expect-hash {params.training_hash} --attempt {resources.attempt} > {log} 2>&1"
+        'bash "$REPEXP_WORKFLOW_DIR/scripts/ray_slurm.sh" {resources.nodes} {resources.gpus_per_node} {threads} '
+        + node_command("train")
