@@ -7,11 +7,12 @@ On a fresh, already-migrated SQLite store under a temp results dir:
 1. In-process (mlflow already imported): a node that writes a JSON output, run plain vs inside
    `tracking.node_run` with N params, K metric keys x S steps (one batched call per step, like a
    trainer) and the output as artifact. Overhead = tracked - plain, per node.
-2. Fresh processes, as Snakemake jobs run them: a command plain vs inside `repexp mlflow node`
-   (which starts the command at once and opens the run beside it): a short one (`repexp config
-   validate`, ends before MLflow is imported: its record is uploaded by a detached process) and
-   a real preprocess node (`repexp data prepare gsm8k`). Between repeats the detached uploads are
-   awaited (`tracking.sync`), so they do not slow the next measurement; their own time is shown.
+2. Fresh processes, as Snakemake jobs run them: a hand command plain vs its rule's `repexp run`
+   (the stage in the same process, the run opened on a thread meanwhile): a short one (`repexp
+   download data gsm8k` with no hub table: ends before MLflow is imported, its record is uploaded
+   by a detached process) and a real preprocess node (`repexp data prepare gsm8k`). Between repeats
+   the detached uploads are awaited (`tracking.sync`), so they do not slow the next measurement;
+   their own time is shown.
 3. The train node's critical path: what `repexp run train` does before its trainer starts, with the
    run opened beside the trainer (prepare + store check + opener thread) vs opened first.
 4. Unreachable server (a closed 127.0.0.1 port): the cost of detecting it and writing the outbox.
@@ -40,13 +41,14 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 REPEXP = str(Path(sys.executable).parent / "repexp")
+DATA_DIR = REPO.parent / "shared" / "data"
 
 
 def write_config(path: Path, results: Path, **tracking) -> Path:
     path.write_text(yaml.safe_dump({
         "name": "bench-tracking", "results_dir": str(results), "model": "tiny",
         "sweep": {"tasks": ["gsm8k"], "backends": ["trl"], "sparse_dims": [8], "betas": [0.01], "seeds": [42]},
-        "tracking": tracking,
+        "data": {"source": str(DATA_DIR), "split_seed": 42}, "tracking": tracking,
     }))
     return path
 
@@ -107,8 +109,7 @@ def main() -> None:
 
         # fresh processes, as a Snakemake job runs them
         def plain_vs_wrapped(rule: str, task_args: list[str], command: list[str]):
-            wrapped = [REPEXP, "mlflow", "node", "--config", str(cfg), "--rule", rule, "--snakemake-jobid", "{1}",
-                       *task_args, "--", "repexp", *command]
+            wrapped = [REPEXP, "run", rule, "--config", str(cfg), "--snakemake-jobid", "{1}", *task_args]
             plain_s, wrapped_s, upload_s = [], [], []
             for _ in range(args.repeats):
                 plain_s.append(timed_cmd([REPEXP, *command], env))
@@ -120,11 +121,9 @@ def main() -> None:
                 upload_s.append(time.perf_counter() - t0)
             return plain_s, wrapped_s, upload_s
 
-        short = plain_vs_wrapped("select", ["--task", "gsm8k", "--run", "trl_grpo_s42"],
-                                 ["config", "validate", str(cfg)])
-        data_dir = REPO.parent / "shared" / "data"
+        short = plain_vs_wrapped("download_data", [], ["download", "data", "gsm8k", "--out", str(tmp / "dl")])
         prep = plain_vs_wrapped("preprocess", ["--task", "gsm8k"],
-                                ["data", "prepare", "gsm8k", "--source", str(data_dir), "--out", str(tmp / "gsm8k"),
+                                ["data", "prepare", "gsm8k", "--source", str(DATA_DIR), "--out", str(tmp / "gsm8k"),
                                  "--seed", "42"])
 
         # the train node: the wrapper's work before the trainer starts (in-process, mlflow imported)
@@ -147,8 +146,7 @@ def main() -> None:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         dead_cfg = write_config(tmp / "dead.yaml", tmp / "results-dead", tracking_uri=f"http://127.0.0.1:{port}")
-        dead = [REPEXP, "mlflow", "node", "--config", str(dead_cfg), "--rule", "select", "--task", "gsm8k",
-                "--run", "trl_grpo_s42", "--", "repexp", "config", "validate", str(dead_cfg)]
+        dead = [REPEXP, "run", "download_data", "--config", str(dead_cfg)]
         dead_p = [timed_cmd(dead, env) for _ in range(args.repeats)]
         outbox = len(T.pending_records(tmp / "results-dead"))
         parents_s = [timed_cmd([REPEXP, "mlflow", "parents", "--config", str(cfg)], env) for _ in range(args.repeats)]
@@ -161,9 +159,9 @@ def main() -> None:
     print(f"in-process node, {args.params} params, {args.metric_keys} keys x {args.steps} steps, 1 artifact: "
           f"plain {1000 * med(plain):.1f} ms, tracked {1000 * med(tracked):.0f} ms, "
           f"overhead {med(tracked) - med(plain):.2f} s per node")
-    for label, (plain_s, wrapped_s, upload_s) in (("`repexp config validate`", short),
+    for label, (plain_s, wrapped_s, upload_s) in (("`repexp download data` (no table)", short),
                                                  ("`repexp data prepare gsm8k`", prep)):
-        print(f"fresh process, {label}: plain {med(plain_s):.2f} s, in `repexp mlflow node` {med(wrapped_s):.2f} s, "
+        print(f"fresh process, {label}: plain {med(plain_s):.2f} s, in `repexp run` {med(wrapped_s):.2f} s, "
               f"overhead {med(wrapped_s) - med(plain_s):.2f} s per node; awaiting its upload afterwards "
               f"{med(upload_s):.2f} s (off the job's path: this process uploads it, or waits for the detached upload)")
     print(f"train node before its trainer starts (mlflow already imported here): run opened first "

@@ -344,19 +344,25 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from repexp.jobs import SelectJob, from_args
 
-    return run_job(from_args(SelectJob, args))
+    return run_job(from_args(SelectJob, args)).code
 
 
-def run_job(job) -> int:
-    """Write the model pointer of a finished run (`repexp.jobs.SelectJob`: the workflow's and `repexp select`'s)."""
+def run_job(job):
+    """Write the model pointer of a finished run (`repexp.jobs.SelectJob`: the workflow's and `repexp select`'s);
+    its node logs the pointer as `select.*` params and the best dev value at the selected step."""
+    from repexp.jobs import StageResult
+
     try:
         pointer = select(job.run_dir, job.backend)
     except (FileNotFoundError, ValueError) as err:
         print(f"select: {err}", file=sys.stderr)
-        return 1
+        return StageResult(code=1)
     for skipped in pointer.get("skipped", []):
         print(f"select: warning: skipping step {skipped['step']} ({pointer['metric']} = {skipped['value']:.4f}), its "
               f"checkpoint is damaged: {'; '.join(skipped['problems'])}", file=sys.stderr)
     write_json_atomic(job.out, pointer)
     print(f"selected step {pointer['checkpoint_step']} ({pointer['metric']} = {pointer['value']:.4f})", file=sys.stderr)
-    return 0
+    value = pointer.get("value")
+    return StageResult(params={f"select.{k}": v for k, v in pointer.items() if k not in ("value", "skipped")},
+                       metrics={metric_names.BEST_DEV_VALUE: value} if value is not None else {},
+                       step=int(pointer.get("checkpoint_step") or 0))

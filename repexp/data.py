@@ -720,11 +720,15 @@ def run(args: argparse.Namespace) -> int:
     from repexp.jobs import PreprocessJob, from_args
 
     return run_job(from_args(PreprocessJob, args, out=args.out or str(layout.data_dir(PipelineConfig.results_dir,
-                                                                                     args.task))))
+                                                                                     args.task)))).code
 
 
-def run_job(job) -> int:
-    """A task's splits and manifest (`repexp.jobs.PreprocessJob`: the workflow's and `repexp data prepare`'s)."""
+def run_job(job):
+    """A task's splits and manifest (`repexp.jobs.PreprocessJob`: the workflow's and `repexp data prepare`'s);
+    its node logs the source files as input datasets."""
+    from repexp.jobs import StageResult
+    from repexp.tracking.outputs import source_datasets
+
     hand_only = {name: getattr(job, name) for name in ("gsm8k_dev_size", "dapo_train_size", "aime_train")
                  if getattr(job, name) is not None}  # unset: Options' defaults
     options = Options(seed=job.seed, limit_train=job.limit_train, limit_dev=job.limit_dev, limit_test=job.limit_test,
@@ -734,11 +738,11 @@ def run_job(job) -> int:
         manifest = prepare(job.task, out, source=job.source, options=options, dapo_source=job.dapo_source)
     except (DataError, sp.SplitError, FileNotFoundError) as err:
         print(f"repexp data prepare {job.task}: error: {err}", file=sys.stderr)
-        return 2
+        return StageResult(code=2)
     from repexp.intermediates import record_content
 
     for info in manifest["splits"].values():
         record_content(Path(out) / info["file"])  # a byte-identical rebuild reruns nothing made from it
     counts = ", ".join(f"{name} {info['rows']}" for name, info in manifest["splits"].items())
     print(f"{job.task}: wrote {out} ({counts}; dropped {len(manifest['dropped'])} training rows)")
-    return 0
+    return StageResult(inputs=source_datasets(manifest))

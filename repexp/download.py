@@ -111,17 +111,33 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        if args.action == "model":
-            path = download_model(args.repo_id, args.out, args.revision)
-            from repexp.intermediates import record_content
+    from repexp.jobs import DownloadDataJob, DownloadModelJob, from_args
 
-            record_content(path)  # a byte-identical download reruns nothing made from it
-            print(f"{args.repo_id}: downloaded to {path}")
-        else:
-            manifest = download_data(args.tasks, args.out, tables=args.tables, dapo=args.dapo)
-            print(f"wrote {len(manifest['files'])} tables to {args.out}")
+    if args.action == "model":
+        return run_model_job(from_args(DownloadModelJob, args))
+    return run_data_job(from_args(DownloadDataJob, args))
+
+
+def run_model_job(job) -> int:
+    """A hub model into its local directory (`repexp.jobs.DownloadModelJob`)."""
+    try:
+        path = download_model(job.repo_id, job.out, job.revision)
     except Exception as err:  # noqa: BLE001 - network and Hub errors come in many types; name them and fail
-        print(f"repexp download {args.action}: {type(err).__name__}: {err}", file=sys.stderr)
+        print(f"repexp download model: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
+    from repexp.intermediates import record_content
+
+    record_content(path)  # a byte-identical download reruns nothing made from it
+    print(f"{job.repo_id}: downloaded to {path}")
+    return 0
+
+
+def run_data_job(job) -> int:
+    """The hub tables of some tasks as a local data source (`repexp.jobs.DownloadDataJob`)."""
+    try:
+        manifest = download_data(list(job.tasks), job.out, tables=job.tables, dapo=job.dapo)
+    except Exception as err:  # noqa: BLE001
+        print(f"repexp download data: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    print(f"wrote {len(manifest['files'])} tables to {job.out}")
     return 0

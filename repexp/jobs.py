@@ -5,16 +5,17 @@
                       settings: the composed per-run config (repexp.config.compose; `data`/`testtime`
                       from the pipeline config), paths: repexp.layout, identity: the config's run of
                       that name (repexp.config.find_run; a name is never parsed back)
-      run_job()    -> the stage core: repexp.data | checkpoints | evaluate | testtime (merge: run_cli.run_merge;
-                      train: repexp.train.run_node, its own node, as its trainer is a subprocess)
-      .outputs()   -> the rule's declared outputs, which the MLflow node logs (repexp.run_cli)
+      run_job()    -> the stage core (repexp.data | checkpoints | evaluate | testtime | ...) -> StageResult
+                      (train: repexp.train.run_node, its own node, as its trainer is a subprocess)
+      .outputs()   -> the rule's declared outputs, which the MLflow node logs as artifacts
       job_hash()   -> Snakemake's params of the rule: a settings change reruns exactly its jobs (train's:
                       repexp.config.training_hash)
 
-`repexp run RULE --task T [--run R]` (repexp.run_cli) is the workflow's one command for these rules;
-the hand CLIs (`repexp eval`, `repexp testtime`, `repexp select`, `repexp data prepare`) build the
-same job from their flags (`from_args`) and call the same `run_job`. Fields named as the hand CLIs'
-options; a field left None by the pipeline means "the stage's own default".
+`repexp run RULE [--task T] [--run R] ...` (repexp.run_cli) is the workflow's one command; it runs the
+stage in its own process inside the node run (repexp.tracking.outputs.run_stage), which logs the
+StageResult. The hand CLIs (`repexp eval`, `repexp select`, `repexp aggregate`, ...) build the same job
+from their flags (`from_args`) and call the same stage. Fields named as the hand CLIs' options; a field
+left None by the pipeline means "the stage's own default".
 
 Cheap to import (every Snakemake invocation hashes jobs in common.smk): no numpy, torch or MLflow.
 """
@@ -26,7 +27,7 @@ import dataclasses
 import hashlib
 import importlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -34,6 +35,33 @@ from repexp import config as C
 from repexp import layout as L
 
 DAPO_TASK = "dapo-with-aime24"  # the one task that reads data.dapo_source
+
+
+@dataclass
+class StageResult:
+    """What a stage produced, for its node run: exit status, `metrics` (at `step`), params, input
+    datasets (repexp.tracking.outputs.dataset dicts) and tables ({artifact file: {column: values}})."""
+
+    code: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    step: int = 0
+    params: dict[str, Any] = field(default_factory=dict)
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    tables: dict[str, dict[str, list]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Identity:  # the workflow's wildcards; None in a hand CLI's job
+    task: Optional[str] = None
+    run: Optional[str] = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class _OneOutput:
+    out: str
+
+    def outputs(self) -> list[str]:
+        return [self.out]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,36 +93,22 @@ class TrainJob:
 
 
 @dataclass(frozen=True, kw_only=True)
-class SelectJob:
+class SelectJob(_Identity, _OneOutput):
     run_dir: str
     backend: str
-    out: str
-    task: Optional[str] = None
-    run: Optional[str] = None
-
-    def outputs(self) -> list[str]:
-        return [self.out]
 
 
 @dataclass(frozen=True, kw_only=True)
-class MergeJob:
+class MergeJob(_Identity, _OneOutput):
     pointer: str
-    out: str
-    task: Optional[str] = None
-    run: Optional[str] = None
-
-    def outputs(self) -> list[str]:
-        return [self.out]
 
 
 @dataclass(frozen=True, kw_only=True)
-class EvalJob:
+class EvalJob(_Identity):
     data: Optional[str]
     out: str
     model: Optional[str] = None  # exactly one of model and model_pointer
     model_pointer: Optional[str] = None
-    task: Optional[str] = None
-    run: Optional[str] = None
     engine: str
     n_samples: int
     temperature: float
@@ -132,7 +146,7 @@ class EvalJob:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TesttimeJob:
+class TesttimeJob(_Identity):
     eval_dir: str
     model: str
     out: str
@@ -143,8 +157,6 @@ class TesttimeJob:
     batch_size: int
     dtype: str
     bootstrap: int
-    task: Optional[str] = None
-    run: Optional[str] = None
     # hand use only (`repexp testtime`)
     data: Optional[str] = None
     device: str = "auto"
@@ -155,7 +167,59 @@ class TesttimeJob:
         return [str(Path(self.out) / L.TESTTIME_JSON)]
 
 
-Job = Union[PreprocessJob, TrainJob, SelectJob, MergeJob, EvalJob, TesttimeJob]
+@dataclass(frozen=True, kw_only=True)
+class ModelJob(_OneOutput):
+    kind: str  # the alias: tiny | smollm2
+    seed: int = 0
+    shape: str = "tiny"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DownloadModelJob(_OneOutput):
+    repo_id: str
+    revision: Optional[str] = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DownloadDataJob(_OneOutput):
+    tasks: tuple[str, ...]
+    tables: bool
+    dapo: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class AggregateJob:
+    inputs: Optional[tuple[str, ...]]
+    out_dir: str
+    testtime: tuple[str, ...] = ()
+    experiment: Optional[str] = None
+    config: Optional[str] = None  # the config file: its runs are expected (set by `repexp run`, not hashed)
+    eval_dir: Optional[str] = None  # hand use only
+    grader: Optional[str] = None
+    tracking_uri: Optional[str] = None
+
+    def outputs(self) -> list[str]:
+        return [str(Path(self.out_dir) / name) for name in L.AGGREGATE_FILES]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FiguresJob:
+    table: str
+    out_dir: str
+    k_efficiency: Optional[str] = None
+    curves_from: str = "auto"
+    train_dir: Optional[str] = None
+    config: Optional[str] = None  # as AggregateJob's
+    experiment: Optional[str] = None
+    tracking_uri: Optional[str] = None
+    max_repexp_lines: Optional[int] = None
+
+    def outputs(self) -> list[str]:
+        return []  # `repexp figures` logs the figures and tables itself (repexp.figures.publish)
+
+
+Job = Union[PreprocessJob, TrainJob, SelectJob, MergeJob, EvalJob, TesttimeJob, ModelJob, DownloadModelJob,
+            DownloadDataJob, AggregateJob, FiguresJob]
 
 
 # --------------------------------------------------------------------------- composition
@@ -211,33 +275,74 @@ def _testtime(cfg, spec: C.RunSpec, rc: C.RunConfig) -> TesttimeJob:
     )
 
 
-# rule -> (composer, "module:function" of the stage core that takes the job)
+def _model(cfg, alias: str) -> ModelJob:
+    if alias not in C.MODEL_ALIASES:
+        raise C.ConfigError(f"alias: {alias!r} is not an offline model ({', '.join(C.MODEL_ALIASES)})")
+    return ModelJob(kind=alias, out=str(L.model_alias_dir(cfg.results_dir, alias)))
+
+
+def _download_model(cfg, hub_model: str) -> DownloadModelJob:
+    repo_id = hub_model.replace("--", "/", 1)  # the local copy's name, `<org>--<name>` (no `--` in Hub names)
+    return DownloadModelJob(repo_id=repo_id, out=str(L.hub_model_dir(cfg.results_dir, repo_id)))
+
+
+def _download_data(cfg) -> DownloadDataJob:
+    """The hub tables of the sweep's tasks; the snapshot names their local copy where the config said `hf`."""
+    results, data = cfg.results_dir, cfg.data
+    return DownloadDataJob(tasks=tuple(cfg.sweep.tasks), out=str(L.hub_data_dir(results)),
+                           tables=data.source in ("hf", str(L.hub_data_dir(results))),
+                           dapo=data.dapo_source in ("hf", str(L.hub_dapo_dir(results))))
+
+
+def _aggregate(cfg) -> AggregateJob:
+    runs = C.sweep_runs(cfg)
+    return AggregateJob(
+        inputs=tuple(str(L.eval_json(cfg.results_dir, s.task, s.name)) for s in runs),
+        testtime=tuple(str(L.testtime_json(cfg.results_dir, s.task, s.name)) for s in runs) if cfg.testtime.enabled
+        else (), out_dir=str(L.aggregate_dir(cfg.results_dir)), experiment=cfg.tracking.experiment or cfg.name)
+
+
+def _figures(cfg) -> FiguresJob:
+    trains = any(spec.trains for spec in C.sweep_runs(cfg))
+    return FiguresJob(table=str(L.aggregate_file(cfg.results_dir, L.PASS_AT_K_CSV)),
+                      k_efficiency=str(L.aggregate_file(cfg.results_dir, L.K_EFFICIENCY_BY_K_CSV)),
+                      out_dir=str(L.figures_dir(cfg.results_dir)), curves_from="jsonl" if trains else "none",
+                      train_dir=str(Path(cfg.results_dir, L.TRAIN_DIR)) if trains else None)
+
+
+# rule -> (composer, "module:function" of the stage core that takes the job, the rule's wildcards)
 RULES = {
-    "preprocess": (_preprocess, "repexp.data:run_job"),
-    "train": (lambda cfg, spec, rc: TrainJob(config=rc), "repexp.train:run_node"),  # its own node (run_cli)
-    "select": (_select, "repexp.checkpoints:run_job"),
-    "merge": (_merge, "repexp.run_cli:run_merge"),  # repexp.verl.merge (the verl side's) keeps its CLI
-    "eval": (_eval, "repexp.evaluate:run_job"),
-    "testtime": (_testtime, "repexp.testtime:run_job"),
+    "preprocess": (_preprocess, "repexp.data:run_job", ("task",)),
+    "train": (lambda cfg, spec, rc: TrainJob(config=rc), "repexp.train:run_node", ("task", "run")),  # own node
+    "select": (_select, "repexp.checkpoints:run_job", ("task", "run")),
+    "merge": (_merge, "repexp.run_cli:run_merge", ("task", "run")),  # repexp.verl.merge keeps its CLI
+    "eval": (_eval, "repexp.evaluate:run_job", ("task", "run")),
+    "testtime": (_testtime, "repexp.testtime:run_job", ("task", "run")),
+    "model": (_model, "repexp.models:run_job", ("alias",)),
+    "download_model": (_download_model, "repexp.download:run_model_job", ("hub_model",)),
+    "download_data": (_download_data, "repexp.download:run_data_job", ()),
+    "aggregate": (_aggregate, "repexp.aggregate:run_job", ()),
+    "figures": (_figures, "repexp.figures:run_job", ()),
 }
 
 
-def compose(cfg: C.PipelineConfig, rule: str, task: str, run: Optional[str] = None, *,
-            run_config: Optional[C.RunConfig] = None, cfg_hash: Optional[str] = None) -> Job:
-    """The job of one rule for one task (preprocess) or run; raises ConfigError naming a bad rule,
-    task or run. `run_config`: `C.compose`'s result when the caller has it (the workflow caches it)."""
+def compose(cfg: C.PipelineConfig, rule: str, task: Optional[str] = None, run: Optional[str] = None, *,
+            run_config: Optional[C.RunConfig] = None, cfg_hash: Optional[str] = None, **wildcards: str) -> Job:
+    """The job of one rule for its wildcards (task and run; alias; hub_model; none); raises ConfigError
+    naming a bad rule, task or run. `run_config`: `C.compose`'s result when the caller has it (the
+    workflow caches it)."""
     if rule not in RULES:
         raise C.ConfigError(f"rule: {rule!r} is not a rule `repexp run` knows; choose from {', '.join(RULES)}")
-    composer, _ = RULES[rule]
-    if rule == "preprocess":
-        if run is not None:
-            raise C.ConfigError(f"run: preprocess prepares a task's data; it takes no run (got {run!r})")
-        if task not in cfg.sweep.tasks:
-            raise C.ConfigError(f"task: {task!r} is not one of this config's sweep.tasks "
-                                f"({', '.join(cfg.sweep.tasks)})")
-        return composer(cfg, task)
-    if run is None:
-        raise C.ConfigError(f"run: the {rule} rule needs --run")
+    composer, _, identity = RULES[rule]
+    given = {**dict.fromkeys(identity), "task": task, "run": run, **wildcards}
+    for name, value in given.items():
+        if (value is None) == (name in identity):
+            raise C.ConfigError(f"{name}: the {rule} rule needs --{name.replace('_', '-')}" if value is None else
+                                f"{name}: the {rule} rule takes no {name} (got {value!r})")
+    if rule == "preprocess" and task not in cfg.sweep.tasks:
+        raise C.ConfigError(f"task: {task!r} is not one of this config's sweep.tasks ({', '.join(cfg.sweep.tasks)})")
+    if "run" not in identity:
+        return composer(cfg, **{name: given[name] for name in identity})
     spec = C.find_run(cfg, task, run)
     if rule in ("train", "select", "merge") and not spec.trains:
         raise C.ConfigError(f"run: {task}/{run} trains nothing, so it has no {rule} job")
@@ -247,10 +352,11 @@ def compose(cfg: C.PipelineConfig, rule: str, task: str, run: Optional[str] = No
     return composer(cfg, spec, rc)
 
 
-def run_job(rule: str, job: Job) -> int:
-    """Run the stage in this process (`repexp run --stage-only`, the node's child)."""
+def run_job(rule: str, job: Job) -> StageResult:
+    """Run the stage in this process; a stage that returns an exit status only gets a bare result."""
     module, function = RULES[rule][1].split(":")
-    return int(getattr(importlib.import_module(module), function)(job) or 0)
+    result = getattr(importlib.import_module(module), function)(job)
+    return result if isinstance(result, StageResult) else StageResult(code=int(result or 0))
 
 
 def params(job: Job) -> dict[str, Any]:
@@ -267,8 +373,9 @@ def job_hash(job: Job) -> str:
 
 
 def from_args(cls: type, args: argparse.Namespace, **values: Any) -> Job:
-    """A hand CLI's job: its options of the same names (paths as text), then `values`."""
-    fields = {f.name for f in dataclasses.fields(cls)}
-    given = {name: getattr(args, name) for name in fields if hasattr(args, name)}
-    given.update(values)
-    return cls(**{name: str(value) if isinstance(value, Path) else value for name, value in given.items()})
+    """A hand CLI's job: its options of the same names (paths as text, lists as tuples), then `values`."""
+    def plain(value: Any) -> Any:
+        return str(value) if isinstance(value, Path) else tuple(map(plain, value)) if isinstance(value, list) else value
+
+    given = {f.name: plain(getattr(args, f.name)) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+    return cls(**{**given, **values})

@@ -174,12 +174,19 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.kind == "tiny":
-        build_tiny_qwen2(args.out, seed=args.seed, shape=args.shape)
+    from repexp.jobs import ModelJob, from_args
+
+    return run_job(from_args(ModelJob, args))
+
+
+def run_job(job) -> int:
+    """An offline policy (`repexp.jobs.ModelJob`: the model rule's and `repexp model`'s)."""
+    if job.kind == "tiny":
+        build_tiny_qwen2(job.out, seed=job.seed, shape=job.shape)
     else:
-        convert_smollm2(args.out)
+        convert_smollm2(job.out)
     from repexp.intermediates import record_content
 
-    record_content(args.out)  # a byte-identical rebuild reruns nothing made from it (repexp.intermediates)
-    print(f"wrote {args.out}", file=sys.stderr)
+    record_content(job.out)  # a byte-identical rebuild reruns nothing made from it (repexp.intermediates)
+    print(f"wrote {job.out}", file=sys.stderr)
     return 0

@@ -206,17 +206,15 @@ def test_sweep_points_carry_test_pass_at_k_in_mlflow(sweep, tmp_path, tmp_path_f
     config = tmp_path / "cfg.yaml"
     config.write_text(f"name: agg-test\nresults_dir: {results}\ntracking: {{tracking_uri: '{uri}'}}\n"
                       "sweep: {tasks: [math], backends: [verl], sparse_dims: [32], betas: [0.01, 0.1], "
-                      "seeds: [41, 42]}\n")
+                      "seeds: [41, 42]}\ntesttime: {enabled: false}\n")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     # the eval node of one sweep point already made its parent run, as in the pipeline
     with tracking.node_run("eval", "math", "verl_grpo_s41", config=str(config)) as node:
         assert node.online
     existing_parent = node.record.parent_run_id
-    paths = [str(p) for p in aggregate.find_eval_files(sweep)]
+    shutil.copytree(sweep, results / "eval")  # where the aggregate job reads the sweep's eval.json files
     # as the workflow rule calls it: inside the node run, naming the experiment but not the store
-    code = cli.main(["mlflow", "node", "--config", str(config), "--rule", "aggregate", "--",
-                     "repexp", "aggregate", "--inputs", *paths, "--out-dir", str(tmp_path / "out"),
-                     "--config", str(config), "--experiment", "agg-test"])
+    code = cli.main(["run", "aggregate", "--config", str(config)])
     assert code == 0
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name("agg-test")

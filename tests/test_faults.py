@@ -554,7 +554,7 @@ def test_aggregate_with_mlflow_down_gives_the_parents_their_pass_at_k_after_sync
     results = tmp_path / "results"
     config = write_pipeline_config(tmp_path / "config.yaml", results,
                                    tracking={"tracking_uri": f"http://127.0.0.1:{free_port()}",
-                                             "experiment": "aggregate-offline"})
+                                             "experiment": "aggregate-offline"}, testtime={"enabled": False})
     evals = []
     for i, spec in enumerate(sweep_runs(load(config))):
         path = results / "eval" / spec.task / spec.name / "eval.json"
@@ -562,11 +562,7 @@ def test_aggregate_with_mlflow_down_gives_the_parents_their_pass_at_k_after_sync
         path.write_text(json.dumps(eval_result(problem_ids=["p1", "p2"], scores=[[1, 0, 0, 0], [1] * i + [0] * (4 - i)],
                                                answers=None, metadata={"split": "test"})))
         evals.append((spec, json.loads(path.read_text())))
-    out = results / "aggregate"
-    proc = run([REPEXP, "mlflow", "node", "--config", str(config), "--rule", "aggregate", "--output",
-                str(out / "pass_at_k.csv"), "--", "repexp", "aggregate", "--inputs",
-                *[str(results / "eval" / s.task / s.name / "eval.json") for s, _ in evals], "--out-dir", str(out),
-                "--config", str(config), "--experiment", "aggregate-offline"])
+    proc = run([REPEXP, "run", "aggregate", "--config", str(config)])  # the job reads every eval.json above
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "kept for `repexp mlflow sync`" in proc.stdout, proc.stdout
 
@@ -731,11 +727,12 @@ def test_a_node_killed_by_sigterm_reports_it_in_one_wording(tmp_path, tiny_asset
     """Issue 20, item 6: the eval wrapper and `repexp run train` describe a SIGTERM the same way
     (the train side is checked in test_training_killed_by_sigterm_then_sigkill_resumes_and_matches)."""
     results = tmp_path / "results"
-    config = write_pipeline_config(tmp_path / "config.yaml", results, tracking={"tracking_uri": None})
-    out = tmp_path / "eval"
-    proc = subprocess.Popen([REPEXP, "mlflow", "node", "--config", str(config), "--rule", "eval", "--task", "gsm8k",
-                             "--run", "base", "--output", str(out / "eval.json"), "--",
-                             *eval_cmd(tiny_assets / "model", tiny_assets / "data" / "test.parquet", out)[1:]],
+    config = write_pipeline_config(tmp_path / "config.yaml", results, tracking={"tracking_uri": None},
+                                   model=str(tiny_assets / "model"),
+                                   eval={"n_samples": 2, "max_new_tokens": 4, "batch_size": 4, "shard_size": 2})
+    shutil.copytree(tiny_assets / "data", results / "data" / "gsm8k")  # where the eval job reads its split
+    out = results / "eval" / "gsm8k" / "base"
+    proc = subprocess.Popen([REPEXP, "run", "eval", "--config", str(config), "--task", "gsm8k", "--run", "base"],
                             env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_for(lambda: (out / "samples" / "meta.json").exists(), 300, "the eval to start", proc=proc)
     proc.send_signal(signal.SIGTERM)  # to the wrapper, as SLURM and Snakemake stop a job

@@ -406,6 +406,7 @@ def test_mlflow_curves_and_figures_run(workspace, tmp_path, tmp_path_factory, mo
     from mlflow import MlflowClient
 
     from repexp import tracking
+    from repexp.jobs import FiguresJob
     from repexp.metrics import metric_name as mlflow_metric_name
 
     db = tmp_path / "mlflow" / "mlflow.db"
@@ -427,19 +428,19 @@ def test_mlflow_curves_and_figures_run(workspace, tmp_path, tmp_path_factory, mo
     from_jsonl = figures.training_curves_from_jsonl(workspace / "train", math_runs)
     assert from_mlflow == from_jsonl and len(from_mlflow) == 6
 
-    # the pipeline's way: `repexp mlflow node --rule figures ... -- repexp figures ...` (MATH alone: fewer
-    # figures); curves from MLflow; the node run is the 'figures' run, the tables are added to it
+    # inside the figures node, as `repexp run figures` runs its stage (repexp.tracking.run_stage), with a job
+    # built by hand (MATH alone: fewer figures; curves from MLflow); the node run is the 'figures' run, the
+    # tables are added to it
     math_only = workspace / "math_only"
     aggregate.aggregate(aggregate.find_eval_files(workspace / "eval"), math_only,
                         expected=[s for s in sweep_runs(config) if s.task == "math"], drop_unexpected=True)
     out = tmp_path / "figs"
-    outputs = [str(out / name) for group in figures.figure_files(math_runs).values() for name in group]
     config_file = tmp_path / "config.yaml"
     config_file.write_text(json.dumps({**CONFIG, "name": "fig-test", "results_dir": str(tmp_path),
                                        "tracking": {"tracking_uri": uri}}))
-    code = cli.main(["mlflow", "node", "--config", str(config_file), "--rule", "figures", "--output", *outputs, "--",
-                     "repexp", "figures", "--table", str(math_only / "pass_at_k.csv"), "--out-dir", str(out),
-                     "--curves-from", "mlflow"])
+    job = FiguresJob(table=str(math_only / "pass_at_k.csv"), out_dir=str(out), curves_from="mlflow")
+    node = tracking.prepare_node("figures", config=str(config_file))
+    code = tracking.run_stage(node, lambda: figures.run_job(job), job.outputs(), "repexp figures", in_run=True)
     assert code == 0, capsys.readouterr().err
     index = json.loads((out / "index.json").read_text())
     assert index["training_curves"] == "MLflow"

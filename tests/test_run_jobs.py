@@ -21,12 +21,13 @@ from repexp import jobs as J
 from repexp import layout as L
 
 REPEXP = str(Path(sys.executable).parent / "repexp")
-CONVERTED = ("preprocess", "train", "select", "merge", "eval", "testtime")
+CONVERTED = ("preprocess", "train", "select", "merge", "eval", "testtime", "model", "download_model", "download_data",
+             "aggregate", "figures")
 # the one shell shape of a converted rule (common.smk, node_command): identities, the attempt, the job id, the log
 # (train's behind ray_slurm.sh: nodes, GPUs per node, threads)
 SHAPE = re.compile(r"(?:bash \"\$REPEXP_WORKFLOW_DIR/scripts/ray_slurm.sh\" \d+ \d+ \d+ )?"
-                   r"repexp run (?P<rule>\w+) --task [\w-]+(?: --run \w[\w.]*)? --attempt \d+ "
-                   r"--snakemake-jobid \{\d+\} > \S+\.log 2>&1")
+                   r"repexp run (?P<rule>\w+)(?: --task [\w-]+(?: --run \w[\w.]*)?| --alias \w+| --hub-model \S+)? "
+                   r"--attempt \d+ --snakemake-jobid \{\d+\} > \S+\.log 2>&1")
 
 
 def shell_commands(proc: subprocess.CompletedProcess) -> dict[str, list[str]]:
@@ -46,14 +47,15 @@ def test_every_converted_rule_runs_one_command_shape_without_settings(configfile
     proc = snakemake("all", "-n", "-p", "--profile", "local", "--configfile", str(configfile),
                      "--config", f"results_dir={tmp_path / 'results'}", workdir=tmp_path)
     commands = shell_commands(proc)
-    expected = {"preprocess", "train", "select", "eval", "testtime"} | ({"merge"} if configfile == PAPER else set())
+    expected = {"preprocess", "train", "select", "eval", "testtime", "aggregate", "figures"} | (
+        {"merge", "download_model", "download_data"} if configfile == PAPER else {"model"})
     assert set(commands) == expected, commands.keys()
     for rule, lines in commands.items():
         for line in lines:  # (the paper's hub model is downloaded by a localrule, not passed here)
             match = SHAPE.fullmatch(line)
             assert match and match["rule"] == rule, line
             # no setting, path or model reaches the command line: the job composes them
-            assert not re.search(r"--(?!task|run|attempt|snakemake-jobid)[\w-]+", line), line
+            assert not re.search(r"\s--(?!task|run|alias|hub-model|attempt|snakemake-jobid)[\w-]+", line), line
     raw = yaml.safe_load(configfile.read_text())
     assert str(raw["eval"]["n_samples"]) not in " ".join(commands["eval"]).replace("s42", "")
 

@@ -239,15 +239,12 @@ def test_node_wrapper_runs_the_command_and_logs_its_outputs(store, tmp_path, cap
         checkpoints.mark_complete(ckpt)
         tracker.record_validation(step, {"dev/pass_at_1": 0.1 * step})
     pointer = run_dir / "select.json"
-    wrapper = ["mlflow", "node", "--config", str(cfg), "--rule", "select", "--snakemake-jobid", "{12}",
-               "--task", "gsm8k", "--run", SPEC, "--output", str(pointer), "--"]
-    # any command beside a node (the aggregate/figures/model/download rules' way; the select rule's is
-    # `repexp run`, tests/test_run_jobs.py); the command's exit status is the node's
-    assert cli.main([*wrapper, "repexp", "select", "--run-dir", str(run_dir), "--backend", "trl",
-                     "--out", str(pointer)]) == 0
+    command = ["run", "select", "--config", str(cfg), "--snakemake-jobid", "{12}", "--task", "gsm8k", "--run", SPEC]
+    # the stage runs in this process inside its node; the stage's exit status is the node's
+    assert cli.main(command) == 0
     assert json.loads(pointer.read_text())["checkpoint_step"] == 2
-    assert cli.main([*wrapper, "repexp", "select", "--run-dir", str(tmp_path / "nowhere"), "--backend", "trl",
-                     "--out", str(pointer)]) == 1
+    (run_dir / "best_dev.json").unlink()
+    assert cli.main(command) == 1
     assert "best_dev.json: missing" in capfd.readouterr().err
     # a node whose command ended before its run was open left its record for an upload: wait for it
     assert T.sync(tmp_path / "results")[1] == []
@@ -259,11 +256,11 @@ def test_node_wrapper_runs_the_command_and_logs_its_outputs(store, tmp_path, cap
     assert "exited with status 1" in nodes[1].data.tags["repexp.error"]
     ok = nodes[0]
     assert ok.data.tags["snakemake.jobid"] == "12"
-    assert ok.data.params["cmd"] == "select" and ok.data.params["cmd.backend"] == "trl"
+    assert ok.data.params["job.run_dir"] == str(run_dir) and ok.data.params["job.backend"] == "trl"
     assert ok.data.params["select.checkpoint_step"] == "2"
     assert [(m.step, m.value) for m in client.get_metric_history(ok.info.run_id, "best_dev_value")] == [(2, 0.2)]
     assert [a.path for a in client.list_artifacts(ok.info.run_id)] == ["select.json"]
-    assert ok.data.tags["repexp.command"].startswith("repexp select --run-dir")
+    assert ok.data.tags["repexp.command"].startswith("repexp run select --task gsm8k")
 
 
 def test_a_jobsteps_own_snakemake_jobid_is_not_tagged(store, monkeypatch):
@@ -301,16 +298,18 @@ def test_a_fresh_node_process_logs_its_run_with_the_snakemake_jobid(store, tmp_p
     """As a Snakemake job runs it: a short command usually ends before MLflow is imported."""
     cfg, uri = store
     env = {**os.environ, T.ENV_SNAKEMAKE_EXEC: "main"}
-    node = subprocess.run([REPEXP, "mlflow", "node", "--config", str(cfg), "--rule", "select", "--snakemake-jobid",
-                           "{3}", "--task", "gsm8k", "--run", SPEC, "--", "repexp", "config", "validate", str(cfg)],
-                          capture_output=True, text=True, env=env, timeout=120)
-    assert node.returncode == 0 and "OK" in node.stdout, node.stderr
+    from test_faults import finished_training_run
+
+    finished_training_run(tmp_path / "results" / "train" / "gsm8k" / SPEC)
+    node = subprocess.run([REPEXP, "run", "select", "--config", str(cfg), "--snakemake-jobid", "{3}", "--task",
+                           "gsm8k", "--run", SPEC], capture_output=True, text=True, env=env, timeout=120)
+    assert node.returncode == 0 and "selected step 2" in node.stderr, node.stderr
     records = list((tmp_path / "results" / "mlflow" / "outbox").glob("*/record.json"))
     if records:  # deferred (the usual case): uploaded by the detached sync or this one, exactly once
         assert T.sync(tmp_path / "results")[1] == []
     (child,) = [r for r in _runs(uri) if r.data.tags.get("snakemake.rule") == "select"]
     assert child.info.status == "FINISHED" and child.data.tags["snakemake.jobid"] == "3"
-    assert child.data.params["cmd"] == "config" and child.data.params["cmd.arg0"] == "validate"
+    assert child.data.params["job.task"] == "gsm8k" and child.data.params["job.backend"] == "trl"
 
 
 def test_eval_outputs_log_one_metric_per_k_the_curve_and_the_dataset(store, tmp_path):
@@ -324,8 +323,11 @@ def test_eval_outputs_log_one_metric_per_k_the_curve_and_the_dataset(store, tmp_
     path = tmp_path / "eval" / "eval.json"
     path.parent.mkdir()
     path.write_text(json.dumps(result))
-    with T.node_run("eval", "gsm8k", "base", config=cfg) as node:
-        T.log_outputs(node, [str(path)])
+    from repexp.evaluate import node_outputs
+
+    with T.node_run("eval", "gsm8k", "base", config=cfg) as node:  # what `repexp run eval` logs
+        T.log_result(node, node_outputs(json.loads(path.read_text())))
+        T.log_artifacts(node, [str(path)])
     client = _client(uri)
     run = client.get_run(node.run_id)
     # one metric per evaluated k under the split, so the runs table can show pass@1 beside pass@4
@@ -359,12 +361,6 @@ def test_train_and_eval_nodes_log_mlflow_system_metrics(store, monkeypatch):
     assert not _client(uri).get_run(other.run_id).data.metrics
     monkeypatch.setenv("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "false")  # MLflow's own switch turns them off
     assert not T.prepare_node("train", "gsm8k", SPEC, config=cfg).system_metrics
-
-
-def test_flag_params_read_a_command_line():
-    params = T.flag_params(["eval", "--model", "m", "--n-samples", "4", "--overwrite", "--top-p=0.9", "pos"])
-    assert params == {"cmd": "eval", "cmd.model": "m", "cmd.n-samples": "4", "cmd.overwrite": "true",
-                      "cmd.top-p": "0.9", "cmd.arg0": "pos"}
 
 
 def test_tracking_uri_resolution(tmp_path, monkeypatch):
@@ -457,13 +453,13 @@ def test_two_results_dirs_with_one_config_name_never_share_parents(tmp_path, mon
             pass
         nodes.append(node)
         parents.append(node.record.parent_run_id)
-        evals = tmp_path / "evals" / str(value) / "gsm8k" / SPEC
-        evals.mkdir(parents=True)
-        (evals / "eval.json").write_text(json.dumps(eval_result(problem_ids=["p"], scores=[[1, 0, 0, 0]] if value < 0.5
-                                                                else [[1, 1, 1, 0]], answers=None)))
-        assert cli.main(["mlflow", "node", "--config", str(cfg), "--rule", "aggregate", "--", "repexp", "aggregate",
-                         "--inputs", str(evals / "eval.json"), "--out-dir", str(tmp_path / f"agg{value}"),
-                         "--experiment", "track-test"]) == 0
+        cfg.write_text(yaml.safe_dump({**yaml.safe_load(cfg.read_text()), "testtime": {"enabled": False}}))
+        for run in (SPEC, "trl_grpo_s42", "base"):  # every run of the sweep, where the aggregate job reads it
+            evals = cfg.parent / "results" / "eval" / "gsm8k" / run
+            evals.mkdir(parents=True)
+            (evals / "eval.json").write_text(json.dumps(eval_result(
+                problem_ids=["p"], scores=[[1, 0, 0, 0]] if value < 0.5 else [[1, 1, 1, 0]], answers=None)))
+        assert cli.main(["run", "aggregate", "--config", str(cfg)]) == 0
     assert parents[0] != parents[1]
     client = _client(uri)
     for parent_id, value in zip(parents, (0.25, 0.75)):

@@ -91,7 +91,7 @@ __all__ = [
     "BOOTSTRAP_LEVEL", "BOOTSTRAP_REPLICATES", "BOOTSTRAP_SEED", "HEADLINE_K", "K_EFFICIENCY_COLUMNS", "METHOD_NAMES",
     "NO_INTERVAL_NOTE", "STATUS_NO_COMMON_K", "STATUS_NO_GRPO", "STATUS_NOT_REACHED", "STATUS_REACHED",
     "STATUS_REACHED_FIRST", "STATUS_UNDEFINED", "TIDY_COLUMNS", "EvalRun", "TesttimeRun", "aggregate",
-    "attach_testtime", "bootstrap_k_efficiency", "configure_parser", "crossing_k", "crossing_k_batch",
+    "attach_testtime", "bootstrap_k_efficiency", "configure_parser", "run_job", "crossing_k", "crossing_k_batch",
     "expected_runs", "find_eval_files", "k_efficiency", "k_efficiency_headline", "load_eval", "load_evals",
     "load_testtime", "log_sweep_point_metrics", "missing_runs", "read_k_efficiency", "read_table", "run",
     "run_sort_key", "seed_summary", "sweep_point_metrics", "tidy_table",
@@ -153,7 +153,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI)")
     parser.add_argument("--experiment",
                         help="MLflow experiment: log test pass@1/16/256 on every sweep point's parent run "
-                             "(default: the enclosing `repexp mlflow node` run's experiment, if any)")
+                             "(default: the enclosing node run's experiment, if any)")
 
 
 def aggregate(paths: Sequence[Path], out_dir: Path, *, expected: Sequence[RunSpec] | None = None,
@@ -192,22 +192,30 @@ def aggregate(paths: Sequence[Path], out_dir: Path, *, expected: Sequence[RunSpe
 
 
 def run(args: argparse.Namespace) -> int:
+    from repexp.jobs import AggregateJob, from_args
+
+    return run_job(from_args(AggregateJob, args))
+
+
+def run_job(job) -> int:
+    """Every evaluation -> the tables (`repexp.jobs.AggregateJob`: the aggregate rule's and `repexp aggregate`'s)."""
+    out_dir = Path(job.out_dir)
     try:
-        paths = find_eval_files(args.eval_dir) if args.eval_dir else list(args.inputs)
+        paths = find_eval_files(Path(job.eval_dir)) if job.eval_dir else [Path(p) for p in job.inputs]
         for path in paths:
             if not Path(path).is_file():
                 raise FileNotFoundError(f"{path}: eval.json not found")
-        expected = expected_runs(args.config) if args.config else None
-        for path in args.testtime:
+        expected = expected_runs(job.config) if job.config else None
+        for path in job.testtime:
             if not Path(path).is_file():
                 raise FileNotFoundError(f"{path}: testtime.json not found")
-        grader = args.grader
-        if grader is None and args.config:
+        grader = job.grader
+        if grader is None and job.config:
             from repexp.config import load
 
-            grader = load(args.config).grader
-        result = aggregate(paths, args.out_dir, expected=expected, drop_unexpected=bool(args.eval_dir), grader=grader,
-                           testtime_paths=args.testtime)
+            grader = load(job.config).grader
+        result = aggregate(paths, out_dir, expected=expected, drop_unexpected=bool(job.eval_dir), grader=grader,
+                           testtime_paths=[Path(p) for p in job.testtime])
     except (ValueError, FileNotFoundError) as err:  # ConfigError is a ValueError
         print(f"aggregate: error: {err}", file=sys.stderr)
         return 1
@@ -215,10 +223,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"aggregate: missing run (no eval.json): {name}", file=sys.stderr)
     if result["ignored"]:
         print(f"aggregate: ignored runs not in the config: {', '.join(result['ignored'])}", file=sys.stderr)
-    print(f"aggregate: {len(result['runs'])} runs → {args.out_dir}/{', '.join(layout.AGGREGATE_FILES)}")
+    print(f"aggregate: {len(result['runs'])} runs → {out_dir}/{', '.join(layout.AGGREGATE_FILES)}")
     from repexp import tracking
 
-    target = tracking.mlflow_target(args.tracking_uri, args.experiment, args.config)
+    target = tracking.mlflow_target(job.tracking_uri, job.experiment, job.config)
     if target is not None:
         try:
             logged = log_sweep_point_metrics(result["runs"], target, result["testtime"])

@@ -18,10 +18,11 @@ from pathlib import Path
 
 from repexp import layout
 from repexp.config import DTYPES, ENGINES, MAX_SAMPLES_PER_PROBLEM, MAX_SHARD_SAMPLES
-from repexp.evaluate.core import EVAL_DEFAULTS, SamplingSettings
+from repexp.evaluate.core import EVAL_DEFAULTS, SamplingSettings, grader_curve
+from repexp.jobs import StageResult
 from repexp.verify.routing import DEFAULT_GRADER, GRADERS
 
-__all__ = ["configure_parser", "run", "run_job"]
+__all__ = ["configure_parser", "node_outputs", "run", "run_job"]
 
 
 def _ks(text: str) -> tuple[int, ...]:
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     from repexp.jobs import EvalJob, from_args
 
     if not args.rescore:
-        return run_job(from_args(EvalJob, args))
+        return run_job(from_args(EvalJob, args)).code
     try:
         result = runner.rescore(args.out, ks=args.ks, maj_draws=args.maj_draws,
                                 verifier_workers=args.verifier_workers, grader=args.grader)
@@ -127,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_job(job) -> int:
+def run_job(job):
     """Sample and grade one evaluation (`repexp.jobs.EvalJob`: the workflow's and `repexp eval`'s)."""
     from repexp.evaluate import runner
 
@@ -136,11 +137,27 @@ def run_job(job) -> int:
         result = runner.evaluate(_config_from_job(job))
     except (FileNotFoundError, ValueError) as err:
         print(f"eval: {err}", file=sys.stderr)
-        return 2
+        return StageResult(code=2)
     if result is None:
-        return 0  # stopped early on purpose (--max-shards); eval.json is not written
+        return StageResult()  # stopped early on purpose (--max-shards); eval.json is not written
     _report(result, Path(job.out))
-    return 0
+    return node_outputs(result)
+
+
+def node_outputs(result: dict):
+    """What an eval node logs of its eval.json: one metric per evaluated k (repexp.metrics), the full
+    pass@k curve k = 1..n (and its SEM) as a table, the evaluated split as an input dataset."""
+    from repexp import metrics
+    from repexp.tracking.outputs import split_datasets
+
+    split, data_path, tables = result.get("split") or "test", result.get("data_path"), {}
+    if result.get("per_problem"):
+        n, c = zip(*((p["n"], p["c"]) for p in result["per_problem"]))
+        curve = grader_curve(n, c, ks := list(range(1, min(n) + 1)))
+        tables[metrics.pass_at_k_table(split)] = {"k": ks, "pass_at_k": list(curve["pass_at_k"].values()),
+                                                  "sem": list(curve["pass_at_k_sem"].values())}
+    return StageResult(metrics=metrics.eval_metrics(result), tables=tables,
+                       inputs=split_datasets(Path(data_path).parent, [split]) if data_path else [])
 
 
 def _report(result: dict, out: Path) -> None:

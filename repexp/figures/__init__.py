@@ -88,7 +88,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI)")
     parser.add_argument("--experiment",
                         help="MLflow experiment: log the figures and tables as a 'figures' run (default: the "
-                             "enclosing `repexp mlflow node` run, if any) and, with --curves-from auto, read training "
+                             "enclosing node run, if any) and, with --curves-from auto, read training "
                              "curves from it")
     parser.add_argument("--curves-from", choices=("auto", "mlflow", "jsonl", "none"), default="auto",
                         help="training-curve source (auto: MLflow with --experiment, else metrics.jsonl with "
@@ -179,36 +179,46 @@ def _json_safe(obj: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from repexp.jobs import FiguresJob, from_args
+
+    return run_job(from_args(FiguresJob, args))
+
+
+def run_job(job) -> int:
+    """Every figure (`repexp.jobs.FiguresJob`: the figures rule's and `repexp figures`'s)."""
     from repexp import tracking
     from repexp.aggregate import tables
 
+    table_path, out_dir = Path(job.table), Path(job.out_dir)
+    train_dir = Path(job.train_dir) if job.train_dir else None
     try:
-        table = tables.read_table(args.table)
+        table = tables.read_table(table_path)
         if table.empty:
-            raise ValueError(f"{args.table}: the table has no rows")
-        expected = expected_from_config(args.config) if args.config else None
-        source = args.curves_from
+            raise ValueError(f"{table_path}: the table has no rows")
+        expected = expected_from_config(job.config) if job.config else None
+        source = job.curves_from
         if source == "auto":
-            source = "mlflow" if args.experiment else ("jsonl" if args.train_dir else "none")
+            source = "mlflow" if job.experiment else ("jsonl" if train_dir else "none")
         specs = list(expected) if expected is not None else table_specs(table)
         curves, curves_source = None, ""
         if source == "jsonl":
-            if args.train_dir is None:
+            if train_dir is None:
                 raise ValueError("--curves-from jsonl needs --train-dir")
-            if not args.train_dir.is_dir():
-                raise FileNotFoundError(f"{args.train_dir}: training directory not found")
-            curves, curves_source = training_curves_from_jsonl(args.train_dir, specs), layout.METRICS
+            if not train_dir.is_dir():
+                raise FileNotFoundError(f"{train_dir}: training directory not found")
+            curves, curves_source = training_curves_from_jsonl(train_dir, specs), layout.METRICS
         elif source == "mlflow":
-            target = tracking.mlflow_target(args.tracking_uri, args.experiment, args.config)
+            target = tracking.mlflow_target(job.tracking_uri, job.experiment, job.config)
             if target is None:
-                raise ValueError("--curves-from mlflow needs --experiment (or a `repexp mlflow node` run)")
+                raise ValueError("--curves-from mlflow needs --experiment (or a node run)")
             curves, curves_source = training_curves_from_mlflow(target, specs), "MLflow"
-        keff_path = args.k_efficiency
-        if keff_path is None and (args.table.parent / layout.K_EFFICIENCY_BY_K_CSV).is_file():
-            keff_path = args.table.parent / layout.K_EFFICIENCY_BY_K_CSV
+        keff_path = Path(job.k_efficiency) if job.k_efficiency else None
+        if keff_path is None and (table_path.parent / layout.K_EFFICIENCY_BY_K_CSV).is_file():
+            keff_path = table_path.parent / layout.K_EFFICIENCY_BY_K_CSV
         keff = tables.read_k_efficiency(keff_path) if keff_path is not None else None
-        index = make_figures(table, args.out_dir, expected=expected, curves=curves, curves_source=curves_source,
-                             max_repexp_lines=args.max_repexp_lines, table_path=str(args.table), k_efficiency=keff,
+        lines = MAX_REPEXP_LINES if job.max_repexp_lines is None else job.max_repexp_lines
+        index = make_figures(table, out_dir, expected=expected, curves=curves, curves_source=curves_source,
+                             max_repexp_lines=lines, table_path=str(table_path), k_efficiency=keff,
                              k_efficiency_source=str(keff_path or ""))
     except (ValueError, FileNotFoundError) as err:
         print(f"figures: error: {err}", file=sys.stderr)
@@ -220,12 +230,12 @@ def run(args: argparse.Namespace) -> int:
     for figure in index["figures"]:
         for note in figure["notes"]:
             print(f"figures: {figure['id']}: {note}", file=sys.stderr)
-    print(f"figures: {len(index['figures'])} figures → {args.out_dir}")
-    target = tracking.mlflow_target(args.tracking_uri, args.experiment, args.config)
+    print(f"figures: {len(index['figures'])} figures → {out_dir}")
+    target = tracking.mlflow_target(job.tracking_uri, job.experiment, job.config)
     if target is not None:
-        figure_paths = [args.out_dir / name for f in index["figures"] for name in f["files"]]
-        figure_paths.append(args.out_dir / layout.FIGURE_INDEX)
-        table_files = [p for p in sorted(args.table.parent.iterdir())
+        figure_paths = [out_dir / name for f in index["figures"] for name in f["files"]]
+        figure_paths.append(out_dir / layout.FIGURE_INDEX)
+        table_files = [p for p in sorted(table_path.parent.iterdir())
                        if p.is_file() and p.suffix in (".csv", ".md", ".html") and not p.name.startswith(".")]
         try:
             run_id = log_figures_run(target, figure_paths, table_files)

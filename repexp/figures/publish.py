@@ -9,15 +9,17 @@ from pathlib import Path
 def log_figures_run(target, figure_paths: Sequence[Path], table_files: Sequence[Path]) -> str | None:
     """Make the figures and the tables artifacts of the 'figures' run; returns its id (None if offline).
 
-    Inside `repexp mlflow node --rule figures` that is the node run (its wrapper logs the declared
-    outputs, so only the tables, which are inputs, are added here, under `table/`; offline they go
-    to the outbox with the rest of the record). Standalone (`--experiment`), a run named 'figures'
-    is created under the experiment's parent run with everything under `figures/` and `table/`.
+    Inside `repexp run figures` that is the node run: the figures at its root, the tables under
+    `table/` (offline they go to the outbox with the rest of the record). Standalone (`--experiment`),
+    a run named 'figures' is created under the experiment's parent run with everything under `figures/`
+    and `table/`.
     """
     from repexp import tracking
 
     node = tracking.current_node()
     if node is not None and node.enabled and target.experiment == node.record.experiment:
+        for path in figure_paths:
+            node.log_artifact(path)
         for path in table_files:
             node.log_artifact(path, "table")
         return node.run_id

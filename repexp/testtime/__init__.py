@@ -65,23 +65,27 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from repexp.jobs import TesttimeJob, from_args
 
-    return run_job(from_args(TesttimeJob, args, center=not args.no_center))
+    return run_job(from_args(TesttimeJob, args, center=not args.no_center)).code
 
 
-def run_job(job) -> int:
-    """Order one evaluation's samples (`repexp.jobs.TesttimeJob`: the workflow's and `repexp testtime`'s)."""
+def run_job(job):
+    """Order one evaluation's samples (`repexp.jobs.TesttimeJob`: the workflow's and `repexp testtime`'s);
+    its node logs the `testtime/*` metrics."""
+    from repexp.jobs import StageResult
+    from repexp.metrics import testtime_metrics
+
     try:
         result = testtime(job)
     except (FileNotFoundError, ValueError) as err:
         print(f"testtime: {err}", file=sys.stderr)
-        return 2
+        return StageResult(code=2)
     stc = result["samples_to_correct"]
     eff = result["efficiency"]
     shown = ", ".join(f"k={k}: {r:.2f}x" for k, r in zip(eff["reference_k"], eff["ratio"]) if r is not None)
     ratio = "undefined (nothing solved)" if stc["ratio"] is None else f"{stc['ratio']:.3f}"
     print(f"testtime: {result['num_problems']} problems; samples-to-correct random/RepExp = {ratio}; "
           f"efficiency {shown or 'undefined'}; wrote {Path(job.out) / TESTTIME_JSON}", file=sys.stderr)
-    return 0
+    return StageResult(metrics=testtime_metrics(result))
 
 
 def _check_job(job) -> None:

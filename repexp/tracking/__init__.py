@@ -1,4 +1,4 @@
-"""MLflow on every pipeline node, and `repexp mlflow` (node | sync | restore | parents | serve | ui | uri).
+"""MLflow on every pipeline node, and `repexp mlflow` (sync | restore | parents | serve | ui | uri).
 
 Layout in MLflow (docs/tracking.md):
 
@@ -20,7 +20,7 @@ Modules, in the order a node uses them:
 | `store` | tracking URI resolution, the reachability check, the `MlflowClient` calls (`Store`) |
 | `record` | what a node logged, as written to the outbox |
 | `node` | `NodeRun`, `prepare_node` / `node_run` / `node_scope`, the trainer's run-id file |
-| `outputs` | outputs → MLflow: `cmd.*` params, artifacts, eval.json → per-k metrics, datasets |
+| `outputs` | `run_stage`: a stage inside its node run; its result and outputs → MLflow; datasets |
 | `outbox` | what MLflow lacks for an unreachable server: records and `repexp mlflow sync` |
 | `parents` | parent runs created at workflow start |
 | `targets` | where `repexp aggregate` and `repexp figures` log (`MlflowTarget`), and their metrics on parent runs |
@@ -74,7 +74,7 @@ from repexp.tracking.node import (
     tracking_enabled,
 )
 from repexp.tracking.outbox import pending_records, sync, sync_one, sync_record, upload_in_background
-from repexp.tracking.outputs import flag_params, log_outputs, pass_at_k_curve
+from repexp.tracking.outputs import log_artifacts, log_result, run_stage
 from repexp.tracking.record import Record
 from repexp.tracking.scopes import Scope, scope_for, scope_for_rule
 from repexp.tracking.store import Store, artifact_location, reachable, resolve_tracking_uri
@@ -87,8 +87,8 @@ __all__ = [
     "Scope", "Store", "MlflowTarget", "log_point_metrics", "mlflow_store", "mlflow_target",
     "node_for_target",
     "artifact_location", "await_node_run", "configure_parser", "current_node", "default_tracking_uri",
-    "flag_params", "flatten", "git_commit", "log_outputs", "metric_name", "node_run", "node_scope",
-    "open_in_background", "outbox_dir", "pass_at_k_curve", "pending_records", "prepare_node",
-    "reachable", "resolve_tracking_uri", "results_id", "run", "scope_for", "scope_for_rule", "start_node", "sync",
-    "sync_one", "sync_record", "tracking_enabled", "upload_in_background",
+    "flatten", "git_commit", "log_artifacts", "log_result", "metric_name", "node_run", "node_scope",
+    "open_in_background", "outbox_dir", "pending_records", "prepare_node", "reachable", "resolve_tracking_uri",
+    "results_id", "run", "run_stage", "scope_for", "scope_for_rule", "start_node", "sync", "sync_one",
+    "sync_record", "tracking_enabled", "upload_in_background",
 ]

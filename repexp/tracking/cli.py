@@ -1,25 +1,14 @@
-"""`repexp mlflow node | sync | restore | parents | serve | ui | uri`."""
+"""`repexp mlflow sync | restore | parents | serve | ui | uri`."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
-import signal
-import subprocess
 import sys
-import threading
-from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from repexp.tracking.names import ENV_MLFLOW_URI, SNAKEMAKE_JOBID_HELP
-from repexp.tracking.node import load_config, node_run, prepare_node
-from repexp.tracking.outbox import sync, sync_one, upload_in_background
-from repexp.tracking.outputs import flag_params, log_outputs
+from repexp.tracking.node import load_config
+from repexp.tracking.outbox import sync, sync_one
 from repexp.tracking.store import resolve_tracking_uri
-
-# Commands that log into the node's own run while they work, so they run in-process after it exists.
-IN_RUN_COMMANDS = ("aggregate", "figures")
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -42,19 +31,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--store", help="the store, sqlite:///PATH (default: the config's tracking URI)")
     where.add_argument("--config", type=Path, help="pipeline config (default: $REPEXP_CONFIG)")
     r.add_argument("--backup", type=Path, help="this backup file instead of the newest healthy one")
-
-    n = sub.add_parser("node", help="run `repexp <command>` beside a node run, then log its outputs",
-                       usage="repexp mlflow node --rule RULE [--task T] [--run R] [--output PATH ...] "
-                             "-- repexp COMMAND ...")
-    n.add_argument("--config", type=Path, help="pipeline config (default: $REPEXP_CONFIG)")
-    n.add_argument("--rule", required=True)
-    n.add_argument("--task")
-    n.add_argument("--run")
-    n.add_argument("--wildcard", action="append", default=[], metavar="KEY=VALUE", help="other wildcards (tags)")
-    n.add_argument("--attempt", type=int, default=1)
-    n.add_argument("--snakemake-jobid", help=SNAKEMAKE_JOBID_HELP)
-    n.add_argument("--output", nargs="*", default=[], help="the rule's declared outputs")
-    n.add_argument("command", nargs=argparse.REMAINDER, help="-- repexp COMMAND [ARGS]")
 
     p = sub.add_parser("parents", help="create every parent run of a config (the workflow does it at its start)")
     p.add_argument("--config", type=Path, help="pipeline config (default: $REPEXP_CONFIG)")
@@ -103,9 +79,7 @@ def run(args: argparse.Namespace) -> int:
             return run_parents(load_config(args.config))
         if args.action == "serve":
             return _serve(args)
-        if args.action == "ui":
-            return _ui(args)
-        return _run_node(args)
+        return _ui(args)
     except (C.ConfigError, ValueError, FileNotFoundError) as err:
         print(f"mlflow {args.action}: {err}", file=sys.stderr)
         return 2
@@ -275,101 +249,3 @@ def _ui(args: argparse.Namespace) -> int:
         if not webbrowser.open(url):
             print("mlflow ui: no web browser on this host; open the link above", file=sys.stderr)
     return 0
-
-
-def _exit_on_signal(signum, _frame):
-    raise SystemExit(128 + signum)
-
-
-@contextlib.contextmanager
-def _environ(values: Mapping[str, str]) -> Iterator[None]:
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def _run_node(args: argparse.Namespace) -> int:
-    from repexp import cli
-
-    command = list(args.command)
-    if command[:1] == ["--"]:
-        command = command[1:]
-    if command[:1] == ["repexp"]:
-        command = command[1:]
-    if not command or command[0] not in cli.COMMANDS or command[0] == "mlflow":
-        raise ValueError(f"expected `-- repexp COMMAND ...` after the node options, got {command}")
-    wildcards = dict(item.split("=", 1) for item in args.wildcard if "=" in item)
-    tags = {"repexp.command": " ".join(["repexp", *command])[:5000]}
-    node_args = dict(config=args.config, params=flag_params(command), tags=tags, attempt=args.attempt,
-                     wildcards=wildcards, snakemake_jobid=args.snakemake_jobid)
-    if command[0] in IN_RUN_COMMANDS:
-        _stop_on_sigterm()
-        return _run_in_node(cli, command, args, node_args)
-    return run_beside_node(command, args, node_args)
-
-
-def _stop_on_sigterm() -> None:
-    # SLURM (walltime, preemption, scancel) and Snakemake stop a job with SIGTERM: end the node run
-    # as FAILED instead of leaving it RUNNING forever (a running child gets the signal forwarded).
-    signal.signal(signal.SIGTERM, _exit_on_signal)
-
-
-def run_beside_node(command: list[str], args: argparse.Namespace, node_args: dict) -> int:
-    """`repexp COMMAND` beside the node run of `args.rule/task/run`, then log `args.output` (also
-    `repexp run`'s way, repexp.run_cli)."""
-    _stop_on_sigterm()
-    return _run_beside_node(command, args, node_args)
-
-
-def _run_in_node(cli, command: list[str], args: argparse.Namespace, node_args: dict) -> int:
-    from repexp.processes import describe_exit
-    from repexp.tracking.node import NodeFailed
-
-    with node_run(args.rule, args.task, args.run, **node_args) as node:
-        env = {ENV_MLFLOW_URI: node.tracking_uri}
-        if node.online and node.run_id:
-            env.update(MLFLOW_RUN_ID=node.run_id, MLFLOW_EXPERIMENT_NAME=node.record.experiment)
-        with _environ(env):
-            code = cli.main(command)
-        if code:
-            raise NodeFailed(code, describe_exit(f"`repexp {command[0]}`", code))
-        log_outputs(node, args.output)
-    return 0
-
-
-def _run_beside_node(command: list[str], args: argparse.Namespace, node_args: dict) -> int:
-    """Run the command in a child process from the start and open the node run beside it.
-
-    The MLflow import and run creation (seconds) overlap the command instead of delaying it. A
-    command that ends before its run is open does not wait either: the node's record goes to the
-    outbox and a detached `repexp mlflow sync --record` uploads it (the workflow's end syncs
-    whatever is left, see the Snakefile's onsuccess/onerror).
-    """
-    from repexp.processes import describe_exit, exit_status, forwarding_signals
-
-    node = prepare_node(args.rule, args.task, args.run, **node_args)
-    node.check_store()  # an unreachable store is known (and warned about) before the command starts
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with forwarding_signals(subprocess.Popen([sys.executable, "-m", "repexp", *command], env=env)) as proc:
-        opener = threading.Thread(target=node.start, name="mlflow-node-start", daemon=True)
-        opener.start()
-        code = exit_status(proc.wait())
-    if not node.defer():
-        opener.join()
-    error = describe_exit(f"`repexp {command[0]}`", code) if code else None
-    if not code:
-        try:
-            log_outputs(node, args.output)
-        except SystemExit as stop:  # SIGTERM while logging
-            code, error = stop.code, f"stopped while logging the outputs (status {stop.code})"
-    node.end("FAILED" if code else "FINISHED", error=error)
-    if node.deferred:  # the opener thread (a daemon) stops at its gate, writing nothing
-        upload_in_background(node.outbox_record)
-    return code

@@ -532,35 +532,42 @@ class NodeInterrupted(SystemExit):
 
 
 @contextlib.contextmanager
-def node_scope(node: NodeRun) -> Iterator[NodeRun]:
-    """The current node while inside; ends it FINISHED, or FAILED if the body raises or exits non-zero."""
+def as_current(node: NodeRun) -> Iterator[NodeRun]:
+    """`node` is `current_node()` while inside (for a stage's extra logging); nothing ends it."""
     global _CURRENT
     previous, _CURRENT = _CURRENT, node
     try:
         yield node
-    except BaseException as exc:
-        code = exc.code if isinstance(exc, SystemExit) else 1
-        if code in (0, None):
-            node.end("FINISHED")
-        elif isinstance(exc, NodeInterrupted):
-            node.set_tags({STOPPED_TAG: exc.message})
-            node.end("KILLED")
-        elif isinstance(exc, NodeFailed):
-            node.end("FAILED", error=exc.message)
-        else:
-            node.end("FAILED", error="".join(traceback.format_exception_only(type(exc), exc)).strip())
-        raise
-    else:
-        node.end("FINISHED")
     finally:
         _CURRENT = previous
+
+
+@contextlib.contextmanager
+def node_scope(node: NodeRun) -> Iterator[NodeRun]:
+    """The current node while inside; ends it FINISHED, or FAILED if the body raises or exits non-zero."""
+    with as_current(node):
+        try:
+            yield node
+        except BaseException as exc:
+            code = exc.code if isinstance(exc, SystemExit) else 1
+            if code in (0, None):
+                node.end("FINISHED")
+            elif isinstance(exc, NodeInterrupted):
+                node.set_tags({STOPPED_TAG: exc.message})
+                node.end("KILLED")
+            elif isinstance(exc, NodeFailed):
+                node.end("FAILED", error=exc.message)
+            else:
+                node.end("FAILED", error="".join(traceback.format_exception_only(type(exc), exc)).strip())
+            raise
+        node.end("FINISHED")
 
 
 _CURRENT: Optional[NodeRun] = None
 
 
 def current_node() -> Optional[NodeRun]:
-    """The node run of this process (inside `repexp mlflow node` or `node_run`), for extra logging."""
+    """The node run of this process (inside `repexp run` or `node_run`), for extra logging."""
     return _CURRENT
 
 

@@ -1,60 +1,95 @@
-"""What a finished node's outputs say, in MLflow's terms.
-
-- the command's flags → `cmd.*` params;
-- declared outputs → artifacts (files up to 50 MB; never weights or parquet);
-- `eval.json` → one metric per evaluated k (`test/pass_at_1` … `test/pass_at_<n>`, their SEMs,
-  maj@k, `test/mean_at_n`, ...), the full curve k = 1..n as a table, the evaluated split as an
-  input dataset;
-- `select.json` → `select.*` params and `best_dev_value` at the selected step;
-- `manifest.json` (preprocess) → the source files as input datasets;
-- `testtime.json` → `testtime/*` metrics (pass@k of both orders at the reference ks, efficiency,
-  samples-to-correct).
-"""
+"""A stage inside its node run, in one process: `run_stage` logs the stage's result (repexp.jobs.StageResult,
+built by the stage) and its declared outputs as artifacts (files up to 50 MB; never weights or parquet);
+`dataset` and friends describe the datasets a stage read. No output format is known here."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
 from repexp import layout
-from repexp import metrics as metric_names
 from repexp.io import read_json
-from repexp.tracking.names import DATASET_CONTEXTS
-from repexp.tracking.record import now_ms
+from repexp.tracking.names import DATASET_CONTEXTS, ENV_MLFLOW_URI
 
 ARTIFACT_MAX_BYTES = 50 * 1024 * 1024
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".parquet")  # never copied into MLflow
 DIGEST_CHARS = 16  # MLflow shows a dataset's digest beside its name
 
 
-def flag_params(argv: Sequence[str]) -> dict[str, str]:
-    """A command line -> params: positionals as cmd.argN, `--flag value` as cmd.flag."""
-    params: dict[str, str] = {}
-    if argv:
-        params["cmd"] = argv[0]
-    i, position = 1, 0
-    while i < len(argv):
-        token = argv[i]
-        if token.startswith("--"):
-            key, _, value = token[2:].partition("=")
-            if not value:
-                if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-                    value, i = argv[i + 1], i + 1
-                else:
-                    value = "true"
-            params[f"cmd.{key}"] = value
-        else:
-            params[f"cmd.arg{position}"] = token
-            position += 1
-        i += 1
-    return params
+def run_stage(node, stage: Callable[[], Any], outputs: Sequence[str], what: str, *, in_run: bool = False) -> int:
+    """Run `stage()` in this process inside `node`; returns its exit status.
+
+    SIGTERM (SLURM, Snakemake) ends the stage with status 143 and the node FAILED. The node opens on a
+    thread while the stage runs: the MLflow import and run creation overlap it. A stage that ends before
+    its run is open does not wait: the record goes to the outbox and a detached `repexp mlflow sync
+    --record` uploads it. `in_run`: the stage logs into the run itself (aggregate, figures), so the run
+    is opened first and named to it through MLflow's environment variables. The stage returns a
+    StageResult (or an exit status); a non-zero status or an exception ends the node FAILED with
+    "`what` exited with status N" or the exception as `repexp.error`.
+    """
+    from repexp.processes import describe_exit
+    from repexp.tracking.node import as_current
+    from repexp.tracking.outbox import upload_in_background
+
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    node.check_store()  # an unreachable store is known (and warned about) before the stage starts
+    opener = threading.Thread(target=node.start, name="mlflow-node-start", daemon=True)
+    node.start() if in_run else opener.start()
+    saved, result, code, error = dict(os.environ), None, 1, None
+    if in_run:  # the node's run for MLflow's own fluent API and repexp.tracking.targets
+        run = {"MLFLOW_RUN_ID": node.run_id, "MLFLOW_EXPERIMENT_NAME": node.record.experiment} if node.online else {}
+        os.environ.update({ENV_MLFLOW_URI: node.tracking_uri, **run})
+    try:
+        with as_current(node):
+            result = stage()
+        code = int(getattr(result, "code", result) or 0)
+    except SystemExit as stop:
+        code = 0 if stop.code is None else stop.code if isinstance(stop.code, int) else 1
+    except KeyboardInterrupt:
+        code = 130
+    except Exception as err:  # noqa: BLE001 - the node records it; the exit status says it
+        traceback.print_exc()
+        error = "".join(traceback.format_exception_only(type(err), err)).strip()
+    finally:
+        if in_run:  # (no opener thread reads the environment meanwhile)
+            os.environ.clear()
+            os.environ.update(saved)
+    if not in_run and not node.defer():
+        opener.join()
+    if code:
+        error = error or describe_exit(f"`{what}`", code)
+    else:
+        try:
+            log_result(node, result)
+            log_artifacts(node, outputs)
+        except SystemExit as stop:  # SIGTERM while logging
+            code, error = stop.code, f"stopped while logging the outputs (status {stop.code})"
+    node.end("FAILED" if code else "FINISHED", error=error)
+    if node.deferred:  # the opener thread (a daemon) stops at its gate, writing nothing
+        upload_in_background(node.outbox_record)
+    return code
 
 
-def log_outputs(node, outputs: Sequence[str]) -> None:
-    """Log a finished node's declared outputs: artifacts, plus metrics/params read from known files."""
+def log_result(node, result: Any) -> None:
+    """A StageResult's metrics (at its step), params, input datasets and tables; an exit status has none."""
+    if not hasattr(result, "metrics"):
+        return
+    node.log_params(result.params)
+    node.log_metrics(result.metrics, step=result.step)
+    node.log_inputs(result.inputs)
+    for name, data in result.tables.items():
+        node.log_table(name, data)
+
+
+def log_artifacts(node, outputs: Sequence[str]) -> None:
+    """The declared outputs that exist, as artifacts (a directory's files below its name)."""
     for output in outputs:
         path = Path(output)
         if not path.exists():
@@ -63,65 +98,12 @@ def log_outputs(node, outputs: Sequence[str]) -> None:
             for file in sorted(p for p in path.rglob("*") if p.is_file()):
                 if _loggable(file) and not file.name.startswith("."):
                     node.log_artifact(file, str(Path(path.name) / file.relative_to(path).parent))
-            continue
-        if _loggable(path):
+        elif _loggable(path):
             node.log_artifact(path)
-        _log_known_output(node, path)
 
 
 def _loggable(path: Path) -> bool:
     return path.suffix not in WEIGHT_SUFFIXES and path.stat().st_size <= ARTIFACT_MAX_BYTES
-
-
-def _log_known_output(node, path: Path) -> None:
-    try:
-        if path.name == layout.EVAL_JSON:
-            log_eval(node, read_json(path))
-        elif path.name == layout.SELECT:
-            pointer = read_json(path)
-            node.log_params({f"select.{k}": v for k, v in pointer.items() if k not in ("value", "skipped")})
-            if pointer.get("value") is not None:
-                step = int(pointer.get("checkpoint_step") or 0)
-                node.log_metric_rows([[metric_names.BEST_DEV_VALUE, pointer["value"], step, now_ms()]])
-        elif path.name == layout.MANIFEST:
-            node.log_inputs(source_datasets(read_json(path)))
-        elif path.name == layout.TESTTIME_JSON:
-            node.log_metric_rows([[name, value, 0, now_ms()] for name, value in
-                                  metric_names.testtime_metrics(read_json(path)).items()])
-    except Exception as err:  # noqa: BLE001 - a malformed output is the command's problem, not ours
-        print(f"[repexp.tracking] could not read metrics from {path}: {err}", file=sys.stderr)
-
-
-# --------------------------------------------------------------------------- eval.json
-
-
-def pass_at_k_curve(result: dict[str, Any]) -> Optional[dict[str, list]]:
-    """pass@k for every k = 1..n from the per-problem counts (the evaluated ks are a subset)."""
-    import numpy as np
-
-    from repexp import passk
-
-    per_problem = result.get("per_problem") or []
-    if not per_problem:
-        return None
-    n = np.array([p["n"] for p in per_problem], dtype=np.int64)
-    c = np.array([p["c"] for p in per_problem], dtype=np.int64)
-    ks = list(range(1, int(n.min()) + 1))
-    mean, sem = passk.summarize(passk.pass_at_k(n, c, ks))
-    return {"k": ks, "pass_at_k": [float(v) for v in mean],
-            "sem": [None if not np.isfinite(v) else float(v) for v in sem]}
-
-
-def log_eval(node, result: dict[str, Any]) -> None:
-    split = result.get("split") or "test"
-    ts = now_ms()
-    node.log_metric_rows([[name, value, 0, ts] for name, value in metric_names.eval_metrics(result).items()])
-    curve = pass_at_k_curve(result)
-    if curve:
-        node.log_table(metric_names.pass_at_k_table(split), curve)
-    data_path = result.get("data_path")
-    if data_path:
-        node.log_inputs(split_datasets(Path(data_path).parent, [split]))
 
 
 # --------------------------------------------------------------------------- datasets

@@ -27,7 +27,7 @@ class MlflowTarget:
 
 def mlflow_target(tracking_uri: str | None, experiment: str | None,
                   config: str | Path | None = None) -> MlflowTarget | None:
-    """Where to log, or None. Inside `repexp mlflow node ... -- repexp aggregate|figures ...` the node run's store
+    """Where to log, or None. Inside `repexp run aggregate|figures` the node run's store
     and experiment are the defaults; `--experiment`/`--tracking-uri` override them. The tracking URI falls
     back to the config's (repexp.tracking's resolution: `tracking.tracking_uri`, $MLFLOW_TRACKING_URI, SQLite
     under results/), then $MLFLOW_TRACKING_URI. REPEXP_TRACKING=off disables logging."""

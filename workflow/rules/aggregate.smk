@@ -35,8 +35,6 @@ rule aggregate:
     resources:
         **rule_resources("aggregate"),
     params:
-        experiment=EXPERIMENT,
+        job=job_hash("aggregate"),
     shell:
-        'repexp mlflow node --config "$REPEXP_CONFIG" --rule aggregate --snakemake-jobid {{{jobid}}} --attempt {resources.attempt} --output {output} --'
-        ' repexp aggregate --inputs {input.evals} --testtime {input.testtime} --out-dir $(dirname {output.table}) --config "$REPEXP_CONFIG"'
-        " --experiment {params.experiment} > {log} 2>&1"
+        node_command("aggregate")

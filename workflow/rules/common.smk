@@ -121,19 +121,6 @@ def preprocess_inputs(wildcards):
     return hub_data_files()
 
 
-def hub_repo_id(wildcards, output):
-    return HUB_MODELS[output[0]]
-
-
-def download_data_flags(wildcards):
-    flags = [*CFG.sweep.tasks, "--out", PIPELINE.hub_data_dir]
-    if PIPELINE.parsed.data.source == "hf":
-        flags.append("--tables")
-    if PIPELINE.parsed.data.dapo_source == "hf":
-        flags.append("--dapo")
-    return shlex.join(flags)
-
-
 def all_eval_files():
     return [eval_file(spec.task, spec.name) for spec in RUNS]
 
@@ -175,12 +162,6 @@ def figure_files():
     return files
 
 
-def training_curve_flags(wildcards):
-    if not any(spec.trains for spec in RUNS):
-        return "--curves-from none"
-    return f"--curves-from jsonl --train-dir {shlex.quote(str(Path(RESULTS, L.TRAIN_DIR)))}"
-
-
 # --------------------------------------------------------------------------- per-job config
 
 
@@ -195,26 +176,24 @@ def run_config(task, run):
 
 
 @functools.lru_cache(maxsize=None)
-def _job_hash(rule, task, run):
-    rc = run_config(task, run) if run else None
-    return J.job_hash(J.compose(CFG, rule, task, run, run_config=rc))
+def _job_hash(rule, *identity):
+    wildcards = dict(zip(J.RULES[rule][2], identity))
+    rc = run_config(wildcards["task"], wildcards["run"]) if "run" in wildcards else None
+    return J.job_hash(J.compose(CFG, rule, run_config=rc, **wildcards))
 
 
 def job_hash(rule):
-    """The params of a `repexp run` rule: its job's settings hashed, so a config change reruns exactly
-    the jobs whose settings changed (the shell command carries none). Train's is the training hash:
-    editing one task's training settings reruns only its trainings, eval settings none."""
-    return lambda wildcards: _job_hash(rule, wildcards.task, getattr(wildcards, "run", None))
+    """The params of a rule: its job's settings hashed, so a config change reruns exactly the jobs
+    whose settings changed (the shell command carries none). Train's is the training hash: editing one
+    task's training settings reruns only its trainings, eval settings none."""
+    return lambda wildcards: _job_hash(rule, *(getattr(wildcards, name) for name in J.RULES[rule][2]))
 
 
 def node_command(rule):
-    """The shell of a `repexp run` rule: identities only; the job composes everything else from the
-    config snapshot (repexp.jobs) and runs beside its MLflow node run (repexp.run_cli)."""
-    run = "" if rule == "preprocess" else " --run {wildcards.run}"
-    return (
-        f"repexp run {rule} --task {{wildcards.task}}{run} --attempt {{resources.attempt}}"
-        " --snakemake-jobid {{{jobid}}} > {log} 2>&1"
-    )
+    """The shell of a rule: identities only (its wildcards); `repexp run` composes everything else from
+    the config snapshot (repexp.jobs) and runs the stage inside its MLflow node run (repexp.run_cli)."""
+    identity = "".join(f" --{name.replace('_', '-')} {{wildcards.{name}}}" for name in J.RULES[rule][2])
+    return f"repexp run {rule}{identity} --attempt {{resources.attempt}} --snakemake-jobid {{{{{{jobid}}}}}} > {{log}} 2>&1"
 
 
 def eval_inputs(wildcards):

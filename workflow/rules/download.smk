@@ -19,11 +19,9 @@ rule download_model:
     resources:
         **rule_resources("download_model"),
     params:
-        repo_id=hub_repo_id,
+        job=job_hash("download_model"),
     shell:
-        'repexp mlflow node --config "$REPEXP_CONFIG" --rule download_model --snakemake-jobid {{{jobid}}}'
-        " --wildcard hub_model={wildcards.hub_model} --attempt {resources.attempt} --output {output} --"
-        " repexp download model {params.repo_id} --out {output} > {log} 2>&1"
+        node_command("download_model")
 
 
 rule download_data:
@@ -40,8 +38,6 @@ rule download_data:
     resources:
         **rule_resources("download_data"),
     params:
-        flags=download_data_flags,
+        job=job_hash("download_data"),
     shell:
-        'repexp mlflow node --config "$REPEXP_CONFIG" --rule download_data --snakemake-jobid {{{jobid}}}'
-        " --attempt {resources.attempt} --output {output} --"
-        " repexp download data {params.flags} > {log} 2>&1"
+        node_command("download_data")

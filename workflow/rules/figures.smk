@@ -20,8 +20,6 @@ rule figures:
     resources:
         **rule_resources("figures"),
     params:
-        curves=training_curve_flags,
+        job=job_hash("figures"),
     shell:
-        'repexp mlflow node --config "$REPEXP_CONFIG" --rule figures --snakemake-jobid {{{jobid}}} --attempt {resources.attempt} --output {output} --'
-        ' repexp figures --table {input.table} --k-efficiency {input.k_efficiency} --out-dir $(dirname {output.index}) --config "$REPEXP_CONFIG"'
-        " {params.curves} > {log} 2>&1"
+        node_command("figures")

@@ -13,7 +13,7 @@ rule model:
     threads: rule_threads("model")
     resources:
         **rule_resources("model"),
+    params:
+        job=job_hash("model"),
     shell:
-        'repexp mlflow node --config "$REPEXP_CONFIG" --rule model --snakemake-jobid {{{jobid}}} --wildcard alias={wildcards.alias}'
-        " --attempt {resources.attempt} --output {output} --"
-        " repexp model {wildcards.alias} --out {output} > {log} 2>&1"
+        node_command("model")
