@@ -445,9 +445,10 @@ def server_counts(server: MlflowServer, experiment: str) -> dict:
 def test_32_concurrent_jobs_lose_nothing_in_sqlite_or_server(tmp_path, mlflow_server):
     mlflow_server.start()
     sqlite_results, server_results = tmp_path / "sqlite_results", tmp_path / "server_results"
-    sqlite_config = write_pipeline_config(tmp_path / "sqlite.yaml", sqlite_results,
+    seeds = {"seeds": list(range(CONCURRENT_JOBS // 4))}  # a node's run is one of its config's runs
+    sqlite_config = write_pipeline_config(tmp_path / "sqlite.yaml", sqlite_results, sweep=seeds,
                                           tracking={"tracking_uri": None, "experiment": "concurrency"})
-    server_config = write_pipeline_config(tmp_path / "server.yaml", server_results,
+    server_config = write_pipeline_config(tmp_path / "server.yaml", server_results, sweep=seeds,
                                           tracking={"tracking_uri": mlflow_server.uri, "experiment": "concurrency"})
     started = time.monotonic()
     jobs = [subprocess.Popen([sys.executable, "-c", CONCURRENT_JOB, str(i), str(sqlite_config), str(server_config)],
@@ -461,9 +462,10 @@ def test_32_concurrent_jobs_lose_nothing_in_sqlite_or_server(tmp_path, mlflow_se
 
     expected_parents = sorted(["experiment"] + [f"point:gsm8k/trl_grpo_s{k}" for k in range(CONCURRENT_JOBS // 4)])
     # each node run also carries its sweep point's params (task, method, backend, beta, seed; none for aggregate)
+    from repexp.config import RunSpec
     from repexp.tracking import scope_for
 
-    point_params = len(scope_for("gsm8k", "trl_grpo_s0").params)
+    point_params = len(scope_for("gsm8k", RunSpec("gsm8k", "grpo", "trl", None, 0.0, 0)).params)
     for name, counts, results in (
         ("sqlite", sqlite_counts(sqlite_results / "mlflow" / "mlflow.db", "concurrency"), sqlite_results),
         ("server", server_counts(mlflow_server, "concurrency"), server_results),

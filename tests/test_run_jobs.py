@@ -71,7 +71,7 @@ def _config(tmp_path: Path) -> C.PipelineConfig:
 def test_the_eval_job_carries_the_settings_the_old_flags_did(tmp_path):
     cfg = _config(tmp_path)
     for run in ("base", "trl_repexp_k8_b0.01_s42"):
-        spec = C.parse_run("gsm8k", run)
+        spec = C.find_run(cfg, "gsm8k", run)
         rc = C.compose(cfg, spec)
         job = J.compose(cfg, "eval", "gsm8k", run)
         assert isinstance(job, J.EvalJob) and job.task == "gsm8k" and job.run == run

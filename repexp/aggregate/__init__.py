@@ -120,7 +120,7 @@ def log_sweep_point_metrics(runs: Sequence[EvalRun], target, testtime: dict[tupl
     from repexp import tracking
 
     return tracking.log_point_metrics(
-        target, {(run.spec.task, run.spec.name): _point_metrics(run, testtime) for run in runs})
+        target, {run.spec: _point_metrics(run, testtime) for run in runs})
 
 
 def _point_metrics(run: EvalRun, testtime: dict[tuple[str, str], TesttimeRun] | None) -> dict[str, float]:

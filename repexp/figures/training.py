@@ -89,7 +89,7 @@ def sweep_point_runs(client, experiment_id: str, spec: RunSpec, results_id: str 
     directory when `results_id` is given."""
     from repexp import tracking
 
-    key = tracking.scope_for(spec.task, spec.name).key
+    key = tracking.scope_for(spec.task, spec).key
     same_results = f" and tags.`{tracking.RESULTS_ID_TAG}` = '{results_id}'" if results_id else ""
     runs = {}
     for tag in (tracking.PARENT_KEY_TAG, tracking.SCOPE_KEY_TAG):

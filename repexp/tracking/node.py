@@ -433,7 +433,7 @@ def load_config(config: Any):
     return config if isinstance(config, C.PipelineConfig) else C.load(config)
 
 
-def start_node(rule: str, task: Optional[str] = None, run: Optional[str] = None, **kwargs: Any) -> NodeRun:
+def start_node(rule: str, task: Optional[str] = None, run: Any = None, **kwargs: Any) -> NodeRun:
     """Start a node run (`prepare_node`'s arguments; see `node_run`); the caller must call `.end(status)`."""
     return prepare_node(rule, task, run, **kwargs).start()
 
@@ -441,7 +441,7 @@ def start_node(rule: str, task: Optional[str] = None, run: Optional[str] = None,
 def prepare_node(
     rule: str,
     task: Optional[str] = None,
-    run: Optional[str] = None,
+    run: Any = None,
     *,
     config: Any = None,
     params: Optional[Mapping[str, Any]] = None,
@@ -452,10 +452,10 @@ def prepare_node(
 ) -> NodeRun:
     """A node run's record, not yet in the store (no MLflow import): `.start()` opens it.
 
-    Params: the sweep point's (task, method, backend, sparse_dim, beta, seed; the task for
-    preprocess) and `params`. `snakemake_jobid` is the rule's ``{{{jobid}}}`` (the id in braces,
-    which are stripped); it is tagged only when the scheduling Snakemake formatted it, not a
-    SLURM jobstep's own Snakemake.
+    `run`: a RunSpec, or the name of one of the config's runs. Params: the sweep point's (task, method,
+    backend, sparse_dim, beta, seed; the task for preprocess) and `params`. `snakemake_jobid` is the
+    rule's ``{{{jobid}}}`` (the id in braces, which are stripped); it is tagged only when the scheduling
+    Snakemake formatted it, not a SLURM jobstep's own Snakemake.
     """
     from repexp import config as C
 
@@ -464,7 +464,10 @@ def prepare_node(
     uri = resolve_tracking_uri(cfg.results_dir, cfg.tracking.tracking_uri)
     results_abs = str(Path(cfg.results_dir).resolve())
     rid = _results_id_or_none(cfg.results_dir) if enabled else None
-    scope = scope_for_rule(rule, task, run, results_id=rid)
+    # a sweep point is one of the config's runs, looked up by its name (never parsed)
+    point = run if run is None or isinstance(run, C.RunSpec) else C.find_run(cfg, task, run)
+    run = point.name if point is not None else None
+    scope = scope_for_rule(rule, task, point, results_id=rid)
     wildcards = {**{k: v for k, v in (("task", task), ("run", run)) if v is not None}, **(wildcards or {})}
     base_tags = {
         RULE_TAG: rule,
@@ -505,7 +508,7 @@ def prepare_node(
 
 
 @contextlib.contextmanager
-def node_run(rule: str, task: Optional[str] = None, run: Optional[str] = None, **kwargs: Any) -> Iterator[NodeRun]:
+def node_run(rule: str, task: Optional[str] = None, run: Any = None, **kwargs: Any) -> Iterator[NodeRun]:
     """Track one node: ``with node_run("eval", "gsm8k", "base", config=cfg) as t: t.log_metrics(...)``.
 
     `config` is a PipelineConfig or a config path (default: $REPEXP_CONFIG). The run ends

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from repexp.tracking.names import RESULTS_ID_TAG, SWEEP_POINT_TAG
+
+if TYPE_CHECKING:
+    from repexp.config import RunSpec
 
 # Which parent a rule's node run hangs under.
 EXPERIMENT_RULES = ("model", "aggregate", "figures")
@@ -44,22 +47,25 @@ class Scope:
         return {PARENT_KEY_TAG: self.key, **({RESULTS_ID_TAG: self.results_id} if self.results_id else {})}
 
 
-def scope_for(task: Optional[str] = None, run: Optional[str] = None, *, results_id: Optional[str] = None) -> Scope:
+def scope_for(task: Optional[str] = None, run: Optional[RunSpec] = None, *,
+              results_id: Optional[str] = None) -> Scope:
+    """The experiment's scope, a task's, or a sweep point's (`run`: one of the config's runs, whose fields
+    are the point's params; its name is printed from them, never parsed)."""
     if run is not None:
-        if task is None:
-            raise ValueError("a run needs its task")
-        from repexp.config import canonical, parse_run
+        from repexp.config import canonical
 
-        spec = parse_run(task, run)
-        params = {k: canonical(v) for k, v in dataclasses.asdict(spec).items() if v is not None}
-        tags = {SWEEP_POINT_TAG: spec.path, "repexp.task": task, "repexp.run": run, "repexp.method": spec.method}
-        return Scope("point", f"point:{task}/{run}", spec.path, params, tags, results_id)
+        # the base model has no training seed (its eval samples with the sweep's first one: a job param)
+        params = {k: canonical(v) for k, v in dataclasses.asdict(run).items()
+                  if v is not None and (run.trains or k != "seed")}
+        tags = {SWEEP_POINT_TAG: run.path, "repexp.task": run.task, "repexp.run": run.name, "repexp.method": run.method}
+        return Scope("point", f"point:{run.task}/{run.name}", run.path, params, tags, results_id)
     if task is not None:
         return Scope("task", f"task:{task}", task, {"task": task}, {"repexp.task": task}, results_id)
     return Scope("experiment", "experiment", "experiment", {}, {}, results_id)
 
 
-def scope_for_rule(rule: str, task: Optional[str], run: Optional[str], *, results_id: Optional[str] = None) -> Scope:
+def scope_for_rule(rule: str, task: Optional[str], run: Optional[RunSpec], *,
+                   results_id: Optional[str] = None) -> Scope:
     if rule in EXPERIMENT_RULES:
         return scope_for(results_id=results_id)
     if rule in TASK_RULES:
@@ -73,5 +79,5 @@ def all_scopes(cfg, results_id: Optional[str]) -> list[Scope]:
 
     scopes = [scope_for(results_id=results_id)]
     scopes += [scope_for(task, results_id=results_id) for task in cfg.sweep.tasks]
-    scopes += [scope_for(spec.task, spec.name, results_id=results_id) for spec in sweep_runs(cfg)]
+    scopes += [scope_for(spec.task, spec, results_id=results_id) for spec in sweep_runs(cfg)]
     return scopes

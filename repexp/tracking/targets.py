@@ -10,11 +10,15 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from repexp.tracking.names import results_id as results_id_of
 from repexp.tracking.node import current_node, tracking_enabled
 from repexp.tracking.scopes import scope_for
 from repexp.tracking.store import Store, resolve_tracking_uri
+
+if TYPE_CHECKING:
+    from repexp.config import RunSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,8 +77,8 @@ def mlflow_store(target: MlflowTarget):
 
 
 def log_point_metrics(target: MlflowTarget,
-                      points: Mapping[tuple[str, str], Mapping[str, float]]) -> dict[str, str | None]:
-    """Log `{(task, run): {metric: value}}` (step 0) on each sweep point's parent run (of this results directory).
+                      points: Mapping[RunSpec, Mapping[str, float]]) -> dict[str, str | None]:
+    """Log `{run: {metric: value}}` (step 0) on each sweep point's parent run (of this results directory).
 
     Parents are those of repexp.tracking (tag `repexp.parent_key` = 'point:<task>/<run>'). Inside a node run
     on the same store this goes through the node run: with MLflow unreachable the metrics are kept in its
@@ -84,15 +88,15 @@ def log_point_metrics(target: MlflowTarget,
     now = int(time.time() * 1000)
     node = node_for_target(target)
     if node is not None:
-        for (task, run), metrics in points.items():
-            node.log_parent_metrics(scope_for(task, run), [[k, v, 0, now] for k, v in metrics.items()])
-        return {f"{task}/{run}": None for task, run in points}
+        for spec, metrics in points.items():
+            node.log_parent_metrics(scope_for(spec.task, spec), [[k, v, 0, now] for k, v in metrics.items()])
+        return {spec.path: None for spec in points}
     store, experiment_id = mlflow_store(target)
     logged = {}
-    for (task, run), metrics in points.items():
-        scope = scope_for(task, run, results_id=target.results_id)
+    for spec, metrics in points.items():
+        scope = scope_for(spec.task, spec, results_id=target.results_id)
         with store.lock():
             parent_id, _ = store.parent(experiment_id, scope)
         store.log_metrics(parent_id, [[k, v, 0, now] for k, v in metrics.items()])
-        logged[f"{task}/{run}"] = parent_id
+        logged[spec.path] = parent_id
     return logged
