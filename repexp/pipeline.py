@@ -21,7 +21,7 @@ import functools
 import os
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -38,6 +38,15 @@ SLURM_VARIABLES = {
     "account": "REPEXP_SLURM_ACCOUNT",  # -A for every job
     "partition": "REPEXP_SLURM_PARTITION",  # -p for CPU jobs (preprocess, merge, model)
     "gpu_partition": "REPEXP_SLURM_GPU_PARTITION",  # -p for jobs with resources.<rule>.gpu > 0 (train, eval)
+}
+# `snakemake --report` entries of the figures: (subcategory, caption file in workflow/report/) per kind
+FIGURE_REPORTS = {
+    "pass_at_k": ("pass@k curves", "pass_at_k.rst"),
+    "testtime": ("test-time RepExp", "testtime.rst"),
+    "heatmaps": ("sweep heatmaps", "heatmap.rst"),
+    "training": ("training curves", "training.rst"),
+    "k_efficiency": ("k-efficiency", "k_efficiency_figure.rst"),
+    "dynamics": ("training dynamics", "dynamics.rst"),
 }
 SLURM_NAME = re.compile(r"[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*")
 
@@ -72,6 +81,7 @@ class Pipeline:
     workdir: Path
     hub_models: dict[str, str]  # local directory (job path) -> hub id, for download_model
     slurm: dict[str, Optional[str]]
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # per-run composition
 
     @property
     def results(self) -> str:
@@ -86,6 +96,53 @@ class Pipeline:
         """The config every job reads: content-addressed, so writing it never changes a file that
         another invocation uses."""
         return self.workdir / L.config_snapshot(self.results, self.cfg.name, self.config_hash)
+
+    @functools.cached_property
+    def runs(self) -> list[C.RunSpec]:
+        """The sweep's runs (RunSpec objects); their names are printed from them, never parsed back."""
+        return C.sweep_runs(self.cfg)
+
+    def run_pattern(self, trains: bool = False, backend: Optional[str] = None) -> str:
+        """The `run` wildcard's pattern: exactly the names of the sweep's runs (of those that train, of one
+        backend), so a non-canonical spelling such as b0.010 matches no rule."""
+        return C.run_pattern(spec for spec in self.runs
+                             if (spec.trains or not trains) and (backend is None or spec.backend == backend))
+
+    def run(self, task: str, name: str) -> C.RunSpec:
+        """The sweep's run of that name (ConfigError naming `run` for another name)."""
+        key = ("spec", task, name)
+        if key not in self._memo:
+            self._memo[key] = C.find_run(self.cfg, task, name)
+        return self._memo[key]
+
+    def run_config(self, task: str, name: str) -> C.RunConfig:
+        """The composed config of the sweep's run of that name."""
+        key = ("run", task, name)
+        if key not in self._memo:
+            self._memo[key] = C.compose(self.cfg, self.run(task, name), cfg_hash=self.config_hash)
+        return self._memo[key]
+
+    def job_hash(self, rule: str, **identity: str) -> str:
+        """A rule's params: its job's settings hashed (repexp.jobs), so a config change reruns exactly the
+        jobs whose settings changed (the shell command carries none). Train's is the training hash."""
+        from repexp import jobs
+
+        key = (rule, *sorted(identity.items()))
+        if key not in self._memo:
+            rc = self.run_config(identity["task"], identity["run"]) if "run" in identity else None
+            self._memo[key] = jobs.job_hash(jobs.compose(self.cfg, rule, run_config=rc, **identity))
+        return self._memo[key]
+
+    def figure_files(self, report) -> list:
+        """What `repexp figures` draws (repexp.layout names them): PDFs, and the PNGs marked for
+        `snakemake --report` (`report`: Snakemake's function) with their caption file."""
+        files = []
+        for stem in L.figure_stems(self.runs):
+            kind, caption = FIGURE_REPORTS[L.figure_kind(stem)]
+            png = report(str(L.figure_file(self.results, stem, "png")), caption=f"../report/{caption}",
+                         category="Figures", subcategory=kind, labels={"figure": stem})
+            files += [str(L.figure_file(self.results, stem, "pdf")), png]
+        return files
 
     @property
     def hub_data_dir(self) -> str:

@@ -3,10 +3,8 @@
 # plain Python. Parsed by every Snakemake invocation and every SLURM jobstep: no MLflow, torch or
 # pandas imports.
 
-import functools
 import os
 import re
-import shlex
 import sys
 from pathlib import Path
 
@@ -23,7 +21,6 @@ except C.ConfigError as err:
     raise ValueError(f"config error: {err}") from None
 CFG = PIPELINE.cfg  # the config with every path as jobs see it; jobs read its snapshot
 RESULTS = CFG.results_dir
-CONFIG_HASH = PIPELINE.config_hash
 HUB_MODELS = PIPELINE.hub_models
 os.environ.update(
     PIPELINE.environment(sys.executable),
@@ -32,22 +29,21 @@ os.environ.update(
 )
 
 
-RUNS = C.sweep_runs(CFG)
+RUNS = PIPELINE.runs
 MODEL_ALIAS = CFG.model if CFG.model in C.MODEL_ALIASES else None
 # download_model's wildcard: exactly the hub models of this config (no match when there are none)
 HUB_MODEL_PATTERN = "|".join(re.escape(Path(path).name) for path in HUB_MODELS) or "(?!)"
-EXPERIMENT = CFG.tracking.experiment or CFG.name  # one MLflow experiment per config
 
 
 # `run` matches exactly the sweep's run names (so b0.010 matches no rule); train/select only trained
 # runs, merge only verl runs.
-TRAINED_RUN_PATTERN = C.run_pattern(spec for spec in RUNS if spec.trains)
-VERL_RUN_PATTERN = C.run_pattern(spec for spec in RUNS if spec.backend == "verl")
+TRAINED_RUN_PATTERN = PIPELINE.run_pattern(trains=True)
+VERL_RUN_PATTERN = PIPELINE.run_pattern(trains=True, backend="verl")
 
 
 wildcard_constraints:
     task=C.TASK_PATTERN,
-    run=C.run_pattern(RUNS),
+    run=PIPELINE.run_pattern(),
     alias=C.MODEL_ALIAS_PATTERN,
 
 
@@ -134,59 +130,16 @@ def all_train_markers():
     return [train_file(L.DONE, spec.task, spec.name) for spec in RUNS if spec.trains]
 
 
-# `snakemake --report` entries of the figures: (subcategory, caption file) per kind of figure
-FIGURE_REPORTS = {
-    "pass_at_k": ("pass@k curves", "pass_at_k.rst"),
-    "testtime": ("test-time RepExp", "testtime.rst"),
-    "heatmaps": ("sweep heatmaps", "heatmap.rst"),
-    "training": ("training curves", "training.rst"),
-    "k_efficiency": ("k-efficiency", "k_efficiency_figure.rst"),
-    "dynamics": ("training dynamics", "dynamics.rst"),
-}
-
-
 def figure_files():
-    """What `repexp figures` draws (repexp.layout names them): PDFs, and the PNGs for the report."""
-    files = []
-    for stem in L.figure_stems(RUNS):
-        kind, caption = FIGURE_REPORTS[L.figure_kind(stem)]
-        # (`report(` must not start a line: Snakemake's parser would read it as the `report:` keyword)
-        png = report(
-            str(L.figure_file(RESULTS, stem, "png")),
-            caption=f"../report/{caption}",
-            category="Figures",
-            subcategory=kind,
-            labels={"figure": stem},
-        )
-        files += [str(L.figure_file(RESULTS, stem, "pdf")), png]
-    return files
+    return PIPELINE.figure_files(report)
 
 
 # --------------------------------------------------------------------------- per-job config
 
 
-@functools.lru_cache(maxsize=None)
-def run_spec(task, run):
-    return C.find_run(CFG, task, run)  # the sweep's run of that name: a name is never parsed back
-
-
-@functools.lru_cache(maxsize=None)
-def run_config(task, run):
-    return C.compose(CFG, run_spec(task, run), cfg_hash=CONFIG_HASH)
-
-
-@functools.lru_cache(maxsize=None)
-def _job_hash(rule, *identity):
-    wildcards = dict(zip(J.RULES[rule][2], identity))
-    rc = run_config(wildcards["task"], wildcards["run"]) if "run" in wildcards else None
-    return J.job_hash(J.compose(CFG, rule, run_config=rc, **wildcards))
-
-
 def job_hash(rule):
-    """The params of a rule: its job's settings hashed, so a config change reruns exactly the jobs
-    whose settings changed (the shell command carries none). Train's is the training hash: editing one
-    task's training settings reruns only its trainings, eval settings none."""
-    return lambda wildcards: _job_hash(rule, *(getattr(wildcards, name) for name in J.RULES[rule][2]))
+    """The params of a rule: its job's settings hashed (repexp.pipeline.Pipeline.job_hash)."""
+    return lambda wildcards: PIPELINE.job_hash(rule, **{name: getattr(wildcards, name) for name in J.RULES[rule][2]})
 
 
 def node_command(rule):
@@ -199,7 +152,7 @@ def node_command(rule):
 def eval_inputs(wildcards):
     """Test split + the model: the pointer of a trained run (merged for verl), or the base model."""
     inputs = {"data": data_file("test", wildcards.task)}
-    spec = run_spec(wildcards.task, wildcards.run)
+    spec = PIPELINE.run(wildcards.task, wildcards.run)
     if spec.trains:
         pointer = L.MERGED if spec.backend == "verl" else L.SELECT
         inputs["pointer"] = train_file(pointer, wildcards.task, wildcards.run)
