@@ -14,13 +14,12 @@ from the pool mean; a response close to one already taken has a small bonus and 
   ‖z_i‖². Taking row s updates Z ← Z (I − c z_s z_sᵀ), c = 1/(√(1+q)(1+√(1+q))), q = ‖z_s‖²: a
   symmetric contraction ((I − c z zᵀ)² = (I + z zᵀ)⁻¹), O(m·d) per problem and step, no solve and no
   subtraction of large terms (a bonus is recomputed as a norm, never downdated).
-- `greedy_order_reference`: the definition, one pool at a time: a fresh solve with λI + Σ x xᵀ for
-  every step. Slow; the tests and the benchmark check `greedy_order` against it.
 - `pad_pools`: a list of [n_g, d] pools (unequal sizes) to the padded layout.
 
 Ties (duplicates, or all remaining bonuses 0): responses whose bonus is within `TIE_RTOL` (relative)
 of the step's largest count as tied, and the one with the lowest pool index is taken. The tolerance
-absorbs rounding differences between the two implementations, so both give the same order.
+absorbs rounding differences, so `greedy_order` gives the order of the definition (a fresh solve with
+λI + Σ x xᵀ per step: `tests/greedy_reference.py`, which the tests and the benchmark check it against).
 
 Work is in float64 on the device of the features. No framework imports (torch and numpy only).
 """
@@ -38,7 +37,7 @@ from torch import Tensor
 from repexp import bonus_defaults as B
 from repexp.elliptical import _check_lamb, _raise_if_not_finite
 
-__all__ = ["TIE_RTOL", "PoolOrder", "greedy_order", "greedy_order_reference", "pad_pools"]
+__all__ = ["TIE_RTOL", "PoolOrder", "greedy_order", "pad_pools"]
 
 TIE_RTOL = 1e-9
 _WORK_DTYPE = torch.float64
@@ -135,33 +134,3 @@ def greedy_order(features: Any, sizes: Any = None, *, lamb: float, center: bool 
         along = torch.einsum("gmd,gd->gm", state, chosen)
         state = state - (scale[:, None] * along)[..., None] * chosen[:, None, :]
     return PoolOrder(order, bonus, sizes)
-
-
-def greedy_order_reference(pool: Any, *, lamb: float, center: bool = B.CENTER) -> tuple[list[int], list[float]]:
-    """The greedy elliptical order of one pool [n, d] by definition: per step, solve with λI + Σ x xᵀ.
-
-    Returns (pool indices in the order taken, each one's bonus when taken). Same tie rule as
-    `greedy_order`. O(n·(d³ + n d²)): for tests and the benchmark's baseline only.
-    """
-    lamb = _check_lamb(lamb)
-    x = torch.as_tensor(np.asarray(pool) if not isinstance(pool, Tensor) else pool).to(_WORK_DTYPE).cpu()
-    if x.ndim != 2:
-        raise ValueError(f"a pool must be 2-D [n, d], got {tuple(x.shape)}")
-    if center and x.shape[0]:
-        x = x - x.mean(0, keepdim=True)
-    dim = x.shape[1]
-    system = lamb * torch.eye(dim, dtype=_WORK_DTYPE)
-    remaining = list(range(x.shape[0]))
-    order: list[int] = []
-    bonuses: list[float] = []
-    while remaining:
-        candidates = x[remaining]  # [r, d]
-        solved = torch.linalg.solve(system, candidates.T)  # [d, r]
-        values = (candidates.T * solved).sum(0)
-        best = float(values.max())
-        first = next(j for j, v in enumerate(values.tolist()) if v >= best - TIE_RTOL * abs(best))
-        chosen = remaining.pop(first)
-        order.append(chosen)
-        bonuses.append(best)
-        system = system + torch.outer(x[chosen], x[chosen])
-    return order, bonuses

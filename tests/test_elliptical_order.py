@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from greedy_reference import greedy_order_reference  # tests/ is on sys.path: tests/conftest.py
 
-from repexp.elliptical_order import TIE_RTOL, greedy_order, greedy_order_reference, pad_pools
+from repexp.elliptical_order import TIE_RTOL, greedy_order, pad_pools
 
 CUDA = pytest.param(
     "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the GPU machine)")

@@ -133,8 +133,7 @@ def cmd_args(model, eval_dir, out, *extra):
 
 def test_command_writes_the_contract_and_resumes_from_cached_features(evaluation, tmp_path, capsys):
     import torch
-
-    from repexp.elliptical_order import greedy_order_reference
+    from greedy_reference import greedy_order_reference
 
     model, eval_dir = evaluation
     out = tmp_path / "tt"
