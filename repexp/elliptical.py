@@ -131,16 +131,13 @@ def _raise_if_not_finite(values: Tensor, name: str) -> None:
 
 # --------------------------------------------------------------------------- projection
 
-
-
 def projection_seed(seed: int, step: int, randomize: bool = True) -> int:
     """Seed of a training step's projection: from (seed, step) when randomized, from seed alone otherwise.
 
     Both trainer backends use this, so a run seed and step give the same projection on either."""
-    import numpy as np
-
     parts = [int(seed), int(step)] if randomize else [int(seed)]
     return int(np.random.SeedSequence(parts).generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+
 
 def sparse_projection(
     in_dim: int,
@@ -300,17 +297,19 @@ class GroupLayout(NamedTuple):
 
 
 def _layout_from_ids(ids: Tensor, num_groups: int, max_group_size: int | None = None) -> GroupLayout:
-    """Layout from contiguous ids where they are; on CUDA no host sync when max_group_size is given."""
-    if ids.device.type == "cpu":
-        return _layout_from_host_ids(ids.numpy(), num_groups, max_group_size)
+    """Layout from contiguous ids where they are (the host, for labels); on CUDA no host sync when
+    max_group_size is given."""
     device = ids.device
     batch = ids.shape[0]
     # index_add instead of bincount: CUDA bincount syncs to size its output.
     counts = torch.zeros(num_groups, dtype=torch.long, device=device).index_add_(0, ids, torch.ones_like(ids))
     if max_group_size is None:
         max_group_size = int(counts.max()) if batch else 0  # one host sync on CUDA
-    else:  # trusted on CUDA: checking it would sync
+    else:  # checked on the host only: on CUDA the check would sync
         max_group_size = _check_positive_int(max_group_size, "max_group_size")
+        largest = int(counts.max()) if batch and device.type == "cpu" else 0
+        if largest > max_group_size:
+            raise ValueError(f"a group has {largest} rows, more than max_group_size={max_group_size}")
     order = torch.argsort(ids, stable=True)
     starts = torch.cumsum(counts, 0) - counts
     slot = torch.empty_like(ids)
@@ -319,33 +318,6 @@ def _layout_from_ids(ids: Tensor, num_groups: int, max_group_size: int | None = 
     inv_counts = (1.0 / counts.clamp_min(1).to(_WORK_DTYPE)) * (counts > 0)
     return GroupLayout(
         ids, slot, ids * max_group_size + slot, counts, row_mask, inv_counts[:, None, None], num_groups, max_group_size
-    )
-
-
-def _layout_from_host_ids(ids: np.ndarray, num_groups: int, max_group_size: int | None) -> GroupLayout:
-    """The same layout computed with numpy (labels are mapped on the host anyway; numpy ops cost µs)."""
-    ids = ids.astype(np.int64, copy=False)
-    batch = ids.shape[0]
-    counts = np.bincount(ids, minlength=num_groups) if batch else np.zeros(num_groups, dtype=np.int64)
-    largest = int(counts.max()) if batch else 0
-    if max_group_size is None:
-        max_group_size = largest
-    else:
-        max_group_size = _check_positive_int(max_group_size, "max_group_size")
-        if largest > max_group_size:
-            raise ValueError(f"a group has {largest} rows, more than max_group_size={max_group_size}")
-    order = np.argsort(ids, kind="stable")
-    starts = np.cumsum(counts) - counts
-    slot = np.empty_like(ids)
-    slot[order] = np.arange(batch) - starts[ids[order]]
-    row_mask = (np.arange(max_group_size) < counts[:, None]).astype(np.float64)[..., None]
-    inv_counts = np.where(counts > 0, 1.0 / np.maximum(counts, 1), 0.0)[:, None, None]
-    return GroupLayout(
-        *(torch.from_numpy(np.ascontiguousarray(a)) for a in (ids, slot, ids * max_group_size + slot, counts)),
-        torch.from_numpy(row_mask),
-        torch.from_numpy(inv_counts),
-        num_groups,
-        max_group_size,
     )
 
 
@@ -375,14 +347,9 @@ def _resolve_layout(
         on_host = groups.device.type == "cpu"  # never a device sync for the check
         if on_host and groups.numel() and (int(groups.min()) < 0 or int(groups.max()) >= num_groups):
             raise ValueError(f"group ids must lie in [0, {num_groups}) when num_groups is given")
-        if groups.shape[0] != batch_size:
-            raise ValueError(f"groups has {groups.shape[0]} entries but the batch has {batch_size} rows")
         layout = _layout_from_ids(groups.to(torch.long), num_groups, max_group_size)
     else:
-        ids, count = group_ids(groups)
-        if ids.shape[0] != batch_size:
-            raise ValueError(f"groups has {ids.shape[0]} entries but the batch has {batch_size} rows")
-        layout = _layout_from_ids(ids, count, max_group_size)
+        layout = _layout_from_ids(*group_ids(groups), max_group_size)
     if layout.batch_size != batch_size:
         raise ValueError(f"groups has {layout.batch_size} entries but the batch has {batch_size} rows")
     # Built where the ids are (the host, for labels), then moved in two copies.
@@ -395,11 +362,6 @@ def _scatter_rows(rows: Tensor, layout: GroupLayout) -> Tensor:
     padded = rows.new_zeros(layout.num_groups * layout.max_group_size, dim)
     padded.index_copy_(0, layout.flat_index, rows)
     return padded.view(layout.num_groups, layout.max_group_size, dim)
-
-
-def _gather_rows(per_group: Tensor, layout: GroupLayout) -> Tensor:
-    """[G, m] per-slot values back to [B] rows."""
-    return per_group.reshape(-1).index_select(0, layout.flat_index)
 
 
 def _centre(values: Tensor, layout: GroupLayout) -> Tensor:
@@ -473,12 +435,6 @@ def _leverage_covariance_form(
     leverage = whitened.square().sum(-2)
     one_minus = (1.0 - leverage).clamp_min(torch.finfo(leverage.dtype).tiny) if want_one_minus else None
     return leverage, one_minus
-
-
-def _apply_reward_type(leverage: Tensor, one_minus: Tensor | None, reward_type: str) -> Tensor:
-    if reward_type == "leverage":
-        return leverage
-    return leverage / one_minus
 
 
 def _normalize_groups(values: Tensor, layout: GroupLayout, normalization: str) -> Tensor:
@@ -556,8 +512,8 @@ def bonuses(
         leverage, one_minus = _leverage_kernel_form(values, layout, lamb, center, want_one_minus, check_finite)
     else:
         leverage, one_minus = _leverage_covariance_form(values, None, lamb, want_one_minus, check_finite)
-    per_group = _normalize_groups(_apply_reward_type(leverage, one_minus, reward_type), layout, normalization)
-    return _gather_rows(per_group, layout).to(out_dtype)
+    per_group = _normalize_groups(leverage if one_minus is None else leverage / one_minus, layout, normalization)
+    return per_group.reshape(-1).index_select(0, layout.flat_index).to(out_dtype)  # back to [B] rows
 
 
 def choose_solver(max_group_size: int, dim: int, device: torch.device | str) -> str:
@@ -690,9 +646,9 @@ class PersistentCovariance:
         centred = torch.addcmul(values, new_mean[:, None, :], layout.row_mask, value=-1.0)
         want_one_minus = self.reward_type == "leave_one_out"
         leverage, one_minus = _leverage_covariance_form(centred, new_scatter, self.lamb, want_one_minus, check_finite)
-        bonus = _apply_reward_type(leverage, one_minus, self.reward_type)
+        bonus = leverage if one_minus is None else leverage / one_minus
         per_group = _normalize_groups(bonus, layout, self.normalization)
-        return _gather_rows(per_group, layout).to(device=features.device, dtype=torch.float32)
+        return per_group.reshape(-1).index_select(0, layout.flat_index).to(device=features.device, dtype=torch.float32)
 
     def state_dict(self) -> dict[str, Any]:
         """Plain tensors and lists on CPU (loadable with torch.load(weights_only=True))."""
@@ -795,15 +751,11 @@ def combine_rewards(
         raise ValueError(f"extrinsic {tuple(extrinsic.shape)} and intrinsic {tuple(intrinsic.shape)} differ in shape")
     alpha = _check_finite_real(alpha, "alpha")
     beta = _check_finite_real(beta, "beta")
-    flags = {
-        "turn_off_if_none_correct": turn_off_if_none_correct,
-        "turn_off_if_some_correct": turn_off_if_some_correct,
-        "turn_off_if_all_correct": turn_off_if_all_correct,
-        "turn_off_if_rollout_incorrect": turn_off_if_rollout_incorrect,
-    }
-    for name, flag in flags.items():
+    # one per GroupStatus, in its order, then the per-rollout rule
+    flags = (turn_off_if_none_correct, turn_off_if_some_correct, turn_off_if_all_correct, turn_off_if_rollout_incorrect)
+    for name, flag in zip(("none_correct", "some_correct", "all_correct", "rollout_incorrect"), flags):
         if not isinstance(flag, bool):
-            raise ValueError(f"{name} must be a bool, got {flag!r}")
+            raise ValueError(f"turn_off_if_{name} must be a bool, got {flag!r}")
     device = intrinsic.device
     extrinsic = extrinsic.to(device=device, dtype=_WORK_DTYPE)
     intrinsic = intrinsic.to(_WORK_DTYPE)
@@ -813,20 +765,14 @@ def combine_rewards(
     group, num_groups = layout.group, layout.num_groups
 
     correct = extrinsic > 0
-    ones = torch.ones_like(group)
-    group_size = torch.zeros(num_groups, dtype=torch.long, device=device).index_add_(0, group, ones)
     group_correct = torch.zeros(num_groups, dtype=torch.long, device=device).index_add_(0, group, correct.long())
     group_status = torch.full_like(group_correct, int(GroupStatus.SOME_CORRECT))
     group_status[group_correct == 0] = int(GroupStatus.NONE_CORRECT)
-    group_status[(group_correct == group_size) & (group_size > 0)] = int(GroupStatus.ALL_CORRECT)
+    group_status[(group_correct == layout.counts) & (layout.counts > 0)] = int(GroupStatus.ALL_CORRECT)
 
     rollout_status = group_status[group]
     turned_off = torch.zeros_like(correct)
-    for status, enabled in (
-        (GroupStatus.NONE_CORRECT, turn_off_if_none_correct),
-        (GroupStatus.SOME_CORRECT, turn_off_if_some_correct),
-        (GroupStatus.ALL_CORRECT, turn_off_if_all_correct),
-    ):
+    for status, enabled in zip(GroupStatus, flags):
         if enabled:
             turned_off |= rollout_status == int(status)
     if turn_off_if_rollout_incorrect:
