@@ -93,17 +93,12 @@ def _validate_inputs(groups: Sequence[Any], scores: Tensor, excluded: Tensor, ro
         )
 
 
-def _no_exclusions(rows: int, device: torch.device) -> Tensor:
-    return torch.zeros(rows, dtype=torch.bool, device=device)
-
-
 def group_metrics(
     groups: Sequence[Any], scores: Tensor, excluded: Optional[Tensor] = None, shaped: Optional[Tensor] = None
 ) -> dict[str, float]:
     """Verifier/shaped means and none/some/all-correct group fractions over the rows that take part: the
     metrics of a step without the bonus (β = 0); `shaped` defaults to the scores."""
-    if excluded is None:
-        excluded = _no_exclusions(len(groups), scores.device)
+    excluded = torch.zeros(len(groups), dtype=torch.bool) if excluded is None else excluded
     _validate_inputs(groups, scores, excluded, len(groups))
     keep = (~excluded.to(scores.device).bool()).nonzero().squeeze(1)
     if keep.numel() == 0:
@@ -145,7 +140,7 @@ def compute_step_bonus(
     rows = features.shape[0]
     scores = scores.to(dtype=torch.float64)
     device = scores.device
-    excluded = _no_exclusions(rows, device) if excluded is None else excluded.to(device).bool()
+    excluded = torch.zeros(rows, dtype=torch.bool, device=device) if excluded is None else excluded.to(device).bool()
     _validate_inputs(groups, scores, excluded, rows)
     if bonus.persist_covariance and (prompt_keys is None or len(prompt_keys) != rows):
         raise ValueError("persist_covariance needs one prompt key per row")

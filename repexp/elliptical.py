@@ -249,8 +249,7 @@ def group_ids(groups: Any) -> tuple[Tensor, int]:
     strings or objects) or a list/tuple of hashables (e.g. uuid strings). Returns
     (LongTensor[B], G). Rows of one group need not be contiguous.
     """
-    ids, num_groups, _ = _factorize(groups, want_labels=False)
-    return ids, num_groups
+    return _factorize(groups, want_labels=False)[:2]
 
 
 # --------------------------------------------------------------------------- padded layout
@@ -286,14 +285,11 @@ class GroupLayout(NamedTuple):
         if device == self.device:
             return self
         batch, groups = self.batch_size, self.num_groups
-        ints = torch.cat([self.group, self.slot, self.flat_index, self.counts]).to(device)
-        floats = torch.cat([self.row_mask.reshape(-1), self.inv_counts.reshape(-1)]).to(device)
-        group, slot, flat_index, counts = ints.split([batch, batch, batch, groups])
-        row_mask, inv_counts = floats.split([self.row_mask.numel(), groups])
-        return GroupLayout(
-            group, slot, flat_index, counts, row_mask.view(self.row_mask.shape), inv_counts.view(groups, 1, 1),
-            groups, self.max_group_size,
+        ints = torch.cat(self[:4]).to(device).split([batch, batch, batch, groups])
+        row_mask, inv_counts = torch.cat([self.row_mask.reshape(-1), self.inv_counts.reshape(-1)]).to(device).split(
+            [self.row_mask.numel(), groups]
         )
+        return GroupLayout(*ints, row_mask.view_as(self.row_mask), inv_counts.view_as(self.inv_counts), *self[6:])
 
 
 def _layout_from_ids(ids: Tensor, num_groups: int, max_group_size: int | None = None) -> GroupLayout:

@@ -73,7 +73,15 @@ def pad_pools(pools: Sequence[Any], *, dtype: torch.dtype = _WORK_DTYPE,
     return (padded, sizes) if device is None else (padded.to(device), sizes.to(device))
 
 
-def _check_inputs(features: Any, sizes: Any) -> tuple[Tensor, Tensor]:
+def greedy_order(features: Any, sizes: Any = None, *, lamb: float, center: bool = B.CENTER,
+                 check_finite: bool = True) -> PoolOrder:
+    """The greedy elliptical order of every pool (see the module docstring), all pools at once.
+
+    `features`: [G, m, d] padded pools (rows at or past a pool's size are ignored) or one pool [n, d];
+    `sizes`: [G] pool sizes (default: all m). `center` subtracts each pool's mean feature first, as
+    the training bonus centres each group. Runs on the features' device in float64.
+    """
+    lamb = _check_lamb(lamb)
     if not isinstance(features, Tensor):
         features = torch.as_tensor(np.asarray(features))
     if features.ndim == 2:
@@ -90,20 +98,6 @@ def _check_inputs(features: Any, sizes: Any) -> tuple[Tensor, Tensor]:
     sizes = sizes.long()
     if groups and (int(sizes.min()) < 0 or int(sizes.max()) > width):
         raise ValueError(f"pool sizes must lie in [0, {width}] (the padded width)")
-    return features, sizes
-
-
-def greedy_order(features: Any, sizes: Any = None, *, lamb: float, center: bool = B.CENTER,
-                 check_finite: bool = True) -> PoolOrder:
-    """The greedy elliptical order of every pool (see the module docstring), all pools at once.
-
-    `features`: [G, m, d] padded pools (rows at or past a pool's size are ignored) or one pool [n, d];
-    `sizes`: [G] pool sizes (default: all m). `center` subtracts each pool's mean feature first, as
-    the training bonus centres each group. Runs on the features' device in float64.
-    """
-    lamb = _check_lamb(lamb)
-    features, sizes = _check_inputs(features, sizes)
-    groups, width, _ = features.shape
     device = features.device
     real = torch.arange(width, device=device)[None, :] < sizes[:, None]  # [G, m]
     values = features.to(_WORK_DTYPE) * real[..., None]

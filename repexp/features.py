@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch import Tensor
 
 # --------------------------------------------------------------------------- verl's layouts
 
@@ -41,16 +40,9 @@ def _check_lengths(seq_lengths: torch.Tensor, response_lengths: torch.Tensor) ->
 def response_mean_packed(
     hidden: torch.Tensor, seq_offsets: torch.Tensor, response_lengths: torch.Tensor
 ) -> torch.Tensor:
-    """Per-sequence response mean of packed hidden states.
-
-    Args:
-        hidden: (total_tokens, H), all sequences concatenated (verl's remove-padding layout).
-        seq_offsets: (B + 1,) cumulative sequence starts, ``seq_offsets[-1] == total_tokens``.
-        response_lengths: (B,) number of trailing response tokens of each sequence.
-
-    Returns:
-        (B, H) float32.
-    """
+    """(B, H) float32 per-sequence response mean of packed hidden states (verl's remove-padding layout):
+    hidden (total_tokens, H); seq_offsets (B + 1,) cumulative sequence starts ending at total_tokens;
+    response_lengths (B,) trailing response tokens of each sequence."""
     if hidden.dim() != 2:
         raise ValueError(f"packed hidden states must be (tokens, hidden), got shape {tuple(hidden.shape)}")
     seq_offsets = seq_offsets.to(device=hidden.device, dtype=torch.long)
@@ -124,29 +116,6 @@ def load_backbone(path: str, *, dtype: torch.dtype, device: torch.device, key: s
     return model
 
 
-def right_padded_batch(
-    prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], pad_token_id: int
-) -> tuple[Tensor, Tensor, Tensor]:
-    """(input_ids, attention_mask, completion_mask), each [B, T], rows = prompt + completion + padding.
-
-    Right padding keeps the positions and causal attention of the real tokens exactly those of an
-    unpadded forward."""
-    if len(prompt_ids) != len(completion_ids):
-        raise ValueError(f"{len(prompt_ids)} prompts but {len(completion_ids)} completions")
-    lengths = [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)]
-    width = max(lengths, default=0)
-    batch = len(lengths)
-    input_ids = torch.full((batch, width), int(pad_token_id), dtype=torch.long)
-    attention_mask = torch.zeros((batch, width), dtype=torch.long)
-    completion_mask = torch.zeros((batch, width), dtype=torch.bool)
-    for row, (prompt, completion) in enumerate(zip(prompt_ids, completion_ids)):
-        p, c = len(prompt), len(completion)
-        input_ids[row, : p + c] = torch.tensor([*prompt, *completion], dtype=torch.long)
-        attention_mask[row, : p + c] = 1
-        completion_mask[row, p : p + c] = True
-    return input_ids, attention_mask, completion_mask
-
-
 @torch.no_grad()
 def completion_features(
     backbone: torch.nn.Module,
@@ -155,12 +124,13 @@ def completion_features(
     *,
     pad_token_id: int,
     micro_batch_size: int,
-) -> Tensor:
+) -> torch.Tensor:
     """Mean-pooled `last_hidden_state` of `backbone` over each completion → [B, H] float32.
 
     `backbone` is a transformers base model (e.g. `load_backbone`, no LM head). Sequences are
-    forwarded in micro-batches of similar length; the output keeps the input order and lives
-    on the backbone's device.
+    forwarded in micro-batches of similar length, right-padded (prompt + completion + padding: the
+    real tokens keep exactly the positions and causal attention of an unpadded forward); the output
+    keeps the input order and lives on the backbone's device.
     """
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
@@ -171,9 +141,15 @@ def completion_features(
     order = sorted(range(batch), key=lambda i: len(prompt_ids[i]) + len(completion_ids[i]))
     for start in range(0, batch, micro_batch_size):
         rows = order[start : start + micro_batch_size]
-        input_ids, attention_mask, completion_mask = right_padded_batch(
-            [prompt_ids[i] for i in rows], [completion_ids[i] for i in rows], pad_token_id
-        )
+        width = max(len(prompt_ids[i]) + len(completion_ids[i]) for i in rows)
+        input_ids = torch.full((len(rows), width), int(pad_token_id), dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        completion_mask = torch.zeros((len(rows), width), dtype=torch.bool)
+        for row, i in enumerate(rows):
+            p, c = len(prompt_ids[i]), len(completion_ids[i])
+            input_ids[row, : p + c] = torch.tensor([*prompt_ids[i], *completion_ids[i]], dtype=torch.long)
+            attention_mask[row, : p + c] = 1
+            completion_mask[row, p : p + c] = True
         hidden = backbone(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).last_hidden_state
         features[torch.tensor(rows, device=device)] = response_mean_masked(hidden, completion_mask)
     return features
