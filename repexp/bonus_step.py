@@ -1,8 +1,7 @@
 """One training step's RepExp bonus, for both trainer backends: features → bonus → shaped reward → metrics.
 
-Glue around `repexp.elliptical` (pure torch, no framework): the TRL reward (`repexp.trl.reward`) and
-the verl trainer (`repexp.verl.trainer`) pool their features (`repexp.features`) and score their
-rollouts each in their own way, then both call `compute_step_bonus`:
+The TRL reward (`repexp.trl.reward`) and the verl trainer (`repexp.verl.trainer`) pool their features
+(`repexp.features`) and score their rollouts each their own way, then both call `compute_step_bonus`:
 
 1. project with `sparse_projection(H, sparse_dim, seed=projection_seed(seed, step))`: a fresh
    projection every step when ``randomize_projection`` (upstream drew it from an unseeded RNG),
@@ -17,10 +16,8 @@ rollouts each in their own way, then both call `compute_step_bonus`:
 Excluded rows (verl's padding rows, empty responses) get bonus 0 and are left out of every group and
 statistic. The bonus runs on the features' device, the rewards and metrics on the scores' device.
 
-The settings are the pipeline config's `BonusConfig` fields (α, λ, reward type, normalization, centring,
-projection and covariance switches, turn-off rules), a `BonusConfig`: TRL passes `RunConfig.bonus`,
-verl its node's `RepExpSettings` (a `BonusConfig` subclass, read from the node
-``actor_rollout_ref.repexp.bonus``); β, `sparse_dim` and the seed are the sweep point's, passed beside it.
+The settings are a `BonusConfig`: TRL passes `RunConfig.bonus`, verl its node's `RepExpSettings` (a
+subclass, from ``actor_rollout_ref.repexp.bonus``); β, `sparse_dim` and the seed are passed beside it.
 """
 
 from __future__ import annotations

@@ -1,23 +1,14 @@
-"""RepExp's elliptical exploration bonus, batched over groups (pure torch + numpy).
+"""RepExp's elliptical exploration bonus, batched over groups; torch and numpy only (maths: docs/bonus.md).
 
-What lives here (the maths and the choices are in docs/bonus.md):
-
-- `sparse_projection`: a seeded very sparse random projection (Li et al.), the same
-  distribution as scikit-learn's `SparseRandomProjection`, identical on every device.
-- `group_ids`: arbitrary group labels (ints, uuid strings, numpy object arrays) to
-  contiguous int ids in order of first appearance; `group_layout`: those ids plus the
-  padded-layout indices, built once per batch (the sync-free fast path of `bonuses`).
-- `bonuses`: per group, centre the features, A = λI + Σ x xᵀ, leverage h = xᵀA⁻¹x or
-  leave-one-out h/(1−h), then per-group normalization. All groups at once: rows are
-  scattered into a padded [G, n_max, d] tensor and solved with one batched Cholesky,
-  in the n×n kernel form or the d×d covariance form (`choose_solver`).
-- `PersistentCovariance`: upstream's `persist_covariance` semantics (state keyed by
-  prompt across steps), batched over prompts, with a torch.save-able state.
-- `combine_rewards`: α·verifier + β·bonus with upstream's turn-off rules, vectorised.
-- Beside it, `repexp/elliptical_order.py`: the test-time use of the same bonus (the paper's
-  inference-time exploration), `greedy_order` of response pools batched over problems.
-
-No framework imports: this module runs with torch and numpy alone.
+- `sparse_projection` (+ `projection_seed`): a seeded very sparse random projection, scikit-learn's
+  `SparseRandomProjection` distribution, identical on every device.
+- `group_ids`: group labels to contiguous ids in first-appearance order; `group_layout`: those ids plus
+  the padded-layout indices, built once per batch (the sync-free fast path of `bonuses`).
+- `bonuses`: per group, centre, A = λI + Σ x xᵀ, leverage h = xᵀA⁻¹x or leave-one-out h/(1−h), then
+  normalize; all groups in one batched Cholesky of the n×n kernel or d×d covariance form (`choose_solver`).
+- `PersistentCovariance`: upstream's `persist_covariance` (state keyed by prompt across steps).
+- `combine_rewards`: α·verifier + β·bonus with upstream's turn-off rules.
+- Beside it, `repexp/elliptical_order.py`: the test-time `greedy_order` of response pools.
 """
 
 from __future__ import annotations

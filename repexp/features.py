@@ -1,10 +1,9 @@
 """The bonus feature of a rollout: the mean of a frozen model's last hidden state over its response.
 
 One definition for every consumer (docs/bonus.md): the TRL reward and `repexp testtime` forward a
-frozen transformers base model here (`load_backbone`, `completion_features`); verl's engine runs its
-own forward inside its FSDP worker and pools the hidden states it gets with the layout functions
-below (`response_mean_packed`, `response_mean_right_padded`); `response_mean_masked` is the mean
-they all reduce to and the reference the layouts are tested against.
+frozen base model here (`load_backbone`, `completion_features`); verl's engine pools its FSDP worker's
+hidden states with `response_mean_packed` / `response_mean_right_padded`; `response_mean_masked` is
+the mean they all reduce to.
 
 As in the RepExp recipe, the feature is the backbone's `last_hidden_state` (the output of the final
 norm, = `hidden_states[-1]`) averaged over the response positions, the first EOS included, with the

@@ -23,7 +23,6 @@ from typing import Any
 from repexp import layout
 from repexp.io import atomic_path, read_json, write_json_atomic
 
-FEATURES_DIR = layout.FEATURES_DIR
 FEATURES_FORMAT = 1
 
 
@@ -67,13 +66,14 @@ def _response_ids(tokenizer, responses: list[str], finish_reasons: list[str]) ->
 
 def _open_cache(cache_dir: Path, key: dict[str, Any]) -> None:
     meta = cache_dir / layout.SAMPLES_META
-    if meta.exists() and read_json(meta) != key:
+    if meta.exists():
+        if read_json(meta) == key:
+            return
         print(f"testtime: {cache_dir} holds features made with other settings; recomputing them", file=sys.stderr)
         for stale in cache_dir.glob(layout.shard_glob("pt")):
             stale.unlink()
     cache_dir.mkdir(parents=True, exist_ok=True)
-    if not meta.exists() or read_json(meta) != key:
-        write_json_atomic(meta, key)
+    write_json_atomic(meta, key)
 
 
 def shard_features(store, problems, plan, settings: FeatureSettings, out_dir: Path,
@@ -86,9 +86,9 @@ def shard_features(store, problems, plan, settings: FeatureSettings, out_dir: Pa
 
     from repexp.elliptical import sparse_projection
     from repexp.evaluate.engines import encode_prompts, load_tokenizer
-    from repexp.features import completion_features
+    from repexp.features import completion_features, load_backbone
 
-    cache_dir = out_dir / FEATURES_DIR
+    cache_dir = out_dir / layout.FEATURES_DIR
     _open_cache(cache_dir, settings.cache_key(generation))
     prompt_of = dict(zip(problems.problem_ids, problems.prompts))
     tokenizer = backbone = projection = None
@@ -103,7 +103,8 @@ def shard_features(store, problems, plan, settings: FeatureSettings, out_dir: Pa
         else:
             if backbone is None:
                 tokenizer = load_tokenizer(settings.model)
-                backbone = _load_backbone(settings)
+                backbone = load_backbone(settings.model, dtype=getattr(torch, settings.dtype),
+                                         device=torch.device(settings.device), key="--model")
                 projection = sparse_projection(backbone.config.hidden_size, settings.sparse_dim,
                                                seed=settings.projection_seed, device=settings.device)
             ids = sorted(set(shard["problem_id"]))
@@ -136,12 +137,3 @@ def shard_features(store, problems, plan, settings: FeatureSettings, out_dir: Pa
         rows = entry.pop("rows")
         entry["features"] = shard_tensors[entry["shard"]][torch.tensor([rows[j] for j in order], dtype=torch.long)]
     return per_problem
-
-
-def _load_backbone(settings: FeatureSettings):
-    import torch
-
-    from repexp.features import load_backbone
-
-    return load_backbone(settings.model, dtype=getattr(torch, settings.dtype), device=torch.device(settings.device),
-                         key="--model")

@@ -7,11 +7,9 @@ completions i·n … i·n + n − 1 share a prompt (TRL's RepeatSampler). Per ca
    `repexp.verify.score` under the run's grader (0/1);
 2. β > 0 only: mean-pool the frozen representation model's last hidden state over each
    completion (`repexp.features.completion_features`);
-3. `repexp.bonus_step.compute_step_bonus`, the step verl runs too: projection (seeded by (seed, step)
-   when `bonus.randomize_projection`, else by seed), per-group bonus (or the persistent covariance,
-   keyed by `extra_info.index`), α, β and the turn-off rules, the step's metrics; in float32, the
-   precision this reward has always had. β = 0: `repexp.bonus_step.group_metrics` of α·score;
-
+3. `repexp.bonus_step.compute_step_bonus`, the step verl runs too (persistent covariance keyed by
+   `extra_info.index`), in float32, the precision this reward has always had. β = 0:
+   `repexp.bonus_step.group_metrics` of α·score;
 4. the shaped reward is normalised within each group exactly as verl's GRPO advantage,
    (r − mean) / (unbiased std + 1e-6), and returned; TRL runs with `scale_rewards="none"`, so
    its own mean subtraction leaves these values unchanged. (TRL's group scaling would divide by
@@ -72,11 +70,9 @@ class RepExpReward:
         self.tokenizer = tokenizer
         self.n = cfg.train.n_rollouts
         self.beta = float(cfg.beta)
-        self.alpha = float(cfg.bonus.alpha)
         self.optimizer_steps_per_step = optimizer_steps_per_step
         self.device = device
         self.dtype = dtype
-        self.representation_path = cfg.bonus.representation_model or cfg.model
         self._backbone_loader = backbone_loader
         self._backbone: Optional[torch.nn.Module] = None
         # projection and persistent covariance across steps; β = 0 runs have no sparse_dim and no bonus
@@ -101,8 +97,9 @@ class RepExpReward:
             if self._backbone_loader is not None:
                 self._backbone = self._backbone_loader()
             else:
+                path = self.cfg.bonus.representation_model or self.cfg.model
                 key = "bonus.representation_model" if self.cfg.bonus.representation_model else "model"
-                self._backbone = load_backbone(self.representation_path, dtype=self.dtype, device=self.device, key=key)
+                self._backbone = load_backbone(path, dtype=self.dtype, device=self.device, key=key)
             vocab = getattr(self._backbone.config, "vocab_size", None)
             if vocab is not None and vocab < len(self.tokenizer):
                 raise ConfigError(
@@ -152,7 +149,7 @@ class RepExpReward:
             for source, response, rm in zip(data_source, responses, reward_model)
         ]
         prompt_keys = None
-        if self.enabled and self.cfg.bonus.persist_covariance:
+        if self._persists:
             if extra_info is None or any("index" not in (info or {}) for info in extra_info):
                 raise ValueError("extra_info.index: every training row needs it (the key of bonus.persist_covariance)")
             prompt_keys = [int(info["index"]) for info in extra_info]
@@ -201,7 +198,7 @@ class RepExpReward:
         else:
             # α·score even without the bonus, as combine_rewards always gave this reward (verl leaves β = 0
             # scores unscaled; the group-normalised advantage barely depends on α)
-            shaped = (self.alpha * extrinsic).float()
+            shaped = (float(self.cfg.bonus.alpha) * extrinsic).float()
             metrics.update(group_metrics(groups, extrinsic, shaped=shaped))
         metrics.update(metric_names.distinct_fraction(groups, completion_ids))
         return shaped, metrics
