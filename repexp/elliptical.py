@@ -574,14 +574,6 @@ class PersistentCovariance:
     def prompt_ids(self) -> list[Hashable]:
         return list(self._labels)
 
-    def _state_device(self, features: Tensor) -> torch.device:
-        if self.device is None:
-            self.device = features.device
-        if self._count.device != self.device:
-            state = (self._count, self._mean, self._scatter)
-            self._count, self._mean, self._scatter = (t.to(self.device) for t in state)
-        return self.device
-
     def _slots_for(self, labels: list[Hashable]) -> Tensor:
         # One dict lookup per distinct prompt of the call (not per row); new prompts get new slots.
         for label in labels:
@@ -607,7 +599,9 @@ class PersistentCovariance:
             raise ValueError(f"prompt_ids has {ids.shape[0]} entries but the batch has {batch} rows")
         if check_finite:
             _raise_if_not_finite(features, "features")
-        device = self._state_device(features)
+        device = self.device = features.device if self.device is None else self.device
+        if self._count.device != device:
+            self._count, self._mean, self._scatter = (t.to(device) for t in (self._count, self._mean, self._scatter))
         if batch == 0:
             return torch.zeros(0, dtype=torch.float32, device=features.device)
 

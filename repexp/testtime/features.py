@@ -130,10 +130,8 @@ def shard_features(store, problems, plan, settings: FeatureSettings, out_dir: Pa
         seconds = time.perf_counter() - started
         print(f"testtime: features of {computed} samples in {seconds:.1f} s ({computed / seconds:.1f} samples/s)",
               file=sys.stderr)
-    for entry in per_problem.values():
-        order = sorted(range(len(entry["index"])), key=entry["index"].__getitem__)
-        entry["index"] = [entry["index"][j] for j in order]
-        entry["score"] = [entry["score"][j] for j in order]
-        rows = entry.pop("rows")
-        entry["features"] = shard_tensors[entry["shard"]][torch.tensor([rows[j] for j in order], dtype=torch.long)]
+    for entry in per_problem.values():  # in sample-index order
+        index, score, rows = zip(*sorted(zip(entry["index"], entry["score"], entry.pop("rows"))))
+        entry.update(index=list(index), score=list(score),
+                     features=shard_tensors[entry["shard"]][torch.tensor(rows, dtype=torch.long)])
     return per_problem
