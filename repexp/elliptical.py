@@ -188,8 +188,6 @@ def _factorize(groups: Any, *, want_labels: bool) -> tuple[Tensor, int, list | N
         if groups.dtype.is_floating_point or groups.is_complex():
             raise ValueError(f"a groups tensor must hold integer ids, got dtype {groups.dtype}")
         size = groups.numel()
-        if size == 0:
-            return torch.zeros(0, dtype=torch.long, device=groups.device), 0, ([] if want_labels else None)
         unique, inverse = torch.unique(groups, sorted=True, return_inverse=True)
         num_groups = unique.numel()
         rows = torch.arange(size, device=groups.device)
@@ -211,8 +209,6 @@ def _factorize(groups: Any, *, want_labels: bool) -> tuple[Tensor, int, list | N
         return _factorize_hashables(array.tolist(), want_labels)
     if array.dtype.kind not in "biuUS":
         raise ValueError(f"groups must be integer ids or hashable labels, got a numpy array of dtype {array.dtype}")
-    if array.size == 0:
-        return torch.zeros(0, dtype=torch.long), 0, ([] if want_labels else None)
     unique, first_row, inverse = np.unique(array, return_index=True, return_inverse=True)
     by_first_row = np.argsort(first_row, kind="stable")
     relabel = np.empty_like(by_first_row)
@@ -698,10 +694,8 @@ class CombinedRewards(NamedTuple):
 
     def status_fractions(self) -> dict[str, float]:
         """Fractions of groups with none / some / all rollouts correct (0.0 each for an empty batch)."""
-        num_groups = self.group_status.numel()
-        counts = torch.zeros(3, dtype=torch.long, device=self.group_status.device)
-        counts.index_add_(0, self.group_status, torch.ones_like(self.group_status))
-        fractions = (counts.double() / max(num_groups, 1)).tolist()
+        counts = torch.bincount(self.group_status, minlength=len(GroupStatus)).double()
+        fractions = (counts / max(self.group_status.numel(), 1)).tolist()
         return {"none_correct": fractions[0], "some_correct": fractions[1], "all_correct": fractions[2]}
 
 
