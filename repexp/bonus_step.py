@@ -101,9 +101,7 @@ def group_metrics(
     if keep.numel() == 0:
         return {}
     kept_scores = scores[keep].double()
-    combined = combine_rewards(
-        kept_scores, torch.zeros_like(kept_scores), [groups[i] for i in keep.tolist()], beta=0.0
-    )
+    combined = combine_rewards(kept_scores, torch.zeros_like(kept_scores), [groups[i] for i in keep.tolist()], beta=0)
     shaped = kept_scores if shaped is None else shaped[keep].double()
     return metric_names.group_metrics(combined.status_fractions(), kept_scores.cpu(), shaped.cpu())
 
@@ -160,13 +158,8 @@ def compute_step_bonus(
                 normalization=bonus.normalization, center=bonus.center, out_dtype=dtype,
             )
         raw = raw.to(device)
-        combined = combine_rewards(
-            scores[keep], raw, kept_groups, alpha=bonus.alpha, beta=beta,
-            turn_off_if_none_correct=bonus.turn_off_if_none_correct,
-            turn_off_if_some_correct=bonus.turn_off_if_some_correct,
-            turn_off_if_all_correct=bonus.turn_off_if_all_correct,
-            turn_off_if_rollout_incorrect=bonus.turn_off_if_rollout_incorrect,
-        )
+        rules = {name: value for name, value in vars(bonus).items() if name.startswith("turn_off_if_")}
+        combined = combine_rewards(scores[keep], raw, kept_groups, alpha=bonus.alpha, beta=beta, **rules)
         bonus_raw[keep] = raw.double()
         kept_bonus[keep] = combined.intrinsic.double()
         fractions = combined.status_fractions()
