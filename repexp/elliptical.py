@@ -455,19 +455,14 @@ def bonuses(
     check_finite: bool = True,
     out_dtype: torch.dtype = torch.float32,
 ) -> Tensor:
-    """Elliptical bonus of every row of `features` [B, d] within its group; returns [B].
+    """Elliptical bonus [B] of every row of `features` [B, d] within its group (the module docstring),
+    computed in float64 and returned as `out_dtype` on the features' device; rows of a group need not
+    be contiguous. "rnd" divides by the unbiased std.
 
-    Per group (rows need not be contiguous, sizes may differ): centre by the group mean
-    (when `center`), A = λI + Σ x xᵀ, leverage h_i = x_iᵀA⁻¹x_i ("leverage") or h/(1−h)
-    ("leave_one_out"), then `normalization` "none" | "rnd" (÷ unbiased std) | "z_score".
-    Computed in float64, returned as `out_dtype`, on the device of `features`.
-
-    `groups`: labels (list/tuple/numpy array of hashables, or an integer tensor), or a
-    `GroupLayout` from `group_layout`, or contiguous integer ids in [0, num_groups) with
-    `num_groups` (and optionally `max_group_size`, an upper bound on the group size).
-    Fast path (no host sync on CUDA): a GroupLayout on the features' device (or ids with
-    num_groups and max_group_size) and `check_finite=False`.
-    `solver`: "kernel" (n×n form), "covariance" (d×d form) or "auto" (see `choose_solver`).
+    `groups`: labels (as for `group_ids`), a `GroupLayout`, or contiguous integer ids in [0, num_groups)
+    with `num_groups` (and optionally `max_group_size`, an upper bound on the group size). Fast path
+    (no host sync on CUDA): a GroupLayout on the features' device (or ids with num_groups and
+    max_group_size) and `check_finite=False`.
     """
     features = _as_feature_matrix(features)
     lamb = _check_lamb(lamb)
@@ -488,13 +483,13 @@ def bonuses(
     values = _scatter_rows(features.to(_WORK_DTYPE), layout)
     if center:
         values = _centre(values, layout)
-    want_one_minus = reward_type == "leave_one_out"
+    loo = reward_type == "leave_one_out"
     if solver == "auto":
         solver = choose_solver(layout.max_group_size, dim, features.device)
     if solver == "kernel":
-        leverage, one_minus = _leverage_kernel_form(values, layout, lamb, center, want_one_minus, check_finite)
+        leverage, one_minus = _leverage_kernel_form(values, layout, lamb, center, loo, check_finite)
     else:
-        leverage, one_minus = _leverage_covariance_form(values, None, lamb, want_one_minus, check_finite)
+        leverage, one_minus = _leverage_covariance_form(values, None, lamb, loo, check_finite)
     per_group = _normalize_groups(leverage if one_minus is None else leverage / one_minus, layout, normalization)
     return per_group.reshape(-1).index_select(0, layout.flat_index).to(out_dtype)  # back to [B] rows
 
@@ -521,20 +516,13 @@ class PersistentCovariance:
     """Upstream's `persist_covariance=True` bonus, with state that survives a resume.
 
     Per prompt id it keeps the count N, the running mean μ and the centred scatter
-    S = Σ (z − μ)(z − μ)ᵀ of every projected feature z seen for that prompt so far.
-    λI + S equals upstream's mean-corrected matrix λI + Σ z zᵀ − N μμᵀ (uncentred
-    accumulation from I/λ, then the rank-1 correction) in exact arithmetic; keeping S
-    itself avoids the cancellation of that subtraction, and keeping the matrix rather
-    than its inverse avoids the drift of repeated Sherman–Morrison updates.
+    S = Σ (z − μ)(z − μ)ᵀ of every projected feature z seen for that prompt so far. λI + S equals
+    upstream's λI + Σ z zᵀ − N μμᵀ in exact arithmetic; keeping S avoids the cancellation of that
+    subtraction, and keeping the matrix rather than its inverse the drift of Sherman–Morrison updates.
 
-    `update_and_score(features, prompt_ids)`, per prompt present in the call, in upstream's order:
-      1. update N and μ with the prompt's rows of this call (count-weighted);
-      2. add those rows to the accumulated matrix;
-      3. centre those rows by the updated μ and score them against the updated matrix:
-         h = xᵀ(λI + S)⁻¹x ("leverage") or h/(1−h) ("leave_one_out", which upstream
-         did not implement: the ridge leave-one-out of the row against the same matrix);
-      4. normalize per prompt.
-    All rows of one prompt id in a call form one group (GRPO has one group per prompt per step).
+    `update_and_score`, per prompt of the call (its rows form one group), in upstream's order: update
+    N and μ, add the rows to the matrix, centre them by the new μ and score them against the new matrix
+    (h, or h/(1−h) for "leave_one_out", which upstream did not implement), normalize per prompt.
     The state does not depend on λ, so λ can change between runs.
     """
 
@@ -621,8 +609,8 @@ class PersistentCovariance:
 
         # Step 3: score this call's rows, centred by the updated running mean.
         centred = torch.addcmul(values, new_mean[:, None, :], layout.row_mask, value=-1.0)
-        want_one_minus = self.reward_type == "leave_one_out"
-        leverage, one_minus = _leverage_covariance_form(centred, new_scatter, self.lamb, want_one_minus, check_finite)
+        loo = self.reward_type == "leave_one_out"
+        leverage, one_minus = _leverage_covariance_form(centred, new_scatter, self.lamb, loo, check_finite)
         bonus = leverage if one_minus is None else leverage / one_minus
         per_group = _normalize_groups(bonus, layout, self.normalization)
         return per_group.reshape(-1).index_select(0, layout.flat_index).to(device=features.device, dtype=torch.float32)
@@ -651,11 +639,7 @@ class PersistentCovariance:
         labels = list(state["prompt_ids"])
         size = len(labels)
         count, mean, scatter = state["count"], state["mean"], state["scatter"]
-        if (
-            tuple(count.shape) != (size,)
-            or tuple(mean.shape) != (size, self.dim)
-            or tuple(scatter.shape) != (size, self.dim, self.dim)
-        ):
+        if [tuple(t.shape) for t in (count, mean, scatter)] != [(size,), (size, self.dim), (size, self.dim, self.dim)]:
             raise ValueError("persistent covariance state tensors do not match its prompt_ids and dim")
         if len(set(labels)) != size:
             raise ValueError("persistent covariance state has duplicate prompt_ids")

@@ -36,7 +36,6 @@ from repexp.bonus_step import BonusState, compute_step_bonus, group_metrics
 from repexp.config import ConfigError, RunConfig
 from repexp.features import completion_features, load_backbone
 
-COVARIANCE_STATE_FILE = layout.TRL_COVARIANCE
 GRPO_EPSILON = 1e-6  # verl's compute_grpo_outcome_advantage
 
 
@@ -118,10 +117,10 @@ class RepExpReward:
     def save_state(self, directory: Path) -> None:
         """Write the persistent covariance (if any) into a checkpoint directory."""
         if self._persists:
-            torch.save(self._state.covariance.state_dict(), Path(directory) / COVARIANCE_STATE_FILE)
+            torch.save(self._state.covariance.state_dict(), Path(directory) / layout.TRL_COVARIANCE)
 
     def load_state(self, directory: Path) -> None:
-        path = Path(directory) / COVARIANCE_STATE_FILE
+        path = Path(directory) / layout.TRL_COVARIANCE
         if self._persists:
             if not path.exists():
                 raise FileNotFoundError(f"{path}: missing; the checkpoint has no persistent covariance to resume")
