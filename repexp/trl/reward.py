@@ -22,7 +22,6 @@ backend (docs/architecture.md); `rollout/distinct_frac` and the timings are adde
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -213,18 +212,15 @@ class RepExpReward:
                 )
 
     def _prompt_token_ids(self, prompts: Sequence[Any]) -> list[list[int]]:
-        """Prompt token ids exactly as TRL renders them (chat template with the generation prompt)."""
-        cache: dict[str, list[int]] = {}
+        """Prompt token ids exactly as TRL renders them (chat template with the generation prompt), rendered
+        once per group of n completions (`_check_groups` ran)."""
         ids = []
-        for prompt in prompts:
-            key = json.dumps(prompt, sort_keys=True, default=str)
-            if key not in cache:
-                if isinstance(prompt, str):
-                    cache[key] = list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-                else:
-                    rendered = self.tokenizer.apply_chat_template(
-                        prompt, add_generation_prompt=True, tokenize=True, return_dict=True
-                    )
-                    cache[key] = list(rendered["input_ids"])
-            ids.append(cache[key])
+        for prompt in prompts[:: self.n]:
+            if isinstance(prompt, str):
+                rendered = self.tokenizer(prompt, add_special_tokens=False)
+            else:
+                rendered = self.tokenizer.apply_chat_template(
+                    prompt, add_generation_prompt=True, tokenize=True, return_dict=True
+                )
+            ids += [list(rendered["input_ids"])] * self.n
         return ids
