@@ -162,8 +162,7 @@ def sparse_projection(
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating-point torch dtype, got {dtype!r}")
 
-    generator = torch.Generator(device="cpu")
-    generator.manual_seed(int(seed))
+    generator = torch.Generator(device="cpu").manual_seed(int(seed))
     uniform = torch.rand(in_dim, out_dim, generator=generator, dtype=torch.float64)
     magnitude = math.sqrt(1.0 / density) / math.sqrt(out_dim)
     projection = torch.zeros(in_dim, out_dim, dtype=torch.float64)
@@ -617,15 +616,9 @@ class PersistentCovariance:
 
     def state_dict(self) -> dict[str, Any]:
         """Plain tensors and lists on CPU (loadable with torch.load(weights_only=True))."""
-        size = self.num_prompts
-        return {
-            "version": self.STATE_VERSION,
-            "dim": self.dim,
-            "prompt_ids": list(self._labels),
-            "count": self._count[:size].cpu().clone(),
-            "mean": self._mean[:size].cpu().clone(),
-            "scatter": self._scatter[:size].cpu().clone(),
-        }
+        tensors = {"count": self._count, "mean": self._mean, "scatter": self._scatter}
+        return {"version": self.STATE_VERSION, "dim": self.dim, "prompt_ids": list(self._labels),
+                **{key: t[: self.num_prompts].cpu().clone() for key, t in tensors.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace the state with one from `state_dict()`; λ and reward settings stay this object's."""

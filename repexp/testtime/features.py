@@ -57,13 +57,6 @@ def resolve_dtype(dtype: str, device: str) -> str:
     return dtype
 
 
-def _response_ids(tokenizer, responses: list[str], finish_reasons: list[str]) -> list[list[int]]:
-    encoded = tokenizer(responses, add_special_tokens=False)["input_ids"] if responses else []
-    eos = tokenizer.eos_token_id
-    return [list(ids) + ([eos] if finish == "stop" and eos is not None else []) for ids, finish in
-            zip(encoded, finish_reasons)]
-
-
 def _open_cache(cache_dir: Path, key: dict[str, Any]) -> None:
     meta = cache_dir / layout.SAMPLES_META
     if meta.exists():
@@ -109,9 +102,12 @@ def shard_features(store, problems, plan, settings: FeatureSettings, out_dir: Pa
                                                seed=settings.projection_seed, device=settings.device)
             ids = sorted(set(shard["problem_id"]))
             prompt_ids = dict(zip(ids, encode_prompts(tokenizer, [prompt_of[pid] for pid in ids])))
+            # the stored text skipped special tokens: re-append EOS to responses that stopped
+            eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+            encoded = tokenizer(shard["response"], add_special_tokens=False)["input_ids"] if shard["response"] else []
             pooled = completion_features(
                 backbone, [prompt_ids[pid] for pid in shard["problem_id"]],
-                _response_ids(tokenizer, shard["response"], shard["finish_reason"]),
+                [list(r) + (eos if finish == "stop" else []) for r, finish in zip(encoded, shard["finish_reason"])],
                 pad_token_id=tokenizer.pad_token_id, micro_batch_size=settings.batch_size,
             )
             features = (pooled @ projection).float().cpu()
