@@ -1,9 +1,8 @@
 """The RepExp bonus's choices and default values, defined once (the upstream recipe's; docs/bonus.md).
 
-Read by `repexp.config` (BonusConfig and the sweep: the pipeline config and its schema; BonusConfig is
-also the schema of verl's `actor_rollout_ref.repexp.bonus` node, which restates nothing) and the keyword
-defaults of `repexp.elliptical` and `repexp.elliptical_order`. `configs/paper.yaml` states the paper's
-values explicitly, as a config.
+Read by `repexp.config` (BonusConfig, also the schema of verl's `actor_rollout_ref.repexp.bonus` node,
+and the sweep) and the keyword defaults of `repexp.elliptical` and `repexp.elliptical_order`.
+`configs/paper.yaml` states the paper's values explicitly, as a config.
 
 Pure: no imports, so that the torch-only bonus maths and the torch-free config can both depend on it.
 """

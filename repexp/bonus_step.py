@@ -59,9 +59,7 @@ class BonusState:
     def covariance(self) -> PersistentCovariance:
         if self._covariance is None:
             b = self.bonus
-            self._covariance = PersistentCovariance(
-                self.sparse_dim, lamb=b.lamb, reward_type=b.reward_type, normalization=b.normalization
-            )
+            self._covariance = PersistentCovariance(self.sparse_dim, b.lamb, b.reward_type, b.normalization)
         return self._covariance
 
     def state_dict(self) -> dict[str, Any]:

@@ -258,10 +258,6 @@ class GroupLayout(NamedTuple):
     max_group_size: int
 
     @property
-    def batch_size(self) -> int:
-        return self.group.shape[0]
-
-    @property
     def device(self) -> torch.device:
         return self.group.device
 
@@ -270,7 +266,7 @@ class GroupLayout(NamedTuple):
         device = torch.device(device)
         if device == self.device:
             return self
-        batch, groups = self.batch_size, self.num_groups
+        batch, groups = self.group.shape[0], self.num_groups
         ints = torch.cat(self[:4]).to(device).split([batch, batch, batch, groups])
         row_mask, inv_counts = torch.cat([self.row_mask.reshape(-1), self.inv_counts.reshape(-1)]).to(device).split(
             [self.row_mask.numel(), groups]
@@ -332,8 +328,8 @@ def _resolve_layout(
         layout = _layout_from_ids(groups.to(torch.long), num_groups, max_group_size)
     else:
         layout = _layout_from_ids(*group_ids(groups), max_group_size)
-    if layout.batch_size != batch_size:
-        raise ValueError(f"groups has {layout.batch_size} entries but the batch has {batch_size} rows")
+    if layout.group.shape[0] != batch_size:
+        raise ValueError(f"groups has {layout.group.shape[0]} entries but the batch has {batch_size} rows")
     # Built where the ids are (the host, for labels), then moved in two copies.
     return layout.to(device)
 

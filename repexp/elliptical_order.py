@@ -35,12 +35,11 @@ import torch
 from torch import Tensor
 
 from repexp import bonus_defaults as B
-from repexp.elliptical import _check_lamb, _raise_if_not_finite
+from repexp.elliptical import _WORK_DTYPE, _check_lamb, _raise_if_not_finite
 
 __all__ = ["TIE_RTOL", "PoolOrder", "greedy_order", "pad_pools"]
 
 TIE_RTOL = 1e-9
-_WORK_DTYPE = torch.float64
 
 
 class PoolOrder(NamedTuple):
@@ -65,9 +64,8 @@ def pad_pools(pools: Sequence[Any], *, dtype: torch.dtype = _WORK_DTYPE,
     dims = {m.shape[1] if m.ndim == 2 else None for m in mats}
     if None in dims or len(dims) != 1:
         raise ValueError(f"every pool must be 2-D [n, d] with one d, got shapes {[tuple(m.shape) for m in mats][:5]}")
-    dim = dims.pop()
     sizes = torch.tensor([m.shape[0] for m in mats], dtype=torch.long)
-    padded = torch.zeros(len(mats), int(sizes.max()), dim, dtype=dtype)
+    padded = torch.zeros(len(mats), int(sizes.max()), dims.pop(), dtype=dtype)
     for g, m in enumerate(mats):
         padded[g, : m.shape[0]] = m.to(dtype)
     return (padded, sizes) if device is None else (padded.to(device), sizes.to(device))
