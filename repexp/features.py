@@ -110,9 +110,7 @@ def load_backbone(path: str, *, dtype: torch.dtype, device: torch.device, key: s
         model = AutoModel.from_pretrained(path, dtype=dtype)
     except (OSError, ValueError) as err:
         raise FileNotFoundError(f"{key}: cannot load the representation model from {path!r} ({err})") from None
-    model.to(device).eval()
-    model.requires_grad_(False)
-    return model
+    return model.to(device).eval().requires_grad_(False)
 
 
 @torch.no_grad()

@@ -52,9 +52,7 @@ def resolve_device(device: str) -> str:
 
 
 def resolve_dtype(dtype: str, device: str) -> str:
-    if dtype == "auto":
-        return "bfloat16" if device.startswith("cuda") else "float32"
-    return dtype
+    return ("bfloat16" if device.startswith("cuda") else "float32") if dtype == "auto" else dtype
 
 
 def _open_cache(cache_dir: Path, key: dict[str, Any]) -> None:
