@@ -54,25 +54,7 @@ from repexp.verify.scoring import (
 from repexp.verify.timeout import VerifyTimeout, time_limit
 
 __all__ = [
-    "DEFAULT_GRADER",
-    "DEFAULT_TIMEOUT_S",
-    "GRADERS",
-    "GSM8K",
-    "MATH",
-    "MAX_ANSWER_CHARS",
-    "MIN_POOL_ITEMS",
-    "VerifierPool",
-    "VerifyTimeout",
-    "clear_caches",
-    "default_workers",
-    "extract_answer",
-    "family",
-    "last_boxed",
-    "normalize_answer",
-    "paper_scorer",
-    "score",
-    "score_answer",
-    "score_batch",
-    "time_limit",
-    "warm_up",
+    "DEFAULT_GRADER", "DEFAULT_TIMEOUT_S", "GRADERS", "GSM8K", "MATH", "MAX_ANSWER_CHARS", "MIN_POOL_ITEMS",
+    "VerifierPool", "VerifyTimeout", "clear_caches", "default_workers", "extract_answer", "family", "last_boxed",
+    "normalize_answer", "paper_scorer", "score", "score_answer", "score_batch", "time_limit", "warm_up",
 ]
