@@ -40,26 +40,11 @@ FINAL_NUMBER_SOURCES = frozenset({ARITH_HARD_DATA_SOURCE, ARITH_MID_DATA_SOURCE}
 
 _GSM8K_SOURCES = frozenset({"openai/gsm8k", "gsm8k"})
 # The MATH datasets: Hendrycks string equivalence under the paper grader.
-_HENDRYCKS_SOURCES = frozenset(
-    {
-        "DigitalLearningGmbH/MATH-lighteval",
-        "lighteval/MATH",
-        "HuggingFaceH4/MATH-500",
-        "EleutherAI/hendrycks_math",
-        "MATH",
-        "math500",
-    }
-)
+_HENDRYCKS_SOURCES = frozenset({"DigitalLearningGmbH/MATH-lighteval", "lighteval/MATH", "HuggingFaceH4/MATH-500",
+                                "EleutherAI/hendrycks_math", "MATH", "math500"})
 # DAPO and the recipe's generic "math" source: Math-Verify under the paper grader.
-_MATH_VERIFY_SOURCES = frozenset(
-    {
-        "math",
-        "math_dapo",
-        "math_dapo_reasoning",
-        "ftajwar/deduplicated_dapo_dataset",
-        "BytedTsinghua-SIA/DAPO-Math-17k",
-    }
-)
+_MATH_VERIFY_SOURCES = frozenset({"math", "math_dapo", "math_dapo_reasoning", "ftajwar/deduplicated_dapo_dataset",
+                                  "BytedTsinghua-SIA/DAPO-Math-17k"})
 # Competition sets are routed by name: aime24, aime_2024, MathArena/aime_2024_I,
 # HuggingFaceH4/aime_2024, Maxwell-Jia/AIME_2024, amc23, ...
 _COMPETITION_RE = re.compile(r"(^|/)(aime|amc)", re.IGNORECASE)
@@ -69,12 +54,6 @@ def check_grader(grader: str) -> str:
     if grader not in GRADERS:
         raise ValueError(f"unknown grader {grader!r} (known: {', '.join(GRADERS)})")
     return grader
-
-
-def _unknown(data_source: str) -> ValueError:
-    generated = {ARITH_DATA_SOURCE, *FINAL_NUMBER_SOURCES}
-    known = ", ".join(sorted(_GSM8K_SOURCES | _HENDRYCKS_SOURCES | _MATH_VERIFY_SOURCES | generated))
-    return ValueError(f"unknown data_source {data_source!r}: no verifier for it (known: {known}, aime*, amc*)")
 
 
 @functools.lru_cache(maxsize=256)
@@ -91,7 +70,9 @@ def family(data_source: str) -> str:
         return FINAL_NUMBER
     if data_source in _HENDRYCKS_SOURCES or data_source in _MATH_VERIFY_SOURCES or _COMPETITION_RE.search(data_source):
         return MATH
-    raise _unknown(data_source)
+    known = ", ".join(sorted(_GSM8K_SOURCES | _HENDRYCKS_SOURCES | _MATH_VERIFY_SOURCES | {ARITH_DATA_SOURCE}
+                             | FINAL_NUMBER_SOURCES))
+    raise ValueError(f"unknown data_source {data_source!r}: no verifier for it (known: {known}, aime*, amc*)")
 
 
 @functools.lru_cache(maxsize=256)
