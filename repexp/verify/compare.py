@@ -50,6 +50,7 @@ def _parse_boxed(latex: str) -> tuple:
     return tuple(parse("\\boxed{" + latex + "}", [latex_config()], parsing_timeout=None))
 
 
+_FACTORIALS = {"factorial", "factorial2", "subfactorial", "gamma", "binomial", "RisingFactorial", "FallingFactorial"}
 MAX_RESULT_DIGITS = 100_000  # refuse expressions whose exact value would have more digits (ms to build)
 
 
@@ -72,13 +73,12 @@ def _log10_bound(expr: Any) -> float:
     args = getattr(expr, "args", ())
     if not args or not all(hasattr(a, "args") for a in args):
         return 0.0
-    name = type(expr).__name__
     if getattr(expr, "is_Pow", False):
         base, exponent = _log10_bound(args[0]), _log10_bound(args[1])
         if base == 0.0:
             return 0.0  # |base| <= 1 or symbolic: no big integer is built
         return math.inf if exponent > 300 else base * 10.0**exponent
-    if name in {"factorial", "factorial2", "subfactorial", "gamma", "binomial", "RisingFactorial", "FallingFactorial"}:
+    if type(expr).__name__ in _FACTORIALS:
         inner = max(_log10_bound(a) for a in args)
         return math.inf if inner > 300 else (10.0**inner) * max(inner, 1.0)
     return sum(_log10_bound(a) for a in args) + math.log10(len(args))

@@ -170,11 +170,6 @@ def hendrycks_answer(response: str) -> Optional[str]:
 # --------------------------------------------------------------------------- routing
 
 
-def string_scorer(data_source: str):
-    """The paper's scorer for a GSM8K or MATH data_source when it is a pure string function, else None (Math-Verify)."""
-    return {GSM8K_STRICT: gsm8k_strict, HENDRYCKS: hendrycks}.get(paper_scorer(data_source))
-
-
 def paper_answer(data_source: str, response: str) -> Optional[str]:
     """What the paper's scorer reads as the answer (the maj@k voting key).
 

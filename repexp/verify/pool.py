@@ -55,12 +55,7 @@ def _worker_loop(conn: Any, fn: Callable[[Any], Any], initializer: Optional[Call
 
 
 class ProcessPool:
-    """Chunked process pool with per-item progress and a hard per-item limit.
-
-    `fn(item)` runs in worker processes (it must be picklable by reference). A worker
-    that sends nothing for `hard_timeout` seconds is killed and replaced; the item it
-    was working on gets `stuck_value`, the rest of its chunk is re-queued.
-    """
+    """See the module docstring; `fn(item)` runs in the workers (it must be picklable by reference)."""
 
     START_TIMEOUT_S = 120.0  # a spawned worker must import and warm up within this
 

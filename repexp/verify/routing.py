@@ -1,14 +1,9 @@
-"""Which scorer a (data_source, grader) pair gets. Unknown data sources raise ValueError.
+"""Which scorer a (data_source, grader) pair gets (the graders: `repexp.verify`'s docstring).
 
-Two graders (`GRADERS`, chosen by the pipeline config's `grader` key):
-
-- `repexp` (the default): this package's verifier, one rule per answer family (`family`):
-  GSM8K numbers, MATH-style boxed answers, and the built-in arithmetic task's plain numbers.
-- `paper`: the three scorers the upstream recipe used, routed as its `default_compute_score`
-  routes them (`paper_scorer`): verl's strict `####` scorer for GSM8K, Hendrycks string
-  equivalence for the MATH datasets, Math-Verify over the whole response for DAPO/AIME. The
-  built-in arithmetic tasks (`repexp/arith`, `repexp/arith-hard`, `repexp/arith-mid`, not part of
-  the paper) are scored by the repexp rule under both graders.
+`family` gives the repexp grader's answer family; `paper_scorer` routes as the recipe's
+`default_compute_score` does. The built-in arithmetic tasks (`repexp/arith`, `repexp/arith-hard`,
+`repexp/arith-mid`, not part of the paper) are scored by the repexp rule under both graders.
+Unknown data sources raise ValueError.
 """
 
 from __future__ import annotations

@@ -125,8 +125,8 @@ def _decision(
     gold = _gold_key(fam, ground_truth)  # the same input checks under both graders
     if not _paper(grader, fam):
         return _repexp_decision(fam, gold, _EXTRACT[fam](response), timeout)
-    scorer = paper.string_scorer(data_source)
-    if scorer is not None:
+    scorer = {GSM8K_STRICT: paper.gsm8k_strict, HENDRYCKS: paper.hendrycks}.get(paper_scorer(data_source))
+    if scorer is not None:  # the paper's string scorers; Math-Verify over the whole response otherwise
         return scorer(response, ground_truth), ()
     return None, (WHOLE, ground_truth, response, float(timeout or 0.0))
 

@@ -29,21 +29,16 @@ _set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
 _set_async_exc.restype = ctypes.c_int
 
 
-def _thread_cpu_clock(thread_id: int) -> Optional[int]:
-    """The CPU-time clock of a thread (Linux), so limits measure work rather than machine load."""
-    try:
-        return time.pthread_getcpuclockid(thread_id)
-    except (AttributeError, OSError):
-        return None
-
-
 class _Deadline:
     __slots__ = ("limit", "thread_id", "clock", "cpu_start", "wall_start", "done", "fired", "deciding")
 
     def __init__(self, limit: float, thread_id: int) -> None:
         self.limit = limit
         self.thread_id = thread_id
-        self.clock = _thread_cpu_clock(thread_id)
+        try:  # the thread's CPU-time clock (Linux), so limits measure work rather than machine load
+            self.clock: Optional[int] = time.pthread_getcpuclockid(thread_id)
+        except (AttributeError, OSError):
+            self.clock = None
         self.cpu_start = time.clock_gettime(self.clock) if self.clock is not None else 0.0
         self.wall_start = time.monotonic()
         self.done = False
@@ -128,11 +123,8 @@ if hasattr(os, "register_at_fork"):
 class time_limit:
     """`with time_limit(seconds):` raises VerifyTimeout in this thread after `seconds` of its CPU time.
 
-    Works in any thread. CPU time (not wall time) so a busy machine does not turn slow
-    but legitimate comparisons into timeouts; where a thread CPU clock is unavailable,
-    wall time is used. Python-level work is interrupted between bytecodes; a single long
-    C call only when it returns (the process pool's wall-clock hard limit covers that).
-    `seconds=None` or <= 0 disables the guard.
+    CPU time (not wall time) so a busy machine does not turn slow but legitimate comparisons into
+    timeouts; wall time where a thread CPU clock is unavailable. `seconds=None` or <= 0 disables it.
     """
 
     def __init__(self, seconds: Optional[float]) -> None:
