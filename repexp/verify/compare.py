@@ -120,12 +120,6 @@ def remember(key: tuple, value: float) -> None:
     RESULTS[key] = value
 
 
-def clear_caches() -> None:
-    """Forget cached comparisons and parses (benchmarks use it to measure cold throughput)."""
-    RESULTS.clear()
-    _parse_boxed.cache_clear()
-
-
 @functools.lru_cache(maxsize=1)
 def warm_up() -> None:
     """Import Math-Verify and run one comparison (~1 s the first time), outside any time limit."""

@@ -172,11 +172,9 @@ def _leading_value(s: str) -> tuple[Optional[Fraction], str]:
     """(the number `s` starts with, the text after it), or (None, s)."""
     frac = _FRAC.match(s)
     if frac:
-        den = int(frac.group(2))
-        value = Fraction(int(frac.group(1)), den) if den else None
-        if value is not None and frac.group(0).startswith("-"):
-            value = -value
-        return value, s[frac.end():]
+        num, den = int(frac.group(1)), int(frac.group(2))
+        sign = -1 if frac.group(0).startswith("-") else 1
+        return (Fraction(sign * num, den) if den else None), s[frac.end():]
     match = _NUMBER.match(s)
     if not match:
         return None, s

@@ -33,8 +33,7 @@ _STRICT_ANSWER = re.compile(r"#### (-?[0-9.,]+)")
 
 def gsm8k_strict_answer(response: str) -> Optional[str]:
     """The strict scorer's answer string (commas removed), or None."""
-    tail = response[-GSM8K_TAIL_CHARS:]
-    found = _STRICT_ANSWER.findall(tail)
+    found = _STRICT_ANSWER.findall(response[-GSM8K_TAIL_CHARS:])
     return found[-1].replace(",", "") if found else None
 
 

@@ -139,14 +139,8 @@ def extract_answer(data_source: str, response: str, *, grader: str = DEFAULT_GRA
     return paper.paper_answer(data_source, response) if _paper(grader, fam) else _EXTRACT[fam](response)
 
 
-def score_answer(
-    data_source: str,
-    answer: Optional[str],
-    ground_truth: str,
-    *,
-    timeout: float = DEFAULT_TIMEOUT_S,
-    grader: str = DEFAULT_GRADER,
-) -> float:
+def score_answer(data_source: str, answer: Optional[str], ground_truth: str, *, timeout: float = DEFAULT_TIMEOUT_S,
+                 grader: str = DEFAULT_GRADER) -> float:
     """Score an answer already produced by `extract_answer` (None scores 0).
 
     For the repexp grader `score(...) == score_answer(..., extract_answer(...), ...)`. For the
@@ -177,14 +171,8 @@ def score_answer(
     return decided if decided is not None else compare.cached_run(key)
 
 
-def score(
-    data_source: str,
-    response: str,
-    ground_truth: str,
-    *,
-    timeout: float = DEFAULT_TIMEOUT_S,
-    grader: str = DEFAULT_GRADER,
-) -> float:
+def score(data_source: str, response: str, ground_truth: str, *, timeout: float = DEFAULT_TIMEOUT_S,
+          grader: str = DEFAULT_GRADER) -> float:
     """1.0 if `response`'s final answer equals `ground_truth` for this data_source under `grader`, else 0.0."""
     check_grader(grader)
     decided, key = _decision(grader, data_source, response, ground_truth, timeout)
@@ -193,7 +181,8 @@ def score(
 
 def clear_caches() -> None:
     """Forget cached comparisons and parses (benchmarks use it to measure cold throughput)."""
-    compare.clear_caches()
+    compare.RESULTS.clear()
+    compare._parse_boxed.cache_clear()
     _gold_key.cache_clear()
 
 
@@ -279,14 +268,8 @@ class VerifierPool:
         chunk = max(1, min(256, math.ceil(len(keys) / (4 * self.workers))))
         return self._pool.map(keys, chunk_size=chunk)
 
-    def score_batch(
-        self,
-        data_sources: Sequence[str] | str,
-        responses: Sequence[str],
-        ground_truths: Sequence[str] | str,
-        *,
-        grader: str = DEFAULT_GRADER,
-    ) -> np.ndarray:
+    def score_batch(self, data_sources: Sequence[str] | str, responses: Sequence[str],
+                    ground_truths: Sequence[str] | str, *, grader: str = DEFAULT_GRADER) -> np.ndarray:
         return score_batch(data_sources, responses, ground_truths, timeout=self.timeout, pool=self, grader=grader)
 
     def close(self) -> None:
