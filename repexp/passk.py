@@ -39,16 +39,14 @@ def power_of_two_ks(n: int) -> list[int]:
 
 
 def _as_counts(num_samples, num_correct) -> tuple[np.ndarray, np.ndarray]:
-    n = np.asarray(num_samples)
-    c = np.asarray(num_correct)
+    n, c = np.asarray(num_samples), np.asarray(num_correct)
     if n.ndim > 1 or c.ndim > 1:
         raise ValueError("num_samples and num_correct must be scalars or 1-D arrays (one entry per problem)")
     n, c = np.broadcast_arrays(np.atleast_1d(n), np.atleast_1d(c))
     for name, arr in (("num_samples", n), ("num_correct", c)):
-        if arr.size and not np.all(np.equal(np.mod(arr, 1), 0)):
+        if not np.all(np.equal(np.mod(arr, 1), 0)):
             raise ValueError(f"{name} must hold whole numbers")
-    n = n.astype(np.int64)
-    c = c.astype(np.int64)
+    n, c = n.astype(np.int64), c.astype(np.int64)
     if np.any(n < 1):
         raise ValueError(f"num_samples must be >= 1 (problem {int(np.argmax(n < 1))} has {int(n[n < 1][0])})")
     bad = (c < 0) | (c > n)

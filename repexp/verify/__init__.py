@@ -9,28 +9,18 @@ only on first use). Two graders (`GRADERS`, the pipeline config's `grader` key):
   Hendrycks string equivalence for MATH, Math-Verify for DAPO/AIME), so numbers can be set
   beside the paper's.
 
-Public API (every function takes `grader=`, default `"repexp"`):
+Public API (every function takes `grader=`, default `"repexp"`): `score(data_source, response,
+ground_truth)` (0.0 or 1.0); `extract_answer(data_source, response)` (the canonical final answer,
+the maj@k voting key, or None); `score_answer(data_source, answer, ground_truth)` (an extracted
+answer: the maj@k winner); `score_batch(...)` / `VerifierPool` (many responses, distinct
+Math-Verify work once, in a process pool when it pays). Unknown data sources raise ValueError;
+so do an empty gold and a non-numeric GSM8K gold.
 
-- `score(data_source, response, ground_truth)`: one response → 0.0 or 1.0;
-- `extract_answer(data_source, response)`: the final answer in canonical form (the maj@k
-  voting key), or None;
-- `score_answer(data_source, answer, ground_truth)`: an already extracted answer (the maj@k
-  winner);
-- `score_batch(...)` / `VerifierPool`: many responses, distinct Math-Verify work once, in a
-  process pool when it pays.
-
-Unknown data sources raise ValueError; so do an empty gold and a non-numeric GSM8K gold.
-
-Sections (modules):
-
-- `routing`: data_source → answer family (repexp) or scorer (paper); `GRADERS`;
-- `extract`: the last box; GSM8K's `####` answer-line rules;
-- `normalize`: LaTeX normalisation of boxed answers, matrices, equations, integers;
-- `compare`: Math-Verify comparisons, their size guard and result cache;
-- `paper`: the recipe's scorers;
-- `scoring`: the public functions above and `VerifierPool`, the warm pool of `score_batch`;
-- `timeout`: `time_limit`, the in-thread CPU-time guard (works in any thread);
-- `pool`: `ProcessPool`, the process pool under `VerifierPool`, with a hard wall-clock limit per item.
+Modules: `routing` (data_source → answer family or paper scorer; `GRADERS`), `extract` (the last
+box, GSM8K's `####` lines), `normalize` (LaTeX normalisation), `compare` (Math-Verify, its size
+guard and result cache), `paper` (the recipe's scorers), `scoring` (the public functions and
+`VerifierPool`), `timeout` (`time_limit`, the in-thread CPU-time guard), `pool` (`ProcessPool`,
+with a hard wall-clock limit per item).
 
 Time: every Math-Verify key runs under a soft limit of `DEFAULT_TIMEOUT_S` (5) CPU seconds of
 its thread and scores 0 when it overruns; string work is linear in the response length; the
@@ -54,25 +44,7 @@ from repexp.verify.scoring import (
 from repexp.verify.timeout import VerifyTimeout, time_limit
 
 __all__ = [
-    "DEFAULT_GRADER",
-    "DEFAULT_TIMEOUT_S",
-    "GRADERS",
-    "GSM8K",
-    "MATH",
-    "MAX_ANSWER_CHARS",
-    "MIN_POOL_ITEMS",
-    "VerifierPool",
-    "VerifyTimeout",
-    "clear_caches",
-    "default_workers",
-    "extract_answer",
-    "family",
-    "last_boxed",
-    "normalize_answer",
-    "paper_scorer",
-    "score",
-    "score_answer",
-    "score_batch",
-    "time_limit",
-    "warm_up",
+    "DEFAULT_GRADER", "DEFAULT_TIMEOUT_S", "GRADERS", "GSM8K", "MATH", "MAX_ANSWER_CHARS", "MIN_POOL_ITEMS",
+    "VerifierPool", "VerifyTimeout", "clear_caches", "default_workers", "extract_answer", "family", "last_boxed",
+    "normalize_answer", "paper_scorer", "score", "score_answer", "score_batch", "time_limit", "warm_up",
 ]

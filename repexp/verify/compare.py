@@ -21,12 +21,10 @@ Guards (Math-Verify's own SIGALRM timeout is switched off: it works only in the 
 
 from __future__ import annotations
 
-import collections
 import functools
 import logging
 import math
-import threading
-from typing import Any, Optional
+from typing import Any
 
 from repexp.verify.timeout import VerifyTimeout, time_limit
 
@@ -37,17 +35,13 @@ BOXED = "boxed"
 WHOLE = "whole"
 
 
-def _math_verify_imports():
+@functools.lru_cache(maxsize=1)
+def _mv():
     # imported on first use: `import repexp.verify` stays cheap for GSM8K-only callers
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled" notices: we guard it
     return ExprExtractionConfig, LatexExtractionConfig, parse, verify
-
-
-@functools.lru_cache(maxsize=1)
-def _mv():
-    return _math_verify_imports()
 
 
 @functools.lru_cache(maxsize=8_192)
@@ -56,11 +50,7 @@ def _parse_boxed(latex: str) -> tuple:
     return tuple(parse("\\boxed{" + latex + "}", [latex_config()], parsing_timeout=None))
 
 
-def _parse_response(response: str) -> list:
-    expr_config, latex_config, parse, _ = _mv()
-    return parse(response, [expr_config(), latex_config()], parsing_timeout=None)
-
-
+_FACTORIALS = {"factorial", "factorial2", "subfactorial", "gamma", "binomial", "RisingFactorial", "FallingFactorial"}
 MAX_RESULT_DIGITS = 100_000  # refuse expressions whose exact value would have more digits (ms to build)
 
 
@@ -83,13 +73,12 @@ def _log10_bound(expr: Any) -> float:
     args = getattr(expr, "args", ())
     if not args or not all(hasattr(a, "args") for a in args):
         return 0.0
-    name = type(expr).__name__
     if getattr(expr, "is_Pow", False):
         base, exponent = _log10_bound(args[0]), _log10_bound(args[1])
         if base == 0.0:
             return 0.0  # |base| <= 1 or symbolic: no big integer is built
         return math.inf if exponent > 300 else base * 10.0**exponent
-    if name in {"factorial", "factorial2", "subfactorial", "gamma", "binomial", "RisingFactorial", "FallingFactorial"}:
+    if type(expr).__name__ in _FACTORIALS:
         inner = max(_log10_bound(a) for a in args)
         return math.inf if inner > 300 else (10.0**inner) * max(inner, 1.0)
     return sum(_log10_bound(a) for a in args) + math.log10(len(args))
@@ -111,50 +100,24 @@ def boxed_equal(gold: str, answer: str) -> bool:
 
 def whole_response_equal(gold: str, response: str) -> bool:
     """The paper's Math-Verify scorer: any gold extraction equals any extraction from the response."""
-    verify = _mv()[3]
+    expr_config, latex_config, parse, verify = _mv()
     gold_parsed = _parse_boxed(gold)
     if not gold_parsed:
         return False
-    pred_parsed = _parse_response(response)
+    pred_parsed = parse(response, [expr_config(), latex_config()], parsing_timeout=None)
     if not pred_parsed or _too_big(pred_parsed) or _too_big(gold_parsed):
         return False
     return any(verify(g, p, timeout_seconds=None) for p in pred_parsed for g in gold_parsed)
 
 
-class _LRU:
-    """A small thread-safe LRU map of (gold, answer) → score, shared by all calls in a process."""
-
-    def __init__(self, maxsize: int) -> None:
-        self.maxsize = maxsize
-        self._data: collections.OrderedDict = collections.OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: Any) -> Optional[float]:
-        with self._lock:
-            value = self._data.get(key)
-            if value is not None:
-                self._data.move_to_end(key)
-            return value
-
-    def put(self, key: Any, value: float) -> None:
-        with self._lock:
-            self._data[key] = value
-            self._data.move_to_end(key)
-            while len(self._data) > self.maxsize:
-                self._data.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._data.clear()
+MAX_RESULTS = 1 << 17
+RESULTS: dict[tuple, float] = {}  # boxed key → score, shared by all threads of a process (dict ops are atomic)
 
 
-RESULTS = _LRU(maxsize=1 << 17)
-
-
-def clear_caches() -> None:
-    """Forget cached comparisons and parses (benchmarks use it to measure cold throughput)."""
-    RESULTS.clear()
-    _parse_boxed.cache_clear()
+def remember(key: tuple, value: float) -> None:
+    if len(RESULTS) >= MAX_RESULTS:
+        RESULTS.clear()  # a bound, not an LRU: a full cache simply starts again
+    RESULTS[key] = value
 
 
 @functools.lru_cache(maxsize=1)
@@ -190,5 +153,5 @@ def cached_run(key: tuple) -> float:
     value = RESULTS.get(key)
     if value is None:
         value = run_key(key)
-        RESULTS.put(key, value)
+        remember(key, value)
     return value

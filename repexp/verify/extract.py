@@ -172,11 +172,9 @@ def _leading_value(s: str) -> tuple[Optional[Fraction], str]:
     """(the number `s` starts with, the text after it), or (None, s)."""
     frac = _FRAC.match(s)
     if frac:
-        den = int(frac.group(2))
-        value = Fraction(int(frac.group(1)), den) if den else None
-        if value is not None and frac.group(0).startswith("-"):
-            value = -value
-        return value, s[frac.end():]
+        num, den = int(frac.group(1)), int(frac.group(2))
+        sign = -1 if frac.group(0).startswith("-") else 1
+        return (Fraction(sign * num, den) if den else None), s[frac.end():]
     match = _NUMBER.match(s)
     if not match:
         return None, s
@@ -230,16 +228,18 @@ def extract_gsm8k(response: str) -> Optional[str]:
 
 _ANY_NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")
 ARITH_TAIL_CHARS = 2_000  # the answer is near the end; bounded work on long responses
-
-
 _FINAL_NUMBER = re.compile(r"(?<![\w.,])(-?\d+(?:,\d{3})*(?:\.\d+)?)\s*[.!]?\s*$")
+
+
+def _canonical(number: Optional[str]) -> Optional[str]:
+    value = None if number is None else parse_number(number)
+    return None if value is None else canonical_number(value)
 
 
 def extract_final_number(response: str) -> Optional[str]:
     """The final-number family's answer: the number that ends the response, else None."""
     found = _FINAL_NUMBER.search(response[-ARITH_TAIL_CHARS:])
-    value = parse_number(found.group(1)) if found else None
-    return None if value is None else canonical_number(value)
+    return _canonical(found.group(1) if found else None)
 
 
 def extract_last_number(response: str) -> Optional[str]:
@@ -248,5 +248,4 @@ def extract_last_number(response: str) -> Optional[str]:
     if marked is not None:
         return marked
     found = _ANY_NUMBER.findall(response[-ARITH_TAIL_CHARS:])
-    value = parse_number(found[-1]) if found else None
-    return None if value is None else canonical_number(value)
+    return _canonical(found[-1] if found else None)

@@ -166,14 +166,11 @@ def as_rational(answer: str) -> Optional[Fraction]:
     match = _RATIONAL.fullmatch(answer)
     if not match:
         return None
-    sign, plain, num, den, slash_num, slash_den = match.groups()
-    if plain is not None:
-        value = Fraction(plain)
-    else:
-        numerator, denominator = (num, den) if num is not None else (slash_num, slash_den)
-        if int(denominator) == 0:
-            return None
-        value = Fraction(int(numerator), int(denominator))
+    sign, plain, *fraction = match.groups()
+    numerator, denominator = fraction[:2] if fraction[0] is not None else fraction[2:]
+    if plain is None and int(denominator) == 0:
+        return None
+    value = Fraction(plain) if plain is not None else Fraction(int(numerator), int(denominator))
     return -value if sign else value
 
 

@@ -22,22 +22,8 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from repexp.verify.extract import (
-    canonical_number,
-    closing_brace,
-    extract_final_number,
-    extract_last_number,
-    extract_math,
-    parse_number,
-)
-from repexp.verify.routing import (
-    FINAL_NUMBER_SCORER,
-    GSM8K_STRICT,
-    HENDRYCKS,
-    LAST_NUMBER,
-    MATH_VERIFY,
-    paper_scorer,
-)
+from repexp.verify.extract import closing_brace, extract_math
+from repexp.verify.routing import GSM8K_STRICT, HENDRYCKS, paper_scorer
 
 # --------------------------------------------------------------------------- GSM8K, strict
 
@@ -47,8 +33,7 @@ _STRICT_ANSWER = re.compile(r"#### (-?[0-9.,]+)")
 
 def gsm8k_strict_answer(response: str) -> Optional[str]:
     """The strict scorer's answer string (commas removed), or None."""
-    tail = response[-GSM8K_TAIL_CHARS:]
-    found = _STRICT_ANSWER.findall(tail)
+    found = _STRICT_ANSWER.findall(response[-GSM8K_TAIL_CHARS:])
     return found[-1].replace(",", "") if found else None
 
 
@@ -184,29 +169,6 @@ def hendrycks_answer(response: str) -> Optional[str]:
 # --------------------------------------------------------------------------- routing
 
 
-def string_scorer(data_source: str):
-    """The paper's scorer for a data_source when it is a pure string function, else None (Math-Verify)."""
-    kind = paper_scorer(data_source)
-    return {GSM8K_STRICT: gsm8k_strict, HENDRYCKS: hendrycks, MATH_VERIFY: None, LAST_NUMBER: last_number,
-            FINAL_NUMBER_SCORER: final_number}[kind]
-
-
-def _same_number(answer: Optional[str], ground_truth: str) -> float:
-    """1.0 when the canonical answer equals the gold number, else 0.0."""
-    gold = parse_number(ground_truth.strip())
-    return 1.0 if answer is not None and gold is not None and answer == canonical_number(gold) else 0.0
-
-
-def last_number(response: str, ground_truth: str) -> float:
-    """The built-in arithmetic task has no paper scorer: both graders use the repexp rule."""
-    return _same_number(extract_last_number(response), ground_truth)
-
-
-def final_number(response: str, ground_truth: str) -> float:
-    """arith-hard has no paper scorer either: both graders use the repexp rule."""
-    return _same_number(extract_final_number(response), ground_truth)
-
-
 def paper_answer(data_source: str, response: str) -> Optional[str]:
     """What the paper's scorer reads as the answer (the maj@k voting key).
 
@@ -217,10 +179,4 @@ def paper_answer(data_source: str, response: str) -> Optional[str]:
     kind = paper_scorer(data_source)
     if kind == GSM8K_STRICT:
         return gsm8k_strict_answer(response)
-    if kind == HENDRYCKS:
-        return hendrycks_answer(response)
-    if kind == LAST_NUMBER:
-        return extract_last_number(response)
-    if kind == FINAL_NUMBER_SCORER:
-        return extract_final_number(response)
-    return extract_math(response)
+    return hendrycks_answer(response) if kind == HENDRYCKS else extract_math(response)

@@ -5,7 +5,7 @@ worker that sends nothing for `hard_timeout` seconds (stuck in one C call, which
 watchdog of `repexp.verify.timeout` cannot interrupt) is killed and replaced; its current item
 gets `stuck_value`, the rest of its chunk is re-queued.
 
-The pool uses the `spawn` start method by default (safe next to torch/CUDA threads), so scripts
+The pool uses the `spawn` start method (safe next to torch/CUDA threads), so scripts
 that call `score_batch` with workers > 1 need an `if __name__ == "__main__":` guard.
 """
 
@@ -55,35 +55,23 @@ def _worker_loop(conn: Any, fn: Callable[[Any], Any], initializer: Optional[Call
 
 
 class ProcessPool:
-    """Chunked process pool with per-item progress and a hard per-item limit.
+    """See the module docstring; `fn(item)` runs in the workers (it must be picklable by reference)."""
 
-    `fn(item)` runs in worker processes (it must be picklable by reference). A worker
-    that sends nothing for `hard_timeout` seconds is killed and replaced; the item it
-    was working on gets `stuck_value`, the rest of its chunk is re-queued.
-    """
+    START_TIMEOUT_S = 120.0  # a spawned worker must import and warm up within this
 
-    def __init__(
-        self,
-        fn: Callable[[Any], Any],
-        workers: int,
-        *,
-        hard_timeout: float,
-        stuck_value: Any = 0.0,
-        start_timeout: float = 120.0,
-        mp_context: str = "spawn",
-        initializer: Optional[Callable[[], Any]] = None,
-    ) -> None:
+    def __init__(self, fn: Callable[[Any], Any], workers: int, *, hard_timeout: float, stuck_value: Any = 0.0,
+                 initializer: Optional[Callable[[], Any]] = None) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
-        self.fn = fn
-        self.workers = workers
+        self.fn, self.workers, self.initializer = fn, workers, initializer
         self.hard_timeout = hard_timeout
         self.stuck_value = stuck_value
-        self.start_timeout = start_timeout
-        self.initializer = initializer
-        self._ctx = multiprocessing.get_context(mp_context)
+        self._ctx = multiprocessing.get_context("spawn")  # safe next to torch/CUDA threads
         self._pool: list[_Worker] = []
         self.killed = 0  # workers killed for being stuck (reported by benchmarks/tests)
+
+    def _limit(self, worker: _Worker) -> float:
+        return self.hard_timeout if worker.ready else self.START_TIMEOUT_S
 
     def _spawn(self) -> _Worker:
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
@@ -117,7 +105,7 @@ class ProcessPool:
                     worker.inflight.extend(chunk)
                     worker.last_progress = now
             busy = [w for w in self._pool if w.inflight or not w.ready]
-            limits = [w.last_progress + (self.hard_timeout if w.ready else self.start_timeout) for w in busy]
+            limits = [w.last_progress + self._limit(w) for w in busy]
             wait_s = max(0.0, min(limits) - now) if limits else 0.1
             ready_conns = multiprocessing.connection.wait([w.conn for w in busy], timeout=wait_s)
             for worker in busy:
@@ -141,10 +129,10 @@ class ProcessPool:
                     remaining = len(items) - sum(done)
             now = time.monotonic()
             for worker in list(self._pool):
-                limit = self.hard_timeout if worker.ready else self.start_timeout
+                limit = self._limit(worker)
                 if (worker.inflight or not worker.ready) and now - worker.last_progress > limit:
                     if not worker.ready:
-                        raise RuntimeError(f"verifier worker did not start within {self.start_timeout:.0f}s")
+                        raise RuntimeError(f"verifier worker did not start within {limit:.0f}s")
                     self._replace(worker, queue, results, done, reason=f"made no progress for {limit:.1f}s")
                     remaining = len(items) - sum(done)
         return results

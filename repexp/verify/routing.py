@@ -1,14 +1,9 @@
-"""Which scorer a (data_source, grader) pair gets. Unknown data sources raise ValueError.
+"""Which scorer a (data_source, grader) pair gets (the graders: `repexp.verify`'s docstring).
 
-Two graders (`GRADERS`, chosen by the pipeline config's `grader` key):
-
-- `repexp` (the default): this package's verifier, one rule per answer family (`family`):
-  GSM8K numbers, MATH-style boxed answers, and the built-in arithmetic task's plain numbers.
-- `paper`: the three scorers the upstream recipe used, routed as its `default_compute_score`
-  routes them (`paper_scorer`): verl's strict `####` scorer for GSM8K, Hendrycks string
-  equivalence for the MATH datasets, Math-Verify over the whole response for DAPO/AIME. The
-  built-in arithmetic tasks (`repexp/arith`, `repexp/arith-hard`, `repexp/arith-mid`, not part of
-  the paper) are scored by the repexp rule under both graders.
+`family` gives the repexp grader's answer family; `paper_scorer` routes as the recipe's
+`default_compute_score` does. The built-in arithmetic tasks (`repexp/arith`, `repexp/arith-hard`,
+`repexp/arith-mid`, not part of the paper) are scored by the repexp rule under both graders.
+Unknown data sources raise ValueError.
 """
 
 from __future__ import annotations
@@ -40,26 +35,11 @@ FINAL_NUMBER_SOURCES = frozenset({ARITH_HARD_DATA_SOURCE, ARITH_MID_DATA_SOURCE}
 
 _GSM8K_SOURCES = frozenset({"openai/gsm8k", "gsm8k"})
 # The MATH datasets: Hendrycks string equivalence under the paper grader.
-_HENDRYCKS_SOURCES = frozenset(
-    {
-        "DigitalLearningGmbH/MATH-lighteval",
-        "lighteval/MATH",
-        "HuggingFaceH4/MATH-500",
-        "EleutherAI/hendrycks_math",
-        "MATH",
-        "math500",
-    }
-)
+_HENDRYCKS_SOURCES = frozenset({"DigitalLearningGmbH/MATH-lighteval", "lighteval/MATH", "HuggingFaceH4/MATH-500",
+                                "EleutherAI/hendrycks_math", "MATH", "math500"})
 # DAPO and the recipe's generic "math" source: Math-Verify under the paper grader.
-_MATH_VERIFY_SOURCES = frozenset(
-    {
-        "math",
-        "math_dapo",
-        "math_dapo_reasoning",
-        "ftajwar/deduplicated_dapo_dataset",
-        "BytedTsinghua-SIA/DAPO-Math-17k",
-    }
-)
+_MATH_VERIFY_SOURCES = frozenset({"math", "math_dapo", "math_dapo_reasoning", "ftajwar/deduplicated_dapo_dataset",
+                                  "BytedTsinghua-SIA/DAPO-Math-17k"})
 # Competition sets are routed by name: aime24, aime_2024, MathArena/aime_2024_I,
 # HuggingFaceH4/aime_2024, Maxwell-Jia/AIME_2024, amc23, ...
 _COMPETITION_RE = re.compile(r"(^|/)(aime|amc)", re.IGNORECASE)
@@ -69,12 +49,6 @@ def check_grader(grader: str) -> str:
     if grader not in GRADERS:
         raise ValueError(f"unknown grader {grader!r} (known: {', '.join(GRADERS)})")
     return grader
-
-
-def _unknown(data_source: str) -> ValueError:
-    generated = {ARITH_DATA_SOURCE, *FINAL_NUMBER_SOURCES}
-    known = ", ".join(sorted(_GSM8K_SOURCES | _HENDRYCKS_SOURCES | _MATH_VERIFY_SOURCES | generated))
-    return ValueError(f"unknown data_source {data_source!r}: no verifier for it (known: {known}, aime*, amc*)")
 
 
 @functools.lru_cache(maxsize=256)
@@ -91,7 +65,9 @@ def family(data_source: str) -> str:
         return FINAL_NUMBER
     if data_source in _HENDRYCKS_SOURCES or data_source in _MATH_VERIFY_SOURCES or _COMPETITION_RE.search(data_source):
         return MATH
-    raise _unknown(data_source)
+    known = ", ".join(sorted(_GSM8K_SOURCES | _HENDRYCKS_SOURCES | _MATH_VERIFY_SOURCES | {ARITH_DATA_SOURCE}
+                             | FINAL_NUMBER_SOURCES))
+    raise ValueError(f"unknown data_source {data_source!r}: no verifier for it (known: {known}, aime*, amc*)")
 
 
 @functools.lru_cache(maxsize=256)

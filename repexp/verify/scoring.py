@@ -38,10 +38,13 @@ from repexp.verify.routing import (
     DEFAULT_GRADER,
     FINAL_NUMBER,
     GSM8K,
+    GSM8K_STRICT,
+    HENDRYCKS,
     MATH,
     NUMERIC_FAMILIES,
     check_grader,
     family,
+    paper_scorer,
 )
 
 
@@ -71,11 +74,6 @@ def _gold_key(fam: str, ground_truth: str) -> str:
     return gold
 
 
-def _against(gold: str, answer: str) -> str:
-    """The answer as compared with this gold: an equation's value when the gold is not an equation."""
-    return value_side(answer) if "=" not in gold else answer
-
-
 def _fast_decision(fam: str, gold: str, answer: Optional[str]) -> Optional[float]:
     """The repexp grader's score when no Math-Verify call is needed, else None."""
     if answer is None or len(answer) > MAX_ANSWER_CHARS:
@@ -100,13 +98,37 @@ def _fast_decision(fam: str, gold: str, answer: Optional[str]) -> Optional[float
 
 
 def _repexp_decision(fam: str, gold: str, answer: Optional[str], timeout: float) -> tuple[Optional[float], tuple]:
-    """(score, None) when decided here, else (None, the Math-Verify key to run)."""
-    if answer is not None and fam == MATH and len(answer) <= MAX_ANSWER_CHARS:
-        answer = _against(gold, answer)
+    """(score, ()) when decided here, else (None, the Math-Verify key to run)."""
+    if answer is not None and fam == MATH and len(answer) <= MAX_ANSWER_CHARS and "=" not in gold:
+        answer = value_side(answer)  # an equation's value when the gold is not an equation
     decided = _fast_decision(fam, gold, answer)
     if decided is not None:
         return decided, ()
     return None, (BOXED, gold, answer, float(timeout or 0.0))
+
+
+def _paper(grader: str, fam: str) -> bool:
+    """Whether the paper's scorers apply: the arithmetic tasks have none and use the repexp rule under both graders."""
+    return grader == "paper" and fam in (GSM8K, MATH)
+
+
+_EXTRACT = {GSM8K: extract_gsm8k, ARITH: extract_last_number, FINAL_NUMBER: extract_final_number, MATH: extract_math}
+
+
+def _decision(
+    grader: str, data_source: str, response: str, ground_truth: Any, timeout: float, i: Optional[int] = None
+) -> tuple[Optional[float], tuple]:
+    """One response's (score, ()) when decided without Math-Verify, else (None, the Math-Verify key)."""
+    fam = family(data_source)
+    _check_str("response" if i is None else f"responses[{i}]", response)
+    ground_truth = _as_text("ground_truth" if i is None else f"ground_truths[{i}]", ground_truth)
+    gold = _gold_key(fam, ground_truth)  # the same input checks under both graders
+    if not _paper(grader, fam):
+        return _repexp_decision(fam, gold, _EXTRACT[fam](response), timeout)
+    scorer = {GSM8K_STRICT: paper.gsm8k_strict, HENDRYCKS: paper.hendrycks}.get(paper_scorer(data_source))
+    if scorer is not None:  # the paper's string scorers; Math-Verify over the whole response otherwise
+        return scorer(response, ground_truth), ()
+    return None, (WHOLE, ground_truth, response, float(timeout or 0.0))
 
 
 def extract_answer(data_source: str, response: str, *, grader: str = DEFAULT_GRADER) -> Optional[str]:
@@ -114,29 +136,11 @@ def extract_answer(data_source: str, response: str, *, grader: str = DEFAULT_GRA
     check_grader(grader)
     fam = family(data_source)
     _check_str("response", response)
-    if grader == "paper":
-        return paper.paper_answer(data_source, response)
-    return _extract(fam, response)
+    return paper.paper_answer(data_source, response) if _paper(grader, fam) else _EXTRACT[fam](response)
 
 
-def _extract(fam: str, response: str) -> Optional[str]:
-    if fam == GSM8K:
-        return extract_gsm8k(response)
-    if fam == ARITH:
-        return extract_last_number(response)
-    if fam == FINAL_NUMBER:
-        return extract_final_number(response)
-    return extract_math(response)
-
-
-def score_answer(
-    data_source: str,
-    answer: Optional[str],
-    ground_truth: str,
-    *,
-    timeout: float = DEFAULT_TIMEOUT_S,
-    grader: str = DEFAULT_GRADER,
-) -> float:
+def score_answer(data_source: str, answer: Optional[str], ground_truth: str, *, timeout: float = DEFAULT_TIMEOUT_S,
+                 grader: str = DEFAULT_GRADER) -> float:
     """Score an answer already produced by `extract_answer` (None scores 0).
 
     For the repexp grader `score(...) == score_answer(..., extract_answer(...), ...)`. For the
@@ -149,14 +153,12 @@ def score_answer(
     gold = _gold_key(fam, ground_truth)
     if answer is None:
         return 0.0
-    if grader == "paper":
-        scorer = paper.string_scorer(data_source)
-        if scorer is paper.gsm8k_strict:
+    if _paper(grader, fam):
+        kind = paper_scorer(data_source)
+        if kind == GSM8K_STRICT:
             return 1.0 if answer == ground_truth else 0.0
-        if scorer is paper.hendrycks:
+        if kind == HENDRYCKS:
             return 1.0 if paper.hendrycks_equal(answer, ground_truth) else 0.0
-        if scorer is paper.last_number:
-            return 1.0 if answer == gold else 0.0
         return compare.cached_run((WHOLE, ground_truth, "\\boxed{" + answer + "}", float(timeout or 0.0)))
     if len(answer) > MAX_ANSWER_CHARS:
         return 0.0
@@ -169,38 +171,18 @@ def score_answer(
     return decided if decided is not None else compare.cached_run(key)
 
 
-def score(
-    data_source: str,
-    response: str,
-    ground_truth: str,
-    *,
-    timeout: float = DEFAULT_TIMEOUT_S,
-    grader: str = DEFAULT_GRADER,
-) -> float:
+def score(data_source: str, response: str, ground_truth: str, *, timeout: float = DEFAULT_TIMEOUT_S,
+          grader: str = DEFAULT_GRADER) -> float:
     """1.0 if `response`'s final answer equals `ground_truth` for this data_source under `grader`, else 0.0."""
     check_grader(grader)
-    if grader == "repexp":
-        return score_answer(data_source, extract_answer(data_source, response), ground_truth, timeout=timeout)
-    decided, key = _paper_decision(data_source, response, ground_truth, timeout)
+    decided, key = _decision(grader, data_source, response, ground_truth, timeout)
     return decided if decided is not None else compare.cached_run(key)
-
-
-def _paper_decision(
-    data_source: str, response: str, ground_truth: Any, timeout: float
-) -> tuple[Optional[float], tuple]:
-    fam = family(data_source)
-    _check_str("response", response)
-    ground_truth = _as_text("ground_truth", ground_truth)
-    _gold_key(fam, ground_truth)  # the same input checks as the repexp grader
-    scorer = paper.string_scorer(data_source)
-    if scorer is not None:
-        return scorer(response, ground_truth), ()
-    return None, (WHOLE, ground_truth, response, float(timeout or 0.0))
 
 
 def clear_caches() -> None:
     """Forget cached comparisons and parses (benchmarks use it to measure cold throughput)."""
-    compare.clear_caches()
+    compare.RESULTS.clear()
+    compare._parse_boxed.cache_clear()
     _gold_key.cache_clear()
 
 
@@ -240,21 +222,11 @@ def score_batch(
     scores = np.zeros(n, dtype=np.float64)
     pending: dict[tuple, list[int]] = {}
     for i, (source, response, truth) in enumerate(zip(data_sources, responses, ground_truths)):
-        truth = _as_text(f"ground_truths[{i}]", truth)
-        _check_str(f"responses[{i}]", response)
-        if grader == "paper":
-            decided, key = _paper_decision(source, response, truth, timeout)
-        else:
-            fam = family(source)
-            gold = _gold_key(fam, truth)
-            answer = _extract(fam, response)
-            decided, key = _repexp_decision(fam, gold, answer, timeout)
+        decided, key = _decision(grader, source, response, truth, timeout, i)
+        if decided is None and key[0] == BOXED:
+            decided = compare.RESULTS.get(key)
         if decided is not None:
             scores[i] = decided
-            continue
-        cached = compare.RESULTS.get(key) if key[0] == BOXED else None
-        if cached is not None:
-            scores[i] = cached
         else:
             pending.setdefault(key, []).append(i)
     if not pending:
@@ -270,7 +242,7 @@ def score_batch(
         values = [compare.run_key(key) for key in keys]
     for key, value in zip(keys, values):
         if key[0] == BOXED:
-            compare.RESULTS.put(key, value)
+            compare.remember(key, value)
         scores[pending[key]] = value
     return scores
 
@@ -284,40 +256,20 @@ class VerifierPool:
     ```
     """
 
-    def __init__(
-        self,
-        workers: Optional[int] = None,
-        *,
-        timeout: float = DEFAULT_TIMEOUT_S,
-        hard_timeout: Optional[float] = None,
-        mp_context: str = "spawn",
-    ) -> None:
+    def __init__(self, workers: Optional[int] = None, *, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         self.workers = default_workers() if workers is None else int(workers)
         self.timeout = float(timeout)
         # Soft (CPU-time) limits fire first; this wall-clock limit only catches a worker stuck in
         # one C call, with slack for a loaded machine.
-        self.hard_timeout = float(hard_timeout) if hard_timeout is not None else 3 * self.timeout + 10.0
-        self._pool = ProcessPool(
-            compare.run_key, self.workers, hard_timeout=self.hard_timeout, mp_context=mp_context,
-            initializer=compare.warm_up,
-        )
+        self._pool = ProcessPool(compare.run_key, self.workers, hard_timeout=3 * self.timeout + 10.0,
+                                 initializer=compare.warm_up)
 
     def map_keys(self, keys: Sequence[tuple]) -> list[float]:
         chunk = max(1, min(256, math.ceil(len(keys) / (4 * self.workers))))
         return self._pool.map(keys, chunk_size=chunk)
 
-    @property
-    def killed_workers(self) -> int:
-        return self._pool.killed
-
-    def score_batch(
-        self,
-        data_sources: Sequence[str] | str,
-        responses: Sequence[str],
-        ground_truths: Sequence[str] | str,
-        *,
-        grader: str = DEFAULT_GRADER,
-    ) -> np.ndarray:
+    def score_batch(self, data_sources: Sequence[str] | str, responses: Sequence[str],
+                    ground_truths: Sequence[str] | str, *, grader: str = DEFAULT_GRADER) -> np.ndarray:
         return score_batch(data_sources, responses, ground_truths, timeout=self.timeout, pool=self, grader=grader)
 
     def close(self) -> None:

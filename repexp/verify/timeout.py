@@ -11,9 +11,6 @@ signal it is delivered between bytecodes, so it stops runaway sympy loops
 from __future__ import annotations
 
 import ctypes
-import heapq
-import itertools
-import math
 import os
 import threading
 import time
@@ -32,25 +29,18 @@ _set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
 _set_async_exc.restype = ctypes.c_int
 
 
-def _thread_cpu_clock(thread_id: int) -> Optional[int]:
-    """The CPU-time clock of a thread (Linux), so limits measure work rather than machine load."""
-    try:
-        return time.pthread_getcpuclockid(thread_id)
-    except (AttributeError, OSError):
-        return None
-
-
 class _Deadline:
-    __slots__ = ("limit", "thread_id", "clock", "cpu_start", "wall_start", "when", "seq", "done", "fired", "deciding")
+    __slots__ = ("limit", "thread_id", "clock", "cpu_start", "wall_start", "done", "fired", "deciding")
 
-    def __init__(self, limit: float, thread_id: int, seq: int) -> None:
+    def __init__(self, limit: float, thread_id: int) -> None:
         self.limit = limit
         self.thread_id = thread_id
-        self.clock = _thread_cpu_clock(thread_id)
+        try:  # the thread's CPU-time clock (Linux), so limits measure work rather than machine load
+            self.clock: Optional[int] = time.pthread_getcpuclockid(thread_id)
+        except (AttributeError, OSError):
+            self.clock = None
         self.cpu_start = time.clock_gettime(self.clock) if self.clock is not None else 0.0
         self.wall_start = time.monotonic()
-        self.when = self.wall_start + limit  # CPU time never runs ahead of wall time: first check then
-        self.seq = seq
         self.done = False
         self.fired = False
         self.deciding = threading.Lock()  # held by the watchdog while it decides; by the owner once done
@@ -63,9 +53,6 @@ class _Deadline:
                 pass
         return time.monotonic() - self.wall_start
 
-    def __lt__(self, other: _Deadline) -> bool:
-        return (self.when, self.seq) < (other.when, other.seq)
-
 
 class _Watchdog:
     """One daemon thread per process that raises VerifyTimeout in threads that overran their limit.
@@ -77,24 +64,22 @@ class _Watchdog:
     cleared, so a timeout never escapes the guarded block.
     """
 
-    TICK_S = 0.05  # checks are rounded to this grid: few wake-ups however many calls are made
+    TICK_S = 0.05  # armed deadlines are checked on this grid: few wake-ups however many calls are made
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
-        self._heap: list[_Deadline] = []
-        self._seq = itertools.count()
+        self._armed: set[_Deadline] = set()
         self._thread: Optional[threading.Thread] = None
 
     def arm(self, seconds: float) -> _Deadline:
-        deadline = _Deadline(seconds, threading.get_ident(), next(self._seq))
+        deadline = _Deadline(seconds, threading.get_ident())
         with self._cond:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="repexp-verify-watchdog", daemon=True)
                 self._thread.start()
-            first = not self._heap or deadline < self._heap[0]
-            heapq.heappush(self._heap, deadline)
-            if first:
+            if not self._armed:
                 self._cond.notify()
+            self._armed.add(deadline)
         return deadline
 
     def disarm(self, deadline: _Deadline) -> None:
@@ -103,41 +88,28 @@ class _Watchdog:
         if deadline.fired:
             _set_async_exc(deadline.thread_id, ctypes.py_object())  # NULL: drop a not-yet-raised timeout
 
-    def _decide(self, deadline: _Deadline) -> Optional[_Deadline]:
-        """Fire, drop, or return the deadline to check again later."""
+    def _finished(self, deadline: _Deadline) -> bool:
+        """Fire the deadline if it overran; True once it is fired or disarmed (dropped from the watch)."""
         if not deadline.deciding.acquire(blocking=False):
-            return None  # its owner is disarming it
+            return True  # its owner is disarming it
         try:
             if deadline.done:
-                return None
-            used = deadline.used()
-            if used >= deadline.limit:
-                deadline.fired = True
-                _set_async_exc(deadline.thread_id, ctypes.py_object(VerifyTimeout))
-                return None
-            deadline.when = time.monotonic() + (deadline.limit - used)
-            return deadline
+                return True
+            if deadline.used() < deadline.limit:
+                return False
+            deadline.fired = True
+            _set_async_exc(deadline.thread_id, ctypes.py_object(VerifyTimeout))
+            return True
         finally:
             deadline.deciding.release()
 
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._heap:
+                while not self._armed:
                     self._cond.wait()
-                now = time.monotonic()
-                head = self._heap[0].when
-                if head > now:
-                    wake = math.ceil(head / self.TICK_S) * self.TICK_S
-                    self._cond.wait(timeout=max(wake - now, 0.0))
-                    continue
-                due = []
-                while self._heap and self._heap[0].when <= now:
-                    due.append(heapq.heappop(self._heap))
-                for deadline in due:
-                    again = self._decide(deadline)
-                    if again is not None:
-                        heapq.heappush(self._heap, again)
+                self._cond.wait(timeout=self.TICK_S)
+                self._armed = {deadline for deadline in self._armed if not self._finished(deadline)}
 
     def reset_after_fork(self) -> None:
         self.__init__()
@@ -151,11 +123,8 @@ if hasattr(os, "register_at_fork"):
 class time_limit:
     """`with time_limit(seconds):` raises VerifyTimeout in this thread after `seconds` of its CPU time.
 
-    Works in any thread. CPU time (not wall time) so a busy machine does not turn slow
-    but legitimate comparisons into timeouts; where a thread CPU clock is unavailable,
-    wall time is used. Python-level work is interrupted between bytecodes; a single long
-    C call only when it returns (the process pool's wall-clock hard limit covers that).
-    `seconds=None` or <= 0 disables the guard.
+    CPU time (not wall time) so a busy machine does not turn slow but legitimate comparisons into
+    timeouts; wall time where a thread CPU clock is unavailable. `seconds=None` or <= 0 disables it.
     """
 
     def __init__(self, seconds: Optional[float]) -> None:
