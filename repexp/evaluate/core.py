@@ -37,8 +37,7 @@ class SamplingSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ValueError(f"n_samples must be >= 1, got {self.n}")
+        # n: check_sizes, before any settings exist
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -54,9 +53,6 @@ class SamplingSettings:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 def shard_plan(num_problems: int, shard_size: int, seed: int) -> list[np.ndarray]:
     """Problem indices of every shard: a seed-determined permutation cut into blocks of `shard_size`.
@@ -64,10 +60,6 @@ def shard_plan(num_problems: int, shard_size: int, seed: int) -> list[np.ndarray
     The permutation makes every prefix of shards a random subset of the problems (so a partial
     run is representative) and spreads long and short problems across shards.
     """
-    if num_problems < 1:
-        raise ValueError("no problems to evaluate")
-    if shard_size < 1:
-        raise ValueError(f"shard_size must be >= 1, got {shard_size}")
     order = np.random.default_rng(np.random.SeedSequence([seed, 0x5EED])).permutation(num_problems)
     return [order[i : i + shard_size] for i in range(0, num_problems, shard_size)]
 

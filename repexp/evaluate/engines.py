@@ -1,14 +1,14 @@
 """Generation engines behind one interface: `hf` (transformers `generate`) and `vllm` (offline `LLM`).
 
-Both take the same prompt token ids (rendered once with the model's chat template by
-:func:`load_tokenizer` + :func:`encode_prompts`) and return, per prompt, ``n`` :class:`Completion`
-objects with the same fields: the decoded response (special tokens skipped), the number of
-generated tokens including the terminating end-of-sequence token, and ``stop``/``length``.
+Both take the same prompt token ids (rendered once with the model's chat template by :func:`load_tokenizer` +
+:func:`encode_prompts`) and return, per prompt, ``n`` :class:`Completion` objects with the same fields: the
+decoded response (special tokens skipped), the number of generated tokens including the terminating
+end-of-sequence token, and ``stop``/``length``.
 
-Randomness: the `hf` engine seeds torch's generator with the shard seed before a shard, so a
-shard's samples depend only on (seed, shard index, batch size) and a resumed run reproduces an
-uninterrupted one exactly. The `vllm` engine passes one seed per prompt (vLLM gives the i-th of
-the n samples seed + i), so its samples do not depend on batching either.
+Randomness: the `hf` engine seeds torch's generator with the shard seed before a shard, so a shard's samples
+depend only on (seed, shard index, batch size) and a resumed run reproduces an uninterrupted one exactly. The
+`vllm` engine passes one seed per prompt (vLLM gives the i-th of the n samples seed + i), so its samples do not
+depend on batching either.
 """
 
 from __future__ import annotations
@@ -139,7 +139,6 @@ class HFEngine:
     name = "hf"
 
     def __init__(self, model, tokenizer, eos_ids: Sequence[int], options: EngineOptions = EngineOptions()):
-        """Wrap a loaded causal LM (already on its device) and its left-padding tokenizer."""
         from transformers import GenerationConfig
 
         self.options = options
@@ -170,20 +169,11 @@ class HFEngine:
     def _generation_config(self, settings: SamplingSettings, num_return_sequences: int):
         from transformers import GenerationConfig
 
-        sampling = {} if settings.greedy else {
-            "temperature": settings.temperature,
-            "top_p": settings.top_p,
-            "top_k": settings.top_k,  # 0 disables top-k filtering
-        }
-        return GenerationConfig(
-            do_sample=not settings.greedy,
-            max_new_tokens=settings.max_new_tokens,
-            num_return_sequences=num_return_sequences,
-            eos_token_id=self.eos_ids,
-            pad_token_id=self.tokenizer.pad_token_id,
-            repetition_penalty=1.0,
-            **sampling,
-        )
+        sampling = {} if settings.greedy else {"temperature": settings.temperature, "top_p": settings.top_p,
+                                               "top_k": settings.top_k}  # top_k 0 disables top-k filtering
+        return GenerationConfig(do_sample=not settings.greedy, max_new_tokens=settings.max_new_tokens,
+                                num_return_sequences=num_return_sequences, eos_token_id=self.eos_ids,
+                                pad_token_id=self.tokenizer.pad_token_id, repetition_penalty=1.0, **sampling)
 
     def generate(self, prompt_token_ids, settings, *, shard_seed, prompt_seeds=(), progress=None):
         import torch
@@ -191,10 +181,8 @@ class HFEngine:
         if self.max_model_len is not None:
             for ids in prompt_token_ids:
                 if len(ids) + settings.max_new_tokens > self.max_model_len:
-                    raise ValueError(
-                        f"a prompt of {len(ids)} tokens + max_new_tokens {settings.max_new_tokens} exceeds "
-                        f"max_model_len {self.max_model_len}"
-                    )
+                    raise ValueError(f"a prompt of {len(ids)} tokens + max_new_tokens {settings.max_new_tokens} "
+                                     f"exceeds max_model_len {self.max_model_len}")
         results: list[list[Completion | None]] = [[None] * settings.n for _ in prompt_token_ids]
         pad = self.tokenizer.pad_token_id
         eos = torch.tensor(self.eos_ids, device=self.device)
@@ -247,12 +235,9 @@ class HFEngine:
         self.model(input_ids=input_ids[:, :-1], attention_mask=attention[:, :-1], position_ids=positions[:, :-1],
                    past_key_values=cache, use_cache=True, logits_to_keep=1)
         cache.batch_repeat_interleave(count)
-        return self.model.generate(
-            input_ids=torch.repeat_interleave(input_ids, count, dim=0),
-            attention_mask=torch.repeat_interleave(attention, count, dim=0),
-            past_key_values=cache,
-            generation_config=self._generation_config(settings, 1),
-        )
+        return self.model.generate(input_ids=torch.repeat_interleave(input_ids, count, dim=0),
+                                   attention_mask=torch.repeat_interleave(attention, count, dim=0),
+                                   past_key_values=cache, generation_config=self._generation_config(settings, 1))
 
     def close(self) -> None:
         import gc
@@ -314,12 +299,10 @@ class VLLMEngine:
             samples = sorted(request.outputs, key=lambda o: o.index)
             if len(samples) != settings.n:
                 raise RuntimeError(f"vLLM returned {len(samples)} samples for a prompt, expected {settings.n}")
-            row = []
-            for sample in samples:
-                if sample.finish_reason not in ("stop", "length"):
-                    raise RuntimeError(f"vLLM sample finished with {sample.finish_reason!r}")
-                row.append(Completion(sample.text, len(sample.token_ids), sample.finish_reason))
-            results.append(row)
+            bad = [sample.finish_reason for sample in samples if sample.finish_reason not in ("stop", "length")]
+            if bad:
+                raise RuntimeError(f"vLLM sample finished with {bad[0]!r}")
+            results.append([Completion(sample.text, len(sample.token_ids), sample.finish_reason) for sample in samples])
         if progress is not None:
             progress(settings.n * len(prompt_token_ids))
         return results

@@ -96,7 +96,7 @@ def _generation_key(cfg: EvalConfig, problems: Problems) -> dict[str, Any]:
         "checkpoint_step": cfg.checkpoint_step,
         "data_hash": problems.data_hash,
         "num_problems": len(problems),
-        "sampling": cfg.settings.to_dict(),
+        "sampling": dataclasses.asdict(cfg.settings),
         "shard_size": cfg.shard_size,
         "engine": cfg.engine,
     }
@@ -193,10 +193,8 @@ def stored_grader(meta: dict[str, Any]) -> str:
 
 def regrade(store: SampleStore, shards: list[int], grader: str, workers: int | None) -> None:
     """Re-score complete shards under `grader` when the store holds another grader's scores (no generation).
-
-    `meta.json` names the new grader only after every shard is rewritten, so an interrupted
-    re-grade is redone in full on the next run.
-    """
+    `meta.json` names the new grader only after every shard is rewritten, so an interrupted re-grade is redone
+    in full on the next run."""
     meta = store.read_meta() or {}
     if stored_grader(meta) == grader:
         return
@@ -374,11 +372,9 @@ def _assemble(store, problem_ids, plan, n, metadata, *, ks, maj_draws, grader, w
 
 
 def _report_throughput(store: SampleStore, num_shards: int) -> None:
-    seconds = samples = 0.0
-    for i in range(num_shards):
-        timing = store.read_timing(i) or {}
-        seconds += float(timing.get("generation_seconds", 0))
-        samples += float(timing.get("num_samples", 0))
+    timings = [store.read_timing(i) or {} for i in range(num_shards)]
+    seconds = sum(float(t.get("generation_seconds", 0)) for t in timings)
+    samples = sum(float(t.get("num_samples", 0)) for t in timings)
     if seconds > 0:
         print(f"eval: {int(samples)} samples, {seconds:.1f} s generation, {samples / seconds:.2f} samples/s",
               file=sys.stderr)

@@ -51,25 +51,6 @@ def first_correct_positions(orders: Sequence[Sequence[int]], scores: Sequence[Se
     return out
 
 
-def _check_scores(scores: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
-    n = np.array([len(s) for s in scores], dtype=np.int64)
-    if n.size == 0:
-        raise ValueError("no problems")
-    if n.min() < 1:
-        raise ValueError("every problem needs at least one sample")
-    flat = np.concatenate([np.asarray(s, dtype=np.float64) for s in scores])
-    if not np.all((flat == 0) | (flat == 1)):
-        raise ValueError("verifier scores must be 0 or 1")
-    c = np.array([int(np.sum(s)) for s in scores], dtype=np.int64)
-    return n, c
-
-
-def curves(first: np.ndarray, n: np.ndarray, c: np.ndarray, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-problem pass@k [P, K] of the RepExp order and of a random order, for every k in `ks`."""
-    repexp = (first[:, None] <= ks[None, :]).astype(np.float64)
-    return repexp, passk.pass_at_k(n, c, ks)
-
-
 def efficiency(repexp_curve: np.ndarray, random_curve: np.ndarray, ks: np.ndarray,
                reference_ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(k_RepExp, k / k_RepExp) at each reference k from mean curves on the full grid `ks` (= 1 … K).
@@ -125,7 +106,15 @@ def testtime_result(
         raise ValueError(f"{len(problem_ids)} problem ids but {len(scores)} score lists")
     if bootstrap < 0:
         raise ValueError(f"bootstrap must be >= 0, got {bootstrap}")
-    n, c = _check_scores(scores)
+    n = np.array([len(s) for s in scores], dtype=np.int64)
+    if n.size == 0:
+        raise ValueError("no problems")
+    if n.min() < 1:
+        raise ValueError("every problem needs at least one sample")
+    flat = np.concatenate([np.asarray(s, dtype=np.float64) for s in scores])
+    if not np.all((flat == 0) | (flat == 1)):
+        raise ValueError("verifier scores must be 0 or 1")
+    c = np.array([int(np.sum(s)) for s in scores], dtype=np.int64)
     first = first_correct_positions(orders, scores)
     k_max = int(n.min())
     ks = np.arange(1, k_max + 1)
@@ -134,7 +123,8 @@ def testtime_result(
     reference_ks = np.asarray(sorted({int(k) for k in reference_ks}), dtype=np.int64)
     if reference_ks.size == 0 or reference_ks.min() < 1 or reference_ks.max() > k_max:
         raise ValueError(f"reference ks must lie in [1, {k_max}], got {reference_ks.tolist()}")
-    per_repexp, per_random = curves(first, n, c, ks)
+    # per-problem pass@k [P, K] of the RepExp order and of a random order
+    per_repexp, per_random = (first[:, None] <= ks[None, :]).astype(np.float64), passk.pass_at_k(n, c, ks)
     mean_repexp, mean_random = per_repexp.mean(0), per_random.mean(0)
     k_needed, ratio = efficiency(mean_repexp, mean_random, ks, reference_ks)
     stc_repexp, stc_random, stc_ratio = (float(v[0]) for v in samples_to_correct(first, n, c))
