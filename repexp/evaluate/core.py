@@ -37,7 +37,7 @@ class SamplingSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        # n: check_sizes, before any settings exist
+        # n is checked by check_sizes (repexp.evaluate) before any settings are built
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
