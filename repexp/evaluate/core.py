@@ -37,8 +37,7 @@ class SamplingSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ValueError(f"n_samples must be >= 1, got {self.n}")
+        # n is checked by check_sizes (repexp.evaluate) before any settings are built
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -54,9 +53,6 @@ class SamplingSettings:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 def shard_plan(num_problems: int, shard_size: int, seed: int) -> list[np.ndarray]:
     """Problem indices of every shard: a seed-determined permutation cut into blocks of `shard_size`.
@@ -64,10 +60,6 @@ def shard_plan(num_problems: int, shard_size: int, seed: int) -> list[np.ndarray
     The permutation makes every prefix of shards a random subset of the problems (so a partial
     run is representative) and spreads long and short problems across shards.
     """
-    if num_problems < 1:
-        raise ValueError("no problems to evaluate")
-    if shard_size < 1:
-        raise ValueError(f"shard_size must be >= 1, got {shard_size}")
     order = np.random.default_rng(np.random.SeedSequence([seed, 0x5EED])).permutation(num_problems)
     return [order[i : i + shard_size] for i in range(0, num_problems, shard_size)]
 
@@ -76,10 +68,6 @@ def derived_seed(*parts: int) -> int:
     """A 62-bit seed derived from integers (e.g. (seed, shard) or (seed, shard, prompt))."""
     state = np.random.SeedSequence([int(p) for p in parts]).generate_state(1, dtype=np.uint64)[0]
     return int(state) >> 2
-
-
-def shard_seed(seed: int, shard_index: int) -> int:
-    return derived_seed(seed, shard_index)
 
 
 def prompt_seeds(seed: int, shard_index: int, num_prompts: int) -> list[int]:
@@ -96,7 +84,7 @@ def content_hash(records: Sequence[Any]) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-def _json_float(x: float) -> float | None:
+def json_float(x: float) -> float | None:
     return None if x is None or not math.isfinite(float(x)) else float(x)
 
 
@@ -126,15 +114,12 @@ def eval_result(
     if not np.all((flat == 0) | (flat == 1)):
         raise ValueError("verifier scores must be 0 or 1 for pass@k")
     c = np.array([int(np.sum(s)) for s in scores], dtype=np.int64)
-    if ks is None:
-        ks = passk.power_of_two_ks(int(n.min()))
-    ks = [int(k) for k in ks]
-    per_problem_pass = passk.pass_at_k(n, c, ks)
-    pass_mean, pass_sem = passk.summarize(per_problem_pass)
+    ks = [int(k) for k in (passk.power_of_two_ks(int(n.min())) if ks is None else ks)]
+    curve = grader_curve(n, c, ks)
     result: dict[str, Any] = {
-        "pass_at_k": {str(k): float(v) for k, v in zip(ks, pass_mean)},
-        "pass_at_k_sem": {str(k): _json_float(v) for k, v in zip(ks, pass_sem)},
-        "mean_at_n": float(np.mean(c / n)),
+        "pass_at_k": curve["pass_at_k"],
+        "pass_at_k_sem": curve["pass_at_k_sem"],
+        "mean_at_n": curve["mean_at_n"],
         "num_problems": len(problem_ids),
         "n_samples": int(n.max()) if int(n.min()) == int(n.max()) else [int(x) for x in n],
         "ks": ks,
@@ -145,7 +130,7 @@ def eval_result(
         maj = passk.maj_at_k(answers, scores, ks, num_draws=maj_draws, seed=maj_seed)
         maj_mean, maj_sem = passk.summarize(maj)
         result["maj_at_k"] = {str(k): float(v) for k, v in zip(ks, maj_mean)}
-        result["maj_at_k_sem"] = {str(k): _json_float(v) for k, v in zip(ks, maj_sem)}
+        result["maj_at_k_sem"] = {str(k): json_float(v) for k, v in zip(ks, maj_sem)}
         result["maj_at_k_estimator"] = {"num_draws": maj_draws, "seed": maj_seed}
     if num_tokens is not None:
         tokens = np.concatenate([np.asarray(t, dtype=np.float64) for t in num_tokens])
@@ -167,16 +152,14 @@ def add_metadata(result: dict[str, Any], metadata: dict[str, Any] | None) -> dic
 
 
 def grader_curve(num_samples: Sequence[int], num_correct: Sequence[int], ks: Sequence[int]) -> dict[str, Any]:
-    """pass@k (mean and SEM over problems), mean@n and the correct-sample total under one grader.
-
-    The shape of each entry of eval.json's `graders` mapping (docs/evaluation.md).
-    """
+    """pass@k (mean and SEM over problems), mean@n and the correct-sample total under one grader: an entry of
+    eval.json's `graders` mapping (docs/evaluation.md)."""
     n = np.asarray(num_samples, dtype=np.int64)
     c = np.asarray(num_correct, dtype=np.int64)
     mean, sem = passk.summarize(passk.pass_at_k(n, c, [int(k) for k in ks]))
     return {
         "pass_at_k": {str(k): float(v) for k, v in zip(ks, mean)},
-        "pass_at_k_sem": {str(k): _json_float(v) for k, v in zip(ks, sem)},
+        "pass_at_k_sem": {str(k): json_float(v) for k, v in zip(ks, sem)},
         "mean_at_n": float(np.mean(c / n)),
         "num_correct": int(c.sum()),
     }

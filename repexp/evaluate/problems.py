@@ -22,12 +22,8 @@ class Problems:
     @property
     def data_hash(self) -> str:
         """Content hash of what the evaluation uses (ids, sources, prompts, ground truths), in order."""
-        return content_hash(
-            [
-                [pid, src, prompt, gt]
-                for pid, src, prompt, gt in zip(self.problem_ids, self.data_sources, self.prompts, self.ground_truths)
-            ]
-        )
+        return content_hash([list(row) for row in zip(self.problem_ids, self.data_sources, self.prompts,
+                                                      self.ground_truths)])
 
 
 def _field(row: dict, path: str, where: str):
@@ -72,9 +68,7 @@ def load_problems(path: str | Path, *, limit: int | None = None) -> Problems:
         sources.append(str(_field(row, "data_source", where)))
         prompts.append([{"role": m["role"], "content": m["content"]} for m in prompt])
         truths.append(str(_field(row, "reward_model.ground_truth", where)))
-    seen: set[str] = set()
-    for pid in ids:
-        if pid in seen:
-            raise ValueError(f"{path}: duplicate problem_id {pid!r}")
-        seen.add(pid)
+    if len(set(ids)) < len(ids):
+        duplicate = next(pid for i, pid in enumerate(ids) if pid in ids[:i])  # the first repeated id
+        raise ValueError(f"{path}: duplicate problem_id {duplicate!r}")
     return Problems(path=path, problem_ids=ids, data_sources=sources, prompts=prompts, ground_truths=truths)

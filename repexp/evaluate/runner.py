@@ -55,18 +55,11 @@ class EvalConfig:
     grader: str = DEFAULT_GRADER
 
     def __post_init__(self) -> None:
-        check_grader(self.grader)
-        if self.shard_size < 1:
-            raise ValueError(f"shard_size must be >= 1, got {self.shard_size}")
+        check_grader(self.grader)  # shard_size is checked by check_sizes, before the config is built
         if self.data_parallel_size < 1:
             raise ValueError(f"data_parallel_size must be >= 1, got {self.data_parallel_size}")
         if self.max_shards is not None and self.max_shards < 0:
             raise ValueError(f"max_shards must be >= 0, got {self.max_shards}")
-
-
-def infer_checkpoint_step(model_path: str) -> int | None:
-    """`…/global_step_<N>/…` → N (the training-run layout); None for a base model."""
-    return layout.step_in_path(model_path)
 
 
 def resolve_model(model: str | None, pointer: str | Path | None) -> tuple[str, int | None]:
@@ -92,7 +85,7 @@ def resolve_model(model: str | None, pointer: str | Path | None) -> tuple[str, i
     elif model.startswith((".", "/")) or model.count("/") != 1:
         raise FileNotFoundError(f"{model}: model directory not found (and not a hub id like org/name)")
     if step is None:
-        step = infer_checkpoint_step(model)
+        step = layout.step_in_path(model)  # `…/global_step_<N>/…` → N; None for a base model
     return model, None if step is None else int(step)
 
 
@@ -103,7 +96,7 @@ def _generation_key(cfg: EvalConfig, problems: Problems) -> dict[str, Any]:
         "checkpoint_step": cfg.checkpoint_step,
         "data_hash": problems.data_hash,
         "num_problems": len(problems),
-        "sampling": cfg.settings.to_dict(),
+        "sampling": dataclasses.asdict(cfg.settings),
         "shard_size": cfg.shard_size,
         "engine": cfg.engine,
     }
@@ -112,22 +105,17 @@ def _generation_key(cfg: EvalConfig, problems: Problems) -> dict[str, Any]:
     return key
 
 
-def _split_names(cfg: EvalConfig) -> tuple[str, str]:
-    return cfg.task or cfg.data_path.parent.name, cfg.split or cfg.data_path.stem
-
-
 def evaluate(cfg: EvalConfig) -> dict[str, Any] | None:
     """Generate the missing shards, then write `eval.json`. Returns it, or None if stopped early."""
     problems = load_problems(cfg.data_path, limit=cfg.limit)
     plan = core.shard_plan(len(problems), cfg.shard_size, cfg.settings.seed)
-    task, split = _split_names(cfg)
     store = SampleStore(cfg.out_dir)
     meta = {
         "format": core.STORE_FORMAT,
         "generation": _generation_key(cfg, problems),
         "num_shards": len(plan),
-        "task": task,
-        "split": split,
+        "task": cfg.task or cfg.data_path.parent.name,
+        "split": cfg.split or cfg.data_path.stem,
         "data_path": str(cfg.data_path),
         "engine_options": dataclasses.asdict(cfg.options),
         "problem_ids": problems.problem_ids,
@@ -153,37 +141,35 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any] | None:
     if len(complete) < len(plan):
         print(f"eval: stopped with {len(complete)}/{len(plan)} shards complete; rerun to resume", file=sys.stderr)
         return None
-    result = _assemble(store, problems.problem_ids, plan, cfg.settings.n, _metadata(cfg, problems, task, split),
-                       ks=cfg.ks, maj_draws=cfg.maj_draws, grader=cfg.grader, workers=cfg.verifier_workers)
+    result = _assemble(store, problems.problem_ids, plan, cfg.settings.n, _metadata(meta), ks=cfg.ks,
+                       maj_draws=cfg.maj_draws, grader=cfg.grader, workers=cfg.verifier_workers)
     write_json_atomic(eval_path, result)
     _report_throughput(store, len(plan))
     return result
 
 
-def _metadata(cfg: EvalConfig, problems: Problems, task: str, split: str) -> dict[str, Any]:
-    return {
-        "model_path": cfg.model_path,
-        "checkpoint_step": cfg.checkpoint_step,
-        "engine": cfg.engine,
-        "sampling": cfg.settings.to_dict() | {"shard_size": cfg.shard_size}
-        | ({"batch_size": cfg.options.batch_size} if cfg.engine == "hf" else {}),
-        "seed": cfg.settings.seed,
-        "data_hash": problems.data_hash,
-        "data_path": str(cfg.data_path),
-        "task": task,
-        "split": split,
-        "verifier": _verifier_info(),
-    }
-
-
-def _verifier_info() -> dict[str, Any]:
+def _metadata(meta: dict[str, Any]) -> dict[str, Any]:
+    """eval.json's run keys, from a store's meta.json (a fresh run's or a rescored one's)."""
     from importlib import metadata
 
     try:
         math_verify = metadata.version("math-verify")
     except metadata.PackageNotFoundError:
         math_verify = None
-    return {"module": "repexp.verify", "math_verify": math_verify}
+    gen = meta["generation"]
+    return {
+        "model_path": gen["model_path"],
+        "checkpoint_step": gen["checkpoint_step"],
+        "engine": gen["engine"],
+        "sampling": gen["sampling"] | {"shard_size": gen["shard_size"]}
+        | ({"batch_size": gen["batch_size"]} if "batch_size" in gen else {}),
+        "seed": gen["sampling"]["seed"],
+        "data_hash": gen["data_hash"],
+        "data_path": meta.get("data_path"),
+        "task": meta.get("task"),
+        "split": meta.get("split"),
+        "verifier": {"module": "repexp.verify", "math_verify": math_verify},
+    }
 
 
 def _score(data_sources, responses, ground_truths, workers, grader: str) -> tuple[list[float], list[str | None]]:
@@ -207,21 +193,25 @@ def stored_grader(meta: dict[str, Any]) -> str:
 
 def regrade(store: SampleStore, shards: list[int], grader: str, workers: int | None) -> None:
     """Re-score complete shards under `grader` when the store holds another grader's scores (no generation).
-
-    `meta.json` names the new grader only after every shard is rewritten, so an interrupted
-    re-grade is redone in full on the next run.
-    """
+    `meta.json` names the new grader only after every shard is rewritten, so an interrupted re-grade is redone
+    in full on the next run."""
     meta = store.read_meta() or {}
     if stored_grader(meta) == grader:
         return
     print(f"eval: re-grading {len(shards)} stored shards from {stored_grader(meta)} to {grader}", file=sys.stderr)
+    _rescore_shards(store, meta, shards, grader, workers)
+
+
+def _rescore_shards(store: SampleStore, meta: dict[str, Any], shards, grader: str, workers: int | None) -> None:
+    """Re-score the stored responses of `shards` under `grader`, then record it in meta.json."""
     (store.dir.parent / EVAL_JSON).unlink(missing_ok=True)  # never beside scores of another grader
     for i in shards:
         rows = store.read_shard(i)
         rows["score"], rows["answer"] = _score(rows["data_source"], rows["response"], rows["ground_truth"], workers,
                                                grader)
         store.write_shard(i, rows)
-    write_json_atomic(store.meta_path, {**meta, "grader": grader})
+    if stored_grader(meta) != grader:
+        write_json_atomic(store.meta_path, {**meta, "grader": grader})
 
 
 def generate_shards(cfg: EvalConfig, shard_indices: list[int], *, rank: int = 0) -> None:
@@ -247,7 +237,7 @@ def generate_shards(cfg: EvalConfig, shard_indices: list[int], *, rank: int = 0)
                 engine,
                 prompt_ids,
                 cfg.settings,
-                shard_seed=core.shard_seed(cfg.settings.seed, i),
+                shard_seed=core.derived_seed(cfg.settings.seed, i),
                 prompt_seeds=core.prompt_seeds(cfg.settings.seed, i, len(idx)),
                 progress=bar.update,
             )
@@ -255,14 +245,10 @@ def generate_shards(cfg: EvalConfig, shard_indices: list[int], *, rank: int = 0)
             rows: dict[str, list] = {c: [] for c in (
                 "problem_id", "sample_index", "response", "num_tokens", "finish_reason", "data_source", "ground_truth")}
             for j, samples in zip(idx, completions):
-                for s, completion in enumerate(samples):
-                    rows["problem_id"].append(problems.problem_ids[j])
-                    rows["sample_index"].append(s)
-                    rows["response"].append(completion.text)
-                    rows["num_tokens"].append(completion.num_tokens)
-                    rows["finish_reason"].append(completion.finish_reason)
-                    rows["data_source"].append(problems.data_sources[j])
-                    rows["ground_truth"].append(problems.ground_truths[j])
+                for s, c in enumerate(samples):
+                    for name, value in zip(rows, (problems.problem_ids[j], s, c.text, c.num_tokens, c.finish_reason,
+                                                  problems.data_sources[j], problems.ground_truths[j])):
+                        rows[name].append(value)
             scoring_started = time.perf_counter()
             rows["score"], rows["answer"] = _score(rows["data_source"], rows["response"], rows["ground_truth"],
                                                    cfg.verifier_workers, cfg.grader)
@@ -327,17 +313,13 @@ def _read_samples(store: SampleStore, plan, n: int, other: str, workers: int | N
             big = len(shard["response"]) >= verify.MIN_POOL_ITEMS
             others = verify.score_batch(shard["data_source"], shard["response"], shard["ground_truth"],
                                         pool=pool if big else None, workers=1, grader=other)
-            for pid, s, score, answer, tokens, finish, other_score in zip(
-                    shard["problem_id"], shard["sample_index"], shard["score"], shard["answer"], shard["num_tokens"],
-                    shard["finish_reason"], others):
-                entry = per_problem.setdefault(pid, {"shard": i, "index": [], "score": [], "answer": [], "tokens": [],
-                                                     "truncated": [], "other": []})
-                entry["index"].append(s)
-                entry["score"].append(score)
-                entry["answer"].append(answer)
-                entry["tokens"].append(tokens)
-                entry["truncated"].append(finish == "length")
-                entry["other"].append(float(other_score))
+            keys = ("index", "score", "answer", "tokens", "truncated", "other")
+            for pid, *values in zip(shard["problem_id"], shard["sample_index"], shard["score"], shard["answer"],
+                                    shard["num_tokens"], [f == "length" for f in shard["finish_reason"]],
+                                    map(float, others)):
+                entry = per_problem.setdefault(pid, {"shard": i, **{key: [] for key in keys}})
+                for key, value in zip(keys, values):
+                    entry[key].append(value)
     return per_problem
 
 
@@ -390,11 +372,9 @@ def _assemble(store, problem_ids, plan, n, metadata, *, ks, maj_draws, grader, w
 
 
 def _report_throughput(store: SampleStore, num_shards: int) -> None:
-    seconds = samples = 0.0
-    for i in range(num_shards):
-        timing = store.read_timing(i) or {}
-        seconds += float(timing.get("generation_seconds", 0))
-        samples += float(timing.get("num_samples", 0))
+    timings = [store.read_timing(i) or {} for i in range(num_shards)]
+    seconds = sum(float(t.get("generation_seconds", 0)) for t in timings)
+    samples = sum(float(t.get("num_samples", 0)) for t in timings)
     if seconds > 0:
         print(f"eval: {int(samples)} samples, {seconds:.1f} s generation, {samples / seconds:.2f} samples/s",
               file=sys.stderr)
@@ -417,28 +397,8 @@ def rescore(out_dir: str | Path, *, ks=None, maj_draws: int = 1000, verifier_wor
     if missing:
         raise ValueError(f"{store.dir}: shards {missing[:10]} are missing; finish the evaluation before rescoring")
     grader = check_grader(grader) if grader is not None else stored_grader(meta)
-    (out_dir / EVAL_JSON).unlink(missing_ok=True)
-    for i in range(len(plan)):
-        rows = store.read_shard(i)
-        rows["score"], rows["answer"] = _score(rows["data_source"], rows["response"], rows["ground_truth"],
-                                               verifier_workers, grader)
-        store.write_shard(i, rows)
-    if stored_grader(meta) != grader:
-        write_json_atomic(store.meta_path, {**meta, "grader": grader})
-    metadata = {
-        "model_path": gen["model_path"],
-        "checkpoint_step": gen["checkpoint_step"],
-        "engine": gen["engine"],
-        "sampling": gen["sampling"] | {"shard_size": gen["shard_size"]}
-        | ({"batch_size": gen["batch_size"]} if "batch_size" in gen else {}),
-        "seed": settings.seed,
-        "data_hash": gen["data_hash"],
-        "data_path": meta.get("data_path"),
-        "task": meta.get("task"),
-        "split": meta.get("split"),
-        "verifier": _verifier_info(),
-    }
-    result = _assemble(store, problem_ids, plan, settings.n, metadata, ks=ks, maj_draws=maj_draws, grader=grader,
+    _rescore_shards(store, meta, range(len(plan)), grader, verifier_workers)
+    result = _assemble(store, problem_ids, plan, settings.n, _metadata(meta), ks=ks, maj_draws=maj_draws, grader=grader,
                        workers=verifier_workers)
     write_json_atomic(out_dir / EVAL_JSON, result)
     return result

@@ -21,39 +21,14 @@ from typing import Any
 from repexp import layout
 from repexp.io import atomic_path, read_json, write_json_atomic
 
-SHARD_COLUMNS = (
-    "problem_id",
-    "sample_index",
-    "response",
-    "num_tokens",
-    "finish_reason",
-    "score",
-    "answer",
-    "data_source",
-    "ground_truth",
-)
-FINISH_REASONS = ("stop", "length")
+# column → pyarrow type; `answer` is the extracted answer (null = none), used for maj@k
+SHARD_TYPES = {"problem_id": "string", "sample_index": "int32", "response": "string", "num_tokens": "int32",
+               "finish_reason": "string", "score": "float64", "answer": "string", "data_source": "string",
+               "ground_truth": "string"}
+SHARD_COLUMNS = tuple(SHARD_TYPES)
 # Read back when a store is opened: everything eval.json is assembled from (the responses are not needed)
 CHECKED_COLUMNS = ("problem_id", "sample_index", "num_tokens", "finish_reason", "score", "answer")
 SHARD_SUFFIX = "parquet"
-
-
-def _schema():
-    import pyarrow as pa
-
-    return pa.schema(
-        [
-            ("problem_id", pa.string()),
-            ("sample_index", pa.int32()),
-            ("response", pa.string()),
-            ("num_tokens", pa.int32()),
-            ("finish_reason", pa.string()),
-            ("score", pa.float64()),
-            ("answer", pa.string()),  # extracted answer (null = none); used for maj@k
-            ("data_source", pa.string()),
-            ("ground_truth", pa.string()),
-        ]
-    )
 
 
 class SampleStore:
@@ -81,11 +56,10 @@ class SampleStore:
              shard_rows: Sequence[int] | None = None) -> list[int]:
         """Start or resume the store for `meta`; returns the indices of complete shards.
 
-        On resume the stored meta must equal `meta` on the keys in `compare` (all keys if None);
-        otherwise the store is refused, or with `overwrite` discarded and started afresh.
-        Matching samples are always kept, so `overwrite` never costs a resumable run its work.
-        With `shard_rows` (rows each shard must hold), kept shards are read back first and a
-        damaged one is set aside (`set_aside`) instead of being counted complete.
+        On resume the stored meta must equal `meta` on the keys in `compare` (all keys if None); otherwise the
+        store is refused, or with `overwrite` discarded and started afresh. Matching samples are always kept, so
+        `overwrite` never costs a resumable run its work. With `shard_rows` (rows each shard must hold), kept
+        shards are read back first and a damaged one is set aside instead of being counted complete.
         """
         existing = self.read_meta()
         if existing is not None:
@@ -125,37 +99,25 @@ class SampleStore:
             return f"unreadable ({type(err).__name__}: {str(err)[:200]})"
         return None if table.num_rows == rows else f"{table.num_rows} rows, expected {rows}"
 
-    def set_aside(self, index: int, why: str) -> Path:
-        """Move a damaged shard to samples/corrupt/ (with a timestamp), so it is regenerated."""
-        path = self.shard_path(index)
-        target = self.dir / layout.CORRUPT_DIR / f"{path.name}.{time.strftime('%Y%m%d-%H%M%S')}"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        path.replace(target)
-        print(f"eval: {path} is damaged ({why}); moved to {target}, it will be regenerated", file=sys.stderr)
-        return target
-
-    def set_aside_damaged(self, shard_rows: Sequence[int]) -> list[int]:
-        """Check every present shard against its expected row count; set the damaged ones aside."""
-        damaged = []
+    def set_aside_damaged(self, shard_rows: Sequence[int]) -> None:
+        """Check every present shard against its expected row count; move the damaged ones to samples/corrupt/
+        (with a timestamp), so that they are regenerated."""
         for index in self.complete_shards():
             why = self.shard_problem(index, shard_rows[index]) if index < len(shard_rows) else "not in the shard plan"
             if why:
-                self.set_aside(index, why)
-                damaged.append(index)
-        return damaged
+                path = self.shard_path(index)
+                target = self.dir / layout.CORRUPT_DIR / f"{path.name}.{time.strftime('%Y%m%d-%H%M%S')}"
+                target.parent.mkdir(parents=True, exist_ok=True)
+                path.replace(target)
+                print(f"eval: {path} is damaged ({why}); moved to {target}, it will be regenerated", file=sys.stderr)
 
     # -- shards ---------------------------------------------------------------------------
     def write_shard(self, index: int, rows: dict[str, Sequence[Any]]) -> Path:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        missing = set(SHARD_COLUMNS) - set(rows)
-        if missing:
-            raise ValueError(f"shard {index}: missing column(s) {sorted(missing)}")
-        bad = set(rows["finish_reason"]) - set(FINISH_REASONS)
-        if bad:
-            raise ValueError(f"shard {index}: unknown finish_reason(s) {sorted(bad)}")
-        table = pa.Table.from_pydict({c: list(rows[c]) for c in SHARD_COLUMNS}, schema=_schema())
+        schema = pa.schema([(c, getattr(pa, t)()) for c, t in SHARD_TYPES.items()])
+        table = pa.Table.from_pydict({c: list(rows[c]) for c in SHARD_COLUMNS}, schema=schema)
         path = self.shard_path(index)
         with atomic_path(path) as tmp:
             pq.write_table(table, tmp)

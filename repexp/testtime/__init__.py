@@ -25,21 +25,12 @@ from pathlib import Path
 
 from repexp import layout
 
-__all__ = ["configure_parser", "run", "TESTTIME_JSON", "ORDER_FILE"]
-
-TESTTIME_JSON = layout.TESTTIME_JSON
-ORDER_FILE = layout.ORDER_FILE
-
-
-def _ks(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(k) for k in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--reference-ks must be comma-separated integers, got {text!r}") from None
+__all__ = ["configure_parser", "run"]
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    from repexp.config import BonusConfig, TesttimeConfig
+    from repexp.config import DTYPES, BonusConfig, TesttimeConfig
+    from repexp.evaluate import int_list
     from repexp.jobs import TesttimeJob  # the hand-only settings' defaults
 
     defaults, bonus = TesttimeConfig(), BonusConfig()
@@ -55,9 +46,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lamb", type=float, default=bonus.lamb, help="ridge λ (default: the training bonus's)")
     parser.add_argument("--no-center", action="store_true", help="do not centre each pool's features by its mean")
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="sequences per forward")
-    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default=defaults.dtype)
+    parser.add_argument("--dtype", choices=DTYPES, default=defaults.dtype)
     parser.add_argument("--device", default=TesttimeJob.device, help="auto (cuda if available), cpu, cuda, cuda:N")
-    parser.add_argument("--reference-ks", type=_ks, help="ks for the efficiency (default 1, 2, 4, … below n, and n)")
+    parser.add_argument("--reference-ks", type=int_list("--reference-ks"),
+                        help="ks for the efficiency (default 1, 2, 4, … below n, and n)")
     parser.add_argument("--bootstrap", type=int, default=defaults.bootstrap, help="replicates over problems (0: none)")
     parser.add_argument("--bootstrap-seed", type=int, default=TesttimeJob.bootstrap_seed)
 
@@ -84,7 +76,7 @@ def run_job(job):
     shown = ", ".join(f"k={k}: {r:.2f}x" for k, r in zip(eff["reference_k"], eff["ratio"]) if r is not None)
     ratio = "undefined (nothing solved)" if stc["ratio"] is None else f"{stc['ratio']:.3f}"
     print(f"testtime: {result['num_problems']} problems; samples-to-correct random/RepExp = {ratio}; "
-          f"efficiency {shown or 'undefined'}; wrote {Path(job.out) / TESTTIME_JSON}", file=sys.stderr)
+          f"efficiency {shown or 'undefined'}; wrote {Path(job.out) / layout.TESTTIME_JSON}", file=sys.stderr)
     return StageResult(metrics=testtime_metrics(result))
 
 
@@ -123,19 +115,20 @@ def _load_evaluation(eval_dir: Path, data: Path | None):
 
 def testtime(job) -> dict:
     """The test-time ordering of `job` (a `repexp.jobs.TesttimeJob`); writes testtime.json last."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     import torch
 
     from repexp.elliptical_order import greedy_order, pad_pools
-    from repexp.io import write_json_atomic
+    from repexp.evaluate.runner import resolve_model
+    from repexp.io import atomic_path, write_json_atomic
     from repexp.testtime import core
     from repexp.testtime.features import FeatureSettings, resolve_device, resolve_dtype, shard_features
 
     _check_job(job)
     out = Path(job.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / TESTTIME_JSON).unlink(missing_ok=True)  # never a testtime.json that does not match what follows
-    from repexp.evaluate.runner import resolve_model
-
+    (out / layout.TESTTIME_JSON).unlink(missing_ok=True)  # never a testtime.json that does not match what follows
     model, _ = resolve_model(job.model, None)  # a local directory (checked) or a hub id, as for `repexp eval`
     store, meta, problems, plan = _load_evaluation(Path(job.eval_dir), job.data and Path(job.data))
     device = resolve_device(job.device)
@@ -161,7 +154,11 @@ def testtime(job) -> dict:
         torch.cuda.synchronize()
     order_seconds = time.perf_counter() - started
 
-    _write_orders(out / ORDER_FILE, problems.problem_ids, orders, taken_bonus)
+    table = pa.table({"problem_id": pa.array(problems.problem_ids, pa.string()),
+                      "order": pa.array(orders, pa.list_(pa.int32())),
+                      "bonus": pa.array(taken_bonus, pa.list_(pa.float64()))})
+    with atomic_path(out / layout.ORDER_FILE) as tmp:
+        pq.write_table(table, tmp)
     gen = meta["generation"]
     metadata = {
         "task": meta.get("task"), "split": meta.get("split"), "eval_dir": str(job.eval_dir),
@@ -178,20 +175,6 @@ def testtime(job) -> dict:
         reference_ks=job.reference_ks, bootstrap=job.bootstrap, bootstrap_seed=job.bootstrap_seed,
         metadata=metadata,
     )
-    write_json_atomic(out / TESTTIME_JSON, result)
+    write_json_atomic(out / layout.TESTTIME_JSON, result)
     return result
 
-
-def _write_orders(path: Path, problem_ids, orders, bonuses) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from repexp.io import atomic_path
-
-    table = pa.table({
-        "problem_id": pa.array(problem_ids, pa.string()),
-        "order": pa.array(orders, pa.list_(pa.int32())),
-        "bonus": pa.array(bonuses, pa.list_(pa.float64())),
-    })
-    with atomic_path(path) as tmp:
-        pq.write_table(table, tmp)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from repexp import passk
-from repexp.evaluate.core import add_metadata
+from repexp.evaluate.core import add_metadata, json_float
 
 EQUAL_TOLERANCE = 1e-12  # pass@k means that agree to this count as equal (float noise in the means)
 DEFAULT_BOOTSTRAP = 1000
@@ -49,25 +49,6 @@ def first_correct_positions(orders: Sequence[Sequence[int]], scores: Sequence[Se
         if hits.size:
             out[p] = hits[0] + 1
     return out
-
-
-def _check_scores(scores: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
-    n = np.array([len(s) for s in scores], dtype=np.int64)
-    if n.size == 0:
-        raise ValueError("no problems")
-    if n.min() < 1:
-        raise ValueError("every problem needs at least one sample")
-    flat = np.concatenate([np.asarray(s, dtype=np.float64) for s in scores])
-    if not np.all((flat == 0) | (flat == 1)):
-        raise ValueError("verifier scores must be 0 or 1")
-    c = np.array([int(np.sum(s)) for s in scores], dtype=np.int64)
-    return n, c
-
-
-def curves(first: np.ndarray, n: np.ndarray, c: np.ndarray, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-problem pass@k [P, K] of the RepExp order and of a random order, for every k in `ks`."""
-    repexp = (first[:, None] <= ks[None, :]).astype(np.float64)
-    return repexp, passk.pass_at_k(n, c, ks)
 
 
 def efficiency(repexp_curve: np.ndarray, random_curve: np.ndarray, ks: np.ndarray,
@@ -110,10 +91,6 @@ def _interval(samples: np.ndarray) -> list[float | None]:
     return out
 
 
-def _num(x: Any) -> float | None:
-    return None if x is None or not math.isfinite(float(x)) else float(x)
-
-
 def testtime_result(
     *,
     problem_ids: Sequence[str],
@@ -129,7 +106,15 @@ def testtime_result(
         raise ValueError(f"{len(problem_ids)} problem ids but {len(scores)} score lists")
     if bootstrap < 0:
         raise ValueError(f"bootstrap must be >= 0, got {bootstrap}")
-    n, c = _check_scores(scores)
+    n = np.array([len(s) for s in scores], dtype=np.int64)
+    if n.size == 0:
+        raise ValueError("no problems")
+    if n.min() < 1:
+        raise ValueError("every problem needs at least one sample")
+    flat = np.concatenate([np.asarray(s, dtype=np.float64) for s in scores])
+    if not np.all((flat == 0) | (flat == 1)):
+        raise ValueError("verifier scores must be 0 or 1")
+    c = np.array([int(np.sum(s)) for s in scores], dtype=np.int64)
     first = first_correct_positions(orders, scores)
     k_max = int(n.min())
     ks = np.arange(1, k_max + 1)
@@ -138,7 +123,8 @@ def testtime_result(
     reference_ks = np.asarray(sorted({int(k) for k in reference_ks}), dtype=np.int64)
     if reference_ks.size == 0 or reference_ks.min() < 1 or reference_ks.max() > k_max:
         raise ValueError(f"reference ks must lie in [1, {k_max}], got {reference_ks.tolist()}")
-    per_repexp, per_random = curves(first, n, c, ks)
+    # per-problem pass@k [P, K] of the RepExp order and of a random order
+    per_repexp, per_random = (first[:, None] <= ks[None, :]).astype(np.float64), passk.pass_at_k(n, c, ks)
     mean_repexp, mean_random = per_repexp.mean(0), per_random.mean(0)
     k_needed, ratio = efficiency(mean_repexp, mean_random, ks, reference_ks)
     stc_repexp, stc_random, stc_ratio = (float(v[0]) for v in samples_to_correct(first, n, c))
@@ -151,11 +137,11 @@ def testtime_result(
         "efficiency": {
             "reference_k": reference_ks.tolist(),
             "pass_at_k_random": mean_random[reference_ks - 1].tolist(),
-            "k_repexp": [_num(v) for v in k_needed],
-            "ratio": [_num(v) for v in ratio],
+            "k_repexp": [json_float(v) for v in k_needed],
+            "ratio": [json_float(v) for v in ratio],
         },
         "samples_to_correct": {
-            "repexp": _num(stc_repexp), "random": _num(stc_random), "ratio": _num(stc_ratio),
+            "repexp": json_float(stc_repexp), "random": json_float(stc_random), "ratio": json_float(stc_ratio),
             "num_solved": int((c > 0).sum()),
         },
         "num_problems": len(n),
@@ -173,8 +159,9 @@ def testtime_result(
         boot_random = weights @ per_random / len(n)
         _, boot_ratio = efficiency(boot_repexp, boot_random, ks, reference_ks)
         result["efficiency"]["ratio_ci95"] = _interval(boot_ratio)
-        result["efficiency"]["log2_ratio_std"] = [_num(v) for v in np.nanstd(np.log2(boot_ratio), axis=0, ddof=1)] \
-            if np.isfinite(boot_ratio).any() else [None] * len(reference_ks)
+        finite = np.isfinite(boot_ratio).any()
+        std = np.nanstd(np.log2(boot_ratio), axis=0, ddof=1) if finite else [None] * len(reference_ks)
+        result["efficiency"]["log2_ratio_std"] = [json_float(v) for v in std]
         stc = samples_to_correct(first, n, c, weights)[2]
         result["samples_to_correct"]["ratio_ci95"] = _interval(stc[:, None])[0]
     return add_metadata(result, metadata)
