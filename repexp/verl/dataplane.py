@@ -38,13 +38,8 @@ def write_fields(batch: KVBatchMeta, fields: Mapping[str, torch.Tensor]) -> KVBa
 
 def worker_request(batch: KVBatchMeta, fields: Iterable[str], extra_info: Mapping) -> KVBatchMeta:
     """A view of `batch` that makes verl's tqbridge fetch only `fields` for a worker call."""
-    return KVBatchMeta(
-        keys=list(batch.keys),
-        tags=list(batch.tags),
-        partition_id=batch.partition_id,
-        fields=list(fields),
-        extra_info=dict(extra_info),
-    )
+    return KVBatchMeta(keys=list(batch.keys), tags=list(batch.tags), partition_id=batch.partition_id,
+                       fields=list(fields), extra_info=dict(extra_info))
 
 
 def padding_rows(batch: KVBatchMeta) -> torch.Tensor:
@@ -56,13 +51,6 @@ def non_tensor_list(data: TensorDict, name: str) -> list:
     """A non-tensor field as a plain list (TQ returns a LinkedList, NonTensorStack or array by backend)."""
     value = data[name]
     return list(value.tolist()) if hasattr(value, "tolist") else list(value)
-
-
-def dense_rows(field: torch.Tensor) -> torch.Tensor:
-    """A jagged (B, j=H) field of equal-length rows as a dense (B, H) tensor."""
-    if not field.is_nested:
-        return field
-    return field.to_padded_tensor(0.0)
 
 
 def row_sums(field: torch.Tensor) -> torch.Tensor:
@@ -79,9 +67,8 @@ def row_lengths(field: torch.Tensor) -> torch.Tensor:
 
 
 def token_rows(field: torch.Tensor) -> list[list[int]]:
-    """Each row of a jagged (B, j) token-id field as a list (``responses``: a row is exactly one response's
-    tokens, no padding). A dense field's rows are taken whole."""
-    if not field.is_nested:
+    """Each row of a jagged (B, j) token-id field as a list (a ``responses`` row: one response's tokens)."""
+    if not field.is_nested:  # a dense field's rows are taken whole
         return field.tolist()
     offsets, values = field.offsets().tolist(), field.values().tolist()
     return [values[start:end] for start, end in zip(offsets[:-1], offsets[1:])]

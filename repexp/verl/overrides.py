@@ -45,8 +45,11 @@ def hydra_value(value: Any) -> str:
         return "{" + ",".join(f"{k}:{_quoted(v) if isinstance(v, str) else hydra_value(v)}"
                               for k, v in value.items()) + "}"
     text = str(value)
-    if _BARE.match(text) and text.lower() not in {"null", "true", "false"} and not _looks_numeric(text):
-        return text
+    try:
+        float(text)  # a string that reads as a number stays a string
+    except ValueError:
+        if _BARE.match(text) and text.lower() not in {"null", "true", "false"}:
+            return text
     return _quoted(text)
 
 
@@ -54,22 +57,10 @@ def _quoted(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _looks_numeric(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
 def _model_path(model: str) -> str:
     """Local directories become absolute (Ray workers have their own cwd); Hub ids stay as they are."""
     path = Path(model)
     return str(path.resolve()) if path.exists() else model
-
-
-def default_loggers(run_config: RunConfig) -> list[str]:
-    return ["console", "mlflow"] if run_config.tracking.tracking_uri else ["console"]
 
 
 def build_overrides(run_config: RunConfig, attention: Optional[Attention] = None, *,
@@ -160,7 +151,8 @@ def build_overrides(run_config: RunConfig, attention: Optional[Attention] = None
         # trainer: layout under the run directory, resumable, our own checkpoint pruning
         ("trainer.project_name", rc.tracking.experiment or rc.config_name),
         ("trainer.experiment_name", f"{rc.task}/{rc.run}"),
-        ("trainer.logger", list(loggers) if loggers is not None else default_loggers(rc)),
+        ("trainer.logger", list(loggers) if loggers is not None else
+         ["console", "mlflow"] if rc.tracking.tracking_uri else ["console"]),
         ("trainer.n_gpus_per_node", verl.n_gpus_per_node),
         ("trainer.nnodes", verl.nnodes),
         ("trainer.total_epochs", train.total_epochs),

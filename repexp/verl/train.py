@@ -17,13 +17,13 @@ from pathlib import Path
 
 import hydra
 import ray
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 
 from repexp import checkpoints, layout, tracking
 from repexp.checkpoints import BestDevTracker, complete_steps
 from repexp.config import check_repexp_micro_batch, check_save_freq
 from repexp.verl import config as _schemas  # noqa: F401  stores the bonus node's schema before Hydra composes
-from repexp.verl.settings import RUN_NODE, TRAINER_MODE, RepExpSettings, RunSettings, run_dir_of
+from repexp.verl.settings import TRAINER_MODE, RepExpSettings, RunSettings, repexp_settings, run_dir_of
 from repexp.walltime import read_chunk_end
 
 from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
@@ -34,7 +34,7 @@ from verl.utils.device import auto_set_device
 
 def check_config(config: DictConfig) -> RepExpSettings:
     """What RepExp needs plus verl's own validation; raises ValueError naming the key."""
-    settings = RepExpSettings.from_mapping(OmegaConf.to_container(config.actor_rollout_ref.repexp, resolve=True))
+    settings = repexp_settings(config.actor_rollout_ref)
     run_dir_of(config)
     if config.trainer.v1.trainer_mode != TRAINER_MODE:
         raise ValueError(f"trainer.v1.trainer_mode: must be {TRAINER_MODE!r}, got {config.trainer.v1.trainer_mode!r}")
@@ -101,7 +101,7 @@ def launch(config: DictConfig) -> None:
     check_config(config)
     run_dir = run_dir_of(config)
     os.makedirs(run_dir, exist_ok=True)
-    run = RunSettings.from_mapping(OmegaConf.to_container(config.get(RUN_NODE, {}), resolve=True))
+    run = RunSettings.of(config)
     if run.mlflow_tracking_uri:
         # before ray.init: the TaskRunner (where verl's Tracking lives) inherits this environment
         os.environ.setdefault("MLFLOW_TRACKING_URI", run.mlflow_tracking_uri)

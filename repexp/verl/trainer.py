@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import ray
 import torch
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 from transfer_queue import KVBatchMeta
 
 from repexp import layout
@@ -55,9 +55,9 @@ from repexp.checkpoints import (
 from repexp.io import atomic_path, write_text_atomic
 from repexp.verl import dataplane
 from repexp.verl.engine import OUTPUT_KEY
-from repexp.verl.settings import RUN_NODE, TRAINER_MODE, RunSettings, run_dir_of
+from repexp.verl.settings import TRAINER_MODE, RunSettings, repexp_settings, run_dir_of
 from repexp.verl.validation import dev_pass_at_k
-from repexp.verl.worker import WORKER_FIELDS, RepExpActorRolloutRefWorker, repexp_settings
+from repexp.verl.worker import WORKER_FIELDS, RepExpActorRolloutRefWorker
 from repexp.walltime import ChunkClock, write_chunk_end
 
 from verl.trainer.ppo.utils import Role
@@ -110,7 +110,7 @@ class JsonlMetricsLogger:
 class RepExpTrainer(PPOTrainerSync):
     def __init__(self, config: DictConfig):
         self.repexp = repexp_settings(config.actor_rollout_ref)
-        self.run_settings = RunSettings.from_mapping(OmegaConf.to_container(config.get(RUN_NODE, {}), resolve=True))
+        self.run_settings = RunSettings.of(config)
         self.run_dir = run_dir_of(config)
         # any mode other than "sync" switches verl to its async code paths
         with open_dict(config):
@@ -144,8 +144,8 @@ class RepExpTrainer(PPOTrainerSync):
         output = self.actor_rollout_wg.compute_repexp_hidden_mean(request)
         if len(output) != len(batch):
             raise RuntimeError(f"representation forward returned {len(output)} rows for {len(batch)} keys")
-        hidden = dataplane.read_fields(batch, [OUTPUT_KEY])[OUTPUT_KEY]
-        return dataplane.dense_rows(hidden)
+        hidden = dataplane.read_fields(batch, [OUTPUT_KEY])[OUTPUT_KEY]  # jagged (B, j=H): equal-length rows
+        return hidden.to_padded_tensor(0.0) if hidden.is_nested else hidden
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         if not self.repexp.enabled:

@@ -13,12 +13,12 @@ the returned ``repexp_hidden_mean`` (jagged ``(B, j=H)``) back under the same ke
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tensordict import TensorDict
 
 from repexp.verl import engine as _engine  # registers the engine in every worker process
 from repexp.verl.compat import patch_trl_value_head_import
-from repexp.verl.settings import RepExpSettings
+from repexp.verl.settings import repexp_settings
 
 from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 from verl.trainer.config import CheckpointConfig
@@ -29,13 +29,6 @@ from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 REPEXP_MESH = "repexp"
 # what the representation forward reads from TransferQueue (limits tqbridge's fetch)
 WORKER_FIELDS = ("input_ids", "position_ids", "responses", "loss_mask")
-
-
-def repexp_settings(actor_rollout_ref: DictConfig) -> RepExpSettings:
-    node = actor_rollout_ref.get("repexp")
-    if node is None:
-        raise ValueError("actor_rollout_ref.repexp: missing; launch through python -m repexp.verl.train")
-    return RepExpSettings.from_mapping(OmegaConf.to_container(node, resolve=True))
 
 
 def build_repexp_worker_config(actor_rollout_ref: DictConfig) -> TrainingWorkerConfig:
