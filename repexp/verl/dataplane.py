@@ -54,24 +54,8 @@ def non_tensor_list(data: TensorDict, name: str) -> list:
 
 
 def row_sums(field: torch.Tensor) -> torch.Tensor:
-    """Per-row sums of a jagged (B, j) field (the verifier score of ``rm_scores``)."""
-    if not field.is_nested:
-        return field.sum(dim=-1)
-    offsets = field.offsets()
-    rows = torch.repeat_interleave(torch.arange(offsets.numel() - 1), offsets.diff())
-    return torch.zeros(offsets.numel() - 1, dtype=field.dtype).index_add_(0, rows, field.values())
-
-
-def row_lengths(field: torch.Tensor) -> torch.Tensor:
-    return field.offsets().diff() if field.is_nested else torch.full((field.shape[0],), field.shape[1])
-
-
-def token_rows(field: torch.Tensor) -> list[list[int]]:
-    """Each row of a jagged (B, j) token-id field as a list (a ``responses`` row: one response's tokens)."""
-    if not field.is_nested:  # a dense field's rows are taken whole
-        return field.tolist()
-    offsets, values = field.offsets().tolist(), field.values().tolist()
-    return [values[start:end] for start, end in zip(offsets[:-1], offsets[1:])]
+    """Per-row sums of a (B, j) field, jagged or dense (the verifier score of ``rm_scores``)."""
+    return torch.stack([row.sum() for row in field.unbind()])
 
 
 def add_at_last_token(field: torch.Tensor, scale: float, addend: torch.Tensor) -> torch.Tensor:

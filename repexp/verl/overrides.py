@@ -1,15 +1,10 @@
-"""One `RunConfig` -> the Hydra overrides of ``python -m repexp.verl.train``.
+"""One `RunConfig` -> the Hydra overrides of ``python -m repexp.verl.train`` (pure but for `attention=None`).
 
-The node wrapper runs ``python -m repexp.verl.train <overrides...>``. Every setting of the run
-comes from the single `RunConfig`; nothing here reads the environment. Keys are plain overrides
-of keys that exist in the composed config (never ``+key``), so a misspelled key fails Hydra's
-struct check instead of being silently added. The bonus settings go as one override of one typed node,
-``actor_rollout_ref.repexp.bonus={...}``: the run's `BonusConfig`, every field (its schema is that
-dataclass, repexp/verl/config/__init__.py). Settings that verl reads from two places are set
-in both (PPO clip: ``clip_ratio`` *and* ``clip_ratio_low``/``clip_ratio_high``, since the
-latter win when set). `run_config.verl.overrides` (raw verl overrides) come last.
-
-Pure but for `attention=None` (below): no verl import.
+Every setting comes from the single `RunConfig`, never the environment. Keys are plain overrides of keys
+of the composed config (never ``+key``), so a misspelled key fails Hydra's struct check. The bonus goes as
+one override of one typed node, ``actor_rollout_ref.repexp.bonus={...}`` (schema: `BonusConfig`,
+repexp/verl/config/__init__.py). Settings verl reads from two places are set in both (PPO clip:
+``clip_ratio`` *and* ``clip_ratio_low``/``clip_ratio_high``, which win when set). `verl.overrides` come last.
 """
 
 from __future__ import annotations
@@ -67,17 +62,11 @@ def build_overrides(run_config: RunConfig, attention: Optional[Attention] = None
                     loggers: Optional[Sequence[str]] = None, chunk_deadline: Optional[float] = None) -> list[str]:
     """The verl Hydra overrides of one training run (RepExp for beta > 0, the GRPO baseline for beta = 0).
 
-    ``attention``: what `repexp.verl.attention.resolve` decided on the job's node, for the actor and
-    the frozen representation model alike (`repexp run train` resolves and logs it once); None resolves
-    `verl.attn_implementation` on this machine (the one non-pure step: it tries to import flash_attn).
-
-    ``loggers`` defaults to console (+ mlflow when ``tracking.tracking_uri`` is set). verl's MLflow
-    logger reads ``MLFLOW_TRACKING_URI`` and ``MLFLOW_RUN_ID`` from the environment; the entry
-    point exports ``repexp_run.mlflow_tracking_uri`` unless the environment already sets it, and
-    the node wrapper sets ``MLFLOW_RUN_ID`` to log into its own run.
-
-    ``chunk_deadline``: when this allocation's walltime chunk must have saved and stopped (epoch
-    seconds, `repexp.walltime`); not part of the training config.
+    ``attention``: what `repexp.verl.attention.resolve` decided on the job's node (`repexp run train` resolves
+    and logs it once); None resolves `verl.attn_implementation` here (the one non-pure step: it imports flash_attn).
+    ``loggers`` defaults to console (+ mlflow when ``tracking.tracking_uri`` is set); verl's MLflow logger reads
+    ``MLFLOW_TRACKING_URI`` and ``MLFLOW_RUN_ID`` from the environment, which the entry point and node wrapper set.
+    ``chunk_deadline``: when this allocation's walltime chunk must have saved and stopped (epoch seconds).
     """
     rc = run_config
     # A RunConfig need not come from a checked pipeline config: the pipeline's own rules, not copies.

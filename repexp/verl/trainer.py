@@ -2,28 +2,22 @@
 
 What it changes, each through an overridable method of verl's `PPOTrainer`:
 
-- `_init_resource_pool_mgr`: the actor role runs `RepExpActorRolloutRefWorker` (which builds the
-  frozen representation engine when beta > 0).
-- `_compute_advantage` (runs after batch balancing, while vLLM sleeps; training only, since
-  verl's `_validate` never calls it): hidden-state forward on the workers, bonus on the driver
-  (`repexp.bonus_step`, the step the TRL backend runs too), then verl's own advantage computation on
-  ``alpha * score + beta * bonus``. Afterwards ``rm_scores`` is restored to the verifier score
-  and ``token_level_rewards`` holds the shaped reward, so verl's ``critic/score`` stays comparable
-  with plain GRPO and ``critic/rewards`` shows what was optimised. beta = 0 (the GRPO baseline)
-  leaves verl's computation untouched and builds no representation model. Both log the group
-  metrics and ``rollout/distinct_frac`` (distinct ``responses`` per uid, padding rows left out).
+- `_init_resource_pool_mgr`: the actor role runs `RepExpActorRolloutRefWorker`.
+- `_compute_advantage` (after batch balancing, while vLLM sleeps; `_validate` never calls it): hidden-state
+  forward on the workers, bonus on the driver (`repexp.bonus_step`, shared with TRL), then verl's own
+  advantage on ``alpha * score + beta * bonus``. Afterwards ``rm_scores`` is the verifier score again and
+  ``token_level_rewards`` the shaped reward, so ``critic/score`` stays comparable with plain GRPO and
+  ``critic/rewards`` shows what was optimised. beta = 0 (the GRPO baseline) leaves verl's computation
+  untouched. Both log the group metrics and ``rollout/distinct_frac`` (padding rows left out).
 - `_val_metrics_update`: adds unbiased ``dev/pass_at_k`` and records it in ``best_dev.json``
-  (`repexp.checkpoints.BestDevTracker`, same file as the TRL backend).
-- `_save_checkpoint` / `_load_checkpoint`: the persistent covariance is saved into
-  ``global_step_N/repexp_state.pt``, the training time used into ``budget.json``; a checkpoint is
-  marked complete only after verl's save returns; old checkpoints are pruned to
-  ``max_checkpoints_to_keep`` (the best-dev one is kept without its optimizer state);
-  ``trainer.resume_mode=auto`` restores the covariance and the training time together with the
-  weights and the data order.
-- `on_train_begin` / `on_step_end`: walltime chunks (``repexp_run.chunk_deadline``, set by
-  `repexp run train` under SLURM; `repexp.walltime`): when another step and a save would not end
-  before the deadline, the step just trained is saved (unless verl's schedule just did), made the
-  last one of this process, and ``CHUNK_END`` is written; `repexp.verl.train` then skips `DONE`.
+  (`repexp.checkpoints.BestDevTracker`, as TRL).
+- `_save_checkpoint` / `_load_checkpoint`: the persistent covariance goes into ``global_step_N/repexp_state.pt``,
+  the training time used into ``budget.json``; a checkpoint is marked complete only after verl's save
+  returns; old ones are pruned to ``max_checkpoints_to_keep`` (the best-dev one kept without optimizer
+  state); ``trainer.resume_mode=auto`` restores covariance and training time with the weights and data order.
+- `on_train_begin` / `on_step_end`: walltime chunks (``repexp_run.chunk_deadline``; `repexp.walltime`): when
+  another step and a save would not end before the deadline, the step just trained is saved, made the last
+  of this process, and ``CHUNK_END`` written; `repexp.verl.train` then skips `DONE`.
 - Every logged step is also appended to ``<run_dir>/metrics.jsonl`` (`{"step": N, <metric>: value}`).
 """
 
@@ -84,9 +78,7 @@ class JsonlMetricsLogger:
     def log(self, data: dict, step: int) -> None:
         row = {"step": int(step)}
         for key, value in data.items():
-            if isinstance(value, torch.Tensor):
-                value = value.item() if value.numel() == 1 else None
-            if isinstance(value, (np.generic,)):
+            if isinstance(value, np.generic) or isinstance(value, torch.Tensor) and value.numel() == 1:
                 value = value.item()
             if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
                 row[key] = value
@@ -161,7 +153,7 @@ class RepExpTrainer(PPOTrainerSync):
             names = ["uid", "rm_scores", "responses"] + (["extra_info"] if self.repexp.persist_covariance else [])
             data = dataplane.read_fields(batch, names)
             rm_scores = data["rm_scores"]
-            excluded = dataplane.padding_rows(batch) | (dataplane.row_lengths(rm_scores) == 0)
+            excluded = dataplane.padding_rows(batch) | torch.tensor([len(row) == 0 for row in rm_scores.unbind()])
             result = compute_step_bonus(
                 hidden,
                 dataplane.non_tensor_list(data, "uid"),
@@ -284,7 +276,7 @@ class RepExpTrainer(PPOTrainerSync):
 def _distinct_fraction(batch: KVBatchMeta, data) -> dict[str, float]:
     """`rollout/distinct_frac` of the step from the rows' ``responses`` per uid, without verl's padding rows."""
     padding = dataplane.padding_rows(batch).tolist()
-    rows = zip(dataplane.non_tensor_list(data, "uid"), dataplane.token_rows(data["responses"]), padding)
+    rows = zip(dataplane.non_tensor_list(data, "uid"), (row.tolist() for row in data["responses"].unbind()), padding)
     kept = [(uid, tokens) for uid, tokens, is_padding in rows if not is_padding]
     return metric_names.distinct_fraction([uid for uid, _ in kept], [tokens for _, tokens in kept])
 
