@@ -1,12 +1,9 @@
-"""Every TransferQueue access of the RepExp trainer, in one place.
+"""Every TransferQueue access of the RepExp trainer, in one place (verl may replace that data plane).
 
-verl 0.9.1's V1 trainer passes `KVBatchMeta` handles between stages and keeps the data in
-TransferQueue (one jagged row per trajectory key). verl may replace that data plane (see
-docs/verl_backend.md), so the trainer touches it only through these functions.
-
-Pitfalls handled here: ``select_fields`` silently drops a field that is missing for any key, so
-`read_fields` checks that everything asked for came back; a field written for only some keys
-becomes unreadable, so `write_fields` always writes every key of the batch (padding rows too).
+verl 0.9.1's V1 trainer passes `KVBatchMeta` handles between stages and keeps the data in TransferQueue
+(one jagged row per trajectory key). Pitfalls handled here: ``select_fields`` silently drops a field missing
+for any key, so `read_fields` checks everything came back; a field written for only some keys becomes
+unreadable, so `write_fields` always writes every key of the batch (padding rows too).
 """
 
 from __future__ import annotations

@@ -90,10 +90,8 @@ def build_overrides(run_config: RunConfig, attention: Optional[Attention] = None
         ("data.truncation", "error"),
         ("data.shuffle", True),
         ("data.seed", rc.seed),
-        # GRPO without KL: no reference model is built (verl's need_reference_policy)
-        ("algorithm.adv_estimator", "grpo"),
+        # GRPO without KL (adv_estimator, use_kl_in_reward, use_kl_loss, kl_loss_coef: repexp_trainer.yaml)
         ("algorithm.norm_adv_by_std_in_grpo", True),
-        ("algorithm.use_kl_in_reward", False),
         ("actor_rollout_ref.model.path", model),
         ("actor_rollout_ref.model.use_remove_padding", attention.packing),
         ("actor_rollout_ref.model.override_config.attn_implementation", attention.implementation),
@@ -104,8 +102,6 @@ def build_overrides(run_config: RunConfig, attention: Optional[Attention] = None
         ("actor_rollout_ref.actor.ppo_mini_batch_size", train.ppo_mini_batch_size),
         ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", train.micro_batch_size_per_gpu),
         ("actor_rollout_ref.actor.ppo_epochs", 1),
-        ("actor_rollout_ref.actor.use_kl_loss", False),
-        ("actor_rollout_ref.actor.kl_loss_coef", 0.0),
         ("actor_rollout_ref.actor.entropy_coeff", train.entropy_coeff),
         ("actor_rollout_ref.actor.loss_agg_mode", train.loss_agg_mode),
         ("actor_rollout_ref.actor.clip_ratio", train.clip_ratio),

@@ -1,12 +1,9 @@
 """``python -m repexp.verl.train [overrides...]``: RepExp (or GRPO, beta = 0) on verl 0.9.1.
 
-A Hydra app composed on verl's own ``ppo_trainer`` config (``hydra.searchpath`` +
-``config/repexp_trainer.yaml``). It validates the config with verl's `validate_config` plus the
-RepExp checks below and hands it to verl's `run_ppo` with a TaskRunner whose only addition is
-importing `repexp.verl.trainer`, which registers `RepExpTrainer` as trainer mode ``repexp``.
-Nothing of verl is copied. `repexp.verl.overrides.build_overrides` turns a pipeline `RunConfig`
-into the overrides. When verl returns, ``<run_dir>/DONE`` is written last (JSON: final step,
-best-dev step and value, wall time), as the training-run contract asks.
+A Hydra app composed on verl's own ``ppo_trainer`` config (``config/repexp_trainer.yaml``). It validates
+the config (verl's `validate_config` plus the RepExp checks) and runs verl's `run_ppo` with a TaskRunner
+that also imports `repexp.verl.trainer` (registering trainer mode ``repexp``). When verl returns,
+``<run_dir>/DONE`` is written last (final step, best-dev step and value, wall time).
 """
 
 from __future__ import annotations
@@ -100,13 +97,13 @@ def launch(config: DictConfig) -> None:
     auto_set_device(config)
     check_config(config)
     run_dir = run_dir_of(config)
-    os.makedirs(run_dir, exist_ok=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
     run = RunSettings.of(config)
     if run.mlflow_tracking_uri:
         # before ray.init: the TaskRunner (where verl's Tracking lives) inherits this environment
         os.environ.setdefault("MLFLOW_TRACKING_URI", run.mlflow_tracking_uri)
     use_node_run(config)
-    (Path(run_dir) / layout.CHUNK_END).unlink(missing_ok=True)
+    (run_dir / layout.CHUNK_END).unlink(missing_ok=True)
     run_ppo(config, task_runner_class=RepExpTaskRunner)
     chunk = read_chunk_end(run_dir)
     if chunk is not None:  # the trainer stopped for the walltime (repexp.walltime): no DONE yet

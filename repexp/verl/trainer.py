@@ -61,11 +61,9 @@ from verl.utils.debug import marked_timer
 
 logger = logging.getLogger(__name__)
 
-STATE_FILE = layout.VERL_STATE
-METRICS_FILE = layout.METRICS
 # Files of a verl checkpoint that only resuming reads (the kept best-dev checkpoint drops them;
 # `repexp merge` needs the model shards, fsdp_config.json and huggingface/ only).
-RESUME_ONLY = ("actor/optim_world_size_*", "actor/extra_state_world_size_*", "data.pt", STATE_FILE)
+RESUME_ONLY = ("actor/optim_world_size_*", "actor/extra_state_world_size_*", "data.pt", layout.VERL_STATE)
 ACTOR_ROLES = (Role.ActorRolloutRef, Role.ActorRollout, Role.Actor)
 
 
@@ -111,7 +109,7 @@ class RepExpTrainer(PPOTrainerSync):
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.best_dev = BestDevTracker.load(self.run_dir)
         self.bonus_state = BonusState(self.repexp, sparse_dim=self.repexp.sparse_dim, seed=self.repexp.seed)
-        self.metrics_logger = JsonlMetricsLogger(self.run_dir / METRICS_FILE)
+        self.metrics_logger = JsonlMetricsLogger(self.run_dir / layout.METRICS)
         self.training_time = TrainingTime()  # resumed in _load_checkpoint
         self.clock = ChunkClock(self.run_settings.chunk_deadline)
 
@@ -198,7 +196,7 @@ class RepExpTrainer(PPOTrainerSync):
         step_dir = checkpoint_dir(self.run_dir, self.global_steps)
         if self.repexp.enabled and self.repexp.persist_covariance:
             step_dir.mkdir(parents=True, exist_ok=True)
-            with atomic_path(step_dir / STATE_FILE) as tmp:
+            with atomic_path(step_dir / layout.VERL_STATE) as tmp:
                 torch.save(self.bonus_state.state_dict(), tmp)
         started = time.monotonic()
         super()._save_checkpoint()
@@ -251,7 +249,7 @@ class RepExpTrainer(PPOTrainerSync):
             mark_complete(step_dir)
             self.best_dev.write()
         if self.repexp.enabled and self.repexp.persist_covariance:
-            state_path = step_dir / STATE_FILE
+            state_path = step_dir / layout.VERL_STATE
             if not state_path.exists():
                 raise FileNotFoundError(f"{state_path}: missing; cannot resume the persistent covariance")
             self.bonus_state.load_state_dict(torch.load(state_path, weights_only=False))
@@ -260,8 +258,8 @@ class RepExpTrainer(PPOTrainerSync):
 
     def _attach_metrics_logger(self) -> None:
         tracking = getattr(self, "logger", None)
-        if tracking is not None and METRICS_FILE not in tracking.logger:
-            tracking.logger[METRICS_FILE] = self.metrics_logger
+        if tracking is not None and layout.METRICS not in tracking.logger:
+            tracking.logger[layout.METRICS] = self.metrics_logger
 
     def on_validate_begin(self):
         self._attach_metrics_logger()

@@ -1,14 +1,10 @@
 """`RepExpActorRolloutRefWorker`: verl's hybrid actor worker plus a frozen representation engine.
 
-verl's `ActorRolloutRefWorker` already holds inner `TrainingWorker`s for the actor and the
-reference model; we add a third, built from `build_repexp_worker_config` (model type
-``repexp_hidden_mean``, forward only, parameters offloaded to CPU, no optimizer), on the same
-GPUs and in the same process as the actor. It exists only when ``actor_rollout_ref.repexp.beta``
-is positive; the GRPO baseline builds nothing.
-
-``compute_repexp_hidden_mean`` is dispatched like verl's ``compute_ref_log_prob``: the driver
-passes a TransferQueue `KVBatchMeta`, verl's ``tqbridge`` fetches this rank's rows and writes
-the returned ``repexp_hidden_mean`` (jagged ``(B, j=H)``) back under the same keys.
+Besides verl's inner `TrainingWorker`s for actor and reference, a third one (model type
+``repexp_hidden_mean``, forward only, parameters offloaded to CPU, no optimizer) on the actor's GPUs and
+process; only when ``actor_rollout_ref.repexp.beta`` > 0. ``compute_repexp_hidden_mean`` is dispatched like
+verl's ``compute_ref_log_prob``: verl's ``tqbridge`` fetches this rank's rows of the driver's `KVBatchMeta`
+and writes the returned ``repexp_hidden_mean`` (jagged ``(B, j=H)``) back under the same keys.
 """
 
 from __future__ import annotations
