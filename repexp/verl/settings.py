@@ -75,9 +75,8 @@ class RepExpSettings(BonusConfig):
                     "repexp_micro_batch_size_per_gpu")
         # beta = 0 is the GRPO baseline here, where the sweep's betas are RepExp's (> 0)
         _require(self.beta >= 0, f"{where}.beta", f"must be >= 0, got {self.beta}")
-        if self.enabled:
-            _require(self.sparse_dim is not None and self.sparse_dim >= 1, f"{where}.sparse_dim",
-                     f"must be >= 1 when beta > 0, got {self.sparse_dim}")
+        _require(not self.enabled or self.sparse_dim is not None and self.sparse_dim >= 1, f"{where}.sparse_dim",
+                 f"must be >= 1 when beta > 0, got {self.sparse_dim}")
         _require(self.seed >= 0, f"{where}.seed", f"must be >= 0, got {self.seed}")
         _require(self.dtype in DTYPES, f"{where}.dtype", f"{self.dtype!r} is not one of {DTYPES}")
         _require(self.max_token_len_per_gpu >= 1, f"{where}.max_token_len_per_gpu", "must be >= 1")
@@ -100,10 +99,9 @@ class RunSettings:
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any], where: str = RUN_NODE) -> RunSettings:
         settings = cls(**_strict_fields(dataclasses.fields(cls), raw, where))
-        if settings.max_checkpoints_to_keep is not None:
-            _require(settings.max_checkpoints_to_keep >= 1, f"{where}.max_checkpoints_to_keep", "must be >= 1 or null")
-        if settings.chunk_deadline is not None:
-            _require(settings.chunk_deadline > 0, f"{where}.chunk_deadline", "must be > 0 (epoch seconds) or null")
+        keep, deadline = settings.max_checkpoints_to_keep, settings.chunk_deadline
+        _require(keep is None or keep >= 1, f"{where}.max_checkpoints_to_keep", "must be >= 1 or null")
+        _require(deadline is None or deadline > 0, f"{where}.chunk_deadline", "must be > 0 (epoch seconds) or null")
         return settings
 
 

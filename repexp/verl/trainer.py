@@ -83,9 +83,6 @@ class JsonlMetricsLogger:
         with self.path.open("a") as handle:
             handle.write(json.dumps(row, sort_keys=True) + "\n")
 
-    def finish(self) -> None:
-        return None
-
     def truncate_after(self, step: int) -> None:
         """On (re)start from `step`: drop lines the restored state has not seen (all of them when step is 0,
         whose validation is logged again)."""
@@ -234,9 +231,6 @@ class RepExpTrainer(PPOTrainerSync):
     def _load_checkpoint(self):
         super()._load_checkpoint()
         step = self.global_steps
-        if step > 0:  # training time counts on from what the resumed checkpoint had used
-            self.training_time = TrainingTime.resume(checkpoint_dir(self.run_dir, step),
-                                                     started=self.training_time.started)
         # forget what a previous attempt logged after the state we resume from
         self.metrics_logger.truncate_after(step)
         self.best_dev.history = [entry for entry in self.best_dev.history if entry["step"] <= step]
@@ -244,6 +238,8 @@ class RepExpTrainer(PPOTrainerSync):
         if step == 0:
             return
         step_dir = checkpoint_dir(self.run_dir, step)
+        # training time counts on from what the resumed checkpoint had used
+        self.training_time = TrainingTime.resume(step_dir, started=self.training_time.started)
         if not is_complete(step_dir):
             # verl writes latest_checkpointed_iteration.txt as the last act of its save: the files are all there
             mark_complete(step_dir)
