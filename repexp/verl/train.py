@@ -49,11 +49,7 @@ def check_config(config: DictConfig) -> RepExpSettings:
             config.actor_rollout_ref.actor.ppo_mini_batch_size * config.actor_rollout_ref.rollout.n,
             "actor_rollout_ref.repexp.micro_batch_size_per_gpu",
             remedy=" (or set actor_rollout_ref.repexp.use_dynamic_bsz=true)")
-    validate_config(
-        config=config,
-        use_reference_policy=need_reference_policy(config),
-        use_critic=need_critic(config),
-    )
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     return settings
 
 

@@ -32,35 +32,20 @@ def build_repexp_worker_config(actor_rollout_ref: DictConfig) -> TrainingWorkerC
     settings = repexp_settings(actor_rollout_ref)
     model = actor_rollout_ref.model
     model_config = HFModelConfig(
-        path=settings.representation_model or model.path,
-        trust_remote_code=bool(model.get("trust_remote_code", False)),
-        use_shm=bool(model.get("use_shm", False)),
-        use_remove_padding=settings.use_remove_padding,
-        enable_gradient_checkpointing=False,
-        override_config={"attn_implementation": settings.attn_implementation},
+        path=settings.representation_model or model.path, use_shm=bool(model.get("use_shm", False)),
+        trust_remote_code=bool(model.get("trust_remote_code", False)), use_remove_padding=settings.use_remove_padding,
+        enable_gradient_checkpointing=False, override_config={"attn_implementation": settings.attn_implementation},
     )
+    batch, tokens = settings.micro_batch_size_per_gpu, settings.max_token_len_per_gpu
     engine_config = FSDPEngineConfig(
-        strategy=settings.strategy,
-        forward_only=True,
-        model_dtype=settings.dtype,
+        strategy=settings.strategy, forward_only=True, model_dtype=settings.dtype,
         mixed_precision={"param_dtype": settings.dtype, "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
-        use_dynamic_bsz=settings.use_dynamic_bsz,
-        micro_batch_size_per_gpu=settings.micro_batch_size_per_gpu,
-        infer_micro_batch_size_per_gpu=settings.micro_batch_size_per_gpu,
-        max_token_len_per_gpu=settings.max_token_len_per_gpu,
-        infer_max_token_len_per_gpu=settings.max_token_len_per_gpu,
-        use_remove_padding=settings.use_remove_padding,
-        use_torch_compile=False,
-        ulysses_sequence_parallel_size=1,
-        seed=settings.seed,
+        use_dynamic_bsz=settings.use_dynamic_bsz, micro_batch_size_per_gpu=batch, infer_micro_batch_size_per_gpu=batch,
+        max_token_len_per_gpu=tokens, infer_max_token_len_per_gpu=tokens, use_torch_compile=False,
+        use_remove_padding=settings.use_remove_padding, ulysses_sequence_parallel_size=1, seed=settings.seed,
     )
-    return TrainingWorkerConfig(
-        model_type=_engine.REPEXP_MODEL_TYPE,
-        model_config=model_config,
-        engine_config=engine_config,
-        optimizer_config=None,
-        checkpoint_config=CheckpointConfig(),
-    )
+    return TrainingWorkerConfig(model_type=_engine.REPEXP_MODEL_TYPE, model_config=model_config, optimizer_config=None,
+                                engine_config=engine_config, checkpoint_config=CheckpointConfig())
 
 
 class RepExpActorRolloutRefWorker(ActorRolloutRefWorker):
