@@ -69,10 +69,8 @@ def _resolve_inputs(args: argparse.Namespace) -> tuple[Path, dict]:
             raise ValueError(f"{args.pointer}: lacks {key!r} (expected the JSON written by repexp select)")
     checkpoint_dir = Path(pointer["checkpoint_dir"])
     if Path(pointer["model_path"]) != layout.merged_model_dir(checkpoint_dir):
-        raise ValueError(
-            f"{args.pointer}: model_path {pointer['model_path']} is not {layout.merged_model_dir(checkpoint_dir)}; "
-            "is this a verl run?"
-        )
+        raise ValueError(f"{args.pointer}: model_path {pointer['model_path']} is not "
+                         f"{layout.merged_model_dir(checkpoint_dir)}; is this a verl run?")
     return checkpoint_dir, pointer
 
 
@@ -91,12 +89,7 @@ def run(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError, RuntimeError) as err:
         print(f"merge: {err}", file=sys.stderr)
         return 1
-    write_json_atomic(args.out, {
-        **pointer,
-        "checkpoint_dir": str(checkpoint_dir),
-        "checkpoint_step": step,
-        "model_path": str(model_path),
-        "needs_merge": False,
-    })
+    write_json_atomic(args.out, {**pointer, "checkpoint_dir": str(checkpoint_dir), "checkpoint_step": step,
+                                 "model_path": str(model_path), "needs_merge": False})
     print(f"merged step {step} into {model_path}", file=sys.stderr)
     return 0

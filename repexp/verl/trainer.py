@@ -116,18 +116,16 @@ class RepExpTrainer(PPOTrainerSync):
         super()._init_resource_pool_mgr()
         replaced = [role for role in ACTOR_ROLES if role in self.role_worker_mapping]
         if not replaced:
-            raise RuntimeError(
-                f"no actor role among {sorted(map(str, self.role_worker_mapping))}: verl's role mapping changed"
-            )
+            raise RuntimeError(f"no actor role among {sorted(map(str, self.role_worker_mapping))}: "
+                               "verl's role mapping changed")
         for role in replaced:
             self.role_worker_mapping[role] = ray.remote(RepExpActorRolloutRefWorker)
 
     # ------------------------------------------------------------------ the bonus
 
     def _hidden_means(self, batch: KVBatchMeta) -> torch.Tensor:
-        request = dataplane.worker_request(
-            batch, WORKER_FIELDS, {"temperature": 1.0, "compute_loss": False, "calculate_entropy": False}
-        )
+        request = dataplane.worker_request(batch, WORKER_FIELDS,
+                                           {"temperature": 1.0, "compute_loss": False, "calculate_entropy": False})
         output = self.actor_rollout_wg.compute_repexp_hidden_mean(request)
         if len(output) != len(batch):
             raise RuntimeError(f"representation forward returned {len(output)} rows for {len(batch)} keys")
@@ -150,16 +148,9 @@ class RepExpTrainer(PPOTrainerSync):
             rm_scores = data["rm_scores"]
             excluded = dataplane.padding_rows(batch) | torch.tensor([len(row) == 0 for row in rm_scores.unbind()])
             result = compute_step_bonus(
-                hidden,
-                dataplane.non_tensor_list(data, "uid"),
-                dataplane.row_sums(rm_scores).double(),
-                self.repexp,
-                beta=self.repexp.beta,
-                step=self.global_steps,
-                state=self.bonus_state,
-                excluded=excluded,
-                prompt_keys=_prompt_keys(data) if self.repexp.persist_covariance else None,
-            )
+                hidden, dataplane.non_tensor_list(data, "uid"), dataplane.row_sums(rm_scores).double(), self.repexp,
+                beta=self.repexp.beta, step=self.global_steps, state=self.bonus_state, excluded=excluded,
+                prompt_keys=_prompt_keys(data) if self.repexp.persist_covariance else None)
             shaped = dataplane.add_at_last_token(rm_scores, self.repexp.alpha, result.bonus_scaled.float())
             dataplane.write_fields(batch, {"rm_scores": shaped})
         metrics.update(_distinct_fraction(batch, data))
