@@ -28,9 +28,8 @@ def write_fields(batch: KVBatchMeta, fields: Mapping[str, torch.Tensor]) -> KVBa
     for name, value in fields.items():
         if value.shape[0] != len(batch):
             raise ValueError(f"field {name!r} has {value.shape[0]} rows for a batch of {len(batch)} keys")
-    return tq.kv_batch_put(
-        keys=list(batch.keys), partition_id=batch.partition_id, fields=TensorDict(dict(fields), batch_size=len(batch))
-    )
+    return tq.kv_batch_put(keys=list(batch.keys), partition_id=batch.partition_id,
+                           fields=TensorDict(dict(fields), batch_size=len(batch)))
 
 
 def worker_request(batch: KVBatchMeta, fields: Iterable[str], extra_info: Mapping) -> KVBatchMeta:
