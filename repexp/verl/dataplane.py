@@ -1,12 +1,9 @@
-"""Every TransferQueue access of the RepExp trainer, in one place.
+"""Every TransferQueue access of the RepExp trainer, in one place (verl may replace that data plane).
 
-verl 0.9.1's V1 trainer passes `KVBatchMeta` handles between stages and keeps the data in
-TransferQueue (one jagged row per trajectory key). verl may replace that data plane (see
-docs/verl_backend.md), so the trainer touches it only through these functions.
-
-Pitfalls handled here: ``select_fields`` silently drops a field that is missing for any key, so
-`read_fields` checks that everything asked for came back; a field written for only some keys
-becomes unreadable, so `write_fields` always writes every key of the batch (padding rows too).
+verl 0.9.1's V1 trainer passes `KVBatchMeta` handles between stages and keeps the data in TransferQueue
+(one jagged row per trajectory key). Pitfalls handled here: ``select_fields`` silently drops a field missing
+for any key, so `read_fields` checks everything came back; a field written for only some keys becomes
+unreadable, so `write_fields` always writes every key of the batch (padding rows too).
 """
 
 from __future__ import annotations
@@ -31,20 +28,14 @@ def write_fields(batch: KVBatchMeta, fields: Mapping[str, torch.Tensor]) -> KVBa
     for name, value in fields.items():
         if value.shape[0] != len(batch):
             raise ValueError(f"field {name!r} has {value.shape[0]} rows for a batch of {len(batch)} keys")
-    return tq.kv_batch_put(
-        keys=list(batch.keys), partition_id=batch.partition_id, fields=TensorDict(dict(fields), batch_size=len(batch))
-    )
+    return tq.kv_batch_put(keys=list(batch.keys), partition_id=batch.partition_id,
+                           fields=TensorDict(dict(fields), batch_size=len(batch)))
 
 
 def worker_request(batch: KVBatchMeta, fields: Iterable[str], extra_info: Mapping) -> KVBatchMeta:
     """A view of `batch` that makes verl's tqbridge fetch only `fields` for a worker call."""
-    return KVBatchMeta(
-        keys=list(batch.keys),
-        tags=list(batch.tags),
-        partition_id=batch.partition_id,
-        fields=list(fields),
-        extra_info=dict(extra_info),
-    )
+    return KVBatchMeta(keys=list(batch.keys), tags=list(batch.tags), partition_id=batch.partition_id,
+                       fields=list(fields), extra_info=dict(extra_info))
 
 
 def padding_rows(batch: KVBatchMeta) -> torch.Tensor:
@@ -58,33 +49,9 @@ def non_tensor_list(data: TensorDict, name: str) -> list:
     return list(value.tolist()) if hasattr(value, "tolist") else list(value)
 
 
-def dense_rows(field: torch.Tensor) -> torch.Tensor:
-    """A jagged (B, j=H) field of equal-length rows as a dense (B, H) tensor."""
-    if not field.is_nested:
-        return field
-    return field.to_padded_tensor(0.0)
-
-
 def row_sums(field: torch.Tensor) -> torch.Tensor:
-    """Per-row sums of a jagged (B, j) field (the verifier score of ``rm_scores``)."""
-    if not field.is_nested:
-        return field.sum(dim=-1)
-    offsets = field.offsets()
-    rows = torch.repeat_interleave(torch.arange(offsets.numel() - 1), offsets.diff())
-    return torch.zeros(offsets.numel() - 1, dtype=field.dtype).index_add_(0, rows, field.values())
-
-
-def row_lengths(field: torch.Tensor) -> torch.Tensor:
-    return field.offsets().diff() if field.is_nested else torch.full((field.shape[0],), field.shape[1])
-
-
-def token_rows(field: torch.Tensor) -> list[list[int]]:
-    """Each row of a jagged (B, j) token-id field as a list (``responses``: a row is exactly one response's
-    tokens, no padding). A dense field's rows are taken whole."""
-    if not field.is_nested:
-        return field.tolist()
-    offsets, values = field.offsets().tolist(), field.values().tolist()
-    return [values[start:end] for start, end in zip(offsets[:-1], offsets[1:])]
+    """Per-row sums of a (B, j) field, jagged or dense (the verifier score of ``rm_scores``)."""
+    return torch.stack([row.sum() for row in field.unbind()])
 
 
 def add_at_last_token(field: torch.Tensor, scale: float, addend: torch.Tensor) -> torch.Tensor:

@@ -1,21 +1,15 @@
 """`RepExpHiddenMeanEngine`: verl's FSDP engine, frozen and forward-only, returning response-mean hidden states.
 
-Registered in verl's `EngineRegistry` as model type ``repexp_hidden_mean`` (FSDP1 and FSDP2), so
-a plain `verl.workers.engine_workers.TrainingWorker` builds it from a `TrainingWorkerConfig`.
-Everything but two methods is verl's `FSDPEngineWithLMHead`: packing (remove padding), micro
-batching, dynamic batch size and its reordering, parameter CPU offload (forced by
-``forward_only``), mixed precision.
+Registered in verl's `EngineRegistry` as model type ``repexp_hidden_mean`` (FSDP1 and FSDP2), so a plain
+`TrainingWorker` builds it. All but two methods are verl's `FSDPEngineWithLMHead` (packing, micro and dynamic
+batching, CPU offload, mixed precision):
 
-- `_build_module` loads the *backbone* (`AutoModel`, e.g. `Qwen2Model`) from the causal-LM
-  checkpoint: no LM head and no vocabulary-sized logits. Its ``last_hidden_state`` is the output
-  of the final norm, the recipe's feature.
-- `prepare_model_outputs` pools that state over each sequence's response tokens
-  (`repexp.features`, the feature every consumer shares) and returns ``{"repexp_hidden_mean": (B, H) float32}``.
+- `_build_module` loads the *backbone* (`AutoModel`) of the causal-LM checkpoint: no LM head, no logits.
+  Its ``last_hidden_state`` is the output of the final norm, the recipe's feature.
+- `prepare_model_outputs` pools it over each response (`repexp.features`) into ``{"repexp_hidden_mean": (B, H)}``.
 
-Data layouts: ``input_ids`` is always jagged (prompt + response per row). Response lengths come
-from jagged ``responses`` (V1 trainer) or, in the legacy layout produced by
-`verl.workers.utils.padding.left_right_2_no_padding`, from the dense ``attention_mask`` over the
-last ``responses.shape[1]`` columns.
+``input_ids`` is always jagged (prompt + response). Response lengths come from jagged ``responses`` (V1
+trainer) or, in the legacy layout of `left_right_2_no_padding`, from the dense ``attention_mask``.
 """
 
 from __future__ import annotations
@@ -31,18 +25,6 @@ from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
 REPEXP_MODEL_TYPE = "repexp_hidden_mean"
 OUTPUT_KEY = "repexp_hidden_mean"
-# FSDP engines are registered for accelerators; "cpu" is the test platform of tests/verl_platform_cpu.py.
-ENGINE_DEVICES = ["cuda", "npu", "cpu"]
-
-
-def backbone_architecture(architecture: str) -> str:
-    """`Qwen2ForCausalLM` -> `Qwen2Model`, which verl's `get_hf_auto_model_class` maps to `AutoModel`."""
-    if "ForCausalLM" not in architecture:
-        raise ValueError(
-            f"representation model architecture {architecture!r} is not a *ForCausalLM; "
-            "RepExp features need a causal-LM checkpoint (the initial policy)"
-        )
-    return architecture.replace("ForCausalLM", "Model")
 
 
 def response_lengths_of(micro_batch: TensorDict) -> torch.Tensor:
@@ -56,7 +38,8 @@ def response_lengths_of(micro_batch: TensorDict) -> torch.Tensor:
     return attention_mask[:, -responses.shape[1]:].sum(dim=-1)
 
 
-@EngineRegistry.register(model_type=REPEXP_MODEL_TYPE, backend=["fsdp", "fsdp2"], device=ENGINE_DEVICES)
+# "cpu" beside the accelerators: the test platform of tests/verl_platform_cpu.py
+@EngineRegistry.register(model_type=REPEXP_MODEL_TYPE, backend=["fsdp", "fsdp2"], device=["cuda", "npu", "cpu"])
 class RepExpHiddenMeanEngine(FSDPEngineWithLMHead):
     def _build_module(self):
         if not self.engine_config.forward_only:
@@ -64,7 +47,13 @@ class RepExpHiddenMeanEngine(FSDPEngineWithLMHead):
         hf_config = self.model_config.hf_config
         saved_architectures = list(hf_config.architectures)
         saved_model_type = self.model_config.model_type
-        hf_config.architectures = [backbone_architecture(saved_architectures[0])]
+        if "ForCausalLM" not in saved_architectures[0]:
+            raise ValueError(
+                f"representation model architecture {saved_architectures[0]!r} is not a *ForCausalLM; "
+                "RepExp features need a causal-LM checkpoint (the initial policy)"
+            )
+        # `Qwen2ForCausalLM` -> `Qwen2Model`, which verl's `get_hf_auto_model_class` maps to `AutoModel`
+        hf_config.architectures = [saved_architectures[0].replace("ForCausalLM", "Model")]
         # verl's loader only knows language_model/value_model; the architecture now selects AutoModel
         self.model_config.model_type = "language_model"
         try:

@@ -21,7 +21,6 @@ from pathlib import Path
 from repexp import layout
 from repexp.checkpoints import is_complete
 from repexp.io import atomic_path, read_json, write_json_atomic
-from repexp.layout import merged_model_dir
 
 
 def checkpoint_step(checkpoint_dir: str | Path) -> int:
@@ -32,7 +31,10 @@ def checkpoint_step(checkpoint_dir: str | Path) -> int:
     return step
 
 
-def _check_checkpoint(checkpoint_dir: Path) -> Path:
+def merge_checkpoint(checkpoint_dir: str | Path) -> Path:
+    """Merge `checkpoint_dir`'s FSDP actor shards into ``actor/hf`` (idempotent, atomic); return that path."""
+    checkpoint_dir = Path(checkpoint_dir)
+    checkpoint_step(checkpoint_dir)
     hf_dir = checkpoint_dir.joinpath(*layout.VERL_HF_DIR)
     actor = hf_dir.parent
     if not checkpoint_dir.is_dir():
@@ -43,15 +45,7 @@ def _check_checkpoint(checkpoint_dir: Path) -> Path:
         raise FileNotFoundError(f"{hf_dir / 'config.json'}: missing; not an FSDP actor checkpoint")
     if not any(actor.glob("model_world_size_*_rank_0.pt")):
         raise FileNotFoundError(f"{actor}: no model_world_size_*_rank_0.pt shards")
-    return actor
-
-
-def merge_checkpoint(checkpoint_dir: str | Path) -> Path:
-    """Merge `checkpoint_dir`'s FSDP actor shards into ``actor/hf`` (idempotent, atomic); return that path."""
-    checkpoint_dir = Path(checkpoint_dir)
-    checkpoint_step(checkpoint_dir)
-    actor = _check_checkpoint(checkpoint_dir)
-    target = merged_model_dir(checkpoint_dir)
+    target = layout.merged_model_dir(checkpoint_dir)
     if (target / "config.json").exists():
         return target
     with atomic_path(target) as tmp:
@@ -74,11 +68,9 @@ def _resolve_inputs(args: argparse.Namespace) -> tuple[Path, dict]:
         if key not in pointer:
             raise ValueError(f"{args.pointer}: lacks {key!r} (expected the JSON written by repexp select)")
     checkpoint_dir = Path(pointer["checkpoint_dir"])
-    if Path(pointer["model_path"]) != merged_model_dir(checkpoint_dir):
-        raise ValueError(
-            f"{args.pointer}: model_path {pointer['model_path']} is not {merged_model_dir(checkpoint_dir)}; "
-            "is this a verl run?"
-        )
+    if Path(pointer["model_path"]) != layout.merged_model_dir(checkpoint_dir):
+        raise ValueError(f"{args.pointer}: model_path {pointer['model_path']} is not "
+                         f"{layout.merged_model_dir(checkpoint_dir)}; is this a verl run?")
     return checkpoint_dir, pointer
 
 
@@ -97,12 +89,7 @@ def run(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError, RuntimeError) as err:
         print(f"merge: {err}", file=sys.stderr)
         return 1
-    write_json_atomic(args.out, {
-        **pointer,
-        "checkpoint_dir": str(checkpoint_dir),
-        "checkpoint_step": step,
-        "model_path": str(model_path),
-        "needs_merge": False,
-    })
+    write_json_atomic(args.out, {**pointer, "checkpoint_dir": str(checkpoint_dir), "checkpoint_step": step,
+                                 "model_path": str(model_path), "needs_merge": False})
     print(f"merged step {step} into {model_path}", file=sys.stderr)
     return 0

@@ -1,15 +1,10 @@
-"""One `RunConfig` -> the Hydra overrides of ``python -m repexp.verl.train``.
+"""One `RunConfig` -> the Hydra overrides of ``python -m repexp.verl.train`` (pure but for `attention=None`).
 
-The node wrapper runs ``python -m repexp.verl.train <overrides...>``. Every setting of the run
-comes from the single `RunConfig`; nothing here reads the environment. Keys are plain overrides
-of keys that exist in the composed config (never ``+key``), so a misspelled key fails Hydra's
-struct check instead of being silently added. The bonus settings go as one override of one typed node,
-``actor_rollout_ref.repexp.bonus={...}``: the run's `BonusConfig`, every field (its schema is that
-dataclass, repexp/verl/config/__init__.py). Settings that verl reads from two places are set
-in both (PPO clip: ``clip_ratio`` *and* ``clip_ratio_low``/``clip_ratio_high``, since the
-latter win when set). `run_config.verl.overrides` (raw verl overrides) come last.
-
-Pure but for `attention=None` (below): no verl import.
+Every setting comes from the single `RunConfig`, never the environment. Keys are plain overrides of keys
+of the composed config (never ``+key``), so a misspelled key fails Hydra's struct check. The bonus goes as
+one override of one typed node, ``actor_rollout_ref.repexp.bonus={...}`` (schema: `BonusConfig`,
+repexp/verl/config/__init__.py). Settings verl reads from two places are set in both (PPO clip:
+``clip_ratio`` *and* ``clip_ratio_low``/``clip_ratio_high``, which win when set). `verl.overrides` come last.
 """
 
 from __future__ import annotations
@@ -45,21 +40,16 @@ def hydra_value(value: Any) -> str:
         return "{" + ",".join(f"{k}:{_quoted(v) if isinstance(v, str) else hydra_value(v)}"
                               for k, v in value.items()) + "}"
     text = str(value)
-    if _BARE.match(text) and text.lower() not in {"null", "true", "false"} and not _looks_numeric(text):
-        return text
+    try:
+        float(text)  # a string that reads as a number stays a string
+    except ValueError:
+        if _BARE.match(text) and text.lower() not in {"null", "true", "false"}:
+            return text
     return _quoted(text)
 
 
 def _quoted(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _looks_numeric(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _model_path(model: str) -> str:
@@ -68,25 +58,15 @@ def _model_path(model: str) -> str:
     return str(path.resolve()) if path.exists() else model
 
 
-def default_loggers(run_config: RunConfig) -> list[str]:
-    return ["console", "mlflow"] if run_config.tracking.tracking_uri else ["console"]
-
-
 def build_overrides(run_config: RunConfig, attention: Optional[Attention] = None, *,
                     loggers: Optional[Sequence[str]] = None, chunk_deadline: Optional[float] = None) -> list[str]:
     """The verl Hydra overrides of one training run (RepExp for beta > 0, the GRPO baseline for beta = 0).
 
-    ``attention``: what `repexp.verl.attention.resolve` decided on the job's node, for the actor and
-    the frozen representation model alike (`repexp run train` resolves and logs it once); None resolves
-    `verl.attn_implementation` on this machine (the one non-pure step: it tries to import flash_attn).
-
-    ``loggers`` defaults to console (+ mlflow when ``tracking.tracking_uri`` is set). verl's MLflow
-    logger reads ``MLFLOW_TRACKING_URI`` and ``MLFLOW_RUN_ID`` from the environment; the entry
-    point exports ``repexp_run.mlflow_tracking_uri`` unless the environment already sets it, and
-    the node wrapper sets ``MLFLOW_RUN_ID`` to log into its own run.
-
-    ``chunk_deadline``: when this allocation's walltime chunk must have saved and stopped (epoch
-    seconds, `repexp.walltime`); not part of the training config.
+    ``attention``: what `repexp.verl.attention.resolve` decided on the job's node (`repexp run train` resolves
+    and logs it once); None resolves `verl.attn_implementation` here (the one non-pure step: it imports flash_attn).
+    ``loggers`` defaults to console (+ mlflow when ``tracking.tracking_uri`` is set); verl's MLflow logger reads
+    ``MLFLOW_TRACKING_URI`` and ``MLFLOW_RUN_ID`` from the environment, which the entry point and node wrapper set.
+    ``chunk_deadline``: when this allocation's walltime chunk must have saved and stopped (epoch seconds).
     """
     rc = run_config
     # A RunConfig need not come from a checked pipeline config: the pipeline's own rules, not copies.
@@ -110,10 +90,8 @@ def build_overrides(run_config: RunConfig, attention: Optional[Attention] = None
         ("data.truncation", "error"),
         ("data.shuffle", True),
         ("data.seed", rc.seed),
-        # GRPO without KL: no reference model is built (verl's need_reference_policy)
-        ("algorithm.adv_estimator", "grpo"),
+        # GRPO without KL (adv_estimator, use_kl_in_reward, use_kl_loss, kl_loss_coef: repexp_trainer.yaml)
         ("algorithm.norm_adv_by_std_in_grpo", True),
-        ("algorithm.use_kl_in_reward", False),
         ("actor_rollout_ref.model.path", model),
         ("actor_rollout_ref.model.use_remove_padding", attention.packing),
         ("actor_rollout_ref.model.override_config.attn_implementation", attention.implementation),
@@ -124,8 +102,6 @@ def build_overrides(run_config: RunConfig, attention: Optional[Attention] = None
         ("actor_rollout_ref.actor.ppo_mini_batch_size", train.ppo_mini_batch_size),
         ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", train.micro_batch_size_per_gpu),
         ("actor_rollout_ref.actor.ppo_epochs", 1),
-        ("actor_rollout_ref.actor.use_kl_loss", False),
-        ("actor_rollout_ref.actor.kl_loss_coef", 0.0),
         ("actor_rollout_ref.actor.entropy_coeff", train.entropy_coeff),
         ("actor_rollout_ref.actor.loss_agg_mode", train.loss_agg_mode),
         ("actor_rollout_ref.actor.clip_ratio", train.clip_ratio),
@@ -160,7 +136,8 @@ def build_overrides(run_config: RunConfig, attention: Optional[Attention] = None
         # trainer: layout under the run directory, resumable, our own checkpoint pruning
         ("trainer.project_name", rc.tracking.experiment or rc.config_name),
         ("trainer.experiment_name", f"{rc.task}/{rc.run}"),
-        ("trainer.logger", list(loggers) if loggers is not None else default_loggers(rc)),
+        ("trainer.logger", list(loggers) if loggers is not None else
+         ["console", "mlflow"] if rc.tracking.tracking_uri else ["console"]),
         ("trainer.n_gpus_per_node", verl.n_gpus_per_node),
         ("trainer.nnodes", verl.nnodes),
         ("trainer.total_epochs", train.total_epochs),

@@ -9,24 +9,18 @@ key for extra keyword arguments without adding one (``+reward...``).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Optional
 
 FUNCTION_NAMES = {"repexp": "compute_score", "paper": "compute_score_paper"}
 
 
-def compute_score(
-    data_source: str, solution_str: str, ground_truth: str, extra_info: Optional[dict] = None, **kwargs: Any
-) -> float:
-    """The repexp grader."""
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Optional[dict] = None,
+                  grader: str = "repexp", **kwargs: Any) -> float:
     from repexp.verify import score
 
-    return float(score(data_source, solution_str, ground_truth, grader="repexp"))
+    return float(score(data_source, solution_str, ground_truth, grader=grader))
 
 
-def compute_score_paper(
-    data_source: str, solution_str: str, ground_truth: str, extra_info: Optional[dict] = None, **kwargs: Any
-) -> float:
-    """The paper grader (the recipe's strict GSM8K, Hendrycks MATH and Math-Verify AIME scorers)."""
-    from repexp.verify import score
-
-    return float(score(data_source, solution_str, ground_truth, grader="paper"))
+# the recipe's strict GSM8K, Hendrycks MATH and Math-Verify AIME scorers
+compute_score_paper = partial(compute_score, grader="paper")

@@ -1,9 +1,7 @@
 """The ``actor_rollout_ref.repexp`` and ``repexp_run`` config nodes as checked dataclasses (pure, no verl).
 
-verl never converts these nodes, so nothing else would notice a misspelled or out-of-range key:
-`RepExpSettings.from_mapping` rejects unknown keys and bad values with the full key name.
-`TRAINER_MODE` and `run_dir_of` are here, not in `train`, because both the entry (`train`) and the
-trainer it registers (`trainer`) read them: `train` imports `trainer`, so `trainer` must not import `train`.
+verl never converts these nodes, so `from_mapping` rejects unknown keys and bad values with the full key name.
+`TRAINER_MODE` and `run_dir_of` live here because both `train` and the trainer it imports read them.
 """
 
 from __future__ import annotations
@@ -24,11 +22,6 @@ BONUS_KEY = "bonus"  # NODE's sub-node holding the pipeline's BonusConfig (confi
 RUN_NODE = "repexp_run"
 TRAINER_MODE = "repexp"  # trainer.v1.trainer_mode under which repexp.verl.trainer registers RepExpTrainer
 DTYPES = ("bf16", "fp16", "fp32")
-# This node's own settings that are the pipeline config's `verl` section's too: name → (section dataclass, field).
-PIPELINE_FIELDS = {
-    "strategy": (VerlConfig, "strategy"),
-    "micro_batch_size_per_gpu": (VerlConfig, "repexp_micro_batch_size_per_gpu"),
-}
 
 
 @dataclass(kw_only=True)
@@ -55,7 +48,7 @@ class RepExpSettings(BonusConfig):
     @property
     def bonus(self) -> BonusConfig:
         """The `BonusConfig` part, as the pipeline config has it."""
-        return BonusConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(BonusConfig)})
+        return BonusConfig(**{name: getattr(self, name) for name in _BONUS_FIELDS})
 
     @property
     def enabled(self) -> bool:
@@ -76,15 +69,14 @@ class RepExpSettings(BonusConfig):
         return settings
 
     def _check(self, where: str) -> None:
-        # Settings the pipeline config also has: its per-field rules (this node is also read from
-        # hand-written overrides that no pipeline config checked).
-        for name, (cls, field) in PIPELINE_FIELDS.items():
-            check_value(f"{where}.{name}", getattr(self, name), cls, field)
+        # the pipeline config's per-field rules for the settings it shares (hand-written overrides reach here unchecked)
+        check_value(f"{where}.strategy", self.strategy, VerlConfig, "strategy")
+        check_value(f"{where}.micro_batch_size_per_gpu", self.micro_batch_size_per_gpu, VerlConfig,
+                    "repexp_micro_batch_size_per_gpu")
         # beta = 0 is the GRPO baseline here, where the sweep's betas are RepExp's (> 0)
         _require(self.beta >= 0, f"{where}.beta", f"must be >= 0, got {self.beta}")
-        if self.enabled:
-            _require(self.sparse_dim is not None and self.sparse_dim >= 1, f"{where}.sparse_dim",
-                     f"must be >= 1 when beta > 0, got {self.sparse_dim}")
+        _require(not self.enabled or self.sparse_dim is not None and self.sparse_dim >= 1, f"{where}.sparse_dim",
+                 f"must be >= 1 when beta > 0, got {self.sparse_dim}")
         _require(self.seed >= 0, f"{where}.seed", f"must be >= 0, got {self.seed}")
         _require(self.dtype in DTYPES, f"{where}.dtype", f"{self.dtype!r} is not one of {DTYPES}")
         _require(self.max_token_len_per_gpu >= 1, f"{where}.max_token_len_per_gpu", "must be >= 1")
@@ -101,18 +93,28 @@ class RunSettings:
     mlflow_tracking_uri: Optional[str] = None
 
     @classmethod
+    def of(cls, config: DictConfig) -> RunSettings:
+        return cls.from_mapping(OmegaConf.to_container(config.get(RUN_NODE, {}), resolve=True))
+
+    @classmethod
     def from_mapping(cls, raw: Mapping[str, Any], where: str = RUN_NODE) -> RunSettings:
         settings = cls(**_strict_fields(dataclasses.fields(cls), raw, where))
-        if settings.max_checkpoints_to_keep is not None:
-            _require(settings.max_checkpoints_to_keep >= 1, f"{where}.max_checkpoints_to_keep", "must be >= 1 or null")
-        if settings.chunk_deadline is not None:
-            _require(settings.chunk_deadline > 0, f"{where}.chunk_deadline", "must be > 0 (epoch seconds) or null")
+        keep, deadline = settings.max_checkpoints_to_keep, settings.chunk_deadline
+        _require(keep is None or keep >= 1, f"{where}.max_checkpoints_to_keep", "must be >= 1 or null")
+        _require(deadline is None or deadline > 0, f"{where}.chunk_deadline", "must be > 0 (epoch seconds) or null")
         return settings
+
+
+def repexp_settings(actor_rollout_ref: DictConfig) -> RepExpSettings:
+    node = actor_rollout_ref.get("repexp")
+    if node is None:
+        raise ValueError("actor_rollout_ref.repexp: missing; launch through python -m repexp.verl.train")
+    return RepExpSettings.from_mapping(OmegaConf.to_container(node, resolve=True))
 
 
 def run_dir_of(config: DictConfig) -> Path:
     """The run directory; verl's checkpoint dir must be ``<run_dir>/checkpoints`` (the shared layout)."""
-    run = RunSettings.from_mapping(OmegaConf.to_container(config.get(RUN_NODE, {}), resolve=True))
+    run = RunSettings.of(config)
     local_dir = Path(config.trainer.default_local_dir)
     run_dir = Path(run.run_dir) if run.run_dir else local_dir.parent
     expected = layout.checkpoints_dir(run_dir)
@@ -129,9 +131,14 @@ def _require(ok: bool, key: str, message: str) -> None:
         raise ValueError(f"{key}: {message}")
 
 
+# annotation -> (accepted types, what the error says is expected); bools are ints to Python, so only "bool" takes them
+_TYPES = {"bool": (bool, "true/false"), "int": (int, "an integer"), "float": ((int, float), "a number"),
+          "str": (str, "a string")}
+
+
 def _strict_fields(fields: Sequence[dataclasses.Field], raw: Mapping[str, Any], where: str) -> dict:
-    """The values of `raw` for these fields, type-checked by each field's annotation (a string: this module
-    has ``from __future__ import annotations``); unknown keys, nulls where none is allowed and missing
+    """The values of `raw` for these fields, type-checked by each field's annotation (a string, from
+    ``from __future__ import annotations``); unknown keys, nulls where none is allowed and missing
     required keys raise ValueError naming the full key."""
     known = {f.name: f for f in fields}
     unknown = sorted(set(raw) - set(known))
@@ -145,21 +152,10 @@ def _strict_fields(fields: Sequence[dataclasses.Field], raw: Mapping[str, Any], 
     for name, value in raw.items():
         kind = known[name].type
         base = kind.removeprefix("Optional[").removesuffix("]")
-        key = f"{where}.{name}"
-        if value is None:
-            if base == kind:
-                raise ValueError(f"{key}: must not be null")
-        elif base == "bool":
-            if not isinstance(value, bool):
-                raise ValueError(f"{key}: expected true/false, got {value!r}")
-        elif base == "int":
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"{key}: expected an integer, got {value!r}")
-        elif base == "float":
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"{key}: expected a number, got {value!r}")
-            value = float(value)
-        elif not isinstance(value, str):
-            raise ValueError(f"{key}: expected a string, got {value!r}")
-        values[name] = value
+        if value is None and base == kind:
+            raise ValueError(f"{where}.{name}: must not be null")
+        types, expected = _TYPES[base]
+        if value is not None and (not isinstance(value, types) or isinstance(value, bool) != (base == "bool")):
+            raise ValueError(f"{where}.{name}: expected {expected}, got {value!r}")
+        values[name] = float(value) if base == "float" and value is not None else value
     return values

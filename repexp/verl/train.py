@@ -1,12 +1,9 @@
 """``python -m repexp.verl.train [overrides...]``: RepExp (or GRPO, beta = 0) on verl 0.9.1.
 
-A Hydra app composed on verl's own ``ppo_trainer`` config (``hydra.searchpath`` +
-``config/repexp_trainer.yaml``). It validates the config with verl's `validate_config` plus the
-RepExp checks below and hands it to verl's `run_ppo` with a TaskRunner whose only addition is
-importing `repexp.verl.trainer`, which registers `RepExpTrainer` as trainer mode ``repexp``.
-Nothing of verl is copied. `repexp.verl.overrides.build_overrides` turns a pipeline `RunConfig`
-into the overrides. When verl returns, ``<run_dir>/DONE`` is written last (JSON: final step,
-best-dev step and value, wall time), as the training-run contract asks.
+A Hydra app composed on verl's own ``ppo_trainer`` config (``config/repexp_trainer.yaml``). It validates
+the config (verl's `validate_config` plus the RepExp checks) and runs verl's `run_ppo` with a TaskRunner
+that also imports `repexp.verl.trainer` (registering trainer mode ``repexp``). When verl returns,
+``<run_dir>/DONE`` is written last (final step, best-dev step and value, wall time).
 """
 
 from __future__ import annotations
@@ -17,13 +14,13 @@ from pathlib import Path
 
 import hydra
 import ray
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 
 from repexp import checkpoints, layout, tracking
 from repexp.checkpoints import BestDevTracker, complete_steps
 from repexp.config import check_repexp_micro_batch, check_save_freq
 from repexp.verl import config as _schemas  # noqa: F401  stores the bonus node's schema before Hydra composes
-from repexp.verl.settings import RUN_NODE, TRAINER_MODE, RepExpSettings, RunSettings, run_dir_of
+from repexp.verl.settings import TRAINER_MODE, RepExpSettings, RunSettings, repexp_settings, run_dir_of
 from repexp.walltime import read_chunk_end
 
 from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
@@ -34,7 +31,7 @@ from verl.utils.device import auto_set_device
 
 def check_config(config: DictConfig) -> RepExpSettings:
     """What RepExp needs plus verl's own validation; raises ValueError naming the key."""
-    settings = RepExpSettings.from_mapping(OmegaConf.to_container(config.actor_rollout_ref.repexp, resolve=True))
+    settings = repexp_settings(config.actor_rollout_ref)
     run_dir_of(config)
     if config.trainer.v1.trainer_mode != TRAINER_MODE:
         raise ValueError(f"trainer.v1.trainer_mode: must be {TRAINER_MODE!r}, got {config.trainer.v1.trainer_mode!r}")
@@ -52,11 +49,7 @@ def check_config(config: DictConfig) -> RepExpSettings:
             config.actor_rollout_ref.actor.ppo_mini_batch_size * config.actor_rollout_ref.rollout.n,
             "actor_rollout_ref.repexp.micro_batch_size_per_gpu",
             remedy=" (or set actor_rollout_ref.repexp.use_dynamic_bsz=true)")
-    validate_config(
-        config=config,
-        use_reference_policy=need_reference_policy(config),
-        use_critic=need_critic(config),
-    )
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     return settings
 
 
@@ -100,13 +93,13 @@ def launch(config: DictConfig) -> None:
     auto_set_device(config)
     check_config(config)
     run_dir = run_dir_of(config)
-    os.makedirs(run_dir, exist_ok=True)
-    run = RunSettings.from_mapping(OmegaConf.to_container(config.get(RUN_NODE, {}), resolve=True))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    run = RunSettings.of(config)
     if run.mlflow_tracking_uri:
         # before ray.init: the TaskRunner (where verl's Tracking lives) inherits this environment
         os.environ.setdefault("MLFLOW_TRACKING_URI", run.mlflow_tracking_uri)
     use_node_run(config)
-    (Path(run_dir) / layout.CHUNK_END).unlink(missing_ok=True)
+    (run_dir / layout.CHUNK_END).unlink(missing_ok=True)
     run_ppo(config, task_runner_class=RepExpTaskRunner)
     chunk = read_chunk_end(run_dir)
     if chunk is not None:  # the trainer stopped for the walltime (repexp.walltime): no DONE yet

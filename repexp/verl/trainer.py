@@ -2,28 +2,22 @@
 
 What it changes, each through an overridable method of verl's `PPOTrainer`:
 
-- `_init_resource_pool_mgr`: the actor role runs `RepExpActorRolloutRefWorker` (which builds the
-  frozen representation engine when beta > 0).
-- `_compute_advantage` (runs after batch balancing, while vLLM sleeps; training only, since
-  verl's `_validate` never calls it): hidden-state forward on the workers, bonus on the driver
-  (`repexp.bonus_step`, the step the TRL backend runs too), then verl's own advantage computation on
-  ``alpha * score + beta * bonus``. Afterwards ``rm_scores`` is restored to the verifier score
-  and ``token_level_rewards`` holds the shaped reward, so verl's ``critic/score`` stays comparable
-  with plain GRPO and ``critic/rewards`` shows what was optimised. beta = 0 (the GRPO baseline)
-  leaves verl's computation untouched and builds no representation model. Both log the group
-  metrics and ``rollout/distinct_frac`` (distinct ``responses`` per uid, padding rows left out).
+- `_init_resource_pool_mgr`: the actor role runs `RepExpActorRolloutRefWorker`.
+- `_compute_advantage` (after batch balancing, while vLLM sleeps; `_validate` never calls it): hidden-state
+  forward on the workers, bonus on the driver (`repexp.bonus_step`, shared with TRL), then verl's own
+  advantage on ``alpha * score + beta * bonus``. Afterwards ``rm_scores`` is the verifier score again and
+  ``token_level_rewards`` the shaped reward, so ``critic/score`` stays comparable with plain GRPO and
+  ``critic/rewards`` shows what was optimised. beta = 0 (the GRPO baseline) leaves verl's computation
+  untouched. Both log the group metrics and ``rollout/distinct_frac`` (padding rows left out).
 - `_val_metrics_update`: adds unbiased ``dev/pass_at_k`` and records it in ``best_dev.json``
-  (`repexp.checkpoints.BestDevTracker`, same file as the TRL backend).
-- `_save_checkpoint` / `_load_checkpoint`: the persistent covariance is saved into
-  ``global_step_N/repexp_state.pt``, the training time used into ``budget.json``; a checkpoint is
-  marked complete only after verl's save returns; old checkpoints are pruned to
-  ``max_checkpoints_to_keep`` (the best-dev one is kept without its optimizer state);
-  ``trainer.resume_mode=auto`` restores the covariance and the training time together with the
-  weights and the data order.
-- `on_train_begin` / `on_step_end`: walltime chunks (``repexp_run.chunk_deadline``, set by
-  `repexp run train` under SLURM; `repexp.walltime`): when another step and a save would not end
-  before the deadline, the step just trained is saved (unless verl's schedule just did), made the
-  last one of this process, and ``CHUNK_END`` is written; `repexp.verl.train` then skips `DONE`.
+  (`repexp.checkpoints.BestDevTracker`, as TRL).
+- `_save_checkpoint` / `_load_checkpoint`: the persistent covariance goes into ``global_step_N/repexp_state.pt``,
+  the training time used into ``budget.json``; a checkpoint is marked complete only after verl's save
+  returns; old ones are pruned to ``max_checkpoints_to_keep`` (the best-dev one kept without optimizer
+  state); ``trainer.resume_mode=auto`` restores covariance and training time with the weights and data order.
+- `on_train_begin` / `on_step_end`: walltime chunks (``repexp_run.chunk_deadline``; `repexp.walltime`): when
+  another step and a save would not end before the deadline, the step just trained is saved, made the last
+  of this process, and ``CHUNK_END`` written; `repexp.verl.train` then skips `DONE`.
 - Every logged step is also appended to ``<run_dir>/metrics.jsonl`` (`{"step": N, <metric>: value}`).
 """
 
@@ -38,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import ray
 import torch
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 from transfer_queue import KVBatchMeta
 
 from repexp import layout
@@ -55,9 +49,9 @@ from repexp.checkpoints import (
 from repexp.io import atomic_path, write_text_atomic
 from repexp.verl import dataplane
 from repexp.verl.engine import OUTPUT_KEY
-from repexp.verl.settings import RUN_NODE, TRAINER_MODE, RunSettings, run_dir_of
+from repexp.verl.settings import TRAINER_MODE, RunSettings, repexp_settings, run_dir_of
 from repexp.verl.validation import dev_pass_at_k
-from repexp.verl.worker import WORKER_FIELDS, RepExpActorRolloutRefWorker, repexp_settings
+from repexp.verl.worker import WORKER_FIELDS, RepExpActorRolloutRefWorker
 from repexp.walltime import ChunkClock, write_chunk_end
 
 from verl.trainer.ppo.utils import Role
@@ -67,11 +61,9 @@ from verl.utils.debug import marked_timer
 
 logger = logging.getLogger(__name__)
 
-STATE_FILE = layout.VERL_STATE
-METRICS_FILE = layout.METRICS
 # Files of a verl checkpoint that only resuming reads (the kept best-dev checkpoint drops them;
 # `repexp merge` needs the model shards, fsdp_config.json and huggingface/ only).
-RESUME_ONLY = ("actor/optim_world_size_*", "actor/extra_state_world_size_*", "data.pt", STATE_FILE)
+RESUME_ONLY = ("actor/optim_world_size_*", "actor/extra_state_world_size_*", "data.pt", layout.VERL_STATE)
 ACTOR_ROLES = (Role.ActorRolloutRef, Role.ActorRollout, Role.Actor)
 
 
@@ -84,17 +76,12 @@ class JsonlMetricsLogger:
     def log(self, data: dict, step: int) -> None:
         row = {"step": int(step)}
         for key, value in data.items():
-            if isinstance(value, torch.Tensor):
-                value = value.item() if value.numel() == 1 else None
-            if isinstance(value, (np.generic,)):
+            if isinstance(value, np.generic) or isinstance(value, torch.Tensor) and value.numel() == 1:
                 value = value.item()
             if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
                 row[key] = value
         with self.path.open("a") as handle:
             handle.write(json.dumps(row, sort_keys=True) + "\n")
-
-    def finish(self) -> None:
-        return None
 
     def truncate_after(self, step: int) -> None:
         """On (re)start from `step`: drop lines the restored state has not seen (all of them when step is 0,
@@ -110,7 +97,7 @@ class JsonlMetricsLogger:
 class RepExpTrainer(PPOTrainerSync):
     def __init__(self, config: DictConfig):
         self.repexp = repexp_settings(config.actor_rollout_ref)
-        self.run_settings = RunSettings.from_mapping(OmegaConf.to_container(config.get(RUN_NODE, {}), resolve=True))
+        self.run_settings = RunSettings.of(config)
         self.run_dir = run_dir_of(config)
         # any mode other than "sync" switches verl to its async code paths
         with open_dict(config):
@@ -119,7 +106,7 @@ class RepExpTrainer(PPOTrainerSync):
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.best_dev = BestDevTracker.load(self.run_dir)
         self.bonus_state = BonusState(self.repexp, sparse_dim=self.repexp.sparse_dim, seed=self.repexp.seed)
-        self.metrics_logger = JsonlMetricsLogger(self.run_dir / METRICS_FILE)
+        self.metrics_logger = JsonlMetricsLogger(self.run_dir / layout.METRICS)
         self.training_time = TrainingTime()  # resumed in _load_checkpoint
         self.clock = ChunkClock(self.run_settings.chunk_deadline)
 
@@ -129,23 +116,21 @@ class RepExpTrainer(PPOTrainerSync):
         super()._init_resource_pool_mgr()
         replaced = [role for role in ACTOR_ROLES if role in self.role_worker_mapping]
         if not replaced:
-            raise RuntimeError(
-                f"no actor role among {sorted(map(str, self.role_worker_mapping))}: verl's role mapping changed"
-            )
+            raise RuntimeError(f"no actor role among {sorted(map(str, self.role_worker_mapping))}: "
+                               "verl's role mapping changed")
         for role in replaced:
             self.role_worker_mapping[role] = ray.remote(RepExpActorRolloutRefWorker)
 
     # ------------------------------------------------------------------ the bonus
 
     def _hidden_means(self, batch: KVBatchMeta) -> torch.Tensor:
-        request = dataplane.worker_request(
-            batch, WORKER_FIELDS, {"temperature": 1.0, "compute_loss": False, "calculate_entropy": False}
-        )
+        request = dataplane.worker_request(batch, WORKER_FIELDS,
+                                           {"temperature": 1.0, "compute_loss": False, "calculate_entropy": False})
         output = self.actor_rollout_wg.compute_repexp_hidden_mean(request)
         if len(output) != len(batch):
             raise RuntimeError(f"representation forward returned {len(output)} rows for {len(batch)} keys")
-        hidden = dataplane.read_fields(batch, [OUTPUT_KEY])[OUTPUT_KEY]
-        return dataplane.dense_rows(hidden)
+        hidden = dataplane.read_fields(batch, [OUTPUT_KEY])[OUTPUT_KEY]  # jagged (B, j=H): equal-length rows
+        return hidden.to_padded_tensor(0.0) if hidden.is_nested else hidden
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         if not self.repexp.enabled:
@@ -161,18 +146,11 @@ class RepExpTrainer(PPOTrainerSync):
             names = ["uid", "rm_scores", "responses"] + (["extra_info"] if self.repexp.persist_covariance else [])
             data = dataplane.read_fields(batch, names)
             rm_scores = data["rm_scores"]
-            excluded = dataplane.padding_rows(batch) | (dataplane.row_lengths(rm_scores) == 0)
+            excluded = dataplane.padding_rows(batch) | torch.tensor([len(row) == 0 for row in rm_scores.unbind()])
             result = compute_step_bonus(
-                hidden,
-                dataplane.non_tensor_list(data, "uid"),
-                dataplane.row_sums(rm_scores).double(),
-                self.repexp,
-                beta=self.repexp.beta,
-                step=self.global_steps,
-                state=self.bonus_state,
-                excluded=excluded,
-                prompt_keys=_prompt_keys(data) if self.repexp.persist_covariance else None,
-            )
+                hidden, dataplane.non_tensor_list(data, "uid"), dataplane.row_sums(rm_scores).double(), self.repexp,
+                beta=self.repexp.beta, step=self.global_steps, state=self.bonus_state, excluded=excluded,
+                prompt_keys=_prompt_keys(data) if self.repexp.persist_covariance else None)
             shaped = dataplane.add_at_last_token(rm_scores, self.repexp.alpha, result.bonus_scaled.float())
             dataplane.write_fields(batch, {"rm_scores": shaped})
         metrics.update(_distinct_fraction(batch, data))
@@ -206,7 +184,7 @@ class RepExpTrainer(PPOTrainerSync):
         step_dir = checkpoint_dir(self.run_dir, self.global_steps)
         if self.repexp.enabled and self.repexp.persist_covariance:
             step_dir.mkdir(parents=True, exist_ok=True)
-            with atomic_path(step_dir / STATE_FILE) as tmp:
+            with atomic_path(step_dir / layout.VERL_STATE) as tmp:
                 torch.save(self.bonus_state.state_dict(), tmp)
         started = time.monotonic()
         super()._save_checkpoint()
@@ -244,9 +222,6 @@ class RepExpTrainer(PPOTrainerSync):
     def _load_checkpoint(self):
         super()._load_checkpoint()
         step = self.global_steps
-        if step > 0:  # training time counts on from what the resumed checkpoint had used
-            self.training_time = TrainingTime.resume(checkpoint_dir(self.run_dir, step),
-                                                     started=self.training_time.started)
         # forget what a previous attempt logged after the state we resume from
         self.metrics_logger.truncate_after(step)
         self.best_dev.history = [entry for entry in self.best_dev.history if entry["step"] <= step]
@@ -254,12 +229,14 @@ class RepExpTrainer(PPOTrainerSync):
         if step == 0:
             return
         step_dir = checkpoint_dir(self.run_dir, step)
+        # training time counts on from what the resumed checkpoint had used
+        self.training_time = TrainingTime.resume(step_dir, started=self.training_time.started)
         if not is_complete(step_dir):
             # verl writes latest_checkpointed_iteration.txt as the last act of its save: the files are all there
             mark_complete(step_dir)
             self.best_dev.write()
         if self.repexp.enabled and self.repexp.persist_covariance:
-            state_path = step_dir / STATE_FILE
+            state_path = step_dir / layout.VERL_STATE
             if not state_path.exists():
                 raise FileNotFoundError(f"{state_path}: missing; cannot resume the persistent covariance")
             self.bonus_state.load_state_dict(torch.load(state_path, weights_only=False))
@@ -268,8 +245,8 @@ class RepExpTrainer(PPOTrainerSync):
 
     def _attach_metrics_logger(self) -> None:
         tracking = getattr(self, "logger", None)
-        if tracking is not None and METRICS_FILE not in tracking.logger:
-            tracking.logger[METRICS_FILE] = self.metrics_logger
+        if tracking is not None and layout.METRICS not in tracking.logger:
+            tracking.logger[layout.METRICS] = self.metrics_logger
 
     def on_validate_begin(self):
         self._attach_metrics_logger()
@@ -284,7 +261,7 @@ class RepExpTrainer(PPOTrainerSync):
 def _distinct_fraction(batch: KVBatchMeta, data) -> dict[str, float]:
     """`rollout/distinct_frac` of the step from the rows' ``responses`` per uid, without verl's padding rows."""
     padding = dataplane.padding_rows(batch).tolist()
-    rows = zip(dataplane.non_tensor_list(data, "uid"), dataplane.token_rows(data["responses"]), padding)
+    rows = zip(dataplane.non_tensor_list(data, "uid"), (row.tolist() for row in data["responses"].unbind()), padding)
     kept = [(uid, tokens) for uid, tokens, is_padding in rows if not is_padding]
     return metric_names.distinct_fraction([uid for uid, _ in kept], [tokens for _, tokens in kept])
 

@@ -17,8 +17,8 @@ import numpy as np
 from repexp.metrics import dev_metrics
 
 
-def per_problem_counts(uids: Sequence[str], scores: Sequence[float]) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """Problems (first-seen order), samples n and correct samples c per problem."""
+def dev_pass_at_k(uids: Sequence[str], scores: Sequence[float]) -> dict[str, float]:
+    """``dev/pass_at_k`` for k = 1, 2, 4, ... up to the smallest per-problem sample count, plus bookkeeping."""
     if len(uids) != len(scores):
         raise ValueError(f"got {len(uids)} uids but {len(scores)} scores")
     if not uids:
@@ -26,13 +26,6 @@ def per_problem_counts(uids: Sequence[str], scores: Sequence[float]) -> tuple[li
     bad = sorted({float(s) for s in scores} - {0.0, 1.0})
     if bad:
         raise ValueError(f"dev pass@k needs 0/1 verifier scores, got {bad[:5]}")
-    order = list(dict.fromkeys(uids))
-    n = Counter(uids)
+    n = Counter(uids)  # samples per problem, first-seen order
     c = Counter(uid for uid, score in zip(uids, scores) if float(score) == 1.0)
-    return order, np.array([n[u] for u in order]), np.array([c[u] for u in order])
-
-
-def dev_pass_at_k(uids: Sequence[str], scores: Sequence[float]) -> dict[str, float]:
-    """``dev/pass_at_k`` for k = 1, 2, 4, ... up to the smallest per-problem sample count, plus bookkeeping."""
-    _, n, c = per_problem_counts(uids, scores)
-    return dev_metrics(n, c)
+    return dev_metrics(np.array(list(n.values())), np.array([c[u] for u in n]))

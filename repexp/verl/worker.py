@@ -1,24 +1,20 @@
 """`RepExpActorRolloutRefWorker`: verl's hybrid actor worker plus a frozen representation engine.
 
-verl's `ActorRolloutRefWorker` already holds inner `TrainingWorker`s for the actor and the
-reference model; we add a third, built from `build_repexp_worker_config` (model type
-``repexp_hidden_mean``, forward only, parameters offloaded to CPU, no optimizer), on the same
-GPUs and in the same process as the actor. It exists only when ``actor_rollout_ref.repexp.beta``
-is positive; the GRPO baseline builds nothing.
-
-``compute_repexp_hidden_mean`` is dispatched like verl's ``compute_ref_log_prob``: the driver
-passes a TransferQueue `KVBatchMeta`, verl's ``tqbridge`` fetches this rank's rows and writes
-the returned ``repexp_hidden_mean`` (jagged ``(B, j=H)``) back under the same keys.
+Besides verl's inner `TrainingWorker`s for actor and reference, a third one (model type
+``repexp_hidden_mean``, forward only, parameters offloaded to CPU, no optimizer) on the actor's GPUs and
+process; only when ``actor_rollout_ref.repexp.beta`` > 0. ``compute_repexp_hidden_mean`` is dispatched like
+verl's ``compute_ref_log_prob``: verl's ``tqbridge`` fetches this rank's rows of the driver's `KVBatchMeta`
+and writes the returned ``repexp_hidden_mean`` (jagged ``(B, j=H)``) back under the same keys.
 """
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tensordict import TensorDict
 
 from repexp.verl import engine as _engine  # registers the engine in every worker process
 from repexp.verl.compat import patch_trl_value_head_import
-from repexp.verl.settings import RepExpSettings
+from repexp.verl.settings import repexp_settings
 
 from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 from verl.trainer.config import CheckpointConfig
@@ -31,47 +27,25 @@ REPEXP_MESH = "repexp"
 WORKER_FIELDS = ("input_ids", "position_ids", "responses", "loss_mask")
 
 
-def repexp_settings(actor_rollout_ref: DictConfig) -> RepExpSettings:
-    node = actor_rollout_ref.get("repexp")
-    if node is None:
-        raise ValueError("actor_rollout_ref.repexp: missing; launch through python -m repexp.verl.train")
-    return RepExpSettings.from_mapping(OmegaConf.to_container(node, resolve=True))
-
-
 def build_repexp_worker_config(actor_rollout_ref: DictConfig) -> TrainingWorkerConfig:
     """The `TrainingWorkerConfig` of the frozen representation model (default: the initial policy)."""
     settings = repexp_settings(actor_rollout_ref)
     model = actor_rollout_ref.model
     model_config = HFModelConfig(
-        path=settings.representation_model or model.path,
-        trust_remote_code=bool(model.get("trust_remote_code", False)),
-        use_shm=bool(model.get("use_shm", False)),
-        use_remove_padding=settings.use_remove_padding,
-        enable_gradient_checkpointing=False,
-        override_config={"attn_implementation": settings.attn_implementation},
+        path=settings.representation_model or model.path, use_shm=bool(model.get("use_shm", False)),
+        trust_remote_code=bool(model.get("trust_remote_code", False)), use_remove_padding=settings.use_remove_padding,
+        enable_gradient_checkpointing=False, override_config={"attn_implementation": settings.attn_implementation},
     )
+    batch, tokens = settings.micro_batch_size_per_gpu, settings.max_token_len_per_gpu
     engine_config = FSDPEngineConfig(
-        strategy=settings.strategy,
-        forward_only=True,
-        model_dtype=settings.dtype,
+        strategy=settings.strategy, forward_only=True, model_dtype=settings.dtype,
         mixed_precision={"param_dtype": settings.dtype, "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
-        use_dynamic_bsz=settings.use_dynamic_bsz,
-        micro_batch_size_per_gpu=settings.micro_batch_size_per_gpu,
-        infer_micro_batch_size_per_gpu=settings.micro_batch_size_per_gpu,
-        max_token_len_per_gpu=settings.max_token_len_per_gpu,
-        infer_max_token_len_per_gpu=settings.max_token_len_per_gpu,
-        use_remove_padding=settings.use_remove_padding,
-        use_torch_compile=False,
-        ulysses_sequence_parallel_size=1,
-        seed=settings.seed,
+        use_dynamic_bsz=settings.use_dynamic_bsz, micro_batch_size_per_gpu=batch, infer_micro_batch_size_per_gpu=batch,
+        max_token_len_per_gpu=tokens, infer_max_token_len_per_gpu=tokens, use_torch_compile=False,
+        use_remove_padding=settings.use_remove_padding, ulysses_sequence_parallel_size=1, seed=settings.seed,
     )
-    return TrainingWorkerConfig(
-        model_type=_engine.REPEXP_MODEL_TYPE,
-        model_config=model_config,
-        engine_config=engine_config,
-        optimizer_config=None,
-        checkpoint_config=CheckpointConfig(),
-    )
+    return TrainingWorkerConfig(model_type=_engine.REPEXP_MODEL_TYPE, model_config=model_config, optimizer_config=None,
+                                engine_config=engine_config, checkpoint_config=CheckpointConfig())
 
 
 class RepExpActorRolloutRefWorker(ActorRolloutRefWorker):
