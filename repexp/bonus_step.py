@@ -156,8 +156,13 @@ def compute_step_bonus(
                 normalization=bonus.normalization, center=bonus.center, out_dtype=dtype,
             )
         raw = raw.to(device)
-        rules = {name: value for name, value in vars(bonus).items() if name.startswith("turn_off_if_")}
-        combined = combine_rewards(scores[keep], raw, kept_groups, alpha=bonus.alpha, beta=beta, **rules)
+        combined = combine_rewards(
+            scores[keep], raw, kept_groups, alpha=bonus.alpha, beta=beta,
+            turn_off_if_none_correct=bonus.turn_off_if_none_correct,
+            turn_off_if_some_correct=bonus.turn_off_if_some_correct,
+            turn_off_if_all_correct=bonus.turn_off_if_all_correct,
+            turn_off_if_rollout_incorrect=bonus.turn_off_if_rollout_incorrect,
+        )
         bonus_raw[keep] = raw.double()
         kept_bonus[keep] = combined.intrinsic.double()
         fractions = combined.status_fractions()
