@@ -167,15 +167,12 @@ def _manifest_hashes(source_dir: Path) -> dict[str, str]:
         raise DataError(f"{manifest}: unreadable data manifest ({err})") from None
 
 
-def load_local(names: Sequence[str], source_dir: Path, dapo_path: Optional[Path]) -> dict[str, RawTable]:
+def load_local(names: Sequence[str], source_dir: Path) -> dict[str, RawTable]:
     if not source_dir.is_dir():
         raise FileNotFoundError(f"{source_dir}: data source directory not found")
     expected = _manifest_hashes(source_dir)
     tables = {}
     for name in names:
-        if name == "dapo":
-            tables[name] = load_dapo_file(dapo_path) if dapo_path is not None else _missing_dapo()
-            continue
         spec = TABLES[name]
         path = source_dir / spec.local_path
         rows = read_jsonl(path)
@@ -388,9 +385,7 @@ def tables_needed(task: str, options: Options) -> list[str]:
         return ["dapo" if options.aime_train == "dapo" else "math_train", "aime24"]
     if task == "dapo-with-aime24":
         return ["dapo", "aime24"]
-    if task in arith.TASKS:
-        return []  # generated (repexp.arith): no source files
-    raise DataError(f"unknown task {task!r} (choose from {', '.join(TASKS)})")
+    return []  # a built-in task (repexp.arith): no source files
 
 
 def _pick(problems: Sequence[Problem], indices: Sequence[int]) -> list[Problem]:
@@ -431,21 +426,12 @@ def build(task: str, tables: dict[str, RawTable], options: Options) -> Prepared:
         if wants_dapo and "dapo" not in tables:
             _missing_dapo()
         train = dapo_problems(tables["dapo"]) if wants_dapo else math_problems(tables["math_train"], "train")
-    elif task == "arith":
-        generated = {name: [generated_problem(task, q) for q in questions]
-                     for name, questions in arith.split(options.seed).items()}
-        train, dev, test = generated["train"], generated["dev"], generated["test"]
+    else:  # a built-in task (prepare refuses unknown ones)
+        train, dev, test = ([generated_problem(task, q) for q in questions]
+                            for questions in arith.task_split(task, options.seed).values())
         dev_equals_test = False
-        notes.append(f"generated: {len(train)} train, {len(dev)} dev, {len(test)} test questions (repexp.arith)")
-    elif task in arith.KIND_TASKS:
-        generated = {name: [generated_problem(task, q) for q in questions]
-                     for name, questions in arith.kind_split(task, options.seed).items()}
-        train, dev, test = generated["train"], generated["dev"], generated["test"]
-        dev_equals_test = False
-        notes.append(f"generated: {len(train)} train, {len(dev)} dev, {len(test)} test questions "
-                     f"(repexp.arith, kinds {', '.join(arith.KIND_TASKS[task])})")
-    else:
-        raise DataError(f"unknown task {task!r} (choose from {', '.join(TASKS)})")
+        kinds = f", kinds {', '.join(arith.KIND_TASKS[task])}" if task in arith.KIND_TASKS else ""
+        notes.append(f"generated: {len(train)} train, {len(dev)} dev, {len(test)} test questions (repexp.arith{kinds})")
 
     # Training rows nobody can score, or that leak dev/test problems, are dropped (and listed).
     kept = []
@@ -471,11 +457,9 @@ def build(task: str, tables: dict[str, RawTable], options: Options) -> Prepared:
         train = _pick(train, subset)
         notes.append(f"train = a seeded {options.dapo_train_size}-problem subset of the DAPO set")
 
-    train = _pick(train, sp.limit(list(range(len(train))), options.limit_train, options.seed, "limit/train"))
-    dev = _pick(dev, sp.limit(list(range(len(dev))), options.limit_dev, options.seed, "limit/dev"))
-    test = _pick(test, sp.limit(list(range(len(test))), options.limit_test, options.seed, "limit/test"))
-
-    result = {"train": train, "dev": dev, "test": test}
+    result = {name: _pick(rows, sp.limit(list(range(len(rows))), getattr(options, f"limit_{name}"), options.seed,
+                                         f"limit/{name}"))
+              for name, rows in (("train", train), ("dev", dev), ("test", test))}
     for name, rows in result.items():
         if not rows:
             raise DataError(f"{task}: the {name} split is empty")
@@ -580,23 +564,14 @@ def write_parquet(rows: list[dict], path: Path) -> None:
 # --------------------------------------------------------------------------- prepare
 
 
-def resolve_dapo(task: str, options: Options, dapo_source: Optional[str]) -> Optional[str]:
-    needs_dapo = task == "dapo-with-aime24" or (task == "aime24" and options.aime_train == "dapo")
-    if needs_dapo and not dapo_source:
-        _missing_dapo()
-    return dapo_source if needs_dapo else None
-
-
 def load_tables(task: str, source: str, options: Options, dapo_source: Optional[str]) -> dict[str, RawTable]:
     names = tables_needed(task, options)
-    dapo = resolve_dapo(task, options, dapo_source)
     local_names = [n for n in names if n != "dapo"]
-    if not local_names:
-        tables = {}  # a generated task reads no source
-    else:
-        tables = load_hf(local_names) if source == HF else load_local(local_names, Path(source), None)
-    if dapo is not None:
-        tables.update(load_hf(["dapo"]) if dapo == HF else {"dapo": load_dapo_file(Path(dapo))})
+    tables = {} if not local_names else load_hf(local_names) if source == HF else load_local(local_names, Path(source))
+    if "dapo" in names:
+        if not dapo_source:
+            _missing_dapo()
+        tables.update(load_hf(["dapo"]) if dapo_source == HF else {"dapo": load_dapo_file(Path(dapo_source))})
     return tables
 
 
@@ -668,24 +643,19 @@ def prepare(
 # --------------------------------------------------------------------------- CLI
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _at_least(minimum: int, what: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {what} integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected a {what} integer, got {value}")
+        return value
+    return parse
 
 
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
-    return value
+_positive, _seed = _at_least(1, "positive"), _at_least(0, "non-negative")
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -729,10 +699,8 @@ def run_job(job):
     from repexp.jobs import StageResult
     from repexp.tracking.outputs import source_datasets
 
-    hand_only = {name: getattr(job, name) for name in ("gsm8k_dev_size", "dapo_train_size", "aime_train")
-                 if getattr(job, name) is not None}  # unset: Options' defaults
-    options = Options(seed=job.seed, limit_train=job.limit_train, limit_dev=job.limit_dev, limit_test=job.limit_test,
-                      **hand_only)
+    options = Options(**{name: getattr(job, name) for name in Options.__dataclass_fields__
+                         if getattr(job, name) is not None})  # a hand-only field left unset: Options' default
     out = job.out
     try:
         manifest = prepare(job.task, out, source=job.source, options=options, dapo_source=job.dapo_source)
