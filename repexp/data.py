@@ -9,21 +9,14 @@ Tasks (upstream_recipe.md §3, evaluation_and_data.md §4.2):
 | `aime24` | MATH train (or DAPO: `--aime-train dapo`) | AIME 2024 (30) | = dev |
 | `dapo-with-aime24` | a seeded 4,096-problem subset of the DAPO set | AIME 2024 (30) | = dev |
 
-Sources: a directory of JSONL files (default: the config's `data.source`,
-`../shared/data`) or `hf` (the upstream Hugging Face ids, via `datasets.load_dataset`).
-Loading only fetches raw rows; everything after it (ground truths, splits, checks,
-writing) is one code path. The DAPO set is not offline: `--dapo-source PATH|hf`.
+Sources: a directory of JSONL files (the config's `data.source`) or `hf` (the upstream Hugging Face
+ids); loading only fetches raw rows, everything after it is one code path. The DAPO set is not
+offline: `--dapo-source PATH|hf`. Training rows with an empty ground truth or a problem text also in
+dev/test (`splits.normalize_text`) are dropped and listed in the manifest; after that, any overlap
+between splits is an error (AIME's dev = test is the one designed exception).
 
-Training rows are dropped, and listed in the manifest, when their ground truth is
-empty (two MATH train solutions box nothing) or their problem text also appears in
-dev/test (four MATH train problems are MATH test problems, three of them typeset
-differently: `splits.normalize_text`). After that, any overlap
-between splits is an error; AIME's dev = test is the one designed exception.
-
-Outputs (`--out`, default `results/data/<task>`): `train.parquet`, `dev.parquet`,
-`test.parquet` in verl's row format, byte-identical for the same inputs and seed,
-each written atomically, then `manifest.json` (source, input hashes, row counts,
-output hashes, seed, dropped rows) last.
+Outputs (`--out`, default `results/data/<task>`): `{train,dev,test}.parquet` in verl's row format,
+byte-identical for the same inputs and seed, each written atomically, then `manifest.json` last.
 """
 
 from __future__ import annotations
@@ -156,21 +149,15 @@ def read_rows_file(path: Path) -> list[dict]:
     return read_jsonl(path)
 
 
-def _manifest_hashes(source_dir: Path) -> dict[str, str]:
-    manifest = source_dir / layout.SOURCE_MANIFEST
-    if not manifest.is_file():
-        return {}
-    try:
-        files = json.loads(manifest.read_text())["files"]
-        return {entry["path"]: entry["sha256"] for entry in files}
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise DataError(f"{manifest}: unreadable data manifest ({err})") from None
-
-
 def load_local(names: Sequence[str], source_dir: Path) -> dict[str, RawTable]:
     if not source_dir.is_dir():
         raise FileNotFoundError(f"{source_dir}: data source directory not found")
-    expected = _manifest_hashes(source_dir)
+    manifest, expected = source_dir / layout.SOURCE_MANIFEST, {}  # written by `repexp download data`
+    if manifest.is_file():
+        try:
+            expected = {entry["path"]: entry["sha256"] for entry in json.loads(manifest.read_text())["files"]}
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise DataError(f"{manifest}: unreadable data manifest ({err})") from None
     tables = {}
     for name in names:
         spec = TABLES[name]
@@ -277,21 +264,9 @@ def math_problems(table: RawTable, split: str, data_source: str = MATH_DATA_SOUR
         answer = _field(table, i, row, "answer", required=False)
         if answer is None:  # the Hub copy has no answer column: derive it as the local files did
             answer = last_boxed(solution) or ""
-        problems.append(
-            Problem(
-                problem_id=f"math/{split}/{i}",
-                source="math",
-                source_split=split,
-                index=i,
-                question=question,
-                ground_truth=_answer_text(answer),
-                data_source=data_source,
-                solution=solution,
-                level=None if row.get("level") is None else str(row["level"]),
-                subject=row.get("type") or row.get("subject"),
-                unique_id=row.get("unique_id"),
-            )
-        )
+        problems.append(Problem(f"math/{split}/{i}", "math", split, i, question, _answer_text(answer), data_source,
+                                solution, level=None if row.get("level") is None else str(row["level"]),
+                                subject=row.get("type") or row.get("subject"), unique_id=row.get("unique_id")))
     return problems
 
 
@@ -396,6 +371,7 @@ def build(task: str, tables: dict[str, RawTable], options: Options) -> Prepared:
     """Raw tables → checked splits; the shared path for every source."""
     dropped: list[dict] = []
     notes: list[str] = []
+    dev_equals_test = task in ("aime24", "dapo-with-aime24")  # AIME's dev = test, the one designed overlap
     if task == "math":
         train = math_problems(tables["math_train"], "train")
         test_pool = math_problems(tables["math_test"], "test")
@@ -411,17 +387,14 @@ def build(task: str, tables: dict[str, RawTable], options: Options) -> Prepared:
             raise DataError(f"{tables['math500'].origin} vs {tables['math_test'].origin}: {err}") from None
         notes.append(f"dev = the {len(dev_idx)} MATH-500 problems of MATH test, matched by {how}")
         dev, test = _pick(test_pool, dev_idx), _pick(test_pool, test_idx)
-        dev_equals_test = False
     elif task == "gsm8k":
         train = gsm8k_problems(tables["gsm8k_train"], "train")
         test_pool = gsm8k_problems(tables["gsm8k_test"], "test")
         dev_idx, test_idx = sp.seeded_dev_test(len(test_pool), options.gsm8k_dev_size, options.seed)
         dev, test = _pick(test_pool, dev_idx), _pick(test_pool, test_idx)
-        dev_equals_test = False
     elif task in ("aime24", "dapo-with-aime24"):
         aime = aime_problems(tables["aime24"])
         dev, test = list(aime), list(aime)
-        dev_equals_test = True
         wants_dapo = task == "dapo-with-aime24" or options.aime_train == "dapo"
         if wants_dapo and "dapo" not in tables:
             _missing_dapo()
@@ -429,7 +402,6 @@ def build(task: str, tables: dict[str, RawTable], options: Options) -> Prepared:
     else:  # a built-in task (prepare refuses unknown ones)
         train, dev, test = ([generated_problem(task, q) for q in questions]
                             for questions in arith.task_split(task, options.seed).values())
-        dev_equals_test = False
         kinds = f", kinds {', '.join(arith.KIND_TASKS[task])}" if task in arith.KIND_TASKS else ""
         notes.append(f"generated: {len(train)} train, {len(dev)} dev, {len(test)} test questions (repexp.arith{kinds})")
 
@@ -473,10 +445,6 @@ def build(task: str, tables: dict[str, RawTable], options: Options) -> Prepared:
 # --------------------------------------------------------------------------- verl rows and parquet
 
 
-def instruction_for(problem: Problem) -> str:
-    return GSM8K_INSTRUCTION if problem.source == "gsm8k" else MATH_INSTRUCTION
-
-
 def generated_problem(task: str, question: arith.Question) -> Problem:
     """A question of a built-in task (`arith.TASKS`) as a canonical problem."""
     data_source = {"arith": ARITH_DATA_SOURCE, "arith-hard": ARITH_HARD_DATA_SOURCE,
@@ -495,7 +463,8 @@ def chat_prompt(problem: Problem) -> list[dict]:
         return arith.shot_messages(problem.question)
     if problem.source in arith.KIND_TASKS:
         return arith.hard_messages(problem.question)
-    return [{"role": "user", "content": f"{problem.question} {instruction_for(problem)}"}]
+    instruction = GSM8K_INSTRUCTION if problem.source == "gsm8k" else MATH_INSTRUCTION
+    return [{"role": "user", "content": f"{problem.question} {instruction}"}]
 
 
 def verl_row(problem: Problem, split: str) -> dict:
@@ -504,17 +473,8 @@ def verl_row(problem: Problem, split: str) -> dict:
         "prompt": chat_prompt(problem),
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": problem.ground_truth},
-        "extra_info": {
-            "split": split,
-            "index": problem.index,
-            "problem_id": problem.problem_id,
-            "source": problem.source,
-            "source_split": problem.source_split,
-            "question": problem.question,
-            "solution": problem.solution,
-            "level": problem.level,
-            "subject": problem.subject,
-        },
+        "extra_info": {"split": split, **{name: getattr(problem, name) for name in (
+            "index", "problem_id", "source", "source_split", "question", "solution", "level", "subject")}},
     }
 
 
@@ -522,30 +482,11 @@ def parquet_schema():
     import pyarrow as pa
 
     text = pa.string()
-    return pa.schema(
-        [
-            ("data_source", text),
-            ("prompt", pa.list_(pa.struct([("role", text), ("content", text)]))),
-            ("ability", text),
-            ("reward_model", pa.struct([("style", text), ("ground_truth", text)])),
-            (
-                "extra_info",
-                pa.struct(
-                    [
-                        ("split", text),
-                        ("index", pa.int64()),
-                        ("problem_id", text),
-                        ("source", text),
-                        ("source_split", text),
-                        ("question", text),
-                        ("solution", text),
-                        ("level", text),
-                        ("subject", text),
-                    ]
-                ),
-            ),
-        ]
-    )
+    info = [("split", text), ("index", pa.int64()), *((name, text) for name in (
+        "problem_id", "source", "source_split", "question", "solution", "level", "subject"))]
+    return pa.schema([("data_source", text), ("prompt", pa.list_(pa.struct([("role", text), ("content", text)]))),
+                      ("ability", text), ("reward_model", pa.struct([("style", text), ("ground_truth", text)])),
+                      ("extra_info", pa.struct(info))])
 
 
 def write_parquet(rows: list[dict], path: Path) -> None:
@@ -620,9 +561,7 @@ def prepare(
             for name, t in sorted(tables.items())
         },
         "options": {
-            "limit_train": options.limit_train,
-            "limit_dev": options.limit_dev,
-            "limit_test": options.limit_test,
+            **{f"limit_{name}": getattr(options, f"limit_{name}") for name in SPLITS},
             "gsm8k_dev_size": options.gsm8k_dev_size if task == "gsm8k" else None,
             "dapo_train_size": options.dapo_train_size if "dapo" in tables else None,
             "aime_train": options.aime_train if task == "aime24" else None,
@@ -670,9 +609,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     prep.add_argument("--out", default=None, help="output directory (default: results/data/TASK)")
     prep.add_argument("--seed", type=_seed, default=defaults.split_seed,
                       help="split/subset seed (default: %(default)s)")
-    prep.add_argument("--limit-train", type=_positive, default=None, help="seeded train subset size (default: all)")
-    prep.add_argument("--limit-dev", type=_positive, default=None, help="seeded dev subset size (default: all)")
-    prep.add_argument("--limit-test", type=_positive, default=None, help="seeded test subset size (default: all)")
+    for split in SPLITS:
+        prep.add_argument(f"--limit-{split}", type=_positive, default=None,
+                          help=f"seeded {split} subset size (default: all)")
     prep.add_argument("--dapo-source", default=defaults.dapo_source,
                       help="DAPO training set: JSONL/parquet file (or a directory with train.jsonl), or 'hf'")
     prep.add_argument("--dapo-train-size", type=_positive, default=sp.DAPO_TRAIN_SIZE,
@@ -683,9 +622,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                       help="aime24 task: train on MATH train or the DAPO subset")
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.action != "prepare":
-        raise SystemExit(f"unknown action {args.action!r}")
+def run(args: argparse.Namespace) -> int:  # the one action: prepare
     from repexp.config import PipelineConfig
     from repexp.jobs import PreprocessJob, from_args
 

@@ -39,14 +39,9 @@ def data_files(tasks: Sequence[str], *, source_hf: bool, dapo_hf: bool) -> list[
     """Relative paths of the JSONL files `data` writes for these tasks (the workflow's outputs)."""
     from repexp import data
 
-    files: list[str] = []
-    for task in tasks:
-        for name in data.tables_needed(task, data.Options()):
-            path = DAPO_FILE if name == "dapo" else data.TABLES[name].local_path
-            wanted = dapo_hf if name == "dapo" else source_hf
-            if wanted and path not in files:
-                files.append(path)
-    return files
+    names = dict.fromkeys(name for task in tasks for name in data.tables_needed(task, data.Options())
+                          if (dapo_hf if name == "dapo" else source_hf))
+    return [DAPO_FILE if name == "dapo" else data.TABLES[name].local_path for name in names]
 
 
 def _go_online() -> None:
