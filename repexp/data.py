@@ -132,23 +132,6 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
-def read_rows_file(path: Path) -> list[dict]:
-    """JSONL or parquet rows (the DAPO set as downloaded from the Hub is parquet)."""
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: file not found")
-        try:
-            rows = pq.read_table(path).to_pylist()
-        except Exception as err:  # pyarrow raises several types for a corrupt file
-            raise DataError(f"{path}: not a readable parquet file ({err})") from None
-        if not rows:
-            raise DataError(f"{path}: no rows")
-        return rows
-    return read_jsonl(path)
-
-
 def load_local(names: Sequence[str], source_dir: Path) -> dict[str, RawTable]:
     if not source_dir.is_dir():
         raise FileNotFoundError(f"{source_dir}: data source directory not found")
@@ -178,7 +161,18 @@ def load_dapo_file(path: Path) -> RawTable:
         if not found:
             raise FileNotFoundError(f"{path}: DAPO source directory has neither train.jsonl nor train.parquet")
         path = found[0]
-    rows = read_rows_file(path)
+    if path.suffix != ".parquet":
+        return RawTable("dapo", read_jsonl(path), str(path), sha256_file(path), "local")
+    import pyarrow.parquet as pq  # the DAPO set as downloaded from the Hub is parquet
+
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: file not found")
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except Exception as err:  # pyarrow raises several types for a corrupt file
+        raise DataError(f"{path}: not a readable parquet file ({err})") from None
+    if not rows:
+        raise DataError(f"{path}: no rows")
     return RawTable("dapo", rows, str(path), sha256_file(path), "local")
 
 

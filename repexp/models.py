@@ -66,10 +66,6 @@ class Shape:
     intermediate_size: int
     dtype: str = "float32"  # what is saved; 1.5B parameters in fp32 would be 6 GB for a timing stand-in
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
 
 # vLLM's CPU attention needs head_dim >= 32; its GPU FlashAttention-3 backend takes 64, 128, 256 only.
 SHAPES = {

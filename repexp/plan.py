@@ -119,10 +119,6 @@ class JobCost:
     allocations: int = 1
     disk_bytes: float = 0.0
 
-    @property
-    def gpu_hours(self) -> float:
-        return self.hours * self.gpus
-
 
 def _gpus(res) -> int:
     return max(res.gpu, 1) * res.nodes
@@ -233,7 +229,7 @@ def report(cfg, *, gpus: int, params: Optional[float] = None) -> str:
         if not mine:
             lines.append(f"| {rule} | {count} | 0 | – | 1 | {res.runtime} | 0 (CPU) |")
             continue
-        gpu_h = sum(j.gpu_hours for j in mine)
+        gpu_h = sum(j.hours * j.gpus for j in mine)
         total += gpu_h
         span = lambda xs, f: f(min(xs)) if min(xs) == max(xs) else f"{f(min(xs))}–{f(max(xs))}"  # noqa: E731
         lines.append(f"| {rule} | {count} | {mine[0].gpus} | {span([j.hours for j in mine], lambda h: f'{h:.1f}')} | "

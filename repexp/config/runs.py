@@ -125,9 +125,6 @@ class RunSpec:
     def trains(self) -> bool:
         return self.method != "base"
 
-    def wildcards(self) -> dict:
-        return {"task": self.task, "run": self.name}
-
 
 def parse_run(task: str, name: str) -> RunSpec:
     """A results directory's run (`RunSpec.name` read back); rejects non-canonical spellings such as b0.010."""
