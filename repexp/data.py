@@ -297,13 +297,11 @@ def aime_problems(table: RawTable) -> list[Problem]:
             answer = str(int(answer))  # "025" → "25", as MathArena stores them
         keyed.append(((year, contest, number), question, answer, row.get("solution")))
     keyed.sort(key=lambda item: item[0])
-    seen = set()
-    problems = []
+    problems: list[Problem] = []
     for position, ((year, contest, number), question, answer, solution) in enumerate(keyed):
         pid = f"aime24/{year}-{contest}-{number}"
-        if pid in seen:
+        if problems and problems[-1].problem_id == pid:  # sorted: a repeat is the previous problem
             raise DataError(f"{table.origin}: AIME problem {year}-{contest}-{number} occurs twice")
-        seen.add(pid)
         problems.append(Problem(pid, "aime24", "test", position, question, answer, AIME_DATA_SOURCE, solution))
     return problems
 

@@ -7,12 +7,10 @@ The workflow runs these as localrules (`download_model`, `download_data`), so co
 need internet: every job reads these local copies (the workflow sets HF_HUB_OFFLINE=1 for jobs;
 this command lifts it for its own process).
 
-- `model`: the repository's config, tokenizer and safetensors weights (no duplicate `.bin`/`.pth`
-  or GGUF files) into a temporary sibling directory, renamed into place when complete, so a
-  half-finished download is never taken for a model.
-- `data`: every Hugging Face table the tasks read (`repexp.data.TABLES`), as JSONL in the layout of
-  a local data source (`math/train.jsonl`, ...; the DAPO set as `dapo/train.jsonl`), plus a
-  `MANIFEST.json` with row counts, hashes and origins that `repexp data prepare` verifies.
+- `model`: config, tokenizer and safetensors weights into a temporary sibling directory, renamed
+  into place when complete, so a half-finished download is never taken for a model.
+- `data`: the Hugging Face tables the tasks read (`repexp.data.TABLES`) as JSONL in a local data
+  source's layout, plus a `MANIFEST.json` (rows, hashes, origins) that `repexp data prepare` verifies.
 """
 
 from __future__ import annotations

@@ -80,9 +80,7 @@ def canonical(value: Any) -> str:
         return str(value)
     if isinstance(value, float) or hasattr(value, "item"):  # numpy scalars too
         value = float(value)
-        if value.is_integer():
-            return str(int(value))
-        return format(Decimal(repr(value)).normalize(), "f")
+        return str(int(value)) if value.is_integer() else format(Decimal(repr(value)).normalize(), "f")
     return str(value)
 
 
