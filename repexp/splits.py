@@ -48,8 +48,7 @@ def seeded_subset(n: int, size: Optional[int], seed: int, stream: str) -> list[i
 
 def limit(indices: Sequence[int], size: Optional[int], seed: int, stream: str) -> list[int]:
     """A seeded subset of `indices` (order kept), for tiny CPU runs; all when size is None."""
-    keep = seeded_subset(len(indices), size, seed, stream)
-    return [indices[i] for i in keep]
+    return [indices[i] for i in seeded_subset(len(indices), size, seed, stream)]
 
 
 def split_by_membership(keys: Sequence[str], members: Iterable[str], *, what: str) -> tuple[list[int], list[int]]:
