@@ -1,16 +1,13 @@
 """The built-in arithmetic tasks: `arith` (single-digit `a + b`, `a - b`, `a * b`), `arith-hard`, `arith-mid`.
 
-Why it exists: the README run has to show the method on a 2-core CPU in minutes, with pass@k
-curves that are not all zero. On GSM8K a CPU-sized model (SmolLM2-135M-Instruct, offline) solves
-almost nothing and needs hundreds of tokens per answer; on these questions, shown three worked
-examples, it answers with the bare number in about four tokens (5 % of answers reach the 16-token
-cap, against 87 % without the examples: benchmarks/arith_prompt.py, docs/data.md) and is right
-about one time in ten, so GRPO and RepExp have a signal to work with and pass@k rises with k. It
-is a demonstration task, not a benchmark: no paper number refers to it.
+Why it exists: the README run has to show the method on a 2-core CPU in minutes, with pass@k curves
+that are not all zero. On GSM8K a CPU-sized model (SmolLM2-135M-Instruct) solves almost nothing; on
+these questions, shown three worked examples, it answers with the bare number in about four tokens
+(benchmarks/arith_prompt.py, docs/data.md) and is right about one time in ten, so GRPO and RepExp
+have a signal and pass@k rises with k. A demonstration task, not a benchmark.
 
-Every problem exists once: 81 sums, 45 differences, 81 products = 207 questions. The split is
-seeded (`split_seed`): 48 test, 16 dev, the rest train, disjoint by construction. The answer is
-scored by the `arith` verifier family (the last number of the response; `repexp.verify`).
+207 questions (81 sums, 45 differences, 81 products), split with `split_seed` into 48 test, 16 dev
+and the rest train; scored by the `arith` verifier family (the last number of the response).
 
 `arith-hard` and `arith-mid`, the GPU pilot's tasks (multi-digit kinds, few-shot prompt,
 `final_number` verifier), are the second half of this module. Pure: no framework imports.

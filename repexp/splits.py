@@ -48,8 +48,7 @@ def seeded_subset(n: int, size: Optional[int], seed: int, stream: str) -> list[i
 
 def limit(indices: Sequence[int], size: Optional[int], seed: int, stream: str) -> list[int]:
     """A seeded subset of `indices` (order kept), for tiny CPU runs; all when size is None."""
-    keep = seeded_subset(len(indices), size, seed, stream)
-    return [indices[i] for i in keep]
+    return [indices[i] for i in seeded_subset(len(indices), size, seed, stream)]
 
 
 def split_by_membership(keys: Sequence[str], members: Iterable[str], *, what: str) -> tuple[list[int], list[int]]:
@@ -70,9 +69,8 @@ def split_by_membership(keys: Sequence[str], members: Iterable[str], *, what: st
     missing = [k for k in members if k not in positions]
     if missing:
         raise SplitError(f"{what}: {len(missing)} dev keys not found in the test rows, e.g. {missing[:3]}")
-    inside = sorted(positions.values())
-    chosen = set(inside)
-    return inside, [i for i in range(len(keys)) if i not in chosen]
+    chosen = set(positions.values())
+    return sorted(chosen), [i for i in range(len(keys)) if i not in chosen]
 
 
 def seeded_dev_test(n: int, dev_size: int, seed: int, stream: str = "gsm8k/dev") -> tuple[list[int], list[int]]:
@@ -80,8 +78,7 @@ def seeded_dev_test(n: int, dev_size: int, seed: int, stream: str = "gsm8k/dev")
     if not 0 < dev_size < n:
         raise SplitError(f"dev size {dev_size} must be between 1 and {n - 1} (the test set has {n} rows)")
     dev = seeded_subset(n, dev_size, seed, stream)
-    chosen = set(dev)
-    return dev, [i for i in range(n) if i not in chosen]
+    return dev, sorted(set(range(n)) - set(dev))
 
 
 def train_subset(n: int, size: int, seed: int, stream: str = "dapo/train") -> list[int]:

@@ -238,7 +238,7 @@ def test_hub_shaped_rows_take_the_same_path_as_local_files(math_out, tmp_path):
         assert sha256(tmp_path / "hf" / name) == sha256(out / name), name
 
     aime_tables = data.load_hf(["aime24"], loader=_hub_from_local)
-    aime_tables.update(data.load_local(["math_train"], DATA, None))
+    aime_tables.update(data.load_local(["math_train"], DATA))
     prepare("aime24", tmp_path / "aime_hf", source="hf", options=Options(), tables=aime_tables)
     prepare("aime24", tmp_path / "aime_local", source=str(DATA), options=Options())
 

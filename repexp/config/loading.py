@@ -126,12 +126,6 @@ def _check_sections(cls: type, raw: Any, prefix: str = "") -> None:
                     _check_sections(item, sub, f"{prefix}{name}.{key}.")
 
 
-def _structured(obj: Any) -> Any:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.structured(obj)
-
-
 def to_dataclass(cls_or_obj: Any, *raws: Any, prefix: str = "") -> Any:
     """Merge mappings onto a dataclass (a class: its defaults; an instance: its values) with OmegaConf's
     type checks and conversions, and return the dataclass instance."""
@@ -139,7 +133,7 @@ def to_dataclass(cls_or_obj: Any, *raws: Any, prefix: str = "") -> Any:
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        node = OmegaConf.merge(_structured(cls_or_obj), *raws)
+        node = OmegaConf.merge(OmegaConf.structured(cls_or_obj), *raws)
         return OmegaConf.to_object(node)
     except OmegaConfBaseException as err:
         raise _omegaconf_error(err, prefix) from None
@@ -157,15 +151,14 @@ def parse(raw: Mapping, *, overrides: Sequence[str] = ()) -> PipelineConfig:
     dotlist = [*split_overrides(raw.pop(OVERRIDES_KEY, None)), *overrides]
     _check_sections(PipelineConfig, raw)
     try:
-        node = OmegaConf.merge(_structured(PipelineConfig), raw)
+        node = OmegaConf.merge(OmegaConf.structured(PipelineConfig), raw)
     except OmegaConfBaseException as err:
         raise _omegaconf_error(err) from None
     for item in dotlist:
         try:
             node = OmegaConf.merge(node, OmegaConf.from_dotlist([item]))
         except OmegaConfBaseException as err:
-            error = _omegaconf_error(err)
-            raise ConfigError(f"{error} (override {item!r})") from None
+            raise ConfigError(f"{_omegaconf_error(err)} (override {item!r})") from None
         except Exception as err:  # noqa: BLE001 - OmegaConf's dotlist grammar raises plain errors
             raise ConfigError(f"{OVERRIDES_KEY}: cannot parse override {item!r} ({err})") from None
     try:

@@ -1,16 +1,10 @@
 """Every rule of the pipeline config, each written once, and `load` (read, parse, check).
 
-- `check` applies the per-field rules (the dataclass metadata that the JSON schema also states) and
-  every cross-field rule of the pipeline and its two trainer backends, so a config that a job would
-  reject fails at parse time, before any job; the cost rule (a GPU job must fit its allocation) is
-  `repexp.plan.check_runtimes`;
-- the `check_*` functions the trainers share, re-applied where a trainer starts without a checked
-  pipeline config (see "rules the trainers share" below);
-- `check_paths` checks local paths (data sources, a local `model:` directory).
-
-`load` is here, above both the parser and the rules, so that `repexp.plan` (whose cost rule `check`
-runs) imports this module and not the package: the one import circle is rules <-> plan.
-
+`check` applies the per-field rules (the dataclass metadata the JSON schema also states) and every
+cross-field rule of the pipeline and both trainer backends, plus the cost rule
+(`repexp.plan.check_runtimes`); the `check_*` functions the trainers share are re-applied where a
+trainer starts without a checked pipeline config; `check_paths` checks local paths. `load` lives
+here so that `repexp.plan` imports this module, not the package: the one circle is rules <-> plan.
 Pure: OmegaConf and PyYAML only (through `repexp.config.loading`).
 """
 
@@ -142,9 +136,7 @@ def check_bonus(bonus: BonusConfig, where: str = "bonus") -> None:
 
 
 def check_tracking_uri(uri: Optional[str], key: str = "tracking.tracking_uri") -> None:
-    if uri is None:
-        return
-    if uri == "databricks":  # MLflow's shorthand for the default Databricks profile
+    if uri is None or uri == "databricks":  # MLflow's shorthand for the default Databricks profile
         return
     scheme = uri.split(":", 1)[0].split("+", 1)[0].lower()  # postgresql+psycopg2://... names a driver
     if scheme not in TRACKING_SCHEMES or ":" not in uri:
@@ -367,12 +359,7 @@ def check_paths(cfg: PipelineConfig, root: str | Path = ".") -> None:
 
 def load(path_or_dict: str | Path | Mapping, *, overrides: Sequence[str] = ()) -> PipelineConfig:
     """Read, parse and check a pipeline config (a YAML path or an already-loaded mapping)."""
-    if isinstance(path_or_dict, Mapping):
-        raw = path_or_dict
-    else:
-        raw = read_yaml(path_or_dict)
-        if raw is None:
-            raw = {}
-    cfg = parse(raw, overrides=overrides)
+    raw = path_or_dict if isinstance(path_or_dict, Mapping) else read_yaml(path_or_dict)
+    cfg = parse({} if raw is None else raw, overrides=overrides)  # an empty file: all defaults
     check(cfg)
     return cfg

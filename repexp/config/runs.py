@@ -80,10 +80,7 @@ def canonical(value: Any) -> str:
         return str(value)
     if isinstance(value, float) or hasattr(value, "item"):  # numpy scalars too
         value = float(value)
-        if value.is_integer():
-            return str(int(value))
-        text = format(Decimal(repr(value)).normalize(), "f")
-        return text
+        return str(int(value)) if value.is_integer() else format(Decimal(repr(value)).normalize(), "f")
     return str(value)
 
 
@@ -125,9 +122,6 @@ class RunSpec:
     @property
     def trains(self) -> bool:
         return self.method != "base"
-
-    def wildcards(self) -> dict:
-        return {"task": self.task, "run": self.name}
 
 
 def parse_run(task: str, name: str) -> RunSpec:
@@ -240,8 +234,7 @@ def training_hash(run_config: RunConfig) -> str:
     """
     rc = run_config
     identity = {
-        "task": rc.task, "method": rc.method, "backend": rc.backend, "seed": rc.seed,
-        "sparse_dim": rc.sparse_dim, "beta": rc.beta, "model": rc.model,
+        **{name: getattr(rc, name) for name in ("task", "method", "backend", "seed", "sparse_dim", "beta", "model")},
         "grader": rc.grader,  # the verifier reward and dev selection
         "train": _training_fields(rc.train),
         rc.backend or "backend": _training_fields(getattr(rc, rc.backend)) if rc.backend else None,
@@ -274,26 +267,13 @@ def compose(cfg: PipelineConfig, spec: RunSpec, *, cfg_hash: Optional[str] = Non
     train = task_section(cfg, spec.task, "train")
     eval_cfg.max_new_tokens = max_new_tokens(eval_cfg, train)
     return RunConfig(
-        run=spec.name,
-        task=spec.task,
-        method=spec.method,
-        backend=spec.backend,
-        seed=int(seed),
-        sparse_dim=spec.sparse_dim,
-        beta=float(spec.beta),
-        model=resolve_model(cfg),
+        run=spec.name, task=spec.task, method=spec.method, backend=spec.backend, seed=int(seed),
+        sparse_dim=spec.sparse_dim, beta=float(spec.beta), model=resolve_model(cfg),
         data_dir=str(layout.data_dir(cfg.results_dir, spec.task)),
         run_dir=str(layout.train_run_dir(cfg.results_dir, spec.task, spec.name)),
-        bonus=copy.deepcopy(cfg.bonus),
-        train=train,
-        eval=eval_cfg,
-        verl=task_section(cfg, spec.task, "verl"),
-        trl=task_section(cfg, spec.task, "trl"),
-        tracking=copy.deepcopy(cfg.tracking),
-        config_name=cfg.name,
-        config_hash=cfg_hash or config_hash(cfg),
-        grader=cfg.grader,
-    )
+        bonus=copy.deepcopy(cfg.bonus), train=train, eval=eval_cfg, verl=task_section(cfg, spec.task, "verl"),
+        trl=task_section(cfg, spec.task, "trl"), tracking=copy.deepcopy(cfg.tracking), config_name=cfg.name,
+        config_hash=cfg_hash or config_hash(cfg), grader=cfg.grader)
 
 
 def load_run_config(path: str | Path) -> RunConfig:

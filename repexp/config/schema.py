@@ -24,9 +24,7 @@ def json_schema(cls: type = PipelineConfig) -> dict:
 
     It lists no required keys, so it also describes a partial section (a task override)."""
     hints = typing.get_type_hints(cls)
-    props = {}
-    for f in dataclasses.fields(cls):
-        props[f.name] = _schema_for(hints[f.name], f.metadata)
+    props = {f.name: _schema_for(hints[f.name], f.metadata) for f in dataclasses.fields(cls)}
     schema = {"type": "object", "additionalProperties": False, "properties": props}
     if cls is PipelineConfig:
         schema = {"$schema": "https://json-schema.org/draft/2020-12/schema",
