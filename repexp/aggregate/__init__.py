@@ -119,17 +119,13 @@ def log_sweep_point_metrics(runs: Sequence[EvalRun], target, testtime: dict[tupl
     """
     from repexp import tracking
 
-    return tracking.log_point_metrics(
-        target, {run.spec: _point_metrics(run, testtime) for run in runs})
-
-
-def _point_metrics(run: EvalRun, testtime: dict[tuple[str, str], TesttimeRun] | None) -> dict[str, float]:
-    """A sweep point's test pass@k and, when its test-time stage ran, its test-time metrics."""
-    metrics = sweep_point_metrics(run)
-    tt = (testtime or {}).get((run.spec.task, run.spec.name))
-    if tt is not None:
-        metrics.update(metric_names.testtime_metrics(read_json(tt.path)))
-    return metrics
+    metrics = {}
+    for run in runs:
+        metrics[run.spec] = sweep_point_metrics(run)
+        tt = (testtime or {}).get((run.spec.task, run.spec.name))
+        if tt is not None:  # its test-time stage ran
+            metrics[run.spec].update(metric_names.testtime_metrics(read_json(tt.path)))
+    return tracking.log_point_metrics(target, metrics)
 
 
 # --------------------------------------------------------------------------- CLI
@@ -202,13 +198,10 @@ def run_job(job) -> int:
     out_dir = Path(job.out_dir)
     try:
         paths = find_eval_files(Path(job.eval_dir)) if job.eval_dir else [Path(p) for p in job.inputs]
-        for path in paths:
-            if not Path(path).is_file():
-                raise FileNotFoundError(f"{path}: eval.json not found")
         expected = expected_runs(job.config) if job.config else None
-        for path in job.testtime:
+        for path in [*paths, *job.testtime]:
             if not Path(path).is_file():
-                raise FileNotFoundError(f"{path}: testtime.json not found")
+                raise FileNotFoundError(f"{path}: {'testtime' if path in job.testtime else 'eval'}.json not found")
         grader = job.grader
         if grader is None and job.config:
             from repexp.config import load

@@ -49,18 +49,9 @@ TESTTIME_NOTE = (
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if _isna(value):
         return "–"
-    try:
-        import pandas as pd
-
-        if pd.isna(value):
-            return "–"
-    except (TypeError, ValueError):
-        pass
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
 def summary_wide(table, value: str = "pass_at_k"):
@@ -81,12 +72,8 @@ def summary_wide(table, value: str = "pass_at_k"):
         by_k = {int(r.k): r for r in group.itertuples(index=False)}
         for k in ks:
             r = by_k.get(int(k))
-            if r is None or math.isnan(r.mean):
-                row[f"pass@{k}"] = "–"
-            elif r.n_seeds >= 2:
-                row[f"pass@{k}"] = f"{r.mean:.3f} ± {r.sem_seeds:.3f}"
-            else:
-                row[f"pass@{k}"] = f"{r.mean:.3f}"
+            row[f"pass@{k}"] = ("–" if r is None or math.isnan(r.mean)
+                                else f"{r.mean:.3f}" + (f" ± {r.sem_seeds:.3f}" if r.n_seeds >= 2 else ""))
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -121,9 +108,7 @@ def per_run_wide(table, testtime: dict[tuple[str, str], TesttimeRun] | None = No
 def k_efficiency_display(keff):
     import pandas as pd
 
-    rows = []
-    for r in keff.itertuples(index=False):
-        rows.append({
+    return pd.DataFrame([{
             "task": r.task, "backend": r.backend, "sparse_dim": r.sparse_dim, "β": canonical(float(r.beta)),
             "seeds (RepExp/GRPO)": f"{r.n_repexp_seeds}/{r.n_grpo_seeds}",
             "reference k": _fmt(r.reference_k), "GRPO pass@ref": _fmt(r.grpo_pass_at_ref),
@@ -135,19 +120,14 @@ def k_efficiency_display(keff):
             f"Δpass@ref [{BOOTSTRAP_LEVEL:.0%} CI]": _interval_text(r.diff_pass_at_ref, r.diff_pass_at_ref_lo,
                                                                     r.diff_pass_at_ref_hi),
             "status": r.status + (f" ({r.note})" if r.note else ""),
-        })
-    return pd.DataFrame(rows)
+        } for r in keff.itertuples(index=False)])
 
 
-def _interval_text(value, lo, hi, digits: int = 3, signed: bool = True) -> str:
+def _interval_text(value, lo, hi) -> str:
     """'+0.050 [+0.010, +0.090]'; the interval is left out when there is none."""
-    def number(x) -> str:
-        return f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
-
-    finite = [x is not None and not _isna(x) for x in (value, lo, hi)]
-    if not finite[0]:
+    if _isna(value):
         return "–"
-    return number(value) + (f" [{number(lo)}, {number(hi)}]" if all(finite[1:]) else "")
+    return f"{value:+.3f}" + ("" if _isna(lo) or _isna(hi) else f" [{lo:+.3f}, {hi:+.3f}]")
 
 
 def _efficiency_text(r) -> str:
@@ -164,7 +144,10 @@ def _efficiency_text(r) -> str:
 def _isna(value) -> bool:
     import pandas as pd
 
-    return value is None or bool(pd.isna(value))
+    try:
+        return value is None or bool(pd.isna(value))
+    except (TypeError, ValueError):  # not a scalar
+        return False
 
 
 def testtime_display(testtime: dict[tuple[str, str], TesttimeRun]):

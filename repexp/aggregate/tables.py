@@ -97,24 +97,32 @@ def tidy_table(runs: Sequence[EvalRun], testtime: dict[tuple[str, str], Testtime
     return table
 
 
-def read_table(path: str | Path):
-    """Read `pass_at_k.csv` back with the dtypes `tidy_table` gives."""
+def _read_csv(path: str | Path, what: str, columns: Sequence[str], strings: Sequence[str], hint: str = ""):
+    """A table written by `repexp aggregate`, its string columns read as text; errors say what is wrong."""
     import pandas as pd
 
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: pass@k table not found (run `repexp aggregate` first)")
-    table = pd.read_csv(path, dtype={"backend": "string", "run": "string", "task": "string",
-                                     "method": "string", "split": "string", "engine": "string",
-                                     "data_hash": "string", "model_path": "string", "source": "string",
-                                     "grader": "string"})
-    missing = [c for c in TIDY_COLUMNS if c not in table.columns]
+        raise FileNotFoundError(f"{path}: {what} table not found (run `repexp aggregate` first)")
+    table = pd.read_csv(path, dtype=dict.fromkeys(strings, "string"))
+    missing = [c for c in columns if c not in table.columns]
     if missing:
-        raise ValueError(f"{path}: missing columns {missing}")
+        raise ValueError(f"{path}: missing columns {missing}{hint}")
+    return table
+
+
+def _none_for_na(table, columns: Sequence[str]) -> None:
+    for column in columns:
+        table[column] = table[column].astype(object).where(table[column].notna(), None)
+
+
+def read_table(path: str | Path):
+    """Read `pass_at_k.csv` back with the dtypes `tidy_table` gives."""
+    table = _read_csv(path, "pass@k", TIDY_COLUMNS, ("backend", "run", "task", "method", "split", "engine",
+                                                     "data_hash", "model_path", "source", "grader"))
     for column in ("sparse_dim", "seed", "checkpoint_step", "eval_seed"):
         table[column] = table[column].astype("Int64")
-    for column in ("backend", "task", "run", "method"):
-        table[column] = table[column].astype(object).where(table[column].notna(), None)
+    _none_for_na(table, ("backend", "task", "run", "method"))
     return table
 
 
@@ -137,8 +145,7 @@ def seed_summary(table, value: str = "pass_at_k"):
         seeds = sorted(int(s) for s in group["seed"].dropna())
         rows.append({**dict(zip(list(POINT_COLUMNS) + ["k"], key)), "mean": float(values.mean()),
                      "sem_seeds": sem, "n_seeds": n, "seeds": seeds})
-    summary = pd.DataFrame(rows, columns=list(POINT_COLUMNS) + ["k", "mean", "sem_seeds", "n_seeds", "seeds"])
-    return summary
+    return pd.DataFrame(rows, columns=list(POINT_COLUMNS) + ["k", "mean", "sem_seeds", "n_seeds", "seeds"])
 
 
 def _mean_curve(table, mask) -> dict[int, float] | None:
@@ -345,10 +352,6 @@ def _efficiency_at(repexp_curve: dict[int, float], grpo_curve: dict[int, float],
             "status": STATUS_REACHED_FIRST if k_eval == grid[0] else STATUS_REACHED}
 
 
-def _note(*parts: str) -> str:
-    return "; ".join(p for p in parts if p)
-
-
 def _k_efficiency_rows(table, runs: Sequence[EvalRun] | None) -> list[dict[str, Any]]:
     """Every row of `k_efficiency_by_k.csv`, each with `headline` True where reference_k is the point's largest
     grid k (the row of `k_efficiency.csv`; also every row without a grid)."""
@@ -399,7 +402,7 @@ def _k_efficiency_rows(table, runs: Sequence[EvalRun] | None) -> list[dict[str, 
             row["diff_pass_at_ref"] = repexp_curve[ref] - grpo_curve[ref]
             if 1 in grid:
                 row["diff_pass_at_1"] = repexp_curve[1] - grpo_curve[1]
-            row["note"] = _note(row["note"], why_not)
+            row["note"] = "; ".join(p for p in (row["note"], why_not) if p)
             if boot is not None:
                 eff = boot["efficiency"][ref]
                 row.update(efficiency_lo=eff["lo"], efficiency_hi=eff["hi"], bootstrap_not_reached=eff["not_reached"],
@@ -445,16 +448,8 @@ def _k_efficiency_frame(out):
 
 def read_k_efficiency(path: str | Path):
     """Read `k_efficiency.csv` or `k_efficiency_by_k.csv` back with the dtypes `k_efficiency` gives."""
-    import pandas as pd
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: k-efficiency table not found (run `repexp aggregate` first)")
-    out = pd.read_csv(path, dtype={"task": "string", "backend": "string", "status": "string", "note": "string",
-                                   "bootstrap_resampled": "string"})
-    missing = [c for c in K_EFFICIENCY_COLUMNS if c not in out.columns]
-    if missing:
-        raise ValueError(f"{path}: missing columns {missing} (written by an older `repexp aggregate`? rerun it)")
-    for column in ("task", "backend", "status"):
-        out[column] = out[column].astype(object).where(out[column].notna(), None)
+    out = _read_csv(path, "k-efficiency", K_EFFICIENCY_COLUMNS,
+                    ("task", "backend", "status", "note", "bootstrap_resampled"),
+                    " (written by an older `repexp aggregate`? rerun it)")
+    _none_for_na(out, ("task", "backend", "status"))
     return _k_efficiency_frame(out)

@@ -129,30 +129,26 @@ def make_figures(table, out_dir: Path, *, expected: Sequence[RunSpec] | None = N
     tasks = list(dict.fromkeys(s.task for s in specs))
     figures = []
 
-    fig, record = plot_pass_at_k(table, tasks=tasks, expected=expected, max_repexp_lines=max_repexp_lines)
-    record["files"] = _save(fig, out_dir, layout.PASS_AT_K_FIGURE)
-    figures.append(record)
-    fig, record = plot_testtime(table, tasks=tasks, expected=expected)
-    record["files"] = _save(fig, out_dir, TESTTIME_STEM)
-    figures.append(record)
+    def save(drawn, stem: str | None = None) -> None:
+        fig, record = drawn
+        record["files"] = _save(fig, out_dir, stem or record["id"])
+        figures.append(record)
+
+    save(plot_pass_at_k(table, tasks=tasks, expected=expected, max_repexp_lines=max_repexp_lines),
+         layout.PASS_AT_K_FIGURE)
+    save(plot_testtime(table, tasks=tasks, expected=expected), TESTTIME_STEM)
     if k_efficiency is None:
         k_efficiency = tables.k_efficiency(table, by_reference_k=True)
         k_efficiency_source = (f"computed from the pass@k table: no {layout.K_EFFICIENCY_BY_K_CSV}, "
                                "no per-problem counts")
-    fig, record = plot_k_efficiency(k_efficiency, table, tasks=tasks, expected=expected, source=k_efficiency_source)
-    record["files"] = _save(fig, out_dir, layout.K_EFFICIENCY_FIGURE)
-    figures.append(record)
-    pairs = figure_pairs(specs)
+    save(plot_k_efficiency(k_efficiency, table, tasks=tasks, expected=expected, source=k_efficiency_source),
+         layout.K_EFFICIENCY_FIGURE)
     for task, backend in layout.heatmap_pairs(specs):  # one-point sweeps: the tables' rows, no heatmap
-        fig, record = plot_heatmap(table, task, backend, expected=expected)
-        record["files"] = _save(fig, out_dir, record["id"])
-        figures.append(record)
+        save(plot_heatmap(table, task, backend, expected=expected))
     if curves is not None:
-        for task, backend in pairs:
+        for task, backend in figure_pairs(specs):
             for plot in (plot_training, plot_dynamics):
-                fig, record = plot(curves, task, backend, specs=specs, source=curves_source)
-                record["files"] = _save(fig, out_dir, record["id"])
-                figures.append(record)
+                save(plot(curves, task, backend, specs=specs, source=curves_source))
     from_training = ("training", "dynamics")
     index = {"generated_by": "repexp figures", "table": table_path, "dpi": DPI,
              "expected_from_config": expected is not None,

@@ -199,10 +199,7 @@ def _draw_panel(ax, rows_by_series: dict[Series, list], styles: dict, handles: d
     for i, (series, rows) in enumerate(shown.items()):
         style = styles[series]
         shift = 2 ** ((i - (m - 1) / 2) * DODGE_LOG2)
-        record: dict[str, Any] = {
-            **series.to_dict(), "label": style["label"], "n_repexp_seeds": int(rows[0].n_repexp_seeds),
-            "n_grpo_seeds": int(rows[0].n_grpo_seeds), "reference_k": [], "efficiency": [], "lo": [], "hi": [],
-            "not_reached_fraction": [], "k_star": [], "k_grpo": [], "status": [], "drawn_at": [], "on_edge": []}
+        columns: list[dict[str, Any]] = []  # one per reference k, transposed into the record below
         line_x, line_y = [], []
         for r in rows:
             k = int(r.reference_k)
@@ -230,22 +227,17 @@ def _draw_panel(ax, rows_by_series: dict[Series, list], styles: dict, handles: d
                 if not on_edge:
                     line_x.append(x)
                     line_y.append(drawn)
-            record["reference_k"].append(k)
-            record["efficiency"].append(eff)
-            record["lo"].append(lo)
-            record["hi"].append(hi)
-            record["not_reached_fraction"].append(_number(r.bootstrap_not_reached))
-            record["k_star"].append(_number(r.k_star))
-            record["k_grpo"].append(_number(r.k_grpo))
-            record["status"].append(status)
-            record["drawn_at"].append(drawn)
-            record["on_edge"].append(on_edge)
+            columns.append({"reference_k": k, "efficiency": eff, "lo": lo, "hi": hi,
+                            "not_reached_fraction": _number(r.bootstrap_not_reached), "k_star": _number(r.k_star),
+                            "k_grpo": _number(r.k_grpo), "status": status, "drawn_at": drawn, "on_edge": on_edge})
         if len(line_x) >= 2:
             ax.plot(line_x, line_y, color=style["color"], linewidth=0.8, alpha=0.5, zorder=2)
         if style["label"] not in handles:  # every point of the series is on the edge: still in the legend
             handles[style["label"]] = ax.plot([], [], linestyle="none", marker=style["marker"],
                                               color=style["color"])[0]
-        series_records.append(record)
+        series_records.append({**series.to_dict(), "label": style["label"],
+                               "n_repexp_seeds": int(rows[0].n_repexp_seeds), "n_grpo_seeds": int(rows[0].n_grpo_seeds),
+                               **{key: [c[key] for c in columns] for key in columns[0]}})
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
     top = max(1, math.floor(math.log2(k_max)))

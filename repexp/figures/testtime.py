@@ -15,7 +15,16 @@ from typing import Any
 from repexp import layout
 from repexp.config import RunSpec
 from repexp.figures.curves import _series_styles
-from repexp.figures.series import ZORDER, Series, _series_sort_key, coinciding_with_grpo, series_of, table_specs
+from repexp.figures.series import (
+    ZORDER,
+    Series,
+    _series_sort_key,
+    coinciding_with_grpo,
+    runs_on_common_ks,
+    series_mask,
+    series_of,
+    table_specs,
+)
 from repexp.figures.style import (
     FONT,
     LINE_STYLE,
@@ -33,19 +42,11 @@ ORDERS = (("testtime_pass_at_k", "RepExp order", "-"), ("pass_at_k", "random ord
 
 def testtime_curve(table, series: Series, column: str) -> dict[str, Any] | None:
     """Seed-mean `column` over the ks every seed of the series has a value for (None without any)."""
-    import numpy as np
-
-    mask = (table["task"] == series.task) & (table["method"] == series.method)
-    if series.method != "base":
-        mask &= table["backend"] == series.backend
-    if series.method == "repexp":
-        mask &= (table["sparse_dim"] == series.sparse_dim) & np.isclose(table["beta"].astype(float), series.beta)
-    rows = table[mask & table["testtime_pass_at_k"].notna()]  # both curves on the runs that have the ordering
+    # both curves on the runs that have the ordering
+    rows = table[series_mask(table, series) & table["testtime_pass_at_k"].notna()]
     if rows.empty:
         return None
-    per_run = {run: dict(zip(g["k"].astype(int), g[column].astype(float))) for run, g in rows.groupby("run", sort=True)}
-    ks = sorted(set.intersection(*(set(c) for c in per_run.values())))
-    values = np.array([[curve[k] for k in ks] for curve in per_run.values()])
+    ks, per_run, values = runs_on_common_ks(rows, column)
     return {"k": ks, "mean": values.mean(axis=0).tolist(), "n_seeds": len(per_run), "runs": sorted(per_run)}
 
 
