@@ -72,10 +72,7 @@ def plot_pass_at_k(table, *, tasks: Sequence[str] | None = None, expected: Seque
         raise ValueError("no tasks to plot")
     panels, notes, missing = _curve_panels(found, tasks, expected, max_repexp_lines)
     all_series = [s for panel in panels for s in panel["series"]]
-    repexp_points = {(s.sparse_dim, s.beta) for s in all_series if s.method == "repexp"}
-    show_point = len(repexp_points) > 1
-    show_backend = len({s.backend for s in all_series if s.backend}) > 1
-    styles = _series_styles(all_series, show_point=show_point, show_backend=show_backend)
+    styles, labels, show_point = series_styles(all_series)
     single_seed = any((seed_curve(table, s) or {}).get("n_seeds") == 1 for s in all_series if s.method != "base")
     if single_seed:
         notes.append("Lines with one seed have no band.")
@@ -88,7 +85,6 @@ def plot_pass_at_k(table, *, tasks: Sequence[str] | None = None, expected: Seque
         title = TASK_TITLES.get(panel["task"], panel["task"])
         notes += [f"{title}: {styles[s]['label']} = GRPO at every k (the curves coincide; RepExp is drawn dashed "
                   "on top)" for s in sorted(coincide, key=_series_sort_key)]
-    labels = list(dict.fromkeys(styles[s]["label"] for s in sorted(all_series, key=_series_sort_key)))
     width = max(5.0, 3.2 * len(tasks))
     ncol = legend_columns(labels, width)
     with _style():
@@ -146,6 +142,14 @@ def plot_pass_at_k(table, *, tasks: Sequence[str] | None = None, expected: Seque
     record = {"id": layout.PASS_AT_K_FIGURE, "kind": "pass_at_k", "caption": caption, "notes": notes,
               "missing_runs": missing, "size_px": _size_px(fig), "panels": record_panels}
     return fig, record
+
+
+def series_styles(series: Sequence[Series]) -> tuple[dict[Series, dict], list[str], bool]:
+    """(style per series, the legend labels in plotting order, whether RepExp labels name their point)."""
+    show_point = len({(s.sparse_dim, s.beta) for s in series if s.method == "repexp"}) > 1
+    show_backend = len({s.backend for s in series if s.backend}) > 1
+    styles = _series_styles(series, show_point=show_point, show_backend=show_backend)
+    return styles, list(dict.fromkeys(styles[s]["label"] for s in sorted(series, key=_series_sort_key))), show_point
 
 
 def _series_styles(series: Sequence[Series], *, show_point: bool, show_backend: bool) -> dict[Series, dict]:

@@ -9,7 +9,7 @@ from typing import Any
 
 from repexp import layout
 from repexp.config import RunSpec
-from repexp.figures.curves import _series_styles
+from repexp.figures.curves import series_styles
 from repexp.figures.series import Series, _series_sort_key, completeness_notes, table_specs
 from repexp.figures.style import (
     FONT,
@@ -83,9 +83,9 @@ def plot_k_efficiency(keff, table, *, tasks: Sequence[str] | None = None, expect
         notes += [f"{title}: {n}" for n in task_notes if n != "no base-model run"]  # no base in this figure
         per_task[task] = _series_rows(keff, task)
     all_series = [s for rows in per_task.values() for s in rows]
-    show_point = len({(s.sparse_dim, s.beta) for s in all_series}) > 1
+    styles, labels, _ = series_styles(all_series)
+    labels = ["GRPO (= 1)", *labels]
     show_backend = len({s.backend for s in all_series}) > 1
-    styles = _series_styles(all_series, show_point=show_point, show_backend=show_backend)
     has_intervals = bool(len(keff)) and keff["efficiency_lo"].notna().any()
 
     # what the figure must say (drawn under the axes, so gathered before drawing)
@@ -125,8 +125,6 @@ def plot_k_efficiency(keff, table, *, tasks: Sequence[str] | None = None, expect
             if censored:
                 notes.append(f"{title}: {label} at k = {', '.join(map(str, censored))}: RepExp misses the target in "
                              "≥ 2.5% of bootstrap replicates (bar to the bottom edge)")
-    handles_needed = [styles[s]["label"] for s in sorted(all_series, key=_series_sort_key)]
-    labels = ["GRPO (= 1)"] + list(dict.fromkeys(handles_needed))
     width = max(5.0, 3.2 * len(tasks))
     ncol = legend_columns(labels, width)
     record_panels = []

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from repexp import layout
 from repexp.config import RunSpec, canonical
+from repexp.figures.efficiency import _number
 from repexp.figures.series import Series, completeness_notes, seed_curve, table_specs
 from repexp.figures.style import FONT, TASK_TITLES, _figure_with_footer, _no_data, _size_px, _style
 
@@ -20,8 +21,8 @@ def heatmap_grid(table, task: str, backend: str, expected: Sequence[RunSpec] | N
     return sorted({p[0] for p in points}), sorted({p[1] for p in points})
 
 
-def _pass_cells(table, task: str, backend: str, sparse_dims, betas, k: int | None, n_full_seeds: int):
-    """(values, annotations, cell records) of one pass@k panel: seed means per (sparse_dim, β)."""
+def _cells(sparse_dims, betas, cell):
+    """(values, annotations, cell records) of one panel; `cell(d, b)` gives a cell's (value, text, record)."""
     import numpy as np
 
     values = np.full((len(sparse_dims), len(betas)), np.nan)
@@ -29,48 +30,45 @@ def _pass_cells(table, task: str, backend: str, sparse_dims, betas, k: int | Non
     cells = []
     for i, d in enumerate(sparse_dims):
         for j, b in enumerate(betas):
-            curve = seed_curve(table, Series(task, "repexp", backend, d, b))
-            if k is None or curve is None or k not in curve["k"]:
-                text[i, j] = "missing"
-                cells.append({"sparse_dim": d, "beta": b, "value": None,
-                              "n_seeds": 0 if curve is None else curve["n_seeds"]})
-                continue
-            at = curve["k"].index(k)
-            values[i, j] = curve["mean"][at]
-            text[i, j] = f"{values[i, j]:.3f}"
-            if n_full_seeds and curve["n_seeds"] < n_full_seeds:
-                text[i, j] += f"\n({curve['n_seeds']}/{n_full_seeds} seeds)"
-            cells.append({"sparse_dim": d, "beta": b, "value": curve["mean"][at],
-                          "sem": None if curve["sem"] is None else curve["sem"][at],
-                          "n_seeds": curve["n_seeds"], "seeds": curve["seeds"]})
+            values[i, j], text[i, j], record = cell(d, b)
+            cells.append({"sparse_dim": d, "beta": b, **record})
     return values, text, cells
+
+
+def _pass_cells(table, task: str, backend: str, sparse_dims, betas, k: int | None, n_full_seeds: int):
+    """One pass@k panel's cells: seed means per (sparse_dim, β)."""
+    def cell(d, b):
+        curve = seed_curve(table, Series(task, "repexp", backend, d, b))
+        if k is None or curve is None or k not in curve["k"]:
+            return math.nan, "missing", {"value": None, "n_seeds": 0 if curve is None else curve["n_seeds"]}
+        at = curve["k"].index(k)
+        text = f"{curve['mean'][at]:.3f}"
+        if n_full_seeds and curve["n_seeds"] < n_full_seeds:
+            text += f"\n({curve['n_seeds']}/{n_full_seeds} seeds)"
+        return curve["mean"][at], text, {"value": curve["mean"][at],
+                                         "sem": None if curve["sem"] is None else curve["sem"][at],
+                                         "n_seeds": curve["n_seeds"], "seeds": curve["seeds"]}
+
+    return _cells(sparse_dims, betas, cell)
 
 
 def _efficiency_cells(keff, backend: str, sparse_dims, betas):
-    """(log2 efficiency, annotations, cell records) from the k-efficiency table."""
+    """The k-efficiency panel's cells (log2 efficiency) from the k-efficiency table."""
     import numpy as np
 
-    values = np.full((len(sparse_dims), len(betas)), np.nan)
-    text = np.full(values.shape, "", dtype=object)
-    cells = []
-    for i, d in enumerate(sparse_dims):
-        for j, b in enumerate(betas):
-            match = keff[(keff["backend"] == backend) & (keff["sparse_dim"] == d) & np.isclose(keff["beta"], b)]
-            if match.empty:
-                text[i, j] = "missing"
-                cells.append({"sparse_dim": d, "beta": b, "value": None, "status": "missing"})
-                continue
-            row = match.iloc[0]
-            efficiency = None if pd_isna(row["efficiency"]) else float(row["efficiency"])
-            if efficiency:
-                values[i, j] = math.log2(efficiency)
-                text[i, j] = f"{efficiency:.2f}×"
-            else:
-                text[i, j] = str(row["status"]).replace(" ", "\n", 1)
-            cells.append({"sparse_dim": d, "beta": b, "value": efficiency, "status": row["status"],
-                          "k_star": None if pd_isna(row["k_star"]) else float(row["k_star"]),
-                          "reference_k": None if pd_isna(row["reference_k"]) else int(row["reference_k"])})
-    return values, text, cells
+    def cell(d, b):
+        match = keff[(keff["backend"] == backend) & (keff["sparse_dim"] == d) & np.isclose(keff["beta"], b)]
+        if match.empty:
+            return math.nan, "missing", {"value": None, "status": "missing"}
+        row = match.iloc[0]
+        efficiency, reference_k = _number(row["efficiency"]), _number(row["reference_k"])
+        record = {"value": efficiency, "status": row["status"], "k_star": _number(row["k_star"]),
+                  "reference_k": None if reference_k is None else int(reference_k)}
+        if efficiency:
+            return math.log2(efficiency), f"{efficiency:.2f}×", record
+        return math.nan, str(row["status"]).replace(" ", "\n", 1), record
+
+    return _cells(sparse_dims, betas, cell)
 
 
 def _pass_norm(values, grpo: float | None, name: str):
@@ -179,8 +177,3 @@ def plot_heatmap(table, task: str, backend: str, *, expected: Sequence[RunSpec] 
               "sparse_dims": sparse_dims, "betas": betas, "panels": panels}
     return fig, record
 
-
-def pd_isna(value) -> bool:
-    import pandas as pd
-
-    return value is None or bool(pd.isna(value))

@@ -14,7 +14,7 @@ from typing import Any
 
 from repexp import layout
 from repexp.config import RunSpec
-from repexp.figures.curves import _series_styles
+from repexp.figures.curves import series_styles
 from repexp.figures.series import (
     ZORDER,
     Series,
@@ -60,10 +60,7 @@ def plot_testtime(table, *, tasks: Sequence[str] | None = None, expected: Sequen
     for task in tasks:
         series = sorted({series_of(s) for s in found if s.task == task}, key=_series_sort_key)
         panels.append({"task": task, "series": series})
-    all_series = [s for p in panels for s in p["series"]]
-    show_point = len({(s.sparse_dim, s.beta) for s in all_series if s.method == "repexp"}) > 1
-    show_backend = len({s.backend for s in all_series if s.backend}) > 1
-    styles = _series_styles(all_series, show_point=show_point, show_backend=show_backend)
+    styles, labels, _ = series_styles([s for p in panels for s in p["series"]])
     notes: list[str] = []
     if expected is not None:
         done = table.loc[table["testtime_pass_at_k"].notna(), ["task", "run"]]
@@ -82,7 +79,6 @@ def plot_testtime(table, *, tasks: Sequence[str] | None = None, expected: Sequen
         title = TASK_TITLES.get(panel["task"], panel["task"])
         notes += [f"{title}: {styles[s]['label']} = GRPO at every k in both orders (the curves coincide; RepExp "
                   "is drawn on top with hollow markers)" for s in sorted(coincide, key=_series_sort_key)]
-    labels = list(dict.fromkeys(styles[s]["label"] for s in sorted(all_series, key=_series_sort_key)))
     width = max(5.0, 3.2 * len(tasks))
     ncol = legend_columns(labels + [name for _, name, _ in ORDERS], width)
     record_panels = []
