@@ -1,28 +1,14 @@
 """`repexp aggregate`: every `eval.json` → one tidy pass@k table and the k-efficiency table.
 
-Inputs are `results/eval/<task>/<run>/eval.json` files (the evaluation contract in
-docs/architecture.md); `<run>` is a `RunSpec.name` and supplies the config columns.
+Inputs: `results/eval/<task>/<run>/eval.json` (docs/architecture.md); `<run>` is a `RunSpec.name` and supplies
+the config columns. The table's `pass_at_k` uses one grader for every run: `--grader`, else the config's
+`grader`, else the files' own (which must then agree); `pass_at_k_repexp`/`_paper` hold both (docs/evaluation.md).
 
-Graders: every eval.json holds pass@k under both graders (`graders`, docs/evaluation.md). The
-table's `pass_at_k` (and k-efficiency, the figures and the MLflow sweep-point metrics built on it)
-uses one grader for every run: `--grader`, else the config's `grader` (with `--config`), else the
-grader the files were evaluated with (which must then agree). `pass_at_k_repexp` and
-`pass_at_k_paper` hold both curves, and the Markdown/HTML views show the seed means under both.
-
-Outputs (each written atomically) in `--out-dir`:
-
-* `pass_at_k.csv` — tidy: one row per (run, k) with the config columns;
-* `k_efficiency.csv` — one row per RepExp point (task, backend, sparse_dim, β), defined in `tables`;
-* `k_efficiency_by_k.csv` — the same per RepExp point and reference k (every grid k);
-* `pass_at_k.md`, `pass_at_k.html` — the same for people (seed means, per-run values, k-efficiency,
-  definitions and the list of missing runs); the HTML is what the Snakemake report embeds.
-
-With `--testtime` (the `testtime.json` files of `repexp testtime`), the tidy table's
-`testtime_pass_at_k` column holds pass@k when the verifier takes the run's samples in RepExp order
-(its `pass_at_k` is the random order of the same samples), and the per-run tables gain the test-time
-verifier efficiency (samples-to-correct, random / RepExp, with its bootstrap interval).
-
-The package, by what it owns (docs/architecture.md):
+Outputs in `--out-dir`, each written atomically: `pass_at_k.csv` (tidy, one row per (run, k)),
+`k_efficiency.csv` (one row per RepExp point, defined in `tables`), `k_efficiency_by_k.csv` (the same per
+reference k), and `pass_at_k.md` / `.html` for people (the HTML is what the Snakemake report embeds).
+With `--testtime`, `testtime_pass_at_k` holds pass@k in RepExp order and the per-run tables gain the
+test-time verifier efficiency.
 
 | module | what it holds |
 |---|---|
@@ -31,8 +17,7 @@ The package, by what it owns (docs/architecture.md):
 | `render` | the Markdown and HTML views |
 | this module | the command: what it writes, the sweep points' MLflow metrics (logged by `repexp.tracking.targets`) |
 
-The names below re-export the loading and table API (`repexp.aggregate.load_evals`, `.k_efficiency`, ...) that
-tests and notebooks use; each is defined in its submodule only.
+It re-exports the loading and table API (`repexp.aggregate.load_evals`, `.k_efficiency`, ...).
 """
 
 from __future__ import annotations
@@ -173,16 +158,17 @@ def aggregate(paths: Sequence[Path], out_dir: Path, *, expected: Sequence[RunSpe
     keff_by_k = k_efficiency(table, runs, by_reference_k=True)
     keff = k_efficiency_headline(keff_by_k)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out_dir / layout.K_EFFICIENCY_CSV) as tmp:
-        keff.to_csv(tmp, index=False)
-    with atomic_path(out_dir / layout.K_EFFICIENCY_BY_K_CSV) as tmp:
-        keff_by_k.to_csv(tmp, index=False)
-    with atomic_path(out_dir / layout.PASS_AT_K_MD) as tmp:
-        tmp.write_text(render_markdown(table, keff, missing=missing, ignored=ignored, testtime=testtime))
-    with atomic_path(out_dir / layout.PASS_AT_K_HTML) as tmp:
-        tmp.write_text(render_html(table, keff, missing=missing, ignored=ignored, testtime=testtime))
-    with atomic_path(out_dir / layout.PASS_AT_K_CSV) as tmp:  # last: the rule's first output
-        table.to_csv(tmp, index=False)
+    for name, content in ((layout.K_EFFICIENCY_CSV, keff), (layout.K_EFFICIENCY_BY_K_CSV, keff_by_k),
+                          (layout.PASS_AT_K_MD, render_markdown(table, keff, missing=missing, ignored=ignored,
+                                                                testtime=testtime)),
+                          (layout.PASS_AT_K_HTML, render_html(table, keff, missing=missing, ignored=ignored,
+                                                              testtime=testtime)),
+                          (layout.PASS_AT_K_CSV, table)):  # pass_at_k.csv last: the rule's first output
+        with atomic_path(out_dir / name) as tmp:
+            if isinstance(content, str):
+                tmp.write_text(content)
+            else:
+                content.to_csv(tmp, index=False)
     return {"runs": runs, "table": table, "k_efficiency": keff, "k_efficiency_by_k": keff_by_k, "missing": missing,
             "ignored": ignored, "testtime": testtime}
 

@@ -194,7 +194,11 @@ def render_markdown(table, keff, *, missing: Sequence[str], ignored: Sequence[st
     grader, other = _graders(table)
     parts = ["# pass@k", "", f"{table['run'].nunique()} evaluated runs over tasks "
              f"{', '.join(dict.fromkeys(table['task']))}, graded by **{grader}**. {SEM_NOTE}", "", GRADER_NOTE, ""]
-    parts += _missing_lines(missing, ignored, bullet="- ")
+    if missing:
+        parts += [f"**Missing runs** (expected by the config, no eval.json): {len(missing)}", ""]
+        parts += [f"- {m}" for m in missing] + [""]
+    if ignored:
+        parts += [f"Ignored (not part of the config): {', '.join(ignored)}", ""]
     parts += [f"## Mean over seeds ({grader} grader)", "", markdown_table(summary_wide(table)),
               f"## Mean over seeds ({other} grader, same samples)", "",
               markdown_table(summary_wide(table, f"pass_at_k_{other}")),
@@ -205,16 +209,6 @@ def render_markdown(table, keff, *, missing: Sequence[str], ignored: Sequence[st
                   f"_{TESTTIME_NOTE}_", ""]
     parts += ["## Per run", "", markdown_table(per_run_wide(table, testtime))]
     return "\n".join(parts)
-
-
-def _missing_lines(missing: Sequence[str], ignored: Sequence[str], bullet: str) -> list[str]:
-    lines = []
-    if missing:
-        lines += [f"**Missing runs** (expected by the config, no eval.json): {len(missing)}", ""]
-        lines += [f"{bullet}{m}" for m in missing] + [""]
-    if ignored:
-        lines += [f"Ignored (not part of the config): {', '.join(ignored)}", ""]
-    return lines
 
 
 _HTML_STYLE = """

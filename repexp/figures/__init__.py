@@ -1,33 +1,16 @@
 """`repexp figures`: pass@k curves, test-time curves, k-efficiency, sweep heatmaps, training curves and
-training dynamics, plus `index.json`.
+training dynamics, plus `index.json` (docs/figures.md describes each figure).
 
-Input: the tidy table of `repexp aggregate` (`pass_at_k.csv`) and its per-reference-k k-efficiency table
-(`k_efficiency_by_k.csv`, with the bootstrap intervals), optionally the pipeline config (the expected runs:
-anything missing is named on the figure, in `index.json` and on stderr) and the training metrics
-(`results/train/<task>/<run>/metrics.jsonl`, or the MLflow store).
+Input: `repexp aggregate`'s `pass_at_k.csv` and `k_efficiency_by_k.csv` (with the bootstrap intervals),
+optionally the pipeline config (the expected runs: anything missing is named on the figure, in `index.json`
+and on stderr) and the training metrics (`results/train/<task>/<run>/metrics.jsonl`, or the MLflow store).
+Outputs in `--out-dir`, each written atomically, `index.json` last: `pass_at_k`, `testtime_pass_at_k`,
+`k_efficiency`, `heatmap_<task>_<backend>`, `training_<task>_<backend>` and `dynamics_<task>_<backend>`
+(each `.pdf` and `.png`); `index.json` holds every figure's files, caption, notes, pixel size and plotted
+data, so tests and readers can check numbers without looking at pixels.
 
-Outputs in `--out-dir` (each written atomically; `index.json` last):
-
-* `pass_at_k.{pdf,png}` — one panel per task (the paper's Figure 2 layout): pass@k over k on a log2
-  axis, one line per method — RepExp (one line per (sparse_dim, β) point, see `select_repexp_points`),
-  GRPO, base model — the mean over seeds with a ±SEM-over-seeds band (none with one seed);
-* `testtime_pass_at_k.{pdf,png}` — per task, pass@k of each run's samples taken in RepExp order (the
-  paper's inference-time exploration, `repexp testtime`) and in random order (the table's
-  `testtime_pass_at_k` and `pass_at_k` columns), log2 k;
-* `k_efficiency.{pdf,png}` — per task, each RepExp point's k-efficiency over GRPO at the reference ks
-  2, 4, … up to the largest, with the paired bootstrap interval as error bars and a line at 1 (GRPO);
-* `heatmap_<task>_<backend>.{pdf,png}` — pass@1, pass@K (K = the largest k ≤ 256 every run has) and
-  the k-efficiency over sparse_dim × β;
-* `training_<task>_<backend>.{pdf,png}` — dev pass@1, raw and scaled bonus means, verifier vs shaped
-  reward over training steps (mean over seeds ± SEM);
-* `dynamics_<task>_<backend>.{pdf,png}` — policy entropy and rollout diversity (distinct responses per
-  prompt group) over training steps (mean over seeds ± SEM);
-* `index.json` — every figure: files, caption, notes (missing runs), pixel size and the plotted data,
-  so tests and readers can check numbers without looking at pixels.
-
-Modules: `style` (look and scaffolding), `series` (what a line is, seed means, missing-run notes),
-`curves`, `testtime`, `efficiency`, `heatmaps`, `training` (training and dynamics) (one figure kind each),
-`publish` (MLflow artifacts);
+Modules: `style` (look and scaffolding), `series` (what a line is, seed means, missing-run notes), one per
+figure kind (`curves`, `testtime`, `efficiency`, `heatmaps`, `training`), `publish` (MLflow artifacts);
 the CLI and `make_figures` are here.
 
 Figures are never skipped silently: a figure without data is drawn as a panel that says what is
