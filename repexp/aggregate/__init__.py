@@ -17,7 +17,7 @@ test-time verifier efficiency.
 | `render` | the Markdown and HTML views |
 | this module | the command: what it writes, the sweep points' MLflow metrics (logged by `repexp.tracking.targets`) |
 
-It re-exports the loading and table API (`repexp.aggregate.load_evals`, `.k_efficiency`, ...).
+It re-exports the loading and table API that tests and docs use (`repexp.aggregate.load_evals`, ...).
 """
 
 from __future__ import annotations
@@ -38,25 +38,16 @@ from repexp.aggregate.load import (
     find_eval_files,
     load_eval,
     load_evals,
-    load_testtime,
     missing_runs,
-    run_sort_key,
 )
 from repexp.aggregate.render import render_html, render_markdown
 from repexp.aggregate.tables import (
-    BOOTSTRAP_LEVEL,
     BOOTSTRAP_REPLICATES,
-    BOOTSTRAP_SEED,
-    HEADLINE_K,
     K_EFFICIENCY_COLUMNS,
-    METHOD_NAMES,
-    NO_INTERVAL_NOTE,
-    STATUS_NO_COMMON_K,
     STATUS_NO_GRPO,
     STATUS_NOT_REACHED,
     STATUS_REACHED,
     STATUS_REACHED_FIRST,
-    STATUS_UNDEFINED,
     TIDY_COLUMNS,
     bootstrap_k_efficiency,
     crossing_k,
@@ -65,21 +56,17 @@ from repexp.aggregate.tables import (
     k_efficiency_headline,
     read_k_efficiency,
     read_table,
-    seed_summary,
     tidy_table,
 )
 from repexp.config import RunSpec
 from repexp.io import atomic_path, read_json
 from repexp.verify.routing import GRADERS
 
-__all__ = [
-    "BOOTSTRAP_LEVEL", "BOOTSTRAP_REPLICATES", "BOOTSTRAP_SEED", "HEADLINE_K", "K_EFFICIENCY_COLUMNS", "METHOD_NAMES",
-    "NO_INTERVAL_NOTE", "STATUS_NO_COMMON_K", "STATUS_NO_GRPO", "STATUS_NOT_REACHED", "STATUS_REACHED",
-    "STATUS_REACHED_FIRST", "STATUS_UNDEFINED", "TIDY_COLUMNS", "EvalRun", "TesttimeRun", "aggregate",
-    "attach_testtime", "bootstrap_k_efficiency", "configure_parser", "run_job", "crossing_k", "crossing_k_batch",
-    "expected_runs", "find_eval_files", "k_efficiency", "k_efficiency_headline", "load_eval", "load_evals",
-    "load_testtime", "log_sweep_point_metrics", "missing_runs", "read_k_efficiency", "read_table", "run",
-    "run_sort_key", "seed_summary", "sweep_point_metrics", "tidy_table",
+__all__ = [  # the names tests and docs use (each defined in its submodule only)
+    "BOOTSTRAP_REPLICATES", "K_EFFICIENCY_COLUMNS", "STATUS_NO_GRPO", "STATUS_NOT_REACHED", "STATUS_REACHED",
+    "STATUS_REACHED_FIRST", "TIDY_COLUMNS", "EvalRun", "aggregate", "bootstrap_k_efficiency", "configure_parser",
+    "crossing_k", "crossing_k_batch", "find_eval_files", "k_efficiency", "load_eval", "load_evals",
+    "log_sweep_point_metrics", "read_k_efficiency", "read_table", "run", "run_job", "sweep_point_metrics",
 ]
 
 # ks logged on every sweep point's MLflow parent run (plus the largest evaluated k)

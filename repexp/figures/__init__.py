@@ -29,22 +29,13 @@ from typing import Any
 from repexp import layout
 from repexp.config import RunSpec
 
-# the package's public names, importable from `repexp.figures` as before the split
-from repexp.figures.curves import plot_pass_at_k  # noqa: F401
+# the names tests and docs/figures.md use, importable from `repexp.figures`
+from repexp.figures.curves import plot_pass_at_k
 from repexp.figures.efficiency import plot_k_efficiency
-from repexp.figures.heatmaps import heatmap_grid, plot_heatmap  # noqa: F401
+from repexp.figures.heatmaps import plot_heatmap
 from repexp.figures.publish import log_figures_run  # noqa: F401
-from repexp.figures.series import (  # noqa: F401
-    Series,
-    compact_runs,
-    completeness_notes,
-    expected_from_config,
-    seed_curve,
-    select_repexp_points,
-    series_of,
-    table_specs,
-)
-from repexp.figures.style import DPI, MAX_REPEXP_LINES, _save  # noqa: F401
+from repexp.figures.series import expected_from_config, select_repexp_points, table_specs  # noqa: F401
+from repexp.figures.style import DPI, MAX_REPEXP_LINES, _save
 from repexp.figures.testtime import STEM as TESTTIME_STEM
 from repexp.figures.testtime import plot_testtime
 from repexp.figures.training import (  # noqa: F401

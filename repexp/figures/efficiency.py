@@ -34,6 +34,12 @@ def plotted_reference_ks(refs: Sequence[int]) -> list[int]:
     return [k for k in refs if k >= 2 and (k & (k - 1) == 0 or k == refs[-1])]
 
 
+def _shown(rows) -> list:
+    """The rows of one point at its `plotted_reference_ks`."""
+    ks = plotted_reference_ks([r.reference_k for r in rows])
+    return [r for r in rows if int(r.reference_k) in ks]
+
+
 def _number(value) -> float | None:
     try:
         value = float(value)
@@ -104,9 +110,7 @@ def plot_k_efficiency(keff, table, *, tasks: Sequence[str] | None = None, expect
             notes.append(f"{title}: {label}: {r.status}")
         for series, rows in per_task[task].items():
             label = styles[series]["label"]
-            kept = {int(r.reference_k) for r in rows if int(r.reference_k) in plotted_reference_ks(
-                [x.reference_k for x in rows])}
-            shown = [r for r in rows if int(r.reference_k) in kept]
+            shown = _shown(rows)
             by_status: dict[str, list[int]] = {}
             for r in shown:
                 by_status.setdefault(str(r.status), []).append(int(r.reference_k))
@@ -175,10 +179,7 @@ def _draw_panel(ax, rows_by_series: dict[Series, list], styles: dict, handles: d
     from repexp.aggregate import tables as A
 
     series_list = sorted(rows_by_series, key=_series_sort_key)
-    shown = {s: [r for r in rows_by_series[s]
-                 if int(r.reference_k) in plotted_reference_ks([x.reference_k for x in rows_by_series[s]])]
-             for s in series_list}
-    shown = {s: rows for s, rows in shown.items() if rows}
+    shown = {s: _shown(rows_by_series[s]) for s in series_list if _shown(rows_by_series[s])}
     if not shown:
         return None
     values = [1.0]

@@ -150,10 +150,10 @@ def _trained_series(curves, task: str, backend: str, specs: Sequence[RunSpec]):
 
 
 def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], source: str, panels, title: str,
-                  size: tuple[float, float], grid: tuple[int, int], name_lacking: bool):
+                  size: tuple[float, float], grid: tuple[int, int], name_lacking: bool, kind: str, caption: str):
     """A figure of metric panels over training steps: one line per method/point, mean over seeds ± SEM.
 
-    Returns (figure, notes, missing runs, panel records). A panel without any logged value says what is
+    Returns (figure, its index.json record of `kind`). A panel without any logged value says what is
     missing; with `name_lacking`, runs without a panel's metric while others logged it are named in a note
     (not for the training figure, where GRPO has no bonus by design).
     """
@@ -286,7 +286,10 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
                     handles[label] = Line2D([], [], color="#444444", linestyle=linestyle, linewidth=1.0)
             footer.legend(list(handles.values()), list(handles), loc="upper center", ncol=ncol, frameon=False,
                           fontsize=FONT["legend"], bbox_to_anchor=(0.5, 1.0))
-    return fig, notes, missing, panels_record
+    figure_id = (layout.training_figure if kind == "training" else layout.dynamics_figure)(task, backend)
+    return fig, {"id": figure_id, "kind": kind, "task": task, "backend": backend, "source": source,
+                 "caption": caption, "notes": notes, "missing_runs": missing, "size_px": _size_px(fig),
+                 "panels": panels_record}
 
 
 def _turned_off_steps(curves, runs: Sequence[RunSpec]) -> tuple[list[int], int]:
@@ -313,28 +316,22 @@ def _readable_ylim(lows: Sequence[float], highs: Sequence[float]) -> tuple[float
 def plot_training(curves: dict[str, dict[str, dict[int, float]]], task: str, backend: str, *,
                   specs: Sequence[RunSpec], source: str):
     """Training curves of one task and backend: one line per method/point, mean over seeds ± SEM."""
-    fig, notes, missing, panels = _curve_figure(curves, task, backend, specs=specs, source=source,
-                                                panels=TRAINING_PANELS, title="training", size=(9.0, 4.6),
-                                                grid=(2, 2), name_lacking=False)
     caption = (
         f"Training on {TASK_TITLES.get(task, task)} ({backend}), from {source}: dev pass@1 at each validation, "
-        "the mean "
-        "raw and β-scaled RepExp bonus per step (× where the bonus was switched off in some groups), and the mean "
-        "shaped reward (α·verifier + β·bonus, solid) against the verifier reward (dashed, drawn on top; GRPO has "
-        "β = 0, so only its dashed line). Lines are means over seeds with a ±1 SEM band where ≥ 2 seeds logged "
-        "the step."
+        "the mean raw and β-scaled RepExp bonus per step (× where the bonus was switched off in some groups), "
+        "and the mean shaped reward (α·verifier + β·bonus, solid) against the verifier reward (dashed, drawn on "
+        "top; GRPO has β = 0, so only its dashed line). Lines are means over seeds with a ±1 SEM band where ≥ 2 "
+        "seeds logged the step."
     )
-    return fig, _record(fig, layout.training_figure(task, backend), "training", task, backend, source, caption,
-                        notes, missing, panels)
+    return _curve_figure(curves, task, backend, specs=specs, source=source, panels=TRAINING_PANELS,
+                         title="training", size=(9.0, 4.6), grid=(2, 2), name_lacking=False, kind="training",
+                         caption=caption)
 
 
 def plot_dynamics(curves: dict[str, dict[str, dict[int, float]]], task: str, backend: str, *,
                   specs: Sequence[RunSpec], source: str):
     """Training dynamics of one task and backend: policy entropy and rollout diversity over training steps,
     one line per method/point (GRPO, each RepExp point), mean over seeds ± SEM."""
-    fig, notes, missing, panels = _curve_figure(curves, task, backend, specs=specs, source=source,
-                                                panels=DYNAMICS_PANELS, title="training dynamics", size=(9.0, 2.8),
-                                                grid=(1, 2), name_lacking=True)
     caption = (
         f"Training dynamics on {TASK_TITLES.get(task, task)} ({backend}), from {source}: the policy's mean token "
         f"entropy on its rollouts ({M.POLICY_ENTROPY}) and the rollout diversity ({M.DISTINCT_FRACTION}: per "
@@ -343,12 +340,7 @@ def plot_dynamics(curves: dict[str, dict[str, dict[int, float]]], task: str, bac
         "entropy and diversity than GRPO's. Lines are means over seeds with a ±1 SEM band where ≥ 2 seeds "
         "logged the step."
     )
-    return fig, _record(fig, layout.dynamics_figure(task, backend), "dynamics", task, backend, source, caption,
-                        notes, missing, panels)
+    return _curve_figure(curves, task, backend, specs=specs, source=source, panels=DYNAMICS_PANELS,
+                         title="training dynamics", size=(9.0, 2.8), grid=(1, 2), name_lacking=True, kind="dynamics",
+                         caption=caption)
 
-
-def _record(fig, figure_id: str, kind: str, task: str, backend: str, source: str, caption: str, notes, missing,
-            panels) -> dict:
-    """The index.json entry of a training or dynamics figure."""
-    return {"id": figure_id, "kind": kind, "task": task, "backend": backend, "source": source, "caption": caption,
-            "notes": notes, "missing_runs": missing, "size_px": _size_px(fig), "panels": panels}
