@@ -22,7 +22,6 @@ from repexp.figures.series import (
 from repexp.figures.style import (
     BACKEND_LINESTYLES,
     BASE_COLOR,
-    FONT,
     GRPO_COLOR,
     LINE_STYLE,
     MAX_REPEXP_LINES,
@@ -31,6 +30,7 @@ from repexp.figures.style import (
     TASK_TITLES,
     _figure_with_footer,
     _finish_curve_panel,
+    _legend,
     _size_px,
     _style,
     legend_columns,
@@ -126,11 +126,7 @@ def plot_pass_at_k(table, *, tasks: Sequence[str] | None = None, expected: Seque
                                        k_max=k_max, lows=lows, highs=highs, xlabel="k", first=j == 0)
             record_panels.append({"task": task, "title": TASK_TITLES.get(task, task),
                                   "ylim": list(ylim) if ylim else None, "series": data_series})
-        if handles:
-            shown = [label for label in labels if label in handles]
-            footer.legend([handles[label] for label in shown], shown,
-                          loc="upper center", ncol=ncol, frameon=False, fontsize=FONT["legend"],
-                          bbox_to_anchor=(0.5, 1.0))
+        _legend(footer, handles, labels, ncol)
     caption = (
         "pass@k on the test split over k (log2 axis) per task: mean over seeds "
         + ("with a ±1 SEM band across seeds (ddof 1)" if not single_seed

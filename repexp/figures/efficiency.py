@@ -16,6 +16,7 @@ from repexp.figures.style import (
     GRPO_COLOR,
     TASK_TITLES,
     _figure_with_footer,
+    _legend,
     _no_data,
     _size_px,
     _style,
@@ -147,10 +148,7 @@ def plot_k_efficiency(keff, table, *, tasks: Sequence[str] | None = None, expect
                 record_panels.append({"task": task, "title": TASK_TITLES.get(task, task), "ylim": None, "series": []})
             else:
                 record_panels.append({"task": task, "title": TASK_TITLES.get(task, task), **panel})
-        if handles:
-            shown = [label for label in labels if label in handles]
-            footer.legend([handles[label] for label in shown], shown, loc="upper center", ncol=ncol, frameon=False,
-                          fontsize=FONT["legend"], bbox_to_anchor=(0.5, 1.0))
+        _legend(footer, handles, labels, ncol)
     if has_intervals:
         interval = (f"error bars: 95% percentile interval of a paired bootstrap ({', '.join(map(str, replicates))} "
                     f"replicates resampling {' / '.join(bootstrap_units) or 'problems'}; the same problems for both "

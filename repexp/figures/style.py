@@ -82,6 +82,14 @@ def _figure_with_footer(width: float, plot_height: float, *, legend_rows: int, n
     return fig, axes, bottom
 
 
+def _legend(footer, handles: dict, labels: Sequence[str], ncol: int) -> None:
+    """The legend under the plots: `labels` that have a handle, in that order (none without any)."""
+    shown = [label for label in labels if label in handles]
+    if shown:
+        footer.legend([handles[label] for label in shown], shown, loc="upper center", ncol=ncol, frameon=False,
+                      fontsize=FONT["legend"], bbox_to_anchor=(0.5, 1.0))
+
+
 def _no_data(ax, message: str) -> None:
     ax.set_xticks([])
     ax.set_yticks([])

@@ -26,11 +26,11 @@ from repexp.figures.series import (
     table_specs,
 )
 from repexp.figures.style import (
-    FONT,
     LINE_STYLE,
     TASK_TITLES,
     _figure_with_footer,
     _finish_curve_panel,
+    _legend,
     _size_px,
     _style,
     legend_columns,
@@ -112,11 +112,9 @@ def plot_testtime(table, *, tasks: Sequence[str] | None = None, expected: Sequen
                                        k_max=k_max, lows=lows, highs=highs, xlabel="k (verifier calls)", first=j == 0)
             record_panels.append({"task": task, "title": TASK_TITLES.get(task, task),
                                   "ylim": list(ylim) if ylim else None, "series": plotted})
-        order_handles = [ax.plot([], [], color="#444444", linestyle=ls, linewidth=1.275)[0] for _, _, ls in ORDERS]
-        shown = [label for label in labels if label in handles]
-        names = shown + [name for _, name, _ in ORDERS]
-        footer.legend([handles[label] for label in shown] + order_handles, names, loc="upper center",
-                      ncol=ncol, frameon=False, fontsize=FONT["legend"], bbox_to_anchor=(0.5, 1.0))
+        for _, name, ls in ORDERS:  # what solid and dashed mean
+            handles[name] = ax.plot([], [], color="#444444", linestyle=ls, linewidth=1.275)[0]
+        _legend(footer, handles, labels + [name for _, name, _ in ORDERS], ncol)
     caption = (
         "Test-time RepExp (the paper's inference-time exploration) on each run's test samples: pass@k when the "
         "verifier is called on the samples in RepExp order (solid: each time the sample with the largest "

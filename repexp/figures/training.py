@@ -19,6 +19,7 @@ from repexp.figures.style import (
     TASK_TITLES,
     _adaptive_ylim,
     _figure_with_footer,
+    _legend,
     _no_data,
     _size_px,
     _style,
@@ -284,8 +285,7 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
 
                 for label, linestyle in METRIC_LEGEND:  # legend-only handles, drawn on no axis
                     handles[label] = Line2D([], [], color="#444444", linestyle=linestyle, linewidth=1.0)
-            footer.legend(list(handles.values()), list(handles), loc="upper center", ncol=ncol, frameon=False,
-                          fontsize=FONT["legend"], bbox_to_anchor=(0.5, 1.0))
+            _legend(footer, handles, list(handles), ncol)
     figure_id = (layout.training_figure if kind == "training" else layout.dynamics_figure)(task, backend)
     return fig, {"id": figure_id, "kind": kind, "task": task, "backend": backend, "source": source,
                  "caption": caption, "notes": notes, "missing_runs": missing, "size_px": _size_px(fig),
