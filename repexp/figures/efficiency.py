@@ -9,19 +9,9 @@ from typing import Any
 
 from repexp import layout
 from repexp.config import RunSpec
+from repexp.figures import style as S
 from repexp.figures.curves import series_styles
 from repexp.figures.series import Series, _series_sort_key, completeness_notes, table_specs
-from repexp.figures.style import (
-    FONT,
-    GRPO_COLOR,
-    TASK_TITLES,
-    _figure_with_footer,
-    _legend,
-    _no_data,
-    _size_px,
-    _style,
-    legend_columns,
-)
 
 # a point's markers are spread this far apart (in log2 k) so that error bars of several points stay apart
 DODGE_LOG2 = 0.09
@@ -84,7 +74,7 @@ def plot_k_efficiency(keff, table, *, tasks: Sequence[str] | None = None, expect
     missing: list[str] = []
     per_task = {}
     for task in tasks:
-        title = TASK_TITLES.get(task, task)
+        title = S.TASK_TITLES.get(task, task)
         task_missing, task_notes = completeness_notes(task, found, expected)
         missing += task_missing
         notes += [f"{title}: {n}" for n in task_notes if n != "no base-model run"]  # no base in this figure
@@ -103,7 +93,7 @@ def plot_k_efficiency(keff, table, *, tasks: Sequence[str] | None = None, expect
     if not has_intervals and not reasons and all_series:
         notes.append(f"No bootstrap intervals ({source or 'no per-problem counts'}).")
     for task in tasks:
-        title = TASK_TITLES.get(task, task)
+        title = S.TASK_TITLES.get(task, task)
         no_grid = keff[(keff["task"] == task) & keff["reference_k"].isna()]
         for r in no_grid.itertuples(index=False):
             label = Series(task, "repexp", r.backend, int(r.sparse_dim), float(r.beta)).label(
@@ -131,24 +121,24 @@ def plot_k_efficiency(keff, table, *, tasks: Sequence[str] | None = None, expect
                 notes.append(f"{title}: {label} at k = {', '.join(map(str, censored))}: RepExp misses the target in "
                              "≥ 2.5% of bootstrap replicates (bar to the bottom edge)")
     width = max(5.0, 3.2 * len(tasks))
-    ncol = legend_columns(labels, width)
+    ncol = S.legend_columns(labels, width)
     record_panels = []
-    with _style():
-        fig, axes, footer = _figure_with_footer(width, 2.9, legend_rows=math.ceil(len(labels) / ncol), notes=notes,
+    with S._style():
+        fig, axes, footer = S._figure_with_footer(width, 2.9, legend_rows=math.ceil(len(labels) / ncol), notes=notes,
                                                 ncols=len(tasks))
         handles: dict[str, Any] = {}
         for j, task in enumerate(tasks):
             ax = axes[0][j]
-            ax.set_title(TASK_TITLES.get(task, task))
+            ax.set_title(S.TASK_TITLES.get(task, task))
             panel = _draw_panel(ax, per_task[task], styles, handles, first=j == 0)
             if panel is None:
                 has_rows = bool(len(keff)) and (keff["task"] == task).any()
-                _no_data(ax, f"no k-efficiency for {task}: " + ("no RepExp point has a GRPO baseline with a common k"
+                S._no_data(ax, f"no k-efficiency for {task}: " + ("no RepExp point has a GRPO baseline with a common k"
                                                                 if has_rows else "no RepExp evaluation"))
-                record_panels.append({"task": task, "title": TASK_TITLES.get(task, task), "ylim": None, "series": []})
+                record_panels.append({"task": task, "title": S.TASK_TITLES.get(task, task), "ylim": None, "series": []})
             else:
-                record_panels.append({"task": task, "title": TASK_TITLES.get(task, task), **panel})
-        _legend(footer, handles, labels, ncol)
+                record_panels.append({"task": task, "title": S.TASK_TITLES.get(task, task), **panel})
+        S._legend(footer, handles, labels, ncol)
     if has_intervals:
         interval = (f"error bars: 95% percentile interval of a paired bootstrap ({', '.join(map(str, replicates))} "
                     f"replicates resampling {' / '.join(bootstrap_units) or 'problems'}; the same problems for both "
@@ -163,7 +153,7 @@ def plot_k_efficiency(keff, table, *, tasks: Sequence[str] | None = None, expect
         "reach the target within k ≤ the reference k (k* beyond the evaluated range)."
     )
     record = {"id": layout.K_EFFICIENCY_FIGURE, "kind": "k_efficiency", "caption": caption, "notes": notes,
-              "missing_runs": missing, "size_px": _size_px(fig), "source": source,
+              "missing_runs": missing, "size_px": S._size_px(fig), "source": source,
               "bootstrap": {"replicates": replicates, "resampled": bootstrap_units} if has_intervals else None,
               "panels": record_panels}
     return fig, record
@@ -189,7 +179,7 @@ def _draw_panel(ax, rows_by_series: dict[Series, list], styles: dict, handles: d
     edge = y_lo  # where values below the axis (not reached, a lower bound of 0) are drawn
     ks = [int(r.reference_k) for rows in shown.values() for r in rows]
     k_max = max(ks)
-    ax.axhline(1.0, color=GRPO_COLOR, linestyle="--", linewidth=1.2, zorder=1)
+    ax.axhline(1.0, color=S.GRPO_COLOR, linestyle="--", linewidth=1.2, zorder=1)
     handles.setdefault("GRPO (= 1)", ax.lines[-1])
     m = len(shown)
     series_records = []
@@ -248,7 +238,7 @@ def _draw_panel(ax, rows_by_series: dict[Series, list], styles: dict, handles: d
     ax.yaxis.set_minor_locator(NullLocator())
     ax.set_ylim(y_lo, y_hi)
     ax.set_xlabel("reference k (GRPO's pass@k)")
-    ax.tick_params(axis="both", labelsize=FONT["tick"])
+    ax.tick_params(axis="both", labelsize=S.FONT["tick"])
     if first:
         ax.set_ylabel("k-efficiency (k_GRPO / k*)")
     return {"ylim": [float(y_lo), float(y_hi)], "edge": float(np.float64(edge)), "series": series_records}

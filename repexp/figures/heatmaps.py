@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 from repexp import layout
 from repexp.config import RunSpec, canonical
+from repexp.figures import style as S
 from repexp.figures.efficiency import _number
 from repexp.figures.series import Series, completeness_notes, seed_curve, table_specs
-from repexp.figures.style import FONT, TASK_TITLES, _figure_with_footer, _no_data, _size_px, _style
 
 
 def heatmap_grid(table, task: str, backend: str, expected: Sequence[RunSpec] | None) -> tuple[list[int], list[float]]:
@@ -99,16 +99,16 @@ def _draw_heatmap(ax, values, text, sparse_dims, betas, *, norm, cmap: str, labe
     with warnings.catch_warnings():  # an all-missing panel makes seaborn warn about NaN min/max
         warnings.simplefilter("ignore", RuntimeWarning)
         sns.heatmap(values, ax=ax, cmap=cmap, norm=norm, annot=text, fmt="", mask=~np.isfinite(values),
-                    annot_kws={"fontsize": FONT["note"]}, linewidths=0.5, linecolor="white",
+                    annot_kws={"fontsize": S.FONT["note"]}, linewidths=0.5, linecolor="white",
                     xticklabels=[canonical(b) for b in betas], yticklabels=[str(d) for d in sparse_dims],
                     cbar_kws={"label": label, "shrink": 0.9})
     # seaborn does not annotate masked cells: say "missing" / "not reached" there
     for i, j in zip(*np.nonzero(~np.isfinite(values))):
         if text[i, j]:
-            ax.text(j + 0.5, i + 0.5, text[i, j], ha="center", va="center", fontsize=FONT["note"], color="#555555")
+            ax.text(j + 0.5, i + 0.5, text[i, j], ha="center", va="center", fontsize=S.FONT["note"], color="#555555")
     colorbar = ax.collections[0].colorbar
-    colorbar.ax.yaxis.label.set_size(FONT["note"])
-    colorbar.ax.tick_params(labelsize=FONT["note"])
+    colorbar.ax.yaxis.label.set_size(S.FONT["note"])
+    colorbar.ax.tick_params(labelsize=S.FONT["note"])
     colorbar.set_ticks(ticks, labels=tick_labels)
     ax.set_xlabel("β")
     ax.tick_params(axis="y", rotation=0)
@@ -137,14 +137,14 @@ def plot_heatmap(table, task: str, backend: str, *, expected: Sequence[RunSpec] 
     width = max(7.5, 7.8 + 1.35 * max(0, len(betas) - 2))
     height = 1.7 + 0.45 * max(2, len(sparse_dims))
     panels = []
-    with _style():
-        fig, axes, _ = _figure_with_footer(width, height, legend_rows=0, notes=notes, ncols=3)
-        fig.suptitle(f"{TASK_TITLES.get(task, task)} [{backend}]: RepExp sweep", fontsize=FONT["title"])
+    with S._style():
+        fig, axes, _ = S._figure_with_footer(width, height, legend_rows=0, notes=notes, ncols=3)
+        fig.suptitle(f"{S.TASK_TITLES.get(task, task)} [{backend}]: RepExp sweep", fontsize=S.FONT["title"])
         for ax, (name, k) in zip(axes[0], [("pass@1", 1), (f"pass@{k_ref}" if k_ref else "pass@K", k_ref),
                                           ("k-efficiency", None)]):
-            ax.set_title(name, fontsize=FONT["label"])
+            ax.set_title(name, fontsize=S.FONT["label"])
             if not sparse_dims:
-                _no_data(ax, f"no RepExp runs for {task} [{backend}]")
+                S._no_data(ax, f"no RepExp runs for {task} [{backend}]")
                 panels.append({"metric": name, "k": k, "grpo": None, "cells": []})
                 continue
             grpo = None
@@ -166,14 +166,14 @@ def plot_heatmap(table, task: str, backend: str, *, expected: Sequence[RunSpec] 
             ax.set_ylabel("sparse_dim" if name == "pass@1" else "")
             panels.append({"metric": name, "k": k, "grpo": grpo, "cells": cells})
     caption = (
-        f"RepExp sweep on {TASK_TITLES.get(task, task)} ({backend}): rows sparse_dim, columns β; cells are means over "
-        "seeds. pass@1 and pass@K (K: the largest k ≤ 256 every run evaluated) are coloured around GRPO's value "
+        f"RepExp sweep on {S.TASK_TITLES.get(task, task)} ({backend}): rows sparse_dim, columns β; cells are means "
+        "over seeds. pass@1 and pass@K (K: the largest k ≤ 256 every run evaluated) are coloured around GRPO's value "
         "(blue: below, red: above). k-efficiency = k_GRPO / k*: k* is the (log2-interpolated) smallest k at which "
         "RepExp's pass@k reaches GRPO's pass@K, k_GRPO the same for GRPO's own curve (K unless GRPO saturates); "
         "\"not reached\" when RepExp never does."
     )
     record = {"id": layout.heatmap_figure(task, backend), "kind": "heatmap", "task": task, "backend": backend,
-              "caption": caption, "notes": notes, "missing_runs": missing, "size_px": _size_px(fig),
+              "caption": caption, "notes": notes, "missing_runs": missing, "size_px": S._size_px(fig),
               "sparse_dims": sparse_dims, "betas": betas, "panels": panels}
     return fig, record
 

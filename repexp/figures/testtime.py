@@ -14,6 +14,7 @@ from typing import Any
 
 from repexp import layout
 from repexp.config import RunSpec
+from repexp.figures import style as S
 from repexp.figures.curves import series_styles
 from repexp.figures.series import (
     ZORDER,
@@ -24,16 +25,6 @@ from repexp.figures.series import (
     series_mask,
     series_of,
     table_specs,
-)
-from repexp.figures.style import (
-    LINE_STYLE,
-    TASK_TITLES,
-    _figure_with_footer,
-    _finish_curve_panel,
-    _legend,
-    _size_px,
-    _style,
-    legend_columns,
 )
 
 STEM = layout.TESTTIME_FIGURE
@@ -76,20 +67,20 @@ def plot_testtime(table, *, tasks: Sequence[str] | None = None, expected: Sequen
                 for column, _, _ in ORDERS]
         coincide = both[0] & both[1]
         same |= coincide
-        title = TASK_TITLES.get(panel["task"], panel["task"])
+        title = S.TASK_TITLES.get(panel["task"], panel["task"])
         notes += [f"{title}: {styles[s]['label']} = GRPO at every k in both orders (the curves coincide; RepExp "
                   "is drawn on top with hollow markers)" for s in sorted(coincide, key=_series_sort_key)]
     width = max(5.0, 3.2 * len(tasks))
-    ncol = legend_columns(labels + [name for _, name, _ in ORDERS], width)
+    ncol = S.legend_columns(labels + [name for _, name, _ in ORDERS], width)
     record_panels = []
-    with _style():
-        fig, axes, footer = _figure_with_footer(width, 2.9, legend_rows=math.ceil((len(labels) + 2) / ncol),
+    with S._style():
+        fig, axes, footer = S._figure_with_footer(width, 2.9, legend_rows=math.ceil((len(labels) + 2) / ncol),
                                                 notes=notes, ncols=len(tasks))
         handles: dict[str, Any] = {}
         for j, panel in enumerate(panels):
             ax = axes[0][j]
             task = panel["task"]
-            ax.set_title(TASK_TITLES.get(task, task))
+            ax.set_title(S.TASK_TITLES.get(task, task))
             plotted, lows, highs, k_max = [], [], [], 1
             for series in panel["series"]:
                 style = styles[series]
@@ -100,21 +91,21 @@ def plot_testtime(table, *, tasks: Sequence[str] | None = None, expected: Sequen
                     hollow = ({"markerfacecolor": "none", "markeredgecolor": style["color"]}
                               if series in same else {})
                     line, = ax.plot(curve["k"], curve["mean"], color=style["color"], linestyle=linestyle,
-                                    zorder=ZORDER[series.method],
-                                    **{**LINE_STYLE, "marker": style["marker"] if linestyle == "-" else None, **hollow})
+                                    zorder=ZORDER[series.method], **{**S.LINE_STYLE, **hollow,
+                                    "marker": style["marker"] if linestyle == "-" else None})
                     if linestyle == "-":
                         handles.setdefault(style["label"], line)
                     lows += curve["mean"]
                     highs += curve["mean"]
                     k_max = max(k_max, max(curve["k"]))
                     plotted.append({**series.to_dict(), "label": style["label"], "order": order_name, **curve})
-            ylim = _finish_curve_panel(ax, plotted=bool(plotted), empty_message=f"no test-time results for {task}",
+            ylim = S._finish_curve_panel(ax, plotted=bool(plotted), empty_message=f"no test-time results for {task}",
                                        k_max=k_max, lows=lows, highs=highs, xlabel="k (verifier calls)", first=j == 0)
-            record_panels.append({"task": task, "title": TASK_TITLES.get(task, task),
+            record_panels.append({"task": task, "title": S.TASK_TITLES.get(task, task),
                                   "ylim": list(ylim) if ylim else None, "series": plotted})
         for _, name, ls in ORDERS:  # what solid and dashed mean
             handles[name] = ax.plot([], [], color="#444444", linestyle=ls, linewidth=1.275)[0]
-        _legend(footer, handles, labels + [name for _, name, _ in ORDERS], ncol)
+        S._legend(footer, handles, labels + [name for _, name, _ in ORDERS], ncol)
     caption = (
         "Test-time RepExp (the paper's inference-time exploration) on each run's test samples: pass@k when the "
         "verifier is called on the samples in RepExp order (solid: each time the sample with the largest "
@@ -124,5 +115,5 @@ def plot_testtime(table, *, tasks: Sequence[str] | None = None, expected: Sequen
         "calls for the same pass@k."
     )
     record = {"id": STEM, "kind": "testtime", "caption": caption, "notes": notes, "missing_runs": [],
-              "size_px": _size_px(fig), "panels": record_panels}
+              "size_px": S._size_px(fig), "panels": record_panels}
     return fig, record
