@@ -34,7 +34,6 @@ from repexp.aggregate.load import (
     EvalRun,
     TesttimeRun,
     attach_testtime,
-    expected_runs,
     find_eval_files,
     load_eval,
     load_evals,
@@ -58,7 +57,8 @@ from repexp.aggregate.tables import (
     read_table,
     tidy_table,
 )
-from repexp.config import RunSpec
+from repexp.config import RunSpec, sweep_runs
+from repexp.config import load as load_config
 from repexp.io import atomic_path, read_json
 from repexp.verify.routing import GRADERS
 
@@ -171,15 +171,12 @@ def run_job(job) -> int:
     out_dir = Path(job.out_dir)
     try:
         paths = find_eval_files(Path(job.eval_dir)) if job.eval_dir else [Path(p) for p in job.inputs]
-        expected = expected_runs(job.config) if job.config else None
+        cfg = load_config(job.config) if job.config else None
+        expected = sweep_runs(cfg) if cfg else None
         for path in [*paths, *job.testtime]:
             if not Path(path).is_file():
                 raise FileNotFoundError(f"{path}: {'testtime' if path in job.testtime else 'eval'}.json not found")
-        grader = job.grader
-        if grader is None and job.config:
-            from repexp.config import load
-
-            grader = load(job.config).grader
+        grader = job.grader or (cfg.grader if cfg else None)
         result = aggregate(paths, out_dir, expected=expected, drop_unexpected=bool(job.eval_dir), grader=grader,
                            testtime_paths=[Path(p) for p in job.testtime])
     except (ValueError, FileNotFoundError) as err:  # ConfigError is a ValueError

@@ -1,30 +1,21 @@
 """The tables of `repexp aggregate`: the tidy pass@k table, seed summaries and the k-efficiency with its
 bootstrap (pandas/numpy; their Markdown/HTML views are `repexp.aggregate.render`'s).
 
-k-efficiency (the paper's headline "RepExp reaches GRPO's pass@256 at pass@80"), per task, backend,
-sparse_dim and β, on seed-mean curves:
+k-efficiency (the paper's "RepExp reaches GRPO's pass@256 at pass@80"), per task, backend, sparse_dim and β,
+on seed-mean curves (docs/figures.md gives the full definition):
 
-1. the k grid is the set of k evaluated by every seed of the RepExp point and of GRPO (same task and
-   backend); the reference k is the largest grid k ≤ 256 (256 when 256 samples were drawn);
-2. target = GRPO's pass@reference_k, averaged over GRPO seeds; the RepExp curve is pass@k averaged over
-   the point's seeds, for grid k ≤ reference_k;
-3. k*_evaluated = the smallest grid k whose RepExp value is ≥ target; k* interpolates linearly in
-   log2 k between that grid point and the one before it (k* = k*_evaluated when that is the first
-   grid point, an upper bound: status "reached at the smallest k");
-4. k_grpo = the same crossing for GRPO's own mean curve: reference_k, unless GRPO's curve is already
-   flat (saturated) below it;
-5. efficiency = k_grpo / k* (= reference_k / k*, the paper's ratio, whenever GRPO is not saturated);
-   when RepExp's pass@reference_k < target the status is "not reached" and k*, efficiency are empty
-   (also when GRPO's pass@reference_k is 0: status "undefined: GRPO solves nothing").
+1. the k grid: the ks evaluated by every seed of the RepExp point and of GRPO; reference k = the largest ≤ 256;
+2. target = GRPO's mean pass@reference_k;
+3. k*_evaluated = the smallest grid k whose RepExp mean is ≥ target; k* interpolates linearly in log2 k
+   between it and the grid point before it (k* = k*_evaluated at the first grid point: status
+   "reached at the smallest k");
+4. k_grpo = the same crossing on GRPO's own curve (reference_k unless GRPO saturates below it);
+5. efficiency = k_grpo / k*; "not reached" when RepExp's pass@reference_k < target (no k*, no efficiency),
+   "undefined: GRPO solves nothing" when the target is 0.
 
-Uncertainty (`bootstrap_k_efficiency`, from eval.json's `per_problem` counts (n, c)): a paired percentile
-bootstrap. Each of `BOOTSTRAP_REPLICATES` replicates (generator seeded with `BOOTSTRAP_SEED`) resamples the
-test problems with replacement — the same problem indices for RepExp and GRPO — and, for a method with ≥ 2
-seeds, its seeds with replacement (each method's own); the unbiased per-problem pass@k is computed once, so
-a replicate's seed-mean curve is a weighted sum. Steps 1–5 on each replicate's curves give its efficiency
-(0 when RepExp does not reach the target: k* beyond the grid) and its pass@k difference RepExp − GRPO;
-`efficiency_lo`/`_hi` and `diff_pass_at_{1,ref}_lo`/`_hi` are their 2.5th and 97.5th percentiles.
-`k_efficiency_by_k.csv` holds the same row for every grid k as the reference k (the figure's data).
+`bootstrap_k_efficiency`: a paired percentile bootstrap over the problems (the same draw for both methods)
+and, for a method with ≥ 2 seeds, its seeds; a replicate in which RepExp misses the target counts as
+efficiency 0. `k_efficiency_by_k.csv` holds a point's row for every grid k as the reference k.
 """
 
 from __future__ import annotations
@@ -236,15 +227,12 @@ def bootstrap_k_efficiency(repexp_n, repexp_c, grpo_n, grpo_c, ks: Sequence[int]
     """RepExp-vs-GRPO k-efficiency and pass@k differences with paired percentile-bootstrap intervals.
 
     `repexp_n`, `repexp_c`: [seeds, problems] sample and correct counts of RepExp's seeds (a 1-D array is
-    one seed); `grpo_n`, `grpo_c`: GRPO's, over the same problems in the same order (the columns are
-    paired). `ks`: the increasing k grid (no k above a problem's n); the efficiency is computed at every
-    k of `reference_ks` (default: the largest) on the grid up to it, as in the module docstring; the
-    difference RepExp − GRPO of the seed-mean pass@k at every k of `diff_ks`.
+    one seed); `grpo_n`, `grpo_c`: GRPO's, over the same problems in the same order. `ks`: the increasing
+    k grid; the efficiency is computed at every k of `reference_ks` (default: the largest) on the grid up
+    to it, the difference RepExp − GRPO of the seed-mean pass@k at every k of `diff_ks`.
 
     Every replicate draws the problems with replacement (one draw for both methods), then, for a method
-    with ≥ 2 seeds, its seeds with replacement (RepExp's, then GRPO's), from `numpy.random.default_rng(seed)`.
-    Per-problem pass@k is computed once; a replicate's curve is a weighted mean of it. A replicate in which
-    RepExp misses the target has efficiency 0 (k* beyond the grid); one whose target is 0 has none.
+    with ≥ 2 seeds, its seeds (RepExp's, then GRPO's), from `numpy.random.default_rng(seed)`.
 
     Returns {"efficiency": {ref: {"estimate", "k_star", "lo", "hi", "not_reached", "undefined"}},
     "difference": {k: {"estimate", "lo", "hi"}}, "replicates", "level", "seed", "num_problems",
