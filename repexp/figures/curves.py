@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from typing import Any
 
 from repexp import layout
 from repexp.config import RunSpec, canonical
@@ -70,48 +68,38 @@ def plot_pass_at_k(table, *, tasks: Sequence[str] | None = None, expected: Seque
         title = S.TASK_TITLES.get(panel["task"], panel["task"])
         notes += [f"{title}: {styles[s]['label']} = GRPO at every k (the curves coincide; RepExp is drawn dashed "
                   "on top)" for s in sorted(coincide, key=_series_sort_key)]
-    width = max(5.0, 3.2 * len(tasks))
-    ncol = S.legend_columns(labels, width)
-    with S._style():
-        fig, axes, footer = S._figure_with_footer(width, 2.9, legend_rows=math.ceil(len(labels) / ncol), notes=notes,
-                                                ncols=len(tasks))
-        record_panels = []
-        handles: dict[str, Any] = {}
-        for j, panel in enumerate(panels):
-            ax = axes[0][j]
-            task = panel["task"]
-            ax.set_title(S.TASK_TITLES.get(task, task))
-            data_series = []
-            lows, highs, k_max = [], [], 1
-            curves = panel_curves[j]
-            for series in panel["series"]:
-                curve = curves[series]
-                if curve is None:
-                    continue
-                style = styles[series]
-                hollow = {"markerfacecolor": "none", "markeredgecolor": style["color"]} if series in same else {}
-                line, = ax.plot(curve["k"], curve["mean"], label=style["label"], color=style["color"],
-                                linestyle="--" if series in same else style["linestyle"],
-                                alpha=0.8 if series.method == "base" else 1.0, zorder=ZORDER[series.method],
-                                **{**S.LINE_STYLE, "marker": style["marker"], **hollow})
-                handles.setdefault(style["label"], line)
-                band = None
-                if curve["sem"] is not None:
-                    lo = [m - s for m, s in zip(curve["mean"], curve["sem"])]
-                    hi = [m + s for m, s in zip(curve["mean"], curve["sem"])]
-                    ax.fill_between(curve["k"], lo, hi, color=style["color"], alpha=0.2, linewidth=0)
-                    band = {"lower": lo, "upper": hi}
-                    lows += lo
-                    highs += hi
-                lows += curve["mean"]
-                highs += curve["mean"]
-                k_max = max(k_max, max(curve["k"]))
-                data_series.append({**series.to_dict(), "label": style["label"], **curve, "band": band})
-            ylim = S._finish_curve_panel(ax, plotted=bool(data_series), empty_message=f"no evaluated runs for {task}",
-                                       k_max=k_max, lows=lows, highs=highs, xlabel="k", first=j == 0)
-            record_panels.append({"task": task, "title": S.TASK_TITLES.get(task, task),
-                                  "ylim": list(ylim) if ylim else None, "series": data_series})
-        S._legend(footer, handles, labels, ncol)
+    def draw(ax, j: int, handles: dict) -> dict:
+        task = panels[j]["task"]
+        data_series = []
+        lows, highs, k_max = [], [], 1
+        for series in panels[j]["series"]:
+            curve = panel_curves[j][series]
+            if curve is None:
+                continue
+            style = styles[series]
+            hollow = {"markerfacecolor": "none", "markeredgecolor": style["color"]} if series in same else {}
+            line, = ax.plot(curve["k"], curve["mean"], label=style["label"], color=style["color"],
+                            linestyle="--" if series in same else style["linestyle"],
+                            alpha=0.8 if series.method == "base" else 1.0, zorder=ZORDER[series.method],
+                            **{**S.LINE_STYLE, "marker": style["marker"], **hollow})
+            handles.setdefault(style["label"], line)
+            band = None
+            if curve["sem"] is not None:
+                lo = [m - s for m, s in zip(curve["mean"], curve["sem"])]
+                hi = [m + s for m, s in zip(curve["mean"], curve["sem"])]
+                ax.fill_between(curve["k"], lo, hi, color=style["color"], alpha=0.2, linewidth=0)
+                band = {"lower": lo, "upper": hi}
+                lows += lo
+                highs += hi
+            lows += curve["mean"]
+            highs += curve["mean"]
+            k_max = max(k_max, max(curve["k"]))
+            data_series.append({**series.to_dict(), "label": style["label"], **curve, "band": band})
+        ylim = S._finish_curve_panel(ax, plotted=bool(data_series), empty_message=f"no evaluated runs for {task}",
+                                     k_max=k_max, lows=lows, highs=highs, xlabel="k", first=j == 0)
+        return {"ylim": list(ylim) if ylim else None, "series": data_series}
+
+    fig, record_panels = S._task_panels(tasks, labels, notes, draw)
     caption = (
         "pass@k on the test split over k (log2 axis) per task: mean over seeds "
         + ("with a ±1 SEM band across seeds (ddof 1)" if not single_seed

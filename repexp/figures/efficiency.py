@@ -120,25 +120,16 @@ def plot_k_efficiency(keff, table, *, tasks: Sequence[str] | None = None, expect
             if censored:
                 notes.append(f"{title}: {label} at k = {', '.join(map(str, censored))}: RepExp misses the target in "
                              "≥ 2.5% of bootstrap replicates (bar to the bottom edge)")
-    width = max(5.0, 3.2 * len(tasks))
-    ncol = S.legend_columns(labels, width)
-    record_panels = []
-    with S._style():
-        fig, axes, footer = S._figure_with_footer(width, 2.9, legend_rows=math.ceil(len(labels) / ncol), notes=notes,
-                                                ncols=len(tasks))
-        handles: dict[str, Any] = {}
-        for j, task in enumerate(tasks):
-            ax = axes[0][j]
-            ax.set_title(S.TASK_TITLES.get(task, task))
-            panel = _draw_panel(ax, per_task[task], styles, handles, first=j == 0)
-            if panel is None:
-                has_rows = bool(len(keff)) and (keff["task"] == task).any()
-                S._no_data(ax, f"no k-efficiency for {task}: " + ("no RepExp point has a GRPO baseline with a common k"
-                                                                if has_rows else "no RepExp evaluation"))
-                record_panels.append({"task": task, "title": S.TASK_TITLES.get(task, task), "ylim": None, "series": []})
-            else:
-                record_panels.append({"task": task, "title": S.TASK_TITLES.get(task, task), **panel})
-        S._legend(footer, handles, labels, ncol)
+    def draw(ax, j: int, handles: dict) -> dict:
+        task = tasks[j]
+        panel = _draw_panel(ax, per_task[task], styles, handles, first=j == 0)
+        if panel is None:
+            has_rows = bool(len(keff)) and (keff["task"] == task).any()
+            S._no_data(ax, f"no k-efficiency for {task}: " + ("no RepExp point has a GRPO baseline with a common k"
+                                                            if has_rows else "no RepExp evaluation"))
+        return panel or {"ylim": None, "series": []}
+
+    fig, record_panels = S._task_panels(tasks, labels, notes, draw)
     if has_intervals:
         interval = (f"error bars: 95% percentile interval of a paired bootstrap ({', '.join(map(str, replicates))} "
                     f"replicates resampling {' / '.join(bootstrap_units) or 'problems'}; the same problems for both "

@@ -82,6 +82,27 @@ def _figure_with_footer(width: float, plot_height: float, *, legend_rows: int, n
     return fig, axes, bottom
 
 
+def _task_panels(tasks: Sequence[str], labels: Sequence[str], notes: Sequence[str], draw, extra=None):
+    """The one-row figures (pass@k, test-time, k-efficiency): a titled panel per task, the legend of `labels`
+    and the notes under them. `draw(ax, j, handles)` draws panel j, adds its legend handles and returns its
+    record; `extra(ax, handles)` adds legend-only handles. Returns (figure, panel records)."""
+    width = max(5.0, 3.2 * len(tasks))
+    ncol = legend_columns(labels, width)
+    records: list[dict] = []
+    handles: dict = {}
+    with _style():
+        fig, axes, footer = _figure_with_footer(width, 2.9, legend_rows=math.ceil(len(labels) / ncol), notes=notes,
+                                                ncols=len(tasks))
+        for j, task in enumerate(tasks):
+            ax = axes[0][j]
+            ax.set_title(TASK_TITLES.get(task, task))
+            records.append({"task": task, "title": TASK_TITLES.get(task, task), **draw(ax, j, handles)})
+        if extra is not None:
+            extra(ax, handles)
+        _legend(footer, handles, labels, ncol)
+    return fig, records
+
+
 def _legend(footer, handles: dict, labels: Sequence[str], ncol: int) -> None:
     """The legend under the plots: `labels` that have a handle, in that order (none without any)."""
     shown = [label for label in labels if label in handles]

@@ -70,42 +70,34 @@ def plot_testtime(table, *, tasks: Sequence[str] | None = None, expected: Sequen
         title = S.TASK_TITLES.get(panel["task"], panel["task"])
         notes += [f"{title}: {styles[s]['label']} = GRPO at every k in both orders (the curves coincide; RepExp "
                   "is drawn on top with hollow markers)" for s in sorted(coincide, key=_series_sort_key)]
-    width = max(5.0, 3.2 * len(tasks))
-    ncol = S.legend_columns(labels + [name for _, name, _ in ORDERS], width)
-    record_panels = []
-    with S._style():
-        fig, axes, footer = S._figure_with_footer(width, 2.9, legend_rows=math.ceil((len(labels) + 2) / ncol),
-                                                notes=notes, ncols=len(tasks))
-        handles: dict[str, Any] = {}
-        for j, panel in enumerate(panels):
-            ax = axes[0][j]
-            task = panel["task"]
-            ax.set_title(S.TASK_TITLES.get(task, task))
-            plotted, lows, highs, k_max = [], [], [], 1
-            for series in panel["series"]:
-                style = styles[series]
-                for column, order_name, linestyle in ORDERS:
-                    curve = testtime_curve(table, series, column)
-                    if curve is None:
-                        continue
-                    hollow = ({"markerfacecolor": "none", "markeredgecolor": style["color"]}
-                              if series in same else {})
-                    line, = ax.plot(curve["k"], curve["mean"], color=style["color"], linestyle=linestyle,
-                                    zorder=ZORDER[series.method], **{**S.LINE_STYLE, **hollow,
-                                    "marker": style["marker"] if linestyle == "-" else None})
-                    if linestyle == "-":
-                        handles.setdefault(style["label"], line)
-                    lows += curve["mean"]
-                    highs += curve["mean"]
-                    k_max = max(k_max, max(curve["k"]))
-                    plotted.append({**series.to_dict(), "label": style["label"], "order": order_name, **curve})
-            ylim = S._finish_curve_panel(ax, plotted=bool(plotted), empty_message=f"no test-time results for {task}",
-                                       k_max=k_max, lows=lows, highs=highs, xlabel="k (verifier calls)", first=j == 0)
-            record_panels.append({"task": task, "title": S.TASK_TITLES.get(task, task),
-                                  "ylim": list(ylim) if ylim else None, "series": plotted})
-        for _, name, ls in ORDERS:  # what solid and dashed mean
+    def draw(ax, j: int, handles: dict) -> dict:
+        task = panels[j]["task"]
+        plotted, lows, highs, k_max = [], [], [], 1
+        for series in panels[j]["series"]:
+            style = styles[series]
+            for column, order_name, linestyle in ORDERS:
+                curve = testtime_curve(table, series, column)
+                if curve is None:
+                    continue
+                hollow = {"markerfacecolor": "none", "markeredgecolor": style["color"]} if series in same else {}
+                line, = ax.plot(curve["k"], curve["mean"], color=style["color"], linestyle=linestyle,
+                                zorder=ZORDER[series.method],
+                                **{**S.LINE_STYLE, "marker": style["marker"] if linestyle == "-" else None, **hollow})
+                if linestyle == "-":
+                    handles.setdefault(style["label"], line)
+                lows += curve["mean"]
+                highs += curve["mean"]
+                k_max = max(k_max, max(curve["k"]))
+                plotted.append({**series.to_dict(), "label": style["label"], "order": order_name, **curve})
+        ylim = S._finish_curve_panel(ax, plotted=bool(plotted), empty_message=f"no test-time results for {task}",
+                                     k_max=k_max, lows=lows, highs=highs, xlabel="k (verifier calls)", first=j == 0)
+        return {"ylim": list(ylim) if ylim else None, "series": plotted}
+
+    def order_legend(ax, handles: dict) -> None:  # what solid and dashed mean
+        for _, name, ls in ORDERS:
             handles[name] = ax.plot([], [], color="#444444", linestyle=ls, linewidth=1.275)[0]
-        S._legend(footer, handles, labels + [name for _, name, _ in ORDERS], ncol)
+
+    fig, record_panels = S._task_panels(tasks, labels + [name for _, name, _ in ORDERS], notes, draw, order_legend)
     caption = (
         "Test-time RepExp (the paper's inference-time exploration) on each run's test samples: pass@k when the "
         "verifier is called on the samples in RepExp order (solid: each time the sample with the largest "
