@@ -161,15 +161,11 @@ def _draw_panel(ax, rows_by_series: dict[Series, list], styles: dict, handles: d
     shown = {s: _shown(rows_by_series[s]) for s in series_list if _shown(rows_by_series[s])}
     if not shown:
         return None
-    values = [1.0]
-    for rows in shown.values():
-        for r in rows:
-            values += [v for v in (_number(r.efficiency), _number(r.efficiency_lo), _number(r.efficiency_hi))
-                       if v is not None and v > 0]
+    values = [1.0] + [v for rows in shown.values() for r in rows
+                      for v in map(_number, (r.efficiency, r.efficiency_lo, r.efficiency_hi)) if v and v > 0]
     y_lo, y_hi = min(values) / 2 ** 0.5, max(values) * 2 ** 0.4
     edge = y_lo  # where values below the axis (not reached, a lower bound of 0) are drawn
-    ks = [int(r.reference_k) for rows in shown.values() for r in rows]
-    k_max = max(ks)
+    k_max = max(int(r.reference_k) for rows in shown.values() for r in rows)
     ax.axhline(1.0, color=S.GRPO_COLOR, linestyle="--", linewidth=1.2, zorder=1)
     handles.setdefault("GRPO (= 1)", ax.lines[-1])
     m = len(shown)
