@@ -13,14 +13,6 @@ from repexp.figures.efficiency import _number
 from repexp.figures.series import Series, completeness_notes, seed_curve, table_specs
 
 
-def heatmap_grid(table, task: str, backend: str, expected: Sequence[RunSpec] | None) -> tuple[list[int], list[float]]:
-    """sparse_dims (rows) and βs (columns): the config's sweep if given, else what was evaluated."""
-    specs = list(expected) if expected is not None else table_specs(table)
-    points = {(s.sparse_dim, float(s.beta)) for s in specs
-              if s.task == task and s.method == "repexp" and s.backend == backend}
-    return sorted({p[0] for p in points}), sorted({p[1] for p in points})
-
-
 def _cells(sparse_dims, betas, cell):
     """(values, annotations, cell records) of one panel; `cell(d, b)` gives a cell's (value, text, record)."""
     import numpy as np
@@ -121,8 +113,11 @@ def plot_heatmap(table, task: str, backend: str, *, expected: Sequence[RunSpec] 
 
     from repexp.aggregate import tables
 
-    sparse_dims, betas = heatmap_grid(table, task, backend, expected)
     found = table_specs(table)
+    # rows and columns: the config's sweep if given, else what was evaluated
+    points = {(s.sparse_dim, float(s.beta)) for s in (expected if expected is not None else found)
+              if s.task == task and s.method == "repexp" and s.backend == backend}
+    sparse_dims, betas = sorted({p[0] for p in points}), sorted({p[1] for p in points})
     trained_here = lambda specs: [s for s in specs if s.trains and s.backend == backend]  # noqa: E731
     missing, notes = completeness_notes(task, trained_here(found), None if expected is None else trained_here(expected))
     notes = [n for n in notes if "base-model" not in n]
