@@ -175,12 +175,7 @@ def compact_runs(names: Sequence[str]) -> str:
     parts = []
     for key, seeds in groups.items():
         seeds = [s for s in seeds if s]
-        if not seeds:
-            parts.append(key)
-        elif len(seeds) == 1:
-            parts.append(f"{key}_s{seeds[0]}")
-        else:
-            parts.append(f"{key}_s{{{','.join(seeds)}}}")
+        parts.append(f"{key}_s{{{','.join(seeds)}}}" if len(seeds) > 1 else f"{key}_s{seeds[0]}" if seeds else key)
     return ", ".join(parts)
 
 
