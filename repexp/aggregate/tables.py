@@ -144,9 +144,17 @@ def _mean_curve(table, mask) -> dict[int, float] | None:
     rows = table[mask]
     if rows.empty:
         return None
-    per_run = {run: dict(zip(g["k"].astype(int), g["pass_at_k"].astype(float))) for run, g in rows.groupby("run")}
-    common = set.intersection(*(set(c) for c in per_run.values()))
-    return {k: sum(c[k] for c in per_run.values()) / len(per_run) for k in sorted(common)}
+    ks, _, values = runs_on_common_ks(rows, "pass_at_k")
+    return dict(zip(ks, values.mean(axis=0).tolist()))
+
+
+def runs_on_common_ks(rows, column: str):
+    """(ks every run has, {run: {k: value}}, values [runs, ks]) of `column`, runs sorted by name."""
+    import numpy as np
+
+    per_run = {run: dict(zip(g["k"].astype(int), g[column].astype(float))) for run, g in rows.groupby("run", sort=True)}
+    ks = sorted(set.intersection(*(set(c) for c in per_run.values())))
+    return ks, per_run, np.array([[curve[k] for k in ks] for curve in per_run.values()])
 
 
 _REACH_TOLERANCE = 1e-12  # equal means reach; guards against float noise in the seed mean

@@ -9,7 +9,7 @@ from typing import Any
 
 from repexp.aggregate.load import expected_runs as expected_from_config  # noqa: F401 (re-exported)
 from repexp.aggregate.load import run_sort_key
-from repexp.aggregate.tables import METHOD_NAMES
+from repexp.aggregate.tables import METHOD_NAMES, runs_on_common_ks
 from repexp.config import METHODS, RunSpec, canonical
 from repexp.figures.style import PAPER_POINTS
 
@@ -93,15 +93,6 @@ def series_mask(table, series: Series):
     if series.method == "repexp":
         mask &= (table["sparse_dim"] == series.sparse_dim) & np.isclose(table["beta"].astype(float), series.beta)
     return mask
-
-
-def runs_on_common_ks(rows, column: str):
-    """(ks every run has, {run: {k: value}}, values [runs, ks]) of `column`, runs sorted by name."""
-    import numpy as np
-
-    per_run = {run: dict(zip(g["k"].astype(int), g[column].astype(float))) for run, g in rows.groupby("run", sort=True)}
-    ks = sorted(set.intersection(*(set(c) for c in per_run.values())))
-    return ks, per_run, np.array([[curve[k] for k in ks] for curve in per_run.values()])
 
 
 def seed_curve(table, series: Series) -> dict[str, Any] | None:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from repexp import layout
+from repexp.aggregate.tables import runs_on_common_ks
 from repexp.config import RunSpec
 from repexp.figures import style as S
 from repexp.figures.curves import series_styles
@@ -21,7 +22,6 @@ from repexp.figures.series import (
     Series,
     _series_sort_key,
     coinciding_with_grpo,
-    runs_on_common_ks,
     series_mask,
     series_of,
     table_specs,
