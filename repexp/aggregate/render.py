@@ -189,25 +189,29 @@ GRADER_NOTE = (
 )
 
 
+def _sections(table, keff, testtime) -> list[tuple[str, Any, str | None]]:
+    """(heading, table, note) of every table of both views, in order."""
+    grader, other = _graders(table)
+    sections = [(f"Mean over seeds ({grader} grader)", summary_wide(table), None),
+                (f"Mean over seeds ({other} grader, same samples)", summary_wide(table, f"pass_at_k_{other}"), None),
+                ("k-efficiency (RepExp vs GRPO)", k_efficiency_display(keff), K_EFFICIENCY_NOTE)]
+    if testtime:
+        sections.append(("Test-time RepExp (verifier efficiency)", testtime_display(testtime), TESTTIME_NOTE))
+    return sections + [("Per run", per_run_wide(table, testtime), None)]
+
+
 def render_markdown(table, keff, *, missing: Sequence[str], ignored: Sequence[str],
                     testtime: dict[tuple[str, str], TesttimeRun] | None = None) -> str:
-    grader, other = _graders(table)
     parts = ["# pass@k", "", f"{table['run'].nunique()} evaluated runs over tasks "
-             f"{', '.join(dict.fromkeys(table['task']))}, graded by **{grader}**. {SEM_NOTE}", "", GRADER_NOTE, ""]
+             f"{', '.join(dict.fromkeys(table['task']))}, graded by **{_graders(table)[0]}**. {SEM_NOTE}", "",
+             GRADER_NOTE, ""]
     if missing:
         parts += [f"**Missing runs** (expected by the config, no eval.json): {len(missing)}", ""]
         parts += [f"- {m}" for m in missing] + [""]
     if ignored:
         parts += [f"Ignored (not part of the config): {', '.join(ignored)}", ""]
-    parts += [f"## Mean over seeds ({grader} grader)", "", markdown_table(summary_wide(table)),
-              f"## Mean over seeds ({other} grader, same samples)", "",
-              markdown_table(summary_wide(table, f"pass_at_k_{other}")),
-              "## k-efficiency (RepExp vs GRPO)", "", markdown_table(k_efficiency_display(keff)),
-              f"_{K_EFFICIENCY_NOTE}_", ""]
-    if testtime:
-        parts += ["## Test-time RepExp (verifier efficiency)", "", markdown_table(testtime_display(testtime)),
-                  f"_{TESTTIME_NOTE}_", ""]
-    parts += ["## Per run", "", markdown_table(per_run_wide(table, testtime))]
+    for heading, df, note in _sections(table, keff, testtime):
+        parts += [f"## {heading}", "", markdown_table(df)] + ([f"_{note}_", ""] if note else [])
     return "\n".join(parts)
 
 
@@ -229,25 +233,17 @@ def render_html(table, keff, *, missing: Sequence[str], ignored: Sequence[str],
     def frame(df) -> str:
         return df.to_html(index=False, border=0, na_rep="–", escape=True) if not df.empty else "<p>(none)</p>"
 
-    grader, other = _graders(table)
-    missing_html = ""
+    intro = f"<p class='note'>{html.escape(SEM_NOTE)}</p><p class='note'>{html.escape(GRADER_NOTE)}</p>"
     if missing:
         items = "".join(f"<li>{html.escape(m)}</li>" for m in missing)
-        missing_html = ('<p class="missing"><b>Missing runs</b> (expected by the config, no eval.json):</p>'
-                        f'<ul class="missing">{items}</ul>')
+        intro += ('<p class="missing"><b>Missing runs</b> (expected by the config, no eval.json):</p>'
+                  f'<ul class="missing">{items}</ul>')
     if ignored:
-        missing_html += f"<p>Ignored (not part of the config): {html.escape(', '.join(ignored))}</p>"
-    return (
-        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>pass@k</title>"
-        f"<style>{_HTML_STYLE}</style></head><body>"
-        f"<h2>pass@k: mean over seeds ({grader} grader)</h2><p class='note'>{html.escape(SEM_NOTE)}</p>"
-        f"<p class='note'>{html.escape(GRADER_NOTE)}</p>{missing_html}"
-        f"{frame(summary_wide(table))}"
-        f"<h2>pass@k: mean over seeds ({other} grader, same samples)</h2>"
-        f"{frame(summary_wide(table, f'pass_at_k_{other}'))}"
-        f"<h2>k-efficiency (RepExp vs GRPO)</h2>{frame(k_efficiency_display(keff))}"
-        f"<p class='note'>{html.escape(K_EFFICIENCY_NOTE)}</p>"
-        + (f"<h2>Test-time RepExp (verifier efficiency)</h2>{frame(testtime_display(testtime))}"
-           f"<p class='note'>{html.escape(TESTTIME_NOTE)}</p>" if testtime else "")
-        + f"<h2>Per run</h2>{frame(per_run_wide(table, testtime))}</body></html>\n"
-    )
+        intro += f"<p>Ignored (not part of the config): {html.escape(', '.join(ignored))}</p>"
+    body = ""
+    for i, (heading, df, note) in enumerate(_sections(table, keff, testtime)):
+        heading = f"pass@k: m{heading[1:]}" if i < 2 else heading  # "pass@k: mean over seeds (...)"
+        body += (f"<h2>{heading}</h2>" + (intro if i == 0 else "") + frame(df)
+                 + (f"<p class='note'>{html.escape(note)}</p>" if note else ""))
+    return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>pass@k</title>"
+            f"<style>{_HTML_STYLE}</style></head><body>{body}</body></html>\n")
