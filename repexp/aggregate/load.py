@@ -1,9 +1,5 @@
 """Loading of `repexp aggregate`'s inputs: `eval.json` and `testtime.json` files, checked, as `EvalRun` and
-`TesttimeRun`; the runs a config expects and those without an evaluation.
-
-Inputs are `results/eval/<task>/<run>/eval.json` files (the evaluation contract in
-docs/architecture.md); `<run>` is a `RunSpec.name` and supplies the config columns.
-"""
+`TesttimeRun`; the runs a config expects and those without an evaluation."""
 
 from __future__ import annotations
 

@@ -120,6 +120,7 @@ def plot_k_efficiency(keff, table, *, tasks: Sequence[str] | None = None, expect
             if censored:
                 notes.append(f"{title}: {label} at k = {', '.join(map(str, censored))}: RepExp misses the target in "
                              "≥ 2.5% of bootstrap replicates (bar to the bottom edge)")
+
     def draw(ax, j: int, handles: dict) -> dict:
         task = tasks[j]
         panel = _draw_panel(ax, per_task[task], styles, handles, first=j == 0)
