@@ -98,8 +98,7 @@ def make_figures(table, out_dir: Path, *, expected: Sequence[RunSpec] | None = N
 
     matplotlib.use("Agg")
     out_dir.mkdir(parents=True, exist_ok=True)
-    found = table_specs(table)
-    specs = list(expected) if expected is not None else found
+    specs = list(expected) if expected is not None else table_specs(table)
     tasks = list(dict.fromkeys(s.task for s in specs))
     figures = []
 

@@ -24,8 +24,7 @@ def _curve_panels(found: Sequence[RunSpec], tasks: Sequence[str], expected: Sequ
                   max_repexp_lines: int) -> tuple[list[dict], list[str], list[str]]:
     """Which series each task panel draws, plus the notes and missing runs of the figure."""
     panels: list[dict] = []
-    notes: list[str] = []
-    missing: list[str] = []
+    notes, missing = [], []
     for task in tasks:
         title = S.TASK_TITLES.get(task, task)
         task_missing, task_notes = completeness_notes(task, found, expected)

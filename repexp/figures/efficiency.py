@@ -70,9 +70,7 @@ def plot_k_efficiency(keff, table, *, tasks: Sequence[str] | None = None, expect
     tasks = list(tasks) if tasks else list(dict.fromkeys(s.task for s in found))
     if not tasks:
         raise ValueError("no tasks to plot")
-    notes: list[str] = []
-    missing: list[str] = []
-    per_task = {}
+    notes, missing, per_task = [], [], {}
     for task in tasks:
         title = S.TASK_TITLES.get(task, task)
         task_missing, task_notes = completeness_notes(task, found, expected)

@@ -47,10 +47,8 @@ def plot_testtime(table, *, tasks: Sequence[str] | None = None, expected: Sequen
     tasks = list(tasks) if tasks else list(dict.fromkeys(s.task for s in found))
     if "testtime_pass_at_k" not in table.columns:
         table = table.assign(testtime_pass_at_k=math.nan)
-    panels = []
-    for task in tasks:
-        series = sorted({series_of(s) for s in found if s.task == task}, key=_series_sort_key)
-        panels.append({"task": task, "series": series})
+    panels = [{"task": task, "series": sorted({series_of(s) for s in found if s.task == task}, key=_series_sort_key)}
+              for task in tasks]
     styles, labels, _ = series_styles([s for p in panels for s in p["series"]])
     notes: list[str] = []
     if expected is not None:
