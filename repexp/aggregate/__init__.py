@@ -133,8 +133,7 @@ def aggregate(paths: Sequence[Path], out_dir: Path, *, expected: Sequence[RunSpe
     """Load, tabulate and write every output. Returns {runs, table, k_efficiency, k_efficiency_by_k, missing,
     ignored, testtime}."""
     runs = load_evals(paths, grader)
-    ignored: list[str] = []
-    missing: list[str] = []
+    ignored, missing = [], []
     if expected is not None:
         wanted = {(s.task, s.name) for s in expected}
         if drop_unexpected:

@@ -142,13 +142,10 @@ def _adaptive_ylim(lows: Iterable[float], highs: Iterable[float], *, floor: floa
 def _save(fig, out_dir: Path, stem: str) -> list[str]:
     import matplotlib.pyplot as plt
 
-    files = []
-    for name in layout.figure_names(stem):
-        target = out_dir / name
-        ext = target.suffix[1:]
-        with atomic_path(target) as tmp:
-            fig.savefig(tmp, format=ext, dpi=DPI)
-        files.append(target.name)
+    files = layout.figure_names(stem)
+    for name in files:
+        with atomic_path(out_dir / name) as tmp:
+            fig.savefig(tmp, format=Path(name).suffix[1:], dpi=DPI)
     plt.close(fig)
     return files
 
