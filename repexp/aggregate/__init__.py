@@ -1,28 +1,14 @@
 """`repexp aggregate`: every `eval.json` → one tidy pass@k table and the k-efficiency table.
 
-Inputs are `results/eval/<task>/<run>/eval.json` files (the evaluation contract in
-docs/architecture.md); `<run>` is a `RunSpec.name` and supplies the config columns.
+Inputs: `results/eval/<task>/<run>/eval.json` (docs/architecture.md); `<run>` is a `RunSpec.name` and supplies
+the config columns. The table's `pass_at_k` uses one grader for every run: `--grader`, else the config's
+`grader`, else the files' own (which must then agree); `pass_at_k_repexp`/`_paper` hold both (docs/evaluation.md).
 
-Graders: every eval.json holds pass@k under both graders (`graders`, docs/evaluation.md). The
-table's `pass_at_k` (and k-efficiency, the figures and the MLflow sweep-point metrics built on it)
-uses one grader for every run: `--grader`, else the config's `grader` (with `--config`), else the
-grader the files were evaluated with (which must then agree). `pass_at_k_repexp` and
-`pass_at_k_paper` hold both curves, and the Markdown/HTML views show the seed means under both.
-
-Outputs (each written atomically) in `--out-dir`:
-
-* `pass_at_k.csv` — tidy: one row per (run, k) with the config columns;
-* `k_efficiency.csv` — one row per RepExp point (task, backend, sparse_dim, β), defined in `tables`;
-* `k_efficiency_by_k.csv` — the same per RepExp point and reference k (every grid k);
-* `pass_at_k.md`, `pass_at_k.html` — the same for people (seed means, per-run values, k-efficiency,
-  definitions and the list of missing runs); the HTML is what the Snakemake report embeds.
-
-With `--testtime` (the `testtime.json` files of `repexp testtime`), the tidy table's
-`testtime_pass_at_k` column holds pass@k when the verifier takes the run's samples in RepExp order
-(its `pass_at_k` is the random order of the same samples), and the per-run tables gain the test-time
-verifier efficiency (samples-to-correct, random / RepExp, with its bootstrap interval).
-
-The package, by what it owns (docs/architecture.md):
+Outputs in `--out-dir`, each written atomically: `pass_at_k.csv` (tidy, one row per (run, k)),
+`k_efficiency.csv` (one row per RepExp point, defined in `tables`), `k_efficiency_by_k.csv` (the same per
+reference k), and `pass_at_k.md` / `.html` for people (the HTML is what the Snakemake report embeds).
+With `--testtime`, `testtime_pass_at_k` holds pass@k in RepExp order and the per-run tables gain the
+test-time verifier efficiency.
 
 | module | what it holds |
 |---|---|
@@ -31,8 +17,7 @@ The package, by what it owns (docs/architecture.md):
 | `render` | the Markdown and HTML views |
 | this module | the command: what it writes, the sweep points' MLflow metrics (logged by `repexp.tracking.targets`) |
 
-The names below re-export the loading and table API (`repexp.aggregate.load_evals`, `.k_efficiency`, ...) that
-tests and notebooks use; each is defined in its submodule only.
+It re-exports the loading and table API that tests and docs use (`repexp.aggregate.load_evals`, ...).
 """
 
 from __future__ import annotations
@@ -49,29 +34,21 @@ from repexp.aggregate.load import (
     EvalRun,
     TesttimeRun,
     attach_testtime,
-    expected_runs,
     find_eval_files,
     load_eval,
     load_evals,
-    load_testtime,
     missing_runs,
-    run_sort_key,
 )
 from repexp.aggregate.render import render_html, render_markdown
 from repexp.aggregate.tables import (
     BOOTSTRAP_LEVEL,
     BOOTSTRAP_REPLICATES,
     BOOTSTRAP_SEED,
-    HEADLINE_K,
     K_EFFICIENCY_COLUMNS,
-    METHOD_NAMES,
-    NO_INTERVAL_NOTE,
-    STATUS_NO_COMMON_K,
     STATUS_NO_GRPO,
     STATUS_NOT_REACHED,
     STATUS_REACHED,
     STATUS_REACHED_FIRST,
-    STATUS_UNDEFINED,
     TIDY_COLUMNS,
     bootstrap_k_efficiency,
     crossing_k,
@@ -80,21 +57,19 @@ from repexp.aggregate.tables import (
     k_efficiency_headline,
     read_k_efficiency,
     read_table,
-    seed_summary,
     tidy_table,
 )
-from repexp.config import RunSpec
+from repexp.config import RunSpec, sweep_runs
+from repexp.config import load as load_config
 from repexp.io import atomic_path, read_json
 from repexp.verify.routing import GRADERS
 
-__all__ = [
-    "BOOTSTRAP_LEVEL", "BOOTSTRAP_REPLICATES", "BOOTSTRAP_SEED", "HEADLINE_K", "K_EFFICIENCY_COLUMNS", "METHOD_NAMES",
-    "NO_INTERVAL_NOTE", "STATUS_NO_COMMON_K", "STATUS_NO_GRPO", "STATUS_NOT_REACHED", "STATUS_REACHED",
-    "STATUS_REACHED_FIRST", "STATUS_UNDEFINED", "TIDY_COLUMNS", "EvalRun", "TesttimeRun", "aggregate",
-    "attach_testtime", "bootstrap_k_efficiency", "configure_parser", "run_job", "crossing_k", "crossing_k_batch",
-    "expected_runs", "find_eval_files", "k_efficiency", "k_efficiency_headline", "load_eval", "load_evals",
-    "load_testtime", "log_sweep_point_metrics", "missing_runs", "read_k_efficiency", "read_table", "run",
-    "run_sort_key", "seed_summary", "sweep_point_metrics", "tidy_table",
+__all__ = [  # the names tests and docs use (each defined in its submodule only)
+    "BOOTSTRAP_LEVEL", "BOOTSTRAP_REPLICATES", "BOOTSTRAP_SEED", "K_EFFICIENCY_COLUMNS", "STATUS_NO_GRPO",
+    "STATUS_NOT_REACHED", "STATUS_REACHED", "STATUS_REACHED_FIRST", "TIDY_COLUMNS", "EvalRun", "aggregate",
+    "bootstrap_k_efficiency", "configure_parser", "crossing_k", "crossing_k_batch", "find_eval_files", "k_efficiency",
+    "load_eval", "load_evals", "log_sweep_point_metrics", "read_k_efficiency", "read_table", "run", "run_job",
+    "sweep_point_metrics",
 ]
 
 # ks logged on every sweep point's MLflow parent run (plus the largest evaluated k)
@@ -119,17 +94,13 @@ def log_sweep_point_metrics(runs: Sequence[EvalRun], target, testtime: dict[tupl
     """
     from repexp import tracking
 
-    return tracking.log_point_metrics(
-        target, {run.spec: _point_metrics(run, testtime) for run in runs})
-
-
-def _point_metrics(run: EvalRun, testtime: dict[tuple[str, str], TesttimeRun] | None) -> dict[str, float]:
-    """A sweep point's test pass@k and, when its test-time stage ran, its test-time metrics."""
-    metrics = sweep_point_metrics(run)
-    tt = (testtime or {}).get((run.spec.task, run.spec.name))
-    if tt is not None:
-        metrics.update(metric_names.testtime_metrics(read_json(tt.path)))
-    return metrics
+    metrics = {}
+    for run in runs:
+        metrics[run.spec] = sweep_point_metrics(run)
+        tt = (testtime or {}).get((run.spec.task, run.spec.name))
+        if tt is not None:  # its test-time stage ran
+            metrics[run.spec].update(metric_names.testtime_metrics(read_json(tt.path)))
+    return tracking.log_point_metrics(target, metrics)
 
 
 # --------------------------------------------------------------------------- CLI
@@ -162,8 +133,7 @@ def aggregate(paths: Sequence[Path], out_dir: Path, *, expected: Sequence[RunSpe
     """Load, tabulate and write every output. Returns {runs, table, k_efficiency, k_efficiency_by_k, missing,
     ignored, testtime}."""
     runs = load_evals(paths, grader)
-    ignored: list[str] = []
-    missing: list[str] = []
+    ignored, missing = [], []
     if expected is not None:
         wanted = {(s.task, s.name) for s in expected}
         if drop_unexpected:
@@ -177,16 +147,17 @@ def aggregate(paths: Sequence[Path], out_dir: Path, *, expected: Sequence[RunSpe
     keff_by_k = k_efficiency(table, runs, by_reference_k=True)
     keff = k_efficiency_headline(keff_by_k)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out_dir / layout.K_EFFICIENCY_CSV) as tmp:
-        keff.to_csv(tmp, index=False)
-    with atomic_path(out_dir / layout.K_EFFICIENCY_BY_K_CSV) as tmp:
-        keff_by_k.to_csv(tmp, index=False)
-    with atomic_path(out_dir / layout.PASS_AT_K_MD) as tmp:
-        tmp.write_text(render_markdown(table, keff, missing=missing, ignored=ignored, testtime=testtime))
-    with atomic_path(out_dir / layout.PASS_AT_K_HTML) as tmp:
-        tmp.write_text(render_html(table, keff, missing=missing, ignored=ignored, testtime=testtime))
-    with atomic_path(out_dir / layout.PASS_AT_K_CSV) as tmp:  # last: the rule's first output
-        table.to_csv(tmp, index=False)
+    for name, content in ((layout.K_EFFICIENCY_CSV, keff), (layout.K_EFFICIENCY_BY_K_CSV, keff_by_k),
+                          (layout.PASS_AT_K_MD, render_markdown(table, keff, missing=missing, ignored=ignored,
+                                                                testtime=testtime)),
+                          (layout.PASS_AT_K_HTML, render_html(table, keff, missing=missing, ignored=ignored,
+                                                              testtime=testtime)),
+                          (layout.PASS_AT_K_CSV, table)):  # pass_at_k.csv last: the rule's first output
+        with atomic_path(out_dir / name) as tmp:
+            if isinstance(content, str):
+                tmp.write_text(content)
+            else:
+                content.to_csv(tmp, index=False)
     return {"runs": runs, "table": table, "k_efficiency": keff, "k_efficiency_by_k": keff_by_k, "missing": missing,
             "ignored": ignored, "testtime": testtime}
 
@@ -202,18 +173,12 @@ def run_job(job) -> int:
     out_dir = Path(job.out_dir)
     try:
         paths = find_eval_files(Path(job.eval_dir)) if job.eval_dir else [Path(p) for p in job.inputs]
-        for path in paths:
+        cfg = load_config(job.config) if job.config else None
+        expected = sweep_runs(cfg) if cfg else None
+        for path in [*paths, *job.testtime]:
             if not Path(path).is_file():
-                raise FileNotFoundError(f"{path}: eval.json not found")
-        expected = expected_runs(job.config) if job.config else None
-        for path in job.testtime:
-            if not Path(path).is_file():
-                raise FileNotFoundError(f"{path}: testtime.json not found")
-        grader = job.grader
-        if grader is None and job.config:
-            from repexp.config import load
-
-            grader = load(job.config).grader
+                raise FileNotFoundError(f"{path}: {'testtime' if path in job.testtime else 'eval'}.json not found")
+        grader = job.grader or (cfg.grader if cfg else None)
         result = aggregate(paths, out_dir, expected=expected, drop_unexpected=bool(job.eval_dir), grader=grader,
                            testtime_paths=[Path(p) for p in job.testtime])
     except (ValueError, FileNotFoundError) as err:  # ConfigError is a ValueError

@@ -1,9 +1,5 @@
 """Loading of `repexp aggregate`'s inputs: `eval.json` and `testtime.json` files, checked, as `EvalRun` and
-`TesttimeRun`; the runs a config expects and those without an evaluation.
-
-Inputs are `results/eval/<task>/<run>/eval.json` files (the evaluation contract in
-docs/architecture.md); `<run>` is a `RunSpec.name` and supplies the config columns.
-"""
+`TesttimeRun`; the runs a config expects and those without an evaluation."""
 
 from __future__ import annotations
 
@@ -95,15 +91,20 @@ def _per_k(path: Path, data: dict, key: str, *, required: bool) -> dict[int, flo
     return dict(sorted(out.items()))
 
 
-def load_eval(path: str | Path) -> EvalRun:
-    """Read and validate one `<task>/<run>/eval.json`; errors name the file and the key."""
-    path = Path(path)
+def _read_object(path: Path, keys: Sequence[str]) -> dict:
     data = read_json(path)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object")
-    for key in ("pass_at_k", "num_problems", "n_samples"):
+    for key in keys:
         if key not in data:
             raise ValueError(f"{path}: missing key {key!r}")
+    return data
+
+
+def load_eval(path: str | Path) -> EvalRun:
+    """Read and validate one `<task>/<run>/eval.json`; errors name the file and the key."""
+    path = Path(path)
+    data = _read_object(path, ("pass_at_k", "num_problems", "n_samples"))
     dir_task = path.parent.parent.name
     task = data.get("task") or dir_task
     if task != dir_task:
@@ -174,12 +175,7 @@ def _per_problem(path: Path, raw: Any) -> tuple[tuple[str, int, int], ...] | Non
 def load_testtime(path: str | Path) -> TesttimeRun:
     """Read one `<task>/<run>/testtime.json`; errors name the file and the key."""
     path = Path(path)
-    data = read_json(path)
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object")
-    for key in ("k", "pass_at_k_repexp", "efficiency", "samples_to_correct"):
-        if key not in data:
-            raise ValueError(f"{path}: missing key {key!r}")
+    data = _read_object(path, ("k", "pass_at_k_repexp", "efficiency", "samples_to_correct"))
     try:
         spec = parse_run(path.parent.parent.name, path.parent.name)
     except ConfigError as err:

@@ -49,18 +49,9 @@ TESTTIME_NOTE = (
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if _isna(value):
         return "–"
-    try:
-        import pandas as pd
-
-        if pd.isna(value):
-            return "–"
-    except (TypeError, ValueError):
-        pass
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
 def summary_wide(table, value: str = "pass_at_k"):
@@ -81,12 +72,8 @@ def summary_wide(table, value: str = "pass_at_k"):
         by_k = {int(r.k): r for r in group.itertuples(index=False)}
         for k in ks:
             r = by_k.get(int(k))
-            if r is None or math.isnan(r.mean):
-                row[f"pass@{k}"] = "–"
-            elif r.n_seeds >= 2:
-                row[f"pass@{k}"] = f"{r.mean:.3f} ± {r.sem_seeds:.3f}"
-            else:
-                row[f"pass@{k}"] = f"{r.mean:.3f}"
+            row[f"pass@{k}"] = ("–" if r is None or math.isnan(r.mean)
+                                else f"{r.mean:.3f}" + (f" ± {r.sem_seeds:.3f}" if r.n_seeds >= 2 else ""))
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -121,9 +108,7 @@ def per_run_wide(table, testtime: dict[tuple[str, str], TesttimeRun] | None = No
 def k_efficiency_display(keff):
     import pandas as pd
 
-    rows = []
-    for r in keff.itertuples(index=False):
-        rows.append({
+    return pd.DataFrame([{
             "task": r.task, "backend": r.backend, "sparse_dim": r.sparse_dim, "β": canonical(float(r.beta)),
             "seeds (RepExp/GRPO)": f"{r.n_repexp_seeds}/{r.n_grpo_seeds}",
             "reference k": _fmt(r.reference_k), "GRPO pass@ref": _fmt(r.grpo_pass_at_ref),
@@ -135,19 +120,14 @@ def k_efficiency_display(keff):
             f"Δpass@ref [{BOOTSTRAP_LEVEL:.0%} CI]": _interval_text(r.diff_pass_at_ref, r.diff_pass_at_ref_lo,
                                                                     r.diff_pass_at_ref_hi),
             "status": r.status + (f" ({r.note})" if r.note else ""),
-        })
-    return pd.DataFrame(rows)
+        } for r in keff.itertuples(index=False)])
 
 
-def _interval_text(value, lo, hi, digits: int = 3, signed: bool = True) -> str:
+def _interval_text(value, lo, hi) -> str:
     """'+0.050 [+0.010, +0.090]'; the interval is left out when there is none."""
-    def number(x) -> str:
-        return f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
-
-    finite = [x is not None and not _isna(x) for x in (value, lo, hi)]
-    if not finite[0]:
+    if _isna(value):
         return "–"
-    return number(value) + (f" [{number(lo)}, {number(hi)}]" if all(finite[1:]) else "")
+    return f"{value:+.3f}" + ("" if _isna(lo) or _isna(hi) else f" [{lo:+.3f}, {hi:+.3f}]")
 
 
 def _efficiency_text(r) -> str:
@@ -164,7 +144,10 @@ def _efficiency_text(r) -> str:
 def _isna(value) -> bool:
     import pandas as pd
 
-    return value is None or bool(pd.isna(value))
+    try:
+        return value is None or bool(pd.isna(value))
+    except (TypeError, ValueError):  # not a scalar
+        return False
 
 
 def testtime_display(testtime: dict[tuple[str, str], TesttimeRun]):
@@ -206,32 +189,30 @@ GRADER_NOTE = (
 )
 
 
+def _sections(table, keff, testtime) -> list[tuple[str, Any, str | None]]:
+    """(heading, table, note) of every table of both views, in order."""
+    grader, other = _graders(table)
+    sections = [(f"Mean over seeds ({grader} grader)", summary_wide(table), None),
+                (f"Mean over seeds ({other} grader, same samples)", summary_wide(table, f"pass_at_k_{other}"), None),
+                ("k-efficiency (RepExp vs GRPO)", k_efficiency_display(keff), K_EFFICIENCY_NOTE)]
+    if testtime:
+        sections.append(("Test-time RepExp (verifier efficiency)", testtime_display(testtime), TESTTIME_NOTE))
+    return sections + [("Per run", per_run_wide(table, testtime), None)]
+
+
 def render_markdown(table, keff, *, missing: Sequence[str], ignored: Sequence[str],
                     testtime: dict[tuple[str, str], TesttimeRun] | None = None) -> str:
-    grader, other = _graders(table)
     parts = ["# pass@k", "", f"{table['run'].nunique()} evaluated runs over tasks "
-             f"{', '.join(dict.fromkeys(table['task']))}, graded by **{grader}**. {SEM_NOTE}", "", GRADER_NOTE, ""]
-    parts += _missing_lines(missing, ignored, bullet="- ")
-    parts += [f"## Mean over seeds ({grader} grader)", "", markdown_table(summary_wide(table)),
-              f"## Mean over seeds ({other} grader, same samples)", "",
-              markdown_table(summary_wide(table, f"pass_at_k_{other}")),
-              "## k-efficiency (RepExp vs GRPO)", "", markdown_table(k_efficiency_display(keff)),
-              f"_{K_EFFICIENCY_NOTE}_", ""]
-    if testtime:
-        parts += ["## Test-time RepExp (verifier efficiency)", "", markdown_table(testtime_display(testtime)),
-                  f"_{TESTTIME_NOTE}_", ""]
-    parts += ["## Per run", "", markdown_table(per_run_wide(table, testtime))]
-    return "\n".join(parts)
-
-
-def _missing_lines(missing: Sequence[str], ignored: Sequence[str], bullet: str) -> list[str]:
-    lines = []
+             f"{', '.join(dict.fromkeys(table['task']))}, graded by **{_graders(table)[0]}**. {SEM_NOTE}", "",
+             GRADER_NOTE, ""]
     if missing:
-        lines += [f"**Missing runs** (expected by the config, no eval.json): {len(missing)}", ""]
-        lines += [f"{bullet}{m}" for m in missing] + [""]
+        parts += [f"**Missing runs** (expected by the config, no eval.json): {len(missing)}", ""]
+        parts += [f"- {m}" for m in missing] + [""]
     if ignored:
-        lines += [f"Ignored (not part of the config): {', '.join(ignored)}", ""]
-    return lines
+        parts += [f"Ignored (not part of the config): {', '.join(ignored)}", ""]
+    for heading, df, note in _sections(table, keff, testtime):
+        parts += [f"## {heading}", "", markdown_table(df)] + ([f"_{note}_", ""] if note else [])
+    return "\n".join(parts)
 
 
 _HTML_STYLE = """
@@ -252,25 +233,17 @@ def render_html(table, keff, *, missing: Sequence[str], ignored: Sequence[str],
     def frame(df) -> str:
         return df.to_html(index=False, border=0, na_rep="–", escape=True) if not df.empty else "<p>(none)</p>"
 
-    grader, other = _graders(table)
-    missing_html = ""
+    intro = f"<p class='note'>{html.escape(SEM_NOTE)}</p><p class='note'>{html.escape(GRADER_NOTE)}</p>"
     if missing:
         items = "".join(f"<li>{html.escape(m)}</li>" for m in missing)
-        missing_html = ('<p class="missing"><b>Missing runs</b> (expected by the config, no eval.json):</p>'
-                        f'<ul class="missing">{items}</ul>')
+        intro += ('<p class="missing"><b>Missing runs</b> (expected by the config, no eval.json):</p>'
+                  f'<ul class="missing">{items}</ul>')
     if ignored:
-        missing_html += f"<p>Ignored (not part of the config): {html.escape(', '.join(ignored))}</p>"
-    return (
-        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>pass@k</title>"
-        f"<style>{_HTML_STYLE}</style></head><body>"
-        f"<h2>pass@k: mean over seeds ({grader} grader)</h2><p class='note'>{html.escape(SEM_NOTE)}</p>"
-        f"<p class='note'>{html.escape(GRADER_NOTE)}</p>{missing_html}"
-        f"{frame(summary_wide(table))}"
-        f"<h2>pass@k: mean over seeds ({other} grader, same samples)</h2>"
-        f"{frame(summary_wide(table, f'pass_at_k_{other}'))}"
-        f"<h2>k-efficiency (RepExp vs GRPO)</h2>{frame(k_efficiency_display(keff))}"
-        f"<p class='note'>{html.escape(K_EFFICIENCY_NOTE)}</p>"
-        + (f"<h2>Test-time RepExp (verifier efficiency)</h2>{frame(testtime_display(testtime))}"
-           f"<p class='note'>{html.escape(TESTTIME_NOTE)}</p>" if testtime else "")
-        + f"<h2>Per run</h2>{frame(per_run_wide(table, testtime))}</body></html>\n"
-    )
+        intro += f"<p>Ignored (not part of the config): {html.escape(', '.join(ignored))}</p>"
+    body = ""
+    for i, (heading, df, note) in enumerate(_sections(table, keff, testtime)):
+        heading = f"pass@k: m{heading[1:]}" if i < 2 else heading  # "pass@k: mean over seeds (...)"
+        body += (f"<h2>{heading}</h2>" + (intro if i == 0 else "") + frame(df)
+                 + (f"<p class='note'>{html.escape(note)}</p>" if note else ""))
+    return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>pass@k</title>"
+            f"<style>{_HTML_STYLE}</style></head><body>{body}</body></html>\n")

@@ -1,30 +1,21 @@
 """The tables of `repexp aggregate`: the tidy pass@k table, seed summaries and the k-efficiency with its
 bootstrap (pandas/numpy; their Markdown/HTML views are `repexp.aggregate.render`'s).
 
-k-efficiency (the paper's headline "RepExp reaches GRPO's pass@256 at pass@80"), per task, backend,
-sparse_dim and β, on seed-mean curves:
+k-efficiency (the paper's "RepExp reaches GRPO's pass@256 at pass@80"), per task, backend, sparse_dim and β,
+on seed-mean curves (docs/figures.md gives the full definition):
 
-1. the k grid is the set of k evaluated by every seed of the RepExp point and of GRPO (same task and
-   backend); the reference k is the largest grid k ≤ 256 (256 when 256 samples were drawn);
-2. target = GRPO's pass@reference_k, averaged over GRPO seeds; the RepExp curve is pass@k averaged over
-   the point's seeds, for grid k ≤ reference_k;
-3. k*_evaluated = the smallest grid k whose RepExp value is ≥ target; k* interpolates linearly in
-   log2 k between that grid point and the one before it (k* = k*_evaluated when that is the first
-   grid point, an upper bound: status "reached at the smallest k");
-4. k_grpo = the same crossing for GRPO's own mean curve: reference_k, unless GRPO's curve is already
-   flat (saturated) below it;
-5. efficiency = k_grpo / k* (= reference_k / k*, the paper's ratio, whenever GRPO is not saturated);
-   when RepExp's pass@reference_k < target the status is "not reached" and k*, efficiency are empty
-   (also when GRPO's pass@reference_k is 0: status "undefined: GRPO solves nothing").
+1. the k grid: the ks evaluated by every seed of the RepExp point and of GRPO; reference k = the largest ≤ 256;
+2. target = GRPO's mean pass@reference_k;
+3. k*_evaluated = the smallest grid k whose RepExp mean is ≥ target; k* interpolates linearly in log2 k
+   between it and the grid point before it (k* = k*_evaluated at the first grid point: status
+   "reached at the smallest k");
+4. k_grpo = the same crossing on GRPO's own curve (reference_k unless GRPO saturates below it);
+5. efficiency = k_grpo / k*; "not reached" when RepExp's pass@reference_k < target (no k*, no efficiency),
+   "undefined: GRPO solves nothing" when the target is 0.
 
-Uncertainty (`bootstrap_k_efficiency`, from eval.json's `per_problem` counts (n, c)): a paired percentile
-bootstrap. Each of `BOOTSTRAP_REPLICATES` replicates (generator seeded with `BOOTSTRAP_SEED`) resamples the
-test problems with replacement — the same problem indices for RepExp and GRPO — and, for a method with ≥ 2
-seeds, its seeds with replacement (each method's own); the unbiased per-problem pass@k is computed once, so
-a replicate's seed-mean curve is a weighted sum. Steps 1–5 on each replicate's curves give its efficiency
-(0 when RepExp does not reach the target: k* beyond the grid) and its pass@k difference RepExp − GRPO;
-`efficiency_lo`/`_hi` and `diff_pass_at_{1,ref}_lo`/`_hi` are their 2.5th and 97.5th percentiles.
-`k_efficiency_by_k.csv` holds the same row for every grid k as the reference k (the figure's data).
+`bootstrap_k_efficiency`: a paired percentile bootstrap over the problems (the same draw for both methods)
+and, for a method with ≥ 2 seeds, its seeds; a replicate in which RepExp misses the target counts as
+efficiency 0. `k_efficiency_by_k.csv` holds a point's row for every grid k as the reference k.
 """
 
 from __future__ import annotations
@@ -97,24 +88,32 @@ def tidy_table(runs: Sequence[EvalRun], testtime: dict[tuple[str, str], Testtime
     return table
 
 
-def read_table(path: str | Path):
-    """Read `pass_at_k.csv` back with the dtypes `tidy_table` gives."""
+def _read_csv(path: str | Path, what: str, columns: Sequence[str], strings: Sequence[str], hint: str = ""):
+    """A table written by `repexp aggregate`, its string columns read as text; errors say what is wrong."""
     import pandas as pd
 
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: pass@k table not found (run `repexp aggregate` first)")
-    table = pd.read_csv(path, dtype={"backend": "string", "run": "string", "task": "string",
-                                     "method": "string", "split": "string", "engine": "string",
-                                     "data_hash": "string", "model_path": "string", "source": "string",
-                                     "grader": "string"})
-    missing = [c for c in TIDY_COLUMNS if c not in table.columns]
+        raise FileNotFoundError(f"{path}: {what} table not found (run `repexp aggregate` first)")
+    table = pd.read_csv(path, dtype=dict.fromkeys(strings, "string"))
+    missing = [c for c in columns if c not in table.columns]
     if missing:
-        raise ValueError(f"{path}: missing columns {missing}")
+        raise ValueError(f"{path}: missing columns {missing}{hint}")
+    return table
+
+
+def _none_for_na(table, columns: Sequence[str]) -> None:
+    for column in columns:
+        table[column] = table[column].astype(object).where(table[column].notna(), None)
+
+
+def read_table(path: str | Path):
+    """Read `pass_at_k.csv` back with the dtypes `tidy_table` gives."""
+    table = _read_csv(path, "pass@k", TIDY_COLUMNS, ("backend", "run", "task", "method", "split", "engine",
+                                                     "data_hash", "model_path", "source", "grader"))
     for column in ("sparse_dim", "seed", "checkpoint_step", "eval_seed"):
         table[column] = table[column].astype("Int64")
-    for column in ("backend", "task", "run", "method"):
-        table[column] = table[column].astype(object).where(table[column].notna(), None)
+    _none_for_na(table, ("backend", "task", "run", "method"))
     return table
 
 
@@ -137,8 +136,7 @@ def seed_summary(table, value: str = "pass_at_k"):
         seeds = sorted(int(s) for s in group["seed"].dropna())
         rows.append({**dict(zip(list(POINT_COLUMNS) + ["k"], key)), "mean": float(values.mean()),
                      "sem_seeds": sem, "n_seeds": n, "seeds": seeds})
-    summary = pd.DataFrame(rows, columns=list(POINT_COLUMNS) + ["k", "mean", "sem_seeds", "n_seeds", "seeds"])
-    return summary
+    return pd.DataFrame(rows, columns=list(POINT_COLUMNS) + ["k", "mean", "sem_seeds", "n_seeds", "seeds"])
 
 
 def _mean_curve(table, mask) -> dict[int, float] | None:
@@ -146,9 +144,17 @@ def _mean_curve(table, mask) -> dict[int, float] | None:
     rows = table[mask]
     if rows.empty:
         return None
-    per_run = {run: dict(zip(g["k"].astype(int), g["pass_at_k"].astype(float))) for run, g in rows.groupby("run")}
-    common = set.intersection(*(set(c) for c in per_run.values()))
-    return {k: sum(c[k] for c in per_run.values()) / len(per_run) for k in sorted(common)}
+    ks, _, values = runs_on_common_ks(rows, "pass_at_k")
+    return dict(zip(ks, values.mean(axis=0).tolist()))
+
+
+def runs_on_common_ks(rows, column: str):
+    """(ks every run has, {run: {k: value}}, values [runs, ks]) of `column`, runs sorted by name."""
+    import numpy as np
+
+    per_run = {run: dict(zip(g["k"].astype(int), g[column].astype(float))) for run, g in rows.groupby("run", sort=True)}
+    ks = sorted(set.intersection(*(set(c) for c in per_run.values())))
+    return ks, per_run, np.array([[curve[k] for k in ks] for curve in per_run.values()])
 
 
 _REACH_TOLERANCE = 1e-12  # equal means reach; guards against float noise in the seed mean
@@ -229,15 +235,12 @@ def bootstrap_k_efficiency(repexp_n, repexp_c, grpo_n, grpo_c, ks: Sequence[int]
     """RepExp-vs-GRPO k-efficiency and pass@k differences with paired percentile-bootstrap intervals.
 
     `repexp_n`, `repexp_c`: [seeds, problems] sample and correct counts of RepExp's seeds (a 1-D array is
-    one seed); `grpo_n`, `grpo_c`: GRPO's, over the same problems in the same order (the columns are
-    paired). `ks`: the increasing k grid (no k above a problem's n); the efficiency is computed at every
-    k of `reference_ks` (default: the largest) on the grid up to it, as in the module docstring; the
-    difference RepExp − GRPO of the seed-mean pass@k at every k of `diff_ks`.
+    one seed); `grpo_n`, `grpo_c`: GRPO's, over the same problems in the same order. `ks`: the increasing
+    k grid; the efficiency is computed at every k of `reference_ks` (default: the largest) on the grid up
+    to it, the difference RepExp − GRPO of the seed-mean pass@k at every k of `diff_ks`.
 
     Every replicate draws the problems with replacement (one draw for both methods), then, for a method
-    with ≥ 2 seeds, its seeds with replacement (RepExp's, then GRPO's), from `numpy.random.default_rng(seed)`.
-    Per-problem pass@k is computed once; a replicate's curve is a weighted mean of it. A replicate in which
-    RepExp misses the target has efficiency 0 (k* beyond the grid); one whose target is 0 has none.
+    with ≥ 2 seeds, its seeds (RepExp's, then GRPO's), from `numpy.random.default_rng(seed)`.
 
     Returns {"efficiency": {ref: {"estimate", "k_star", "lo", "hi", "not_reached", "undefined"}},
     "difference": {k: {"estimate", "lo", "hi"}}, "replicates", "level", "seed", "num_problems",
@@ -345,10 +348,6 @@ def _efficiency_at(repexp_curve: dict[int, float], grpo_curve: dict[int, float],
             "status": STATUS_REACHED_FIRST if k_eval == grid[0] else STATUS_REACHED}
 
 
-def _note(*parts: str) -> str:
-    return "; ".join(p for p in parts if p)
-
-
 def _k_efficiency_rows(table, runs: Sequence[EvalRun] | None) -> list[dict[str, Any]]:
     """Every row of `k_efficiency_by_k.csv`, each with `headline` True where reference_k is the point's largest
     grid k (the row of `k_efficiency.csv`; also every row without a grid)."""
@@ -399,7 +398,7 @@ def _k_efficiency_rows(table, runs: Sequence[EvalRun] | None) -> list[dict[str, 
             row["diff_pass_at_ref"] = repexp_curve[ref] - grpo_curve[ref]
             if 1 in grid:
                 row["diff_pass_at_1"] = repexp_curve[1] - grpo_curve[1]
-            row["note"] = _note(row["note"], why_not)
+            row["note"] = "; ".join(p for p in (row["note"], why_not) if p)
             if boot is not None:
                 eff = boot["efficiency"][ref]
                 row.update(efficiency_lo=eff["lo"], efficiency_hi=eff["hi"], bootstrap_not_reached=eff["not_reached"],
@@ -445,16 +444,8 @@ def _k_efficiency_frame(out):
 
 def read_k_efficiency(path: str | Path):
     """Read `k_efficiency.csv` or `k_efficiency_by_k.csv` back with the dtypes `k_efficiency` gives."""
-    import pandas as pd
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: k-efficiency table not found (run `repexp aggregate` first)")
-    out = pd.read_csv(path, dtype={"task": "string", "backend": "string", "status": "string", "note": "string",
-                                   "bootstrap_resampled": "string"})
-    missing = [c for c in K_EFFICIENCY_COLUMNS if c not in out.columns]
-    if missing:
-        raise ValueError(f"{path}: missing columns {missing} (written by an older `repexp aggregate`? rerun it)")
-    for column in ("task", "backend", "status"):
-        out[column] = out[column].astype(object).where(out[column].notna(), None)
+    out = _read_csv(path, "k-efficiency", K_EFFICIENCY_COLUMNS,
+                    ("task", "backend", "status", "note", "bootstrap_resampled"),
+                    " (written by an older `repexp aggregate`? rerun it)")
+    _none_for_na(out, ("task", "backend", "status"))
     return _k_efficiency_frame(out)

@@ -1,33 +1,16 @@
 """`repexp figures`: pass@k curves, test-time curves, k-efficiency, sweep heatmaps, training curves and
-training dynamics, plus `index.json`.
+training dynamics, plus `index.json` (docs/figures.md describes each figure).
 
-Input: the tidy table of `repexp aggregate` (`pass_at_k.csv`) and its per-reference-k k-efficiency table
-(`k_efficiency_by_k.csv`, with the bootstrap intervals), optionally the pipeline config (the expected runs:
-anything missing is named on the figure, in `index.json` and on stderr) and the training metrics
-(`results/train/<task>/<run>/metrics.jsonl`, or the MLflow store).
+Input: `repexp aggregate`'s `pass_at_k.csv` and `k_efficiency_by_k.csv` (with the bootstrap intervals),
+optionally the pipeline config (the expected runs: anything missing is named on the figure, in `index.json`
+and on stderr) and the training metrics (`results/train/<task>/<run>/metrics.jsonl`, or the MLflow store).
+Outputs in `--out-dir`, each written atomically, `index.json` last: `pass_at_k`, `testtime_pass_at_k`,
+`k_efficiency`, `heatmap_<task>_<backend>`, `training_<task>_<backend>` and `dynamics_<task>_<backend>`
+(each `.pdf` and `.png`); `index.json` holds every figure's files, caption, notes, pixel size and plotted
+data, so tests and readers can check numbers without looking at pixels.
 
-Outputs in `--out-dir` (each written atomically; `index.json` last):
-
-* `pass_at_k.{pdf,png}` — one panel per task (the paper's Figure 2 layout): pass@k over k on a log2
-  axis, one line per method — RepExp (one line per (sparse_dim, β) point, see `select_repexp_points`),
-  GRPO, base model — the mean over seeds with a ±SEM-over-seeds band (none with one seed);
-* `testtime_pass_at_k.{pdf,png}` — per task, pass@k of each run's samples taken in RepExp order (the
-  paper's inference-time exploration, `repexp testtime`) and in random order (the table's
-  `testtime_pass_at_k` and `pass_at_k` columns), log2 k;
-* `k_efficiency.{pdf,png}` — per task, each RepExp point's k-efficiency over GRPO at the reference ks
-  2, 4, … up to the largest, with the paired bootstrap interval as error bars and a line at 1 (GRPO);
-* `heatmap_<task>_<backend>.{pdf,png}` — pass@1, pass@K (K = the largest k ≤ 256 every run has) and
-  the k-efficiency over sparse_dim × β;
-* `training_<task>_<backend>.{pdf,png}` — dev pass@1, raw and scaled bonus means, verifier vs shaped
-  reward over training steps (mean over seeds ± SEM);
-* `dynamics_<task>_<backend>.{pdf,png}` — policy entropy and rollout diversity (distinct responses per
-  prompt group) over training steps (mean over seeds ± SEM);
-* `index.json` — every figure: files, caption, notes (missing runs), pixel size and the plotted data,
-  so tests and readers can check numbers without looking at pixels.
-
-Modules: `style` (look and scaffolding), `series` (what a line is, seed means, missing-run notes),
-`curves`, `testtime`, `efficiency`, `heatmaps`, `training` (training and dynamics) (one figure kind each),
-`publish` (MLflow artifacts);
+Modules: `style` (look and scaffolding), `series` (what a line is, seed means, missing-run notes), one per
+figure kind (`curves`, `testtime`, `efficiency`, `heatmaps`, `training`), `publish` (MLflow artifacts);
 the CLI and `make_figures` are here.
 
 Figures are never skipped silently: a figure without data is drawn as a panel that says what is
@@ -46,22 +29,13 @@ from typing import Any
 from repexp import layout
 from repexp.config import RunSpec
 
-# the package's public names, importable from `repexp.figures` as before the split
-from repexp.figures.curves import plot_pass_at_k  # noqa: F401
+# the names tests and docs/figures.md use, importable from `repexp.figures`
+from repexp.figures.curves import plot_pass_at_k
 from repexp.figures.efficiency import plot_k_efficiency
-from repexp.figures.heatmaps import heatmap_grid, plot_heatmap  # noqa: F401
+from repexp.figures.heatmaps import plot_heatmap
 from repexp.figures.publish import log_figures_run  # noqa: F401
-from repexp.figures.series import (  # noqa: F401
-    Series,
-    compact_runs,
-    completeness_notes,
-    expected_from_config,
-    seed_curve,
-    select_repexp_points,
-    series_of,
-    table_specs,
-)
-from repexp.figures.style import DPI, MAX_REPEXP_LINES, _save  # noqa: F401
+from repexp.figures.series import expected_from_config, select_repexp_points, table_specs  # noqa: F401
+from repexp.figures.style import DPI, MAX_REPEXP_LINES, _save
 from repexp.figures.testtime import STEM as TESTTIME_STEM
 from repexp.figures.testtime import plot_testtime
 from repexp.figures.training import (  # noqa: F401
@@ -124,35 +98,30 @@ def make_figures(table, out_dir: Path, *, expected: Sequence[RunSpec] | None = N
 
     matplotlib.use("Agg")
     out_dir.mkdir(parents=True, exist_ok=True)
-    found = table_specs(table)
-    specs = list(expected) if expected is not None else found
+    specs = list(expected) if expected is not None else table_specs(table)
     tasks = list(dict.fromkeys(s.task for s in specs))
     figures = []
 
-    fig, record = plot_pass_at_k(table, tasks=tasks, expected=expected, max_repexp_lines=max_repexp_lines)
-    record["files"] = _save(fig, out_dir, layout.PASS_AT_K_FIGURE)
-    figures.append(record)
-    fig, record = plot_testtime(table, tasks=tasks, expected=expected)
-    record["files"] = _save(fig, out_dir, TESTTIME_STEM)
-    figures.append(record)
+    def save(drawn, stem: str | None = None) -> None:
+        fig, record = drawn
+        record["files"] = _save(fig, out_dir, stem or record["id"])
+        figures.append(record)
+
+    save(plot_pass_at_k(table, tasks=tasks, expected=expected, max_repexp_lines=max_repexp_lines),
+         layout.PASS_AT_K_FIGURE)
+    save(plot_testtime(table, tasks=tasks, expected=expected), TESTTIME_STEM)
     if k_efficiency is None:
         k_efficiency = tables.k_efficiency(table, by_reference_k=True)
         k_efficiency_source = (f"computed from the pass@k table: no {layout.K_EFFICIENCY_BY_K_CSV}, "
                                "no per-problem counts")
-    fig, record = plot_k_efficiency(k_efficiency, table, tasks=tasks, expected=expected, source=k_efficiency_source)
-    record["files"] = _save(fig, out_dir, layout.K_EFFICIENCY_FIGURE)
-    figures.append(record)
-    pairs = figure_pairs(specs)
+    save(plot_k_efficiency(k_efficiency, table, tasks=tasks, expected=expected, source=k_efficiency_source),
+         layout.K_EFFICIENCY_FIGURE)
     for task, backend in layout.heatmap_pairs(specs):  # one-point sweeps: the tables' rows, no heatmap
-        fig, record = plot_heatmap(table, task, backend, expected=expected)
-        record["files"] = _save(fig, out_dir, record["id"])
-        figures.append(record)
+        save(plot_heatmap(table, task, backend, expected=expected))
     if curves is not None:
-        for task, backend in pairs:
+        for task, backend in figure_pairs(specs):
             for plot in (plot_training, plot_dynamics):
-                fig, record = plot(curves, task, backend, specs=specs, source=curves_source)
-                record["files"] = _save(fig, out_dir, record["id"])
-                figures.append(record)
+                save(plot(curves, task, backend, specs=specs, source=curves_source))
     from_training = ("training", "dynamics")
     index = {"generated_by": "repexp figures", "table": table_path, "dpi": DPI,
              "expected_from_config": expected is not None,

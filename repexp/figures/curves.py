@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from typing import Any
 
 from repexp import layout
 from repexp.config import RunSpec, canonical
+from repexp.figures import style as S
 from repexp.figures.series import (
     ZORDER,
     Series,
@@ -19,32 +18,15 @@ from repexp.figures.series import (
     series_of,
     table_specs,
 )
-from repexp.figures.style import (
-    BACKEND_LINESTYLES,
-    BASE_COLOR,
-    FONT,
-    GRPO_COLOR,
-    LINE_STYLE,
-    MAX_REPEXP_LINES,
-    REPEXP_COLORS,
-    REPEXP_MARKERS,
-    TASK_TITLES,
-    _figure_with_footer,
-    _finish_curve_panel,
-    _size_px,
-    _style,
-    legend_columns,
-)
 
 
 def _curve_panels(found: Sequence[RunSpec], tasks: Sequence[str], expected: Sequence[RunSpec] | None,
                   max_repexp_lines: int) -> tuple[list[dict], list[str], list[str]]:
     """Which series each task panel draws, plus the notes and missing runs of the figure."""
     panels: list[dict] = []
-    notes: list[str] = []
-    missing: list[str] = []
+    notes, missing = [], []
     for task in tasks:
-        title = TASK_TITLES.get(task, task)
+        title = S.TASK_TITLES.get(task, task)
         task_missing, task_notes = completeness_notes(task, found, expected)
         missing += task_missing
         notes += [f"{title}: {n}" for n in task_notes]
@@ -64,7 +46,7 @@ def _curve_panels(found: Sequence[RunSpec], tasks: Sequence[str], expected: Sequ
 
 
 def plot_pass_at_k(table, *, tasks: Sequence[str] | None = None, expected: Sequence[RunSpec] | None = None,
-                   max_repexp_lines: int = MAX_REPEXP_LINES):
+                   max_repexp_lines: int = S.MAX_REPEXP_LINES):
     """The pass@k figure. Returns (figure, record) where record holds caption, notes and plotted data."""
     found = table_specs(table)
     tasks = list(tasks) if tasks else list(dict.fromkeys(s.task for s in found))
@@ -72,10 +54,7 @@ def plot_pass_at_k(table, *, tasks: Sequence[str] | None = None, expected: Seque
         raise ValueError("no tasks to plot")
     panels, notes, missing = _curve_panels(found, tasks, expected, max_repexp_lines)
     all_series = [s for panel in panels for s in panel["series"]]
-    repexp_points = {(s.sparse_dim, s.beta) for s in all_series if s.method == "repexp"}
-    show_point = len(repexp_points) > 1
-    show_backend = len({s.backend for s in all_series if s.backend}) > 1
-    styles = _series_styles(all_series, show_point=show_point, show_backend=show_backend)
+    styles, labels, show_point = series_styles(all_series)
     single_seed = any((seed_curve(table, s) or {}).get("n_seeds") == 1 for s in all_series if s.method != "base")
     if single_seed:
         notes.append("Lines with one seed have no band.")
@@ -85,56 +64,41 @@ def plot_pass_at_k(table, *, tasks: Sequence[str] | None = None, expected: Seque
     for panel, curves in zip(panels, panel_curves):
         coincide = coinciding_with_grpo({s: c["mean"] for s, c in curves.items() if c is not None})
         same |= coincide
-        title = TASK_TITLES.get(panel["task"], panel["task"])
+        title = S.TASK_TITLES.get(panel["task"], panel["task"])
         notes += [f"{title}: {styles[s]['label']} = GRPO at every k (the curves coincide; RepExp is drawn dashed "
                   "on top)" for s in sorted(coincide, key=_series_sort_key)]
-    labels = list(dict.fromkeys(styles[s]["label"] for s in sorted(all_series, key=_series_sort_key)))
-    width = max(5.0, 3.2 * len(tasks))
-    ncol = legend_columns(labels, width)
-    with _style():
-        fig, axes, footer = _figure_with_footer(width, 2.9, legend_rows=math.ceil(len(labels) / ncol), notes=notes,
-                                                ncols=len(tasks))
-        record_panels = []
-        handles: dict[str, Any] = {}
-        for j, panel in enumerate(panels):
-            ax = axes[0][j]
-            task = panel["task"]
-            ax.set_title(TASK_TITLES.get(task, task))
-            data_series = []
-            lows, highs, k_max = [], [], 1
-            curves = panel_curves[j]
-            for series in panel["series"]:
-                curve = curves[series]
-                if curve is None:
-                    continue
-                style = styles[series]
-                hollow = {"markerfacecolor": "none", "markeredgecolor": style["color"]} if series in same else {}
-                line, = ax.plot(curve["k"], curve["mean"], label=style["label"], color=style["color"],
-                                linestyle="--" if series in same else style["linestyle"],
-                                alpha=0.8 if series.method == "base" else 1.0, zorder=ZORDER[series.method],
-                                **{**LINE_STYLE, "marker": style["marker"], **hollow})
-                handles.setdefault(style["label"], line)
-                band = None
-                if curve["sem"] is not None:
-                    lo = [m - s for m, s in zip(curve["mean"], curve["sem"])]
-                    hi = [m + s for m, s in zip(curve["mean"], curve["sem"])]
-                    ax.fill_between(curve["k"], lo, hi, color=style["color"], alpha=0.2, linewidth=0)
-                    band = {"lower": lo, "upper": hi}
-                    lows += lo
-                    highs += hi
-                lows += curve["mean"]
-                highs += curve["mean"]
-                k_max = max(k_max, max(curve["k"]))
-                data_series.append({**series.to_dict(), "label": style["label"], **curve, "band": band})
-            ylim = _finish_curve_panel(ax, plotted=bool(data_series), empty_message=f"no evaluated runs for {task}",
-                                       k_max=k_max, lows=lows, highs=highs, xlabel="k", first=j == 0)
-            record_panels.append({"task": task, "title": TASK_TITLES.get(task, task),
-                                  "ylim": list(ylim) if ylim else None, "series": data_series})
-        if handles:
-            shown = [label for label in labels if label in handles]
-            footer.legend([handles[label] for label in shown], shown,
-                          loc="upper center", ncol=ncol, frameon=False, fontsize=FONT["legend"],
-                          bbox_to_anchor=(0.5, 1.0))
+    def draw(ax, j: int, handles: dict) -> dict:
+        task = panels[j]["task"]
+        data_series = []
+        lows, highs, k_max = [], [], 1
+        for series in panels[j]["series"]:
+            curve = panel_curves[j][series]
+            if curve is None:
+                continue
+            style = styles[series]
+            hollow = {"markerfacecolor": "none", "markeredgecolor": style["color"]} if series in same else {}
+            line, = ax.plot(curve["k"], curve["mean"], label=style["label"], color=style["color"],
+                            linestyle="--" if series in same else style["linestyle"],
+                            alpha=0.8 if series.method == "base" else 1.0, zorder=ZORDER[series.method],
+                            **{**S.LINE_STYLE, "marker": style["marker"], **hollow})
+            handles.setdefault(style["label"], line)
+            band = None
+            if curve["sem"] is not None:
+                lo = [m - s for m, s in zip(curve["mean"], curve["sem"])]
+                hi = [m + s for m, s in zip(curve["mean"], curve["sem"])]
+                ax.fill_between(curve["k"], lo, hi, color=style["color"], alpha=0.2, linewidth=0)
+                band = {"lower": lo, "upper": hi}
+                lows += lo
+                highs += hi
+            lows += curve["mean"]
+            highs += curve["mean"]
+            k_max = max(k_max, max(curve["k"]))
+            data_series.append({**series.to_dict(), "label": style["label"], **curve, "band": band})
+        ylim = S._finish_curve_panel(ax, plotted=bool(data_series), empty_message=f"no evaluated runs for {task}",
+                                     k_max=k_max, lows=lows, highs=highs, xlabel="k", first=j == 0)
+        return {"ylim": list(ylim) if ylim else None, "series": data_series}
+
+    fig, record_panels = S._task_panels(tasks, labels, notes, draw)
     caption = (
         "pass@k on the test split over k (log2 axis) per task: mean over seeds "
         + ("with a ±1 SEM band across seeds (ddof 1)" if not single_seed
@@ -144,8 +108,16 @@ def plot_pass_at_k(table, *, tasks: Sequence[str] | None = None, expected: Seque
         + "The base model is evaluated once (no band)."
     )
     record = {"id": layout.PASS_AT_K_FIGURE, "kind": "pass_at_k", "caption": caption, "notes": notes,
-              "missing_runs": missing, "size_px": _size_px(fig), "panels": record_panels}
+              "missing_runs": missing, "size_px": S._size_px(fig), "panels": record_panels}
     return fig, record
+
+
+def series_styles(series: Sequence[Series]) -> tuple[dict[Series, dict], list[str], bool]:
+    """(style per series, the legend labels in plotting order, whether RepExp labels name their point)."""
+    show_point = len({(s.sparse_dim, s.beta) for s in series if s.method == "repexp"}) > 1
+    show_backend = len({s.backend for s in series if s.backend}) > 1
+    styles = _series_styles(series, show_point=show_point, show_backend=show_backend)
+    return styles, list(dict.fromkeys(styles[s]["label"] for s in sorted(series, key=_series_sort_key))), show_point
 
 
 def _series_styles(series: Sequence[Series], *, show_point: bool, show_backend: bool) -> dict[Series, dict]:
@@ -155,12 +127,12 @@ def _series_styles(series: Sequence[Series], *, show_point: bool, show_backend: 
     for s in series:
         linestyle = "-"
         if s.backend and show_backend:
-            linestyle = BACKEND_LINESTYLES[backends.index(s.backend) % len(BACKEND_LINESTYLES)]
+            linestyle = S.BACKEND_LINESTYLES[backends.index(s.backend) % len(S.BACKEND_LINESTYLES)]
         if s.method == "repexp":
             i = points.index((s.sparse_dim, s.beta))
-            color, marker = REPEXP_COLORS[i % len(REPEXP_COLORS)], REPEXP_MARKERS[i % len(REPEXP_MARKERS)]
+            color, marker = S.REPEXP_COLORS[i % len(S.REPEXP_COLORS)], S.REPEXP_MARKERS[i % len(S.REPEXP_MARKERS)]
         else:
-            color, marker = (GRPO_COLOR, "o") if s.method == "grpo" else (BASE_COLOR, "o")
+            color, marker = (S.GRPO_COLOR, "o") if s.method == "grpo" else (S.BASE_COLOR, "o")
         styles[s] = {"label": s.label(show_point=show_point, show_backend=show_backend), "color": color,
                      "marker": marker, "linestyle": linestyle}
     return styles

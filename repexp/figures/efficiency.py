@@ -9,18 +9,9 @@ from typing import Any
 
 from repexp import layout
 from repexp.config import RunSpec
-from repexp.figures.curves import _series_styles
+from repexp.figures import style as S
+from repexp.figures.curves import series_styles
 from repexp.figures.series import Series, _series_sort_key, completeness_notes, table_specs
-from repexp.figures.style import (
-    FONT,
-    GRPO_COLOR,
-    TASK_TITLES,
-    _figure_with_footer,
-    _no_data,
-    _size_px,
-    _style,
-    legend_columns,
-)
 
 # a point's markers are spread this far apart (in log2 k) so that error bars of several points stay apart
 DODGE_LOG2 = 0.09
@@ -32,6 +23,12 @@ def plotted_reference_ks(refs: Sequence[int]) -> list[int]:
     """The reference ks drawn for one point: the powers of two ≥ 2 among its grid ks, and its largest."""
     refs = sorted({int(k) for k in refs})
     return [k for k in refs if k >= 2 and (k & (k - 1) == 0 or k == refs[-1])]
+
+
+def _shown(rows) -> list:
+    """The rows of one point at its `plotted_reference_ks`."""
+    ks = plotted_reference_ks([r.reference_k for r in rows])
+    return [r for r in rows if int(r.reference_k) in ks]
 
 
 def _number(value) -> float | None:
@@ -73,19 +70,17 @@ def plot_k_efficiency(keff, table, *, tasks: Sequence[str] | None = None, expect
     tasks = list(tasks) if tasks else list(dict.fromkeys(s.task for s in found))
     if not tasks:
         raise ValueError("no tasks to plot")
-    notes: list[str] = []
-    missing: list[str] = []
-    per_task = {}
+    notes, missing, per_task = [], [], {}
     for task in tasks:
-        title = TASK_TITLES.get(task, task)
+        title = S.TASK_TITLES.get(task, task)
         task_missing, task_notes = completeness_notes(task, found, expected)
         missing += task_missing
         notes += [f"{title}: {n}" for n in task_notes if n != "no base-model run"]  # no base in this figure
         per_task[task] = _series_rows(keff, task)
     all_series = [s for rows in per_task.values() for s in rows]
-    show_point = len({(s.sparse_dim, s.beta) for s in all_series}) > 1
+    styles, labels, _ = series_styles(all_series)
+    labels = ["GRPO (= 1)", *labels]
     show_backend = len({s.backend for s in all_series}) > 1
-    styles = _series_styles(all_series, show_point=show_point, show_backend=show_backend)
     has_intervals = bool(len(keff)) and keff["efficiency_lo"].notna().any()
 
     # what the figure must say (drawn under the axes, so gathered before drawing)
@@ -96,7 +91,7 @@ def plot_k_efficiency(keff, table, *, tasks: Sequence[str] | None = None, expect
     if not has_intervals and not reasons and all_series:
         notes.append(f"No bootstrap intervals ({source or 'no per-problem counts'}).")
     for task in tasks:
-        title = TASK_TITLES.get(task, task)
+        title = S.TASK_TITLES.get(task, task)
         no_grid = keff[(keff["task"] == task) & keff["reference_k"].isna()]
         for r in no_grid.itertuples(index=False):
             label = Series(task, "repexp", r.backend, int(r.sparse_dim), float(r.beta)).label(
@@ -104,9 +99,7 @@ def plot_k_efficiency(keff, table, *, tasks: Sequence[str] | None = None, expect
             notes.append(f"{title}: {label}: {r.status}")
         for series, rows in per_task[task].items():
             label = styles[series]["label"]
-            kept = {int(r.reference_k) for r in rows if int(r.reference_k) in plotted_reference_ks(
-                [x.reference_k for x in rows])}
-            shown = [r for r in rows if int(r.reference_k) in kept]
+            shown = _shown(rows)
             by_status: dict[str, list[int]] = {}
             for r in shown:
                 by_status.setdefault(str(r.status), []).append(int(r.reference_k))
@@ -125,30 +118,17 @@ def plot_k_efficiency(keff, table, *, tasks: Sequence[str] | None = None, expect
             if censored:
                 notes.append(f"{title}: {label} at k = {', '.join(map(str, censored))}: RepExp misses the target in "
                              "≥ 2.5% of bootstrap replicates (bar to the bottom edge)")
-    handles_needed = [styles[s]["label"] for s in sorted(all_series, key=_series_sort_key)]
-    labels = ["GRPO (= 1)"] + list(dict.fromkeys(handles_needed))
-    width = max(5.0, 3.2 * len(tasks))
-    ncol = legend_columns(labels, width)
-    record_panels = []
-    with _style():
-        fig, axes, footer = _figure_with_footer(width, 2.9, legend_rows=math.ceil(len(labels) / ncol), notes=notes,
-                                                ncols=len(tasks))
-        handles: dict[str, Any] = {}
-        for j, task in enumerate(tasks):
-            ax = axes[0][j]
-            ax.set_title(TASK_TITLES.get(task, task))
-            panel = _draw_panel(ax, per_task[task], styles, handles, first=j == 0)
-            if panel is None:
-                has_rows = bool(len(keff)) and (keff["task"] == task).any()
-                _no_data(ax, f"no k-efficiency for {task}: " + ("no RepExp point has a GRPO baseline with a common k"
-                                                                if has_rows else "no RepExp evaluation"))
-                record_panels.append({"task": task, "title": TASK_TITLES.get(task, task), "ylim": None, "series": []})
-            else:
-                record_panels.append({"task": task, "title": TASK_TITLES.get(task, task), **panel})
-        if handles:
-            shown = [label for label in labels if label in handles]
-            footer.legend([handles[label] for label in shown], shown, loc="upper center", ncol=ncol, frameon=False,
-                          fontsize=FONT["legend"], bbox_to_anchor=(0.5, 1.0))
+
+    def draw(ax, j: int, handles: dict) -> dict:
+        task = tasks[j]
+        panel = _draw_panel(ax, per_task[task], styles, handles, first=j == 0)
+        if panel is None:
+            has_rows = bool(len(keff)) and (keff["task"] == task).any()
+            S._no_data(ax, f"no k-efficiency for {task}: " + ("no RepExp point has a GRPO baseline with a common k"
+                                                            if has_rows else "no RepExp evaluation"))
+        return panel or {"ylim": None, "series": []}
+
+    fig, record_panels = S._task_panels(tasks, labels, notes, draw)
     if has_intervals:
         interval = (f"error bars: 95% percentile interval of a paired bootstrap ({', '.join(map(str, replicates))} "
                     f"replicates resampling {' / '.join(bootstrap_units) or 'problems'}; the same problems for both "
@@ -163,7 +143,7 @@ def plot_k_efficiency(keff, table, *, tasks: Sequence[str] | None = None, expect
         "reach the target within k ≤ the reference k (k* beyond the evaluated range)."
     )
     record = {"id": layout.K_EFFICIENCY_FIGURE, "kind": "k_efficiency", "caption": caption, "notes": notes,
-              "missing_runs": missing, "size_px": _size_px(fig), "source": source,
+              "missing_runs": missing, "size_px": S._size_px(fig), "source": source,
               "bootstrap": {"replicates": replicates, "resampled": bootstrap_units} if has_intervals else None,
               "panels": record_panels}
     return fig, record
@@ -177,32 +157,22 @@ def _draw_panel(ax, rows_by_series: dict[Series, list], styles: dict, handles: d
     from repexp.aggregate import tables as A
 
     series_list = sorted(rows_by_series, key=_series_sort_key)
-    shown = {s: [r for r in rows_by_series[s]
-                 if int(r.reference_k) in plotted_reference_ks([x.reference_k for x in rows_by_series[s]])]
-             for s in series_list}
-    shown = {s: rows for s, rows in shown.items() if rows}
+    shown = {s: _shown(rows_by_series[s]) for s in series_list if _shown(rows_by_series[s])}
     if not shown:
         return None
-    values = [1.0]
-    for rows in shown.values():
-        for r in rows:
-            values += [v for v in (_number(r.efficiency), _number(r.efficiency_lo), _number(r.efficiency_hi))
-                       if v is not None and v > 0]
+    values = [1.0] + [v for rows in shown.values() for r in rows
+                      for v in map(_number, (r.efficiency, r.efficiency_lo, r.efficiency_hi)) if v and v > 0]
     y_lo, y_hi = min(values) / 2 ** 0.5, max(values) * 2 ** 0.4
     edge = y_lo  # where values below the axis (not reached, a lower bound of 0) are drawn
-    ks = [int(r.reference_k) for rows in shown.values() for r in rows]
-    k_max = max(ks)
-    ax.axhline(1.0, color=GRPO_COLOR, linestyle="--", linewidth=1.2, zorder=1)
+    k_max = max(int(r.reference_k) for rows in shown.values() for r in rows)
+    ax.axhline(1.0, color=S.GRPO_COLOR, linestyle="--", linewidth=1.2, zorder=1)
     handles.setdefault("GRPO (= 1)", ax.lines[-1])
     m = len(shown)
     series_records = []
     for i, (series, rows) in enumerate(shown.items()):
         style = styles[series]
         shift = 2 ** ((i - (m - 1) / 2) * DODGE_LOG2)
-        record: dict[str, Any] = {
-            **series.to_dict(), "label": style["label"], "n_repexp_seeds": int(rows[0].n_repexp_seeds),
-            "n_grpo_seeds": int(rows[0].n_grpo_seeds), "reference_k": [], "efficiency": [], "lo": [], "hi": [],
-            "not_reached_fraction": [], "k_star": [], "k_grpo": [], "status": [], "drawn_at": [], "on_edge": []}
+        columns: list[dict[str, Any]] = []  # one per reference k, transposed into the record below
         line_x, line_y = [], []
         for r in rows:
             k = int(r.reference_k)
@@ -230,22 +200,17 @@ def _draw_panel(ax, rows_by_series: dict[Series, list], styles: dict, handles: d
                 if not on_edge:
                     line_x.append(x)
                     line_y.append(drawn)
-            record["reference_k"].append(k)
-            record["efficiency"].append(eff)
-            record["lo"].append(lo)
-            record["hi"].append(hi)
-            record["not_reached_fraction"].append(_number(r.bootstrap_not_reached))
-            record["k_star"].append(_number(r.k_star))
-            record["k_grpo"].append(_number(r.k_grpo))
-            record["status"].append(status)
-            record["drawn_at"].append(drawn)
-            record["on_edge"].append(on_edge)
+            columns.append({"reference_k": k, "efficiency": eff, "lo": lo, "hi": hi,
+                            "not_reached_fraction": _number(r.bootstrap_not_reached), "k_star": _number(r.k_star),
+                            "k_grpo": _number(r.k_grpo), "status": status, "drawn_at": drawn, "on_edge": on_edge})
         if len(line_x) >= 2:
             ax.plot(line_x, line_y, color=style["color"], linewidth=0.8, alpha=0.5, zorder=2)
         if style["label"] not in handles:  # every point of the series is on the edge: still in the legend
             handles[style["label"]] = ax.plot([], [], linestyle="none", marker=style["marker"],
                                               color=style["color"])[0]
-        series_records.append(record)
+        series_records.append({**series.to_dict(), "label": style["label"],
+                               "n_repexp_seeds": int(rows[0].n_repexp_seeds), "n_grpo_seeds": int(rows[0].n_grpo_seeds),
+                               **{key: [c[key] for c in columns] for key in columns[0]}})
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
     top = max(1, math.floor(math.log2(k_max)))
@@ -259,7 +224,7 @@ def _draw_panel(ax, rows_by_series: dict[Series, list], styles: dict, handles: d
     ax.yaxis.set_minor_locator(NullLocator())
     ax.set_ylim(y_lo, y_hi)
     ax.set_xlabel("reference k (GRPO's pass@k)")
-    ax.tick_params(axis="both", labelsize=FONT["tick"])
+    ax.tick_params(axis="both", labelsize=S.FONT["tick"])
     if first:
         ax.set_ylabel("k-efficiency (k_GRPO / k*)")
     return {"ylim": [float(y_lo), float(y_hi)], "edge": float(np.float64(edge)), "series": series_records}

@@ -8,69 +8,59 @@ from collections.abc import Sequence
 
 from repexp import layout
 from repexp.config import RunSpec, canonical
+from repexp.figures import style as S
+from repexp.figures.efficiency import _number
 from repexp.figures.series import Series, completeness_notes, seed_curve, table_specs
-from repexp.figures.style import FONT, TASK_TITLES, _figure_with_footer, _no_data, _size_px, _style
 
 
-def heatmap_grid(table, task: str, backend: str, expected: Sequence[RunSpec] | None) -> tuple[list[int], list[float]]:
-    """sparse_dims (rows) and βs (columns): the config's sweep if given, else what was evaluated."""
-    specs = list(expected) if expected is not None else table_specs(table)
-    points = {(s.sparse_dim, float(s.beta)) for s in specs
-              if s.task == task and s.method == "repexp" and s.backend == backend}
-    return sorted({p[0] for p in points}), sorted({p[1] for p in points})
+def _cells(sparse_dims, betas, cell):
+    """(values, annotations, cell records) of one panel; `cell(d, b)` gives a cell's (value, text, record)."""
+    import numpy as np
+
+    values = np.full((len(sparse_dims), len(betas)), np.nan)
+    text = np.full(values.shape, "", dtype=object)
+    cells = []
+    for i, d in enumerate(sparse_dims):
+        for j, b in enumerate(betas):
+            values[i, j], text[i, j], record = cell(d, b)
+            cells.append({"sparse_dim": d, "beta": b, **record})
+    return values, text, cells
 
 
 def _pass_cells(table, task: str, backend: str, sparse_dims, betas, k: int | None, n_full_seeds: int):
-    """(values, annotations, cell records) of one pass@k panel: seed means per (sparse_dim, β)."""
-    import numpy as np
+    """One pass@k panel's cells: seed means per (sparse_dim, β)."""
+    def cell(d, b):
+        curve = seed_curve(table, Series(task, "repexp", backend, d, b))
+        if k is None or curve is None or k not in curve["k"]:
+            return math.nan, "missing", {"value": None, "n_seeds": 0 if curve is None else curve["n_seeds"]}
+        at = curve["k"].index(k)
+        text = f"{curve['mean'][at]:.3f}"
+        if n_full_seeds and curve["n_seeds"] < n_full_seeds:
+            text += f"\n({curve['n_seeds']}/{n_full_seeds} seeds)"
+        return curve["mean"][at], text, {"value": curve["mean"][at],
+                                         "sem": None if curve["sem"] is None else curve["sem"][at],
+                                         "n_seeds": curve["n_seeds"], "seeds": curve["seeds"]}
 
-    values = np.full((len(sparse_dims), len(betas)), np.nan)
-    text = np.full(values.shape, "", dtype=object)
-    cells = []
-    for i, d in enumerate(sparse_dims):
-        for j, b in enumerate(betas):
-            curve = seed_curve(table, Series(task, "repexp", backend, d, b))
-            if k is None or curve is None or k not in curve["k"]:
-                text[i, j] = "missing"
-                cells.append({"sparse_dim": d, "beta": b, "value": None,
-                              "n_seeds": 0 if curve is None else curve["n_seeds"]})
-                continue
-            at = curve["k"].index(k)
-            values[i, j] = curve["mean"][at]
-            text[i, j] = f"{values[i, j]:.3f}"
-            if n_full_seeds and curve["n_seeds"] < n_full_seeds:
-                text[i, j] += f"\n({curve['n_seeds']}/{n_full_seeds} seeds)"
-            cells.append({"sparse_dim": d, "beta": b, "value": curve["mean"][at],
-                          "sem": None if curve["sem"] is None else curve["sem"][at],
-                          "n_seeds": curve["n_seeds"], "seeds": curve["seeds"]})
-    return values, text, cells
+    return _cells(sparse_dims, betas, cell)
 
 
 def _efficiency_cells(keff, backend: str, sparse_dims, betas):
-    """(log2 efficiency, annotations, cell records) from the k-efficiency table."""
+    """The k-efficiency panel's cells (log2 efficiency) from the k-efficiency table."""
     import numpy as np
 
-    values = np.full((len(sparse_dims), len(betas)), np.nan)
-    text = np.full(values.shape, "", dtype=object)
-    cells = []
-    for i, d in enumerate(sparse_dims):
-        for j, b in enumerate(betas):
-            match = keff[(keff["backend"] == backend) & (keff["sparse_dim"] == d) & np.isclose(keff["beta"], b)]
-            if match.empty:
-                text[i, j] = "missing"
-                cells.append({"sparse_dim": d, "beta": b, "value": None, "status": "missing"})
-                continue
-            row = match.iloc[0]
-            efficiency = None if pd_isna(row["efficiency"]) else float(row["efficiency"])
-            if efficiency:
-                values[i, j] = math.log2(efficiency)
-                text[i, j] = f"{efficiency:.2f}×"
-            else:
-                text[i, j] = str(row["status"]).replace(" ", "\n", 1)
-            cells.append({"sparse_dim": d, "beta": b, "value": efficiency, "status": row["status"],
-                          "k_star": None if pd_isna(row["k_star"]) else float(row["k_star"]),
-                          "reference_k": None if pd_isna(row["reference_k"]) else int(row["reference_k"])})
-    return values, text, cells
+    def cell(d, b):
+        match = keff[(keff["backend"] == backend) & (keff["sparse_dim"] == d) & np.isclose(keff["beta"], b)]
+        if match.empty:
+            return math.nan, "missing", {"value": None, "status": "missing"}
+        row = match.iloc[0]
+        efficiency, reference_k = _number(row["efficiency"]), _number(row["reference_k"])
+        record = {"value": efficiency, "status": row["status"], "k_star": _number(row["k_star"]),
+                  "reference_k": None if reference_k is None else int(reference_k)}
+        if efficiency:
+            return math.log2(efficiency), f"{efficiency:.2f}×", record
+        return math.nan, str(row["status"]).replace(" ", "\n", 1), record
+
+    return _cells(sparse_dims, betas, cell)
 
 
 def _pass_norm(values, grpo: float | None, name: str):
@@ -101,16 +91,16 @@ def _draw_heatmap(ax, values, text, sparse_dims, betas, *, norm, cmap: str, labe
     with warnings.catch_warnings():  # an all-missing panel makes seaborn warn about NaN min/max
         warnings.simplefilter("ignore", RuntimeWarning)
         sns.heatmap(values, ax=ax, cmap=cmap, norm=norm, annot=text, fmt="", mask=~np.isfinite(values),
-                    annot_kws={"fontsize": FONT["note"]}, linewidths=0.5, linecolor="white",
+                    annot_kws={"fontsize": S.FONT["note"]}, linewidths=0.5, linecolor="white",
                     xticklabels=[canonical(b) for b in betas], yticklabels=[str(d) for d in sparse_dims],
                     cbar_kws={"label": label, "shrink": 0.9})
     # seaborn does not annotate masked cells: say "missing" / "not reached" there
     for i, j in zip(*np.nonzero(~np.isfinite(values))):
         if text[i, j]:
-            ax.text(j + 0.5, i + 0.5, text[i, j], ha="center", va="center", fontsize=FONT["note"], color="#555555")
+            ax.text(j + 0.5, i + 0.5, text[i, j], ha="center", va="center", fontsize=S.FONT["note"], color="#555555")
     colorbar = ax.collections[0].colorbar
-    colorbar.ax.yaxis.label.set_size(FONT["note"])
-    colorbar.ax.tick_params(labelsize=FONT["note"])
+    colorbar.ax.yaxis.label.set_size(S.FONT["note"])
+    colorbar.ax.tick_params(labelsize=S.FONT["note"])
     colorbar.set_ticks(ticks, labels=tick_labels)
     ax.set_xlabel("β")
     ax.tick_params(axis="y", rotation=0)
@@ -123,8 +113,11 @@ def plot_heatmap(table, task: str, backend: str, *, expected: Sequence[RunSpec] 
 
     from repexp.aggregate import tables
 
-    sparse_dims, betas = heatmap_grid(table, task, backend, expected)
     found = table_specs(table)
+    # rows and columns: the config's sweep if given, else what was evaluated
+    points = {(s.sparse_dim, float(s.beta)) for s in (expected if expected is not None else found)
+              if s.task == task and s.method == "repexp" and s.backend == backend}
+    sparse_dims, betas = sorted({p[0] for p in points}), sorted({p[1] for p in points})
     trained_here = lambda specs: [s for s in specs if s.trains and s.backend == backend]  # noqa: E731
     missing, notes = completeness_notes(task, trained_here(found), None if expected is None else trained_here(expected))
     notes = [n for n in notes if "base-model" not in n]
@@ -139,14 +132,14 @@ def plot_heatmap(table, task: str, backend: str, *, expected: Sequence[RunSpec] 
     width = max(7.5, 7.8 + 1.35 * max(0, len(betas) - 2))
     height = 1.7 + 0.45 * max(2, len(sparse_dims))
     panels = []
-    with _style():
-        fig, axes, _ = _figure_with_footer(width, height, legend_rows=0, notes=notes, ncols=3)
-        fig.suptitle(f"{TASK_TITLES.get(task, task)} [{backend}]: RepExp sweep", fontsize=FONT["title"])
+    with S._style():
+        fig, axes, _ = S._figure_with_footer(width, height, legend_rows=0, notes=notes, ncols=3)
+        fig.suptitle(f"{S.TASK_TITLES.get(task, task)} [{backend}]: RepExp sweep", fontsize=S.FONT["title"])
         for ax, (name, k) in zip(axes[0], [("pass@1", 1), (f"pass@{k_ref}" if k_ref else "pass@K", k_ref),
                                           ("k-efficiency", None)]):
-            ax.set_title(name, fontsize=FONT["label"])
+            ax.set_title(name, fontsize=S.FONT["label"])
             if not sparse_dims:
-                _no_data(ax, f"no RepExp runs for {task} [{backend}]")
+                S._no_data(ax, f"no RepExp runs for {task} [{backend}]")
                 panels.append({"metric": name, "k": k, "grpo": None, "cells": []})
                 continue
             grpo = None
@@ -168,19 +161,14 @@ def plot_heatmap(table, task: str, backend: str, *, expected: Sequence[RunSpec] 
             ax.set_ylabel("sparse_dim" if name == "pass@1" else "")
             panels.append({"metric": name, "k": k, "grpo": grpo, "cells": cells})
     caption = (
-        f"RepExp sweep on {TASK_TITLES.get(task, task)} ({backend}): rows sparse_dim, columns β; cells are means over "
-        "seeds. pass@1 and pass@K (K: the largest k ≤ 256 every run evaluated) are coloured around GRPO's value "
+        f"RepExp sweep on {S.TASK_TITLES.get(task, task)} ({backend}): rows sparse_dim, columns β; cells are means "
+        "over seeds. pass@1 and pass@K (K: the largest k ≤ 256 every run evaluated) are coloured around GRPO's value "
         "(blue: below, red: above). k-efficiency = k_GRPO / k*: k* is the (log2-interpolated) smallest k at which "
         "RepExp's pass@k reaches GRPO's pass@K, k_GRPO the same for GRPO's own curve (K unless GRPO saturates); "
         "\"not reached\" when RepExp never does."
     )
     record = {"id": layout.heatmap_figure(task, backend), "kind": "heatmap", "task": task, "backend": backend,
-              "caption": caption, "notes": notes, "missing_runs": missing, "size_px": _size_px(fig),
+              "caption": caption, "notes": notes, "missing_runs": missing, "size_px": S._size_px(fig),
               "sparse_dims": sparse_dims, "betas": betas, "panels": panels}
     return fig, record
 
-
-def pd_isna(value) -> bool:
-    import pandas as pd
-
-    return value is None or bool(pd.isna(value))

@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from repexp.aggregate.tables import METHOD_NAMES
-from repexp.config import METHODS, TASKS, RunSpec, canonical
+from repexp.aggregate.load import expected_runs as expected_from_config  # noqa: F401 (re-exported)
+from repexp.aggregate.load import run_sort_key
+from repexp.aggregate.tables import METHOD_NAMES, runs_on_common_ks
+from repexp.config import METHODS, RunSpec, canonical
 from repexp.figures.style import PAPER_POINTS
 
 # --------------------------------------------------------------------------- series
@@ -82,8 +83,8 @@ def select_repexp_points(task: str, points: Sequence[tuple[int, float]], max_lin
     return points[:1]
 
 
-def seed_curve(table, series: Series) -> dict[str, Any] | None:
-    """pass@k of one series: mean over its seeds and SEM over seeds (ddof 1) on the ks all seeds have."""
+def series_mask(table, series: Series):
+    """The table's rows of one series (every seed)."""
     import numpy as np
 
     mask = (table["task"] == series.task) & (table["method"] == series.method)
@@ -91,13 +92,16 @@ def seed_curve(table, series: Series) -> dict[str, Any] | None:
         mask &= table["backend"] == series.backend
     if series.method == "repexp":
         mask &= (table["sparse_dim"] == series.sparse_dim) & np.isclose(table["beta"].astype(float), series.beta)
-    rows = table[mask]
+    return mask
+
+
+def seed_curve(table, series: Series) -> dict[str, Any] | None:
+    """pass@k of one series: mean over its seeds and SEM over seeds (ddof 1) on the ks all seeds have."""
+
+    rows = table[series_mask(table, series)]
     if rows.empty:
         return None
-    per_run = {run: dict(zip(g["k"].astype(int), g["pass_at_k"].astype(float)))
-               for run, g in rows.groupby("run", sort=True)}
-    ks = sorted(set.intersection(*(set(c) for c in per_run.values())))
-    values = np.array([[curve[k] for k in ks] for curve in per_run.values()])
+    ks, per_run, values = runs_on_common_ks(rows, "pass_at_k")
     n = len(per_run)
     sem = (values.std(axis=0, ddof=1) / math.sqrt(n)).tolist() if n >= 2 else None
     seeds = sorted({int(s) for s in rows["seed"].dropna()})
@@ -108,20 +112,13 @@ def seed_curve(table, series: Series) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------- expectations / notes
 
 
-def expected_from_config(config_path: str | Path) -> list[RunSpec]:
-    from repexp.config import load, sweep_runs
-
-    return sweep_runs(load(config_path))
-
-
 def table_specs(table) -> list[RunSpec]:
     """The runs of a pass@k table, from the columns the aggregate writes for each run (never its name)."""
     import pandas as pd
 
     rows = table[["task", "method", "backend", "sparse_dim", "beta", "seed"]].drop_duplicates().astype(object)
     return sorted({RunSpec(*(None if pd.isna(v) else v for v in row)) for row in rows.itertuples(index=False)},
-                  key=lambda s: (TASKS.index(s.task), METHODS.index(s.method), s.backend or "", s.sparse_dim or 0,
-                                 s.beta, s.seed or 0))
+                  key=run_sort_key)
 
 
 def completeness_notes(task: str, found: Sequence[RunSpec],
@@ -169,12 +166,7 @@ def compact_runs(names: Sequence[str]) -> str:
     parts = []
     for key, seeds in groups.items():
         seeds = [s for s in seeds if s]
-        if not seeds:
-            parts.append(key)
-        elif len(seeds) == 1:
-            parts.append(f"{key}_s{seeds[0]}")
-        else:
-            parts.append(f"{key}_s{{{','.join(seeds)}}}")
+        parts.append(f"{key}_s{{{','.join(seeds)}}}" if len(seeds) > 1 else f"{key}_s{seeds[0]}" if seeds else key)
     return ", ".join(parts)
 
 

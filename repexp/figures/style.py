@@ -54,11 +54,6 @@ def _style():
     return stack
 
 
-def _wrap(text: str, width_in: float, fontsize: float) -> list[str]:
-    chars = max(30, int(width_in * 72 / (fontsize * 0.56)))
-    return textwrap.wrap(text, chars) or [""]
-
-
 def legend_columns(labels: Sequence[str], width: float) -> int:
     """As many legend columns (at most 4) as fit a figure `width` inches wide: about 0.065 in per character at
     FONT["legend"] plus the handle; a row wider than the figure is cut at both edges, handles first."""
@@ -71,7 +66,8 @@ def _figure_with_footer(width: float, plot_height: float, *, legend_rows: int, n
     """A figure of fixed size: a plot area on top, legend and wrapped notes below (never over the data)."""
     import matplotlib.pyplot as plt
 
-    note_lines = [line for note in notes for line in _wrap(note, width - 0.3, FONT["note"])]
+    chars = max(30, int((width - 0.3) * 72 / (FONT["note"] * 0.56)))  # that fit the figure's width
+    note_lines = [line for note in notes for line in textwrap.wrap(note, chars) or [""]]
     footer = 0.12 + 0.2 * legend_rows + 0.13 * len(note_lines)
     fig = plt.figure(figsize=(width, plot_height + footer), dpi=DPI, layout="constrained")
     top, bottom = fig.subfigures(2, 1, height_ratios=[plot_height, footer], hspace=0.0)
@@ -80,6 +76,35 @@ def _figure_with_footer(width: float, plot_height: float, *, legend_rows: int, n
         bottom.text(0.5, 0.02, "\n".join(note_lines), ha="center", va="bottom", fontsize=FONT["note"],
                     color="#444444", linespacing=1.25)
     return fig, axes, bottom
+
+
+def _task_panels(tasks: Sequence[str], labels: Sequence[str], notes: Sequence[str], draw, extra=None):
+    """The one-row figures (pass@k, test-time, k-efficiency): a titled panel per task, the legend of `labels`
+    and the notes under them. `draw(ax, j, handles)` draws panel j, adds its legend handles and returns its
+    record; `extra(ax, handles)` adds legend-only handles. Returns (figure, panel records)."""
+    width = max(5.0, 3.2 * len(tasks))
+    ncol = legend_columns(labels, width)
+    records: list[dict] = []
+    handles: dict = {}
+    with _style():
+        fig, axes, footer = _figure_with_footer(width, 2.9, legend_rows=math.ceil(len(labels) / ncol), notes=notes,
+                                                ncols=len(tasks))
+        for j, task in enumerate(tasks):
+            ax = axes[0][j]
+            ax.set_title(TASK_TITLES.get(task, task))
+            records.append({"task": task, "title": TASK_TITLES.get(task, task), **draw(ax, j, handles)})
+        if extra is not None:
+            extra(ax, handles)
+        _legend(footer, handles, labels, ncol)
+    return fig, records
+
+
+def _legend(footer, handles: dict, labels: Sequence[str], ncol: int) -> None:
+    """The legend under the plots: `labels` that have a handle, in that order (none without any)."""
+    shown = [label for label in labels if label in handles]
+    if shown:
+        footer.legend([handles[label] for label in shown], shown, loc="upper center", ncol=ncol, frameon=False,
+                      fontsize=FONT["legend"], bbox_to_anchor=(0.5, 1.0))
 
 
 def _no_data(ax, message: str) -> None:
@@ -117,13 +142,10 @@ def _adaptive_ylim(lows: Iterable[float], highs: Iterable[float], *, floor: floa
 def _save(fig, out_dir: Path, stem: str) -> list[str]:
     import matplotlib.pyplot as plt
 
-    files = []
-    for name in layout.figure_names(stem):
-        target = out_dir / name
-        ext = target.suffix[1:]
-        with atomic_path(target) as tmp:
-            fig.savefig(tmp, format=ext, dpi=DPI)
-        files.append(target.name)
+    files = layout.figure_names(stem)
+    for name in files:
+        with atomic_path(out_dir / name) as tmp:
+            fig.savefig(tmp, format=Path(name).suffix[1:], dpi=DPI)
     plt.close(fig)
     return files
 
@@ -135,16 +157,6 @@ def _size_px(fig) -> list[int]:
 
 
 
-def _log2_axis(ax, k_max: int) -> None:
-    ax.set_xscale("log", base=2)
-    top = max(0, math.floor(math.log2(max(1, k_max))))
-    ticks = [2 ** i for i in range(top + 1)]
-    ax.set_xticks(ticks)
-    ax.set_xticklabels([f"$2^{{{i}}}$" for i in range(top + 1)])
-    ax.minorticks_off()
-    ax.set_xlim(2 ** -0.2, 2 ** (math.log2(max(1, k_max)) + 0.2))
-
-
 def _finish_curve_panel(ax, *, plotted: bool, empty_message: str, k_max: int, lows, highs, xlabel: str,
                         first: bool) -> tuple[float, float] | None:
     """A pass@k-over-k panel's axes: log2 k, limits around every plotted value; a message when empty."""
@@ -152,7 +164,12 @@ def _finish_curve_panel(ax, *, plotted: bool, empty_message: str, k_max: int, lo
     if not plotted:
         _no_data(ax, empty_message)
     else:
-        _log2_axis(ax, k_max)
+        ax.set_xscale("log", base=2)
+        top = max(0, math.floor(math.log2(max(1, k_max))))
+        ax.set_xticks([2 ** i for i in range(top + 1)])
+        ax.set_xticklabels([f"$2^{{{i}}}$" for i in range(top + 1)])
+        ax.minorticks_off()
+        ax.set_xlim(2 ** -0.2, 2 ** (math.log2(max(1, k_max)) + 0.2))
         ylim = _adaptive_ylim(lows, highs)
         ax.set_ylim(*ylim)
         ax.set_xlabel(xlabel)

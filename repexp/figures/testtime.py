@@ -13,18 +13,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from repexp import layout
+from repexp.aggregate.tables import runs_on_common_ks
 from repexp.config import RunSpec
-from repexp.figures.curves import _series_styles
-from repexp.figures.series import ZORDER, Series, _series_sort_key, coinciding_with_grpo, series_of, table_specs
-from repexp.figures.style import (
-    FONT,
-    LINE_STYLE,
-    TASK_TITLES,
-    _figure_with_footer,
-    _finish_curve_panel,
-    _size_px,
-    _style,
-    legend_columns,
+from repexp.figures import style as S
+from repexp.figures.curves import series_styles
+from repexp.figures.series import (
+    ZORDER,
+    Series,
+    _series_sort_key,
+    coinciding_with_grpo,
+    series_mask,
+    series_of,
+    table_specs,
 )
 
 STEM = layout.TESTTIME_FIGURE
@@ -33,19 +33,11 @@ ORDERS = (("testtime_pass_at_k", "RepExp order", "-"), ("pass_at_k", "random ord
 
 def testtime_curve(table, series: Series, column: str) -> dict[str, Any] | None:
     """Seed-mean `column` over the ks every seed of the series has a value for (None without any)."""
-    import numpy as np
-
-    mask = (table["task"] == series.task) & (table["method"] == series.method)
-    if series.method != "base":
-        mask &= table["backend"] == series.backend
-    if series.method == "repexp":
-        mask &= (table["sparse_dim"] == series.sparse_dim) & np.isclose(table["beta"].astype(float), series.beta)
-    rows = table[mask & table["testtime_pass_at_k"].notna()]  # both curves on the runs that have the ordering
+    # both curves on the runs that have the ordering
+    rows = table[series_mask(table, series) & table["testtime_pass_at_k"].notna()]
     if rows.empty:
         return None
-    per_run = {run: dict(zip(g["k"].astype(int), g[column].astype(float))) for run, g in rows.groupby("run", sort=True)}
-    ks = sorted(set.intersection(*(set(c) for c in per_run.values())))
-    values = np.array([[curve[k] for k in ks] for curve in per_run.values()])
+    ks, per_run, values = runs_on_common_ks(rows, column)
     return {"k": ks, "mean": values.mean(axis=0).tolist(), "n_seeds": len(per_run), "runs": sorted(per_run)}
 
 
@@ -55,14 +47,9 @@ def plot_testtime(table, *, tasks: Sequence[str] | None = None, expected: Sequen
     tasks = list(tasks) if tasks else list(dict.fromkeys(s.task for s in found))
     if "testtime_pass_at_k" not in table.columns:
         table = table.assign(testtime_pass_at_k=math.nan)
-    panels = []
-    for task in tasks:
-        series = sorted({series_of(s) for s in found if s.task == task}, key=_series_sort_key)
-        panels.append({"task": task, "series": series})
-    all_series = [s for p in panels for s in p["series"]]
-    show_point = len({(s.sparse_dim, s.beta) for s in all_series if s.method == "repexp"}) > 1
-    show_backend = len({s.backend for s in all_series if s.backend}) > 1
-    styles = _series_styles(all_series, show_point=show_point, show_backend=show_backend)
+    panels = [{"task": task, "series": sorted({series_of(s) for s in found if s.task == task}, key=_series_sort_key)}
+              for task in tasks]
+    styles, labels, _ = series_styles([s for p in panels for s in p["series"]])
     notes: list[str] = []
     if expected is not None:
         done = table.loc[table["testtime_pass_at_k"].notna(), ["task", "run"]]
@@ -78,48 +65,37 @@ def plot_testtime(table, *, tasks: Sequence[str] | None = None, expected: Sequen
                 for column, _, _ in ORDERS]
         coincide = both[0] & both[1]
         same |= coincide
-        title = TASK_TITLES.get(panel["task"], panel["task"])
+        title = S.TASK_TITLES.get(panel["task"], panel["task"])
         notes += [f"{title}: {styles[s]['label']} = GRPO at every k in both orders (the curves coincide; RepExp "
                   "is drawn on top with hollow markers)" for s in sorted(coincide, key=_series_sort_key)]
-    labels = list(dict.fromkeys(styles[s]["label"] for s in sorted(all_series, key=_series_sort_key)))
-    width = max(5.0, 3.2 * len(tasks))
-    ncol = legend_columns(labels + [name for _, name, _ in ORDERS], width)
-    record_panels = []
-    with _style():
-        fig, axes, footer = _figure_with_footer(width, 2.9, legend_rows=math.ceil((len(labels) + 2) / ncol),
-                                                notes=notes, ncols=len(tasks))
-        handles: dict[str, Any] = {}
-        for j, panel in enumerate(panels):
-            ax = axes[0][j]
-            task = panel["task"]
-            ax.set_title(TASK_TITLES.get(task, task))
-            plotted, lows, highs, k_max = [], [], [], 1
-            for series in panel["series"]:
-                style = styles[series]
-                for column, order_name, linestyle in ORDERS:
-                    curve = testtime_curve(table, series, column)
-                    if curve is None:
-                        continue
-                    hollow = ({"markerfacecolor": "none", "markeredgecolor": style["color"]}
-                              if series in same else {})
-                    line, = ax.plot(curve["k"], curve["mean"], color=style["color"], linestyle=linestyle,
-                                    zorder=ZORDER[series.method],
-                                    **{**LINE_STYLE, "marker": style["marker"] if linestyle == "-" else None, **hollow})
-                    if linestyle == "-":
-                        handles.setdefault(style["label"], line)
-                    lows += curve["mean"]
-                    highs += curve["mean"]
-                    k_max = max(k_max, max(curve["k"]))
-                    plotted.append({**series.to_dict(), "label": style["label"], "order": order_name, **curve})
-            ylim = _finish_curve_panel(ax, plotted=bool(plotted), empty_message=f"no test-time results for {task}",
-                                       k_max=k_max, lows=lows, highs=highs, xlabel="k (verifier calls)", first=j == 0)
-            record_panels.append({"task": task, "title": TASK_TITLES.get(task, task),
-                                  "ylim": list(ylim) if ylim else None, "series": plotted})
-        order_handles = [ax.plot([], [], color="#444444", linestyle=ls, linewidth=1.275)[0] for _, _, ls in ORDERS]
-        shown = [label for label in labels if label in handles]
-        names = shown + [name for _, name, _ in ORDERS]
-        footer.legend([handles[label] for label in shown] + order_handles, names, loc="upper center",
-                      ncol=ncol, frameon=False, fontsize=FONT["legend"], bbox_to_anchor=(0.5, 1.0))
+    def draw(ax, j: int, handles: dict) -> dict:
+        task = panels[j]["task"]
+        plotted, lows, highs, k_max = [], [], [], 1
+        for series in panels[j]["series"]:
+            style = styles[series]
+            for column, order_name, linestyle in ORDERS:
+                curve = testtime_curve(table, series, column)
+                if curve is None:
+                    continue
+                hollow = {"markerfacecolor": "none", "markeredgecolor": style["color"]} if series in same else {}
+                line, = ax.plot(curve["k"], curve["mean"], color=style["color"], linestyle=linestyle,
+                                zorder=ZORDER[series.method],
+                                **{**S.LINE_STYLE, "marker": style["marker"] if linestyle == "-" else None, **hollow})
+                if linestyle == "-":
+                    handles.setdefault(style["label"], line)
+                lows += curve["mean"]
+                highs += curve["mean"]
+                k_max = max(k_max, max(curve["k"]))
+                plotted.append({**series.to_dict(), "label": style["label"], "order": order_name, **curve})
+        ylim = S._finish_curve_panel(ax, plotted=bool(plotted), empty_message=f"no test-time results for {task}",
+                                     k_max=k_max, lows=lows, highs=highs, xlabel="k (verifier calls)", first=j == 0)
+        return {"ylim": list(ylim) if ylim else None, "series": plotted}
+
+    def order_legend(ax, handles: dict) -> None:  # what solid and dashed mean
+        for _, name, ls in ORDERS:
+            handles[name] = ax.plot([], [], color="#444444", linestyle=ls, linewidth=1.275)[0]
+
+    fig, record_panels = S._task_panels(tasks, labels + [name for _, name, _ in ORDERS], notes, draw, order_legend)
     caption = (
         "Test-time RepExp (the paper's inference-time exploration) on each run's test samples: pass@k when the "
         "verifier is called on the samples in RepExp order (solid: each time the sample with the largest "
@@ -129,5 +105,5 @@ def plot_testtime(table, *, tasks: Sequence[str] | None = None, expected: Sequen
         "calls for the same pass@k."
     )
     record = {"id": STEM, "kind": "testtime", "caption": caption, "notes": notes, "missing_runs": [],
-              "size_px": _size_px(fig), "panels": record_panels}
+              "size_px": S._size_px(fig), "panels": record_panels}
     return fig, record

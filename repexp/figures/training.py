@@ -11,18 +11,9 @@ from pathlib import Path
 from repexp import layout
 from repexp import metrics as M
 from repexp.config import RunSpec
+from repexp.figures import style as S
 from repexp.figures.curves import _series_styles
 from repexp.figures.series import ZORDER, Series, _series_sort_key, coinciding_with_grpo, compact_runs, series_of
-from repexp.figures.style import (
-    CURVE_METRICS,
-    FONT,
-    TASK_TITLES,
-    _adaptive_ylim,
-    _figure_with_footer,
-    _no_data,
-    _size_px,
-    _style,
-)
 
 
 def read_metrics_jsonl(path: str | Path) -> dict[str, dict[int, float]]:
@@ -55,7 +46,7 @@ def training_curves_from_jsonl(train_dir: str | Path,
     for spec in specs:
         path = Path(train_dir) / spec.task / spec.name / layout.METRICS
         if spec.trains and path.is_file():
-            out[spec.path] = {k: v for k, v in read_metrics_jsonl(path).items() if k in CURVE_METRICS}
+            out[spec.path] = {k: v for k, v in read_metrics_jsonl(path).items() if k in S.CURVE_METRICS}
     return out
 
 
@@ -75,7 +66,7 @@ def training_curves_from_mlflow(target, specs: Sequence[RunSpec]) -> dict[str, d
         curves: dict[str, dict[int, float]] = {}
         runs = sweep_point_runs(store.client, experiment_id, spec, getattr(target, "results_id", None))
         for run in sorted(runs, key=lambda r: r.info.start_time or 0):
-            for metric in CURVE_METRICS:
+            for metric in S.CURVE_METRICS:
                 if metric in run.data.metrics:
                     for point in store.client.get_metric_history(run.info.run_id, metric):
                         curves.setdefault(metric, {})[int(point.step)] = float(point.value)
@@ -150,10 +141,10 @@ def _trained_series(curves, task: str, backend: str, specs: Sequence[RunSpec]):
 
 
 def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], source: str, panels, title: str,
-                  size: tuple[float, float], grid: tuple[int, int], name_lacking: bool):
+                  size: tuple[float, float], grid: tuple[int, int], name_lacking: bool, kind: str, caption: str):
     """A figure of metric panels over training steps: one line per method/point, mean over seeds ± SEM.
 
-    Returns (figure, notes, missing runs, panel records). A panel without any logged value says what is
+    Returns (figure, its index.json record of `kind`). A panel without any logged value says what is
     missing; with `name_lacking`, runs without a panel's metric while others logged it are named in a note
     (not for the training figure, where GRPO has no bonus by design).
     """
@@ -217,13 +208,13 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
                                                      if two_metric and series else [])
     ncol = min(max(1, len(labels)), 4)
     panels_record = []
-    with _style():
-        fig, axes, footer = _figure_with_footer(size[0], size[1], legend_rows=math.ceil(max(1, len(labels)) / ncol),
+    with S._style():
+        fig, axes, footer = S._figure_with_footer(size[0], size[1], legend_rows=math.ceil(max(1, len(labels)) / ncol),
                                                 notes=notes, ncols=grid[1], nrows=grid[0])
-        fig.suptitle(f"{TASK_TITLES.get(task, task)} [{backend}]: {title}", fontsize=FONT["title"])
+        fig.suptitle(f"{S.TASK_TITLES.get(task, task)} [{backend}]: {title}", fontsize=S.FONT["title"])
         handles = {}
         for ax, (panel_title, metrics) in zip([a for row in axes for a in row], panels):
-            ax.set_title(panel_title, fontsize=FONT["label"])
+            ax.set_title(panel_title, fontsize=S.FONT["label"])
             plotted = []
             lows, highs = [], []
             lacking: list[str] = []
@@ -267,13 +258,13 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
                     plotted.append({**s.to_dict(), "label": style["label"], "metric": metric,
                                     "runs": [r.name for r in runs], **data})
             if not plotted:
-                _no_data(ax, f"no {', '.join(metrics)} logged" + (" by any run" if series else ""))
+                S._no_data(ax, f"no {', '.join(metrics)} logged" + (" by any run" if series else ""))
             else:
                 ax.set_xlabel("step")
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-                ax.tick_params(axis="both", labelsize=FONT["tick"])
+                ax.tick_params(axis="both", labelsize=S.FONT["tick"])
                 if panel_title in BOUNDED_PANELS:
-                    ax.set_ylim(*_adaptive_ylim(lows, highs))
+                    ax.set_ylim(*S._adaptive_ylim(lows, highs))
                 else:
                     ax.set_ylim(*_readable_ylim(lows, highs))
             panels_record.append({"title": panel_title, "metrics": list(metrics), "series": plotted,
@@ -284,9 +275,11 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
 
                 for label, linestyle in METRIC_LEGEND:  # legend-only handles, drawn on no axis
                     handles[label] = Line2D([], [], color="#444444", linestyle=linestyle, linewidth=1.0)
-            footer.legend(list(handles.values()), list(handles), loc="upper center", ncol=ncol, frameon=False,
-                          fontsize=FONT["legend"], bbox_to_anchor=(0.5, 1.0))
-    return fig, notes, missing, panels_record
+            S._legend(footer, handles, list(handles), ncol)
+    figure_id = (layout.training_figure if kind == "training" else layout.dynamics_figure)(task, backend)
+    return fig, {"id": figure_id, "kind": kind, "task": task, "backend": backend, "source": source,
+                 "caption": caption, "notes": notes, "missing_runs": missing, "size_px": S._size_px(fig),
+                 "panels": panels_record}
 
 
 def _turned_off_steps(curves, runs: Sequence[RunSpec]) -> tuple[list[int], int]:
@@ -313,42 +306,31 @@ def _readable_ylim(lows: Sequence[float], highs: Sequence[float]) -> tuple[float
 def plot_training(curves: dict[str, dict[str, dict[int, float]]], task: str, backend: str, *,
                   specs: Sequence[RunSpec], source: str):
     """Training curves of one task and backend: one line per method/point, mean over seeds ± SEM."""
-    fig, notes, missing, panels = _curve_figure(curves, task, backend, specs=specs, source=source,
-                                                panels=TRAINING_PANELS, title="training", size=(9.0, 4.6),
-                                                grid=(2, 2), name_lacking=False)
     caption = (
-        f"Training on {TASK_TITLES.get(task, task)} ({backend}), from {source}: dev pass@1 at each validation, "
-        "the mean "
-        "raw and β-scaled RepExp bonus per step (× where the bonus was switched off in some groups), and the mean "
-        "shaped reward (α·verifier + β·bonus, solid) against the verifier reward (dashed, drawn on top; GRPO has "
-        "β = 0, so only its dashed line). Lines are means over seeds with a ±1 SEM band where ≥ 2 seeds logged "
-        "the step."
+        f"Training on {S.TASK_TITLES.get(task, task)} ({backend}), from {source}: dev pass@1 at each validation, "
+        "the mean raw and β-scaled RepExp bonus per step (× where the bonus was switched off in some groups), "
+        "and the mean shaped reward (α·verifier + β·bonus, solid) against the verifier reward (dashed, drawn on "
+        "top; GRPO has β = 0, so only its dashed line). Lines are means over seeds with a ±1 SEM band where ≥ 2 "
+        "seeds logged the step."
     )
-    return fig, _record(fig, layout.training_figure(task, backend), "training", task, backend, source, caption,
-                        notes, missing, panels)
+    return _curve_figure(curves, task, backend, specs=specs, source=source, panels=TRAINING_PANELS,
+                         title="training", size=(9.0, 4.6), grid=(2, 2), name_lacking=False, kind="training",
+                         caption=caption)
 
 
 def plot_dynamics(curves: dict[str, dict[str, dict[int, float]]], task: str, backend: str, *,
                   specs: Sequence[RunSpec], source: str):
     """Training dynamics of one task and backend: policy entropy and rollout diversity over training steps,
     one line per method/point (GRPO, each RepExp point), mean over seeds ± SEM."""
-    fig, notes, missing, panels = _curve_figure(curves, task, backend, specs=specs, source=source,
-                                                panels=DYNAMICS_PANELS, title="training dynamics", size=(9.0, 2.8),
-                                                grid=(1, 2), name_lacking=True)
     caption = (
-        f"Training dynamics on {TASK_TITLES.get(task, task)} ({backend}), from {source}: the policy's mean token "
+        f"Training dynamics on {S.TASK_TITLES.get(task, task)} ({backend}), from {source}: the policy's mean token "
         f"entropy on its rollouts ({M.POLICY_ENTROPY}) and the rollout diversity ({M.DISTINCT_FRACTION}: per "
         "prompt group the number of distinct responses over the group size, averaged over the step's groups; "
         "1 = all rollouts differ) per training step. Exploration that RepExp's bonus sustains shows as higher "
         "entropy and diversity than GRPO's. Lines are means over seeds with a ±1 SEM band where ≥ 2 seeds "
         "logged the step."
     )
-    return fig, _record(fig, layout.dynamics_figure(task, backend), "dynamics", task, backend, source, caption,
-                        notes, missing, panels)
+    return _curve_figure(curves, task, backend, specs=specs, source=source, panels=DYNAMICS_PANELS,
+                         title="training dynamics", size=(9.0, 2.8), grid=(1, 2), name_lacking=True, kind="dynamics",
+                         caption=caption)
 
-
-def _record(fig, figure_id: str, kind: str, task: str, backend: str, source: str, caption: str, notes, missing,
-            panels) -> dict:
-    """The index.json entry of a training or dynamics figure."""
-    return {"id": figure_id, "kind": kind, "task": task, "backend": backend, "source": source, "caption": caption,
-            "notes": notes, "missing_runs": missing, "size_px": _size_px(fig), "panels": panels}
