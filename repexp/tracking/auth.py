@@ -3,18 +3,14 @@
 Without it, anyone who reaches the submit host could list, edit or delete the runs through the REST
 API. So the server `repexp mlflow serve` starts (the workflow's too) runs `--app-name basic-auth`:
 
-- one admin login per results directory, created once with `secrets`, kept in
-  `<results>/mlflow/credentials.json`, mode 0600 from its first byte. The results directory is on
-  the filesystem compute nodes share, so a job or a later `repexp mlflow sync` of the same user
-  finds it; other users cannot read it;
-- the app's config (MLFLOW_AUTH_CONFIG_PATH; `default_permission = NO_PERMISSIONS`) and its users
-  DB live in the server's private local directory (0700, `server.private_store_dir`); the password
-  and the Flask secret reach the server through its environment, never its command line (which
-  `ps` shows every user);
-- clients use MLflow's standard MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD: the workflow
-  exports them to its jobs beside MLFLOW_TRACKING_URI; where they are unset (a sync by hand), the
-  credentials file is used, but only for a URI this results directory's server was started at, so
-  the password never goes to a server the user configured elsewhere.
+- one admin login per results directory in `<results>/mlflow/credentials.json`, 0600 from its first
+  byte, on the shared filesystem: the same user's jobs and syncs find it, other users cannot read it;
+- the app's config (`default_permission = NO_PERMISSIONS`) and users DB live in the server's private
+  local directory (0700); the password and Flask secret reach the server through its environment,
+  never its command line (which `ps` shows every user);
+- clients use MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (the workflow exports them to its
+  jobs); where unset, the credentials file is used, but only for a URI this results directory's
+  server was started at, so the password never goes to a server configured elsewhere.
 
 No MLflow import here (the workflow's main process and nodes' checks use it).
 """

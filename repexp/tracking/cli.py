@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from repexp.tracking import server
 from repexp.tracking.node import load_config
 from repexp.tracking.outbox import sync, sync_one
 from repexp.tracking.store import is_sqlite, resolve_tracking_uri, sqlite_path
@@ -70,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
     except (C.ConfigError, ValueError, FileNotFoundError) as err:
         print(f"mlflow {args.action}: {err}", file=sys.stderr)
         return 2
+    except (server.ServerStartError, server.auth.AuthError) as err:  # serve, ui
+        print(f"mlflow {args.action}: {err}", file=sys.stderr)
+        return 1
 
 
 def _uri(args: argparse.Namespace) -> int:
@@ -178,21 +182,15 @@ def _restore(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from repexp.tracking import server
-
     cfg = load_config(args.config)
     if args.stop:
         stopped = server.stop(cfg.results_dir)
         print("mlflow serve: stopped" if stopped else "mlflow serve: no server of this host to stop", file=sys.stderr)
         return 0
     options = dict(host=args.host, port=args.port, store=args.store, workers=args.workers)
-    try:
-        if not args.background:
-            return server.serve_foreground(cfg, **options)
-        info = server.start(cfg, owner="user", **options)
-    except (server.ServerStartError, server.auth.AuthError) as err:
-        print(f"mlflow serve: {err}", file=sys.stderr)
-        return 1
+    if not args.background:
+        return server.serve_foreground(cfg, **options)
+    info = server.start(cfg, owner="user", **options)
     print(info["uri"])
     login = f"; its login is in {info['credentials']}" if info.get("credentials") else ""
     print(f"mlflow serve: {'already running' if info.get('reused') else 'started'} (pid {info['pid']}, store "
@@ -203,7 +201,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _ui(args: argparse.Namespace) -> int:
     """The link to the eval runs compared (repexp.tracking.ui), on the config's tracking server or
     on the results directory's own (reused when it runs, else started in the background)."""
-    from repexp.tracking import server, ui
+    from repexp.tracking import ui
     from repexp.tracking.names import RESULTS_ID_FILE, mlflow_dir
 
     cfg = load_config(args.config)
@@ -216,11 +214,7 @@ def _ui(args: argparse.Namespace) -> int:
     else:
         # A local run's runs are in <results>/mlflow/mlflow.db; a cluster run's in the server's store.
         store = args.store or (configured if is_sqlite(configured) and sqlite_path(configured).exists() else None)
-        try:
-            info = server.start(cfg, owner="user", host=args.host, port=args.port, store=store, workers=args.workers)
-        except (server.ServerStartError, server.auth.AuthError) as err:
-            print(f"mlflow ui: {err}", file=sys.stderr)
-            return 1
+        info = server.start(cfg, owner="user", host=args.host, port=args.port, store=store, workers=args.workers)
         uri = info["uri"]
         login = f"; the browser asks for the login in {info['credentials']}" if info.get("credentials") else ""
         how = (f"{'already running' if info.get('reused') else 'started'} (pid {info['pid']}, store "

@@ -169,8 +169,7 @@ def start(cfg, *, host: Optional[str] = None, port: Optional[int] = None, store:
     if allowed:
         command += ["--allowed-hosts", allowed]
     # MLflow's job runner (GenAI jobs) is not used by the pipeline: 7 fewer processes on the submit host
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": os.environ.get("MLFLOW_SERVER_ENABLE_JOB_EXECUTION",
-                                                                              "false"), **login_env}
+    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ, **login_env}
     log_path = mlflow_dir(cfg.results_dir) / SERVER_LOG
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,

@@ -80,13 +80,9 @@ def reachable(tracking_uri: str, timeout_s: float = HEALTH_TIMEOUT_S,
               results_dir: Optional[str | os.PathLike] = None, login: bool = True) -> Optional[str]:
     """None if the store looks usable, else why not (seconds at most, no MLflow import).
 
-    A server that answers /health must also take this client's login (`login`; repexp.tracking.auth:
-    MLflow's variables, else the results directory's credentials for its own server): one refusing
-    it is not usable either, and the reason names the missing or refused credentials.
-
-    With `results_dir`, a SQLite store that is damaged, or gone although that results directory
-    logged to it before, is not usable either (repexp.tracking.health): MLflow would otherwise
-    replace it with an empty one and the history would be lost without a word."""
+    Not usable either: a server that refuses this client's login (`login`; repexp.tracking.auth), and,
+    with `results_dir`, a SQLite store that is damaged, or gone although that results directory logged
+    to it (repexp.tracking.health): MLflow would replace it with an empty one, losing the history."""
     if tracking_uri.startswith(("http://", "https://")):
         url = tracking_uri.rstrip("/") + "/health"
         try:
@@ -224,8 +220,7 @@ class Store:
 
     def supersede(self, stale: Sequence, run_id: str, execution: str) -> None:
         """End runs left RUNNING by a killed process (SIGKILL, OOM, node failure): KILLED, with the
-        run of the execution that found them. Snakemake never runs two attempts of one job at once,
-        so an earlier RUNNING execution of the same node cannot be alive."""
+        run of the execution that found them (node._alive_here says which are dead)."""
         for run in stale:
             self.set_tags(run.info.run_id, {
                 SUPERSEDED_TAG: run_id,
