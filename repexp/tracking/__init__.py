@@ -1,14 +1,7 @@
 """MLflow on every pipeline node, and `repexp mlflow` (sync | restore | parents | serve | ui | uri).
 
-Layout in MLflow (docs/tracking.md):
-
-- one experiment per config (`tracking.experiment`, else the config's `name`);
-- parent runs per results directory, created once when the workflow starts: one per sweep point
-  (``point:<task>/<run>``, with the point's params), one per task (``task:<task>``, for
-  `preprocess`) and one per experiment (``experiment``, for `model`, `aggregate`, `figures`);
-- one child run per node execution (`train`, `eval`, ...), nested under its parent, carrying the
-  sweep point's params and tags for the rule, wildcards, attempt, execution, git commit, config
-  hash and SLURM job id.
+Layout in MLflow (docs/tracking.md): one experiment per config; parent runs per results directory
+(one per sweep point, task and experiment: `scopes`); one child run per node execution under its parent.
 
 Modules, in the order a node uses them:
 

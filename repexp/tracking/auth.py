@@ -3,18 +3,14 @@
 Without it, anyone who reaches the submit host could list, edit or delete the runs through the REST
 API. So the server `repexp mlflow serve` starts (the workflow's too) runs `--app-name basic-auth`:
 
-- one admin login per results directory, created once with `secrets`, kept in
-  `<results>/mlflow/credentials.json`, mode 0600 from its first byte. The results directory is on
-  the filesystem compute nodes share, so a job or a later `repexp mlflow sync` of the same user
-  finds it; other users cannot read it;
-- the app's config (MLFLOW_AUTH_CONFIG_PATH; `default_permission = NO_PERMISSIONS`) and its users
-  DB live in the server's private local directory (0700, `server.private_store_dir`); the password
-  and the Flask secret reach the server through its environment, never its command line (which
-  `ps` shows every user);
-- clients use MLflow's standard MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD: the workflow
-  exports them to its jobs beside MLFLOW_TRACKING_URI; where they are unset (a sync by hand), the
-  credentials file is used, but only for a URI this results directory's server was started at, so
-  the password never goes to a server the user configured elsewhere.
+- one admin login per results directory in `<results>/mlflow/credentials.json`, 0600 from its first
+  byte, on the shared filesystem: the same user's jobs and syncs find it, other users cannot read it;
+- the app's config (`default_permission = NO_PERMISSIONS`) and users DB live in the server's private
+  local directory (0700); the password and Flask secret reach the server through its environment,
+  never its command line (which `ps` shows every user);
+- clients use MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (the workflow exports them to its
+  jobs); where unset, the credentials file is used, but only for a URI this results directory's
+  server was started at, so the password never goes to a server configured elsewhere.
 
 No MLflow import here (the workflow's main process and nodes' checks use it).
 """
@@ -94,11 +90,6 @@ def _write_private(path: Path, text: str) -> None:
         os.fsync(handle.fileno())
 
 
-def _replace_private(path: Path, text: str) -> None:
-    with atomic_path(path) as tmp:
-        _write_private(tmp, text)
-
-
 def load_credentials(results_dir: str | os.PathLike) -> Optional[dict]:
     """The results directory's credentials, or None where there are none (yet). A file another
     user could read (copied with the default umask) is made 0600 again."""
@@ -150,7 +141,8 @@ def record_uri(results_dir: str | os.PathLike, uri: str) -> None:
     found = load_credentials(results_dir)
     if found is not None and uri not in found.get("uris", []):
         found["uris"] = [*found.get("uris", []), uri][-KEPT_URIS:]
-        _replace_private(credentials_file(results_dir), json.dumps(found, indent=2) + "\n")
+        with atomic_path(credentials_file(results_dir)) as tmp:
+            _write_private(tmp, json.dumps(found, indent=2) + "\n")
 
 
 def server_env(results_dir: str | os.PathLike, private_dir: Path, created: bool) -> dict[str, str]:
@@ -172,22 +164,22 @@ def server_env(results_dir: str | os.PathLike, private_dir: Path, created: bool)
 def client_env(results_dir: str | os.PathLike) -> dict[str, str]:
     """MLflow's client variables for this results directory's server ({} without credentials)."""
     found = load_credentials(results_dir)
-    if found is None:
-        return {}
-    return {ENV_MLFLOW_USERNAME: found["username"], ENV_MLFLOW_PASSWORD: found["password"]}
+    return {} if found is None else {ENV_MLFLOW_USERNAME: found["username"], ENV_MLFLOW_PASSWORD: found["password"]}
 
 
-def _same_server(uri: str, served: list[str]) -> bool:
-    return uri.rstrip("/") in {u.rstrip("/") for u in served}
+def _own_credentials(uri: str, results_dir: Optional[str | os.PathLike]) -> Optional[dict]:
+    """The results directory's credentials where its own server was started at `uri`, else None."""
+    try:
+        found = load_credentials(results_dir) if results_dir is not None else None
+    except AuthError:
+        return None
+    served = {u.rstrip("/") for u in (found or {}).get("uris", [])}
+    return found if uri.rstrip("/") in served else None
 
 
 def served_at(results_dir: str | os.PathLike, uri: str) -> bool:
     """Whether this results directory's own server was started at `uri` (its login applies there)."""
-    try:
-        found = load_credentials(results_dir)
-    except AuthError:
-        return False
-    return found is not None and _same_server(uri, found.get("uris", []))
+    return _own_credentials(uri, results_dir) is not None
 
 
 def credentials_for(uri: str, results_dir: Optional[str | os.PathLike]) -> Optional[tuple[str, str]]:
@@ -195,15 +187,8 @@ def credentials_for(uri: str, results_dir: Optional[str | os.PathLike]) -> Optio
     directory's own credentials for a URI its server was started at."""
     if os.environ.get(ENV_MLFLOW_USERNAME):
         return os.environ[ENV_MLFLOW_USERNAME], os.environ.get(ENV_MLFLOW_PASSWORD, "")
-    if results_dir is None:
-        return None
-    try:
-        found = load_credentials(results_dir)
-    except AuthError:
-        return None
-    if found is None or not _same_server(uri, found.get("uris", [])):
-        return None
-    return found["username"], found["password"]
+    found = _own_credentials(uri, results_dir)
+    return (found["username"], found["password"]) if found else None
 
 
 def use_results_login(uri: str, results_dir: Optional[str | os.PathLike]) -> None:
@@ -219,16 +204,14 @@ def client_credentials(uri: str, results_dir: Optional[str | os.PathLike]) -> It
     """MLflow's client reads MLFLOW_TRACKING_USERNAME/PASSWORD at every request: set them from the
     credentials file for the results directory's own server while the block runs, where the
     environment has none (a `repexp mlflow sync` by hand)."""
-    login = None if os.environ.get(ENV_MLFLOW_USERNAME) else credentials_for(uri, results_dir)
-    if login is None:
-        yield
-        return
-    os.environ[ENV_MLFLOW_USERNAME], os.environ[ENV_MLFLOW_PASSWORD] = login
+    preset = os.environ.get(ENV_MLFLOW_USERNAME)
+    use_results_login(uri, results_dir)
     try:
         yield
     finally:
-        os.environ.pop(ENV_MLFLOW_USERNAME, None)
-        os.environ.pop(ENV_MLFLOW_PASSWORD, None)
+        if not preset and os.environ.get(ENV_MLFLOW_USERNAME):
+            os.environ.pop(ENV_MLFLOW_USERNAME, None)
+            os.environ.pop(ENV_MLFLOW_PASSWORD, None)
 
 
 def refused(uri: str, results_dir: Optional[str | os.PathLike] = None,

@@ -6,9 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from repexp.tracking import server
 from repexp.tracking.node import load_config
 from repexp.tracking.outbox import sync, sync_one
-from repexp.tracking.store import resolve_tracking_uri
+from repexp.tracking.store import is_sqlite, resolve_tracking_uri, sqlite_path
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -65,24 +66,26 @@ def run(args: argparse.Namespace) -> int:
     from repexp import config as C
 
     try:
-        if args.action == "uri":
-            cfg = load_config(args.config)
-            print(resolve_tracking_uri(cfg.results_dir, cfg.tracking.tracking_uri))
-            return 0
-        if args.action == "sync":
-            return _sync(args)
-        if args.action == "restore":
-            return _restore(args)
-        if args.action == "parents":
-            from repexp.tracking.parents import run_parents
-
-            return run_parents(load_config(args.config))
-        if args.action == "serve":
-            return _serve(args)
-        return _ui(args)
+        return {"uri": _uri, "sync": _sync, "restore": _restore, "parents": _parents, "serve": _serve,
+                "ui": _ui}[args.action](args)
     except (C.ConfigError, ValueError, FileNotFoundError) as err:
         print(f"mlflow {args.action}: {err}", file=sys.stderr)
         return 2
+    except (server.ServerStartError, server.auth.AuthError) as err:  # serve, ui
+        print(f"mlflow {args.action}: {err}", file=sys.stderr)
+        return 1
+
+
+def _uri(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    print(resolve_tracking_uri(cfg.results_dir, cfg.tracking.tracking_uri))
+    return 0
+
+
+def _parents(args: argparse.Namespace) -> int:
+    from repexp.tracking.parents import run_parents
+
+    return run_parents(load_config(args.config))
 
 
 def _sync(args: argparse.Namespace) -> int:
@@ -91,16 +94,12 @@ def _sync(args: argparse.Namespace) -> int:
 
     if args.record:
         results_dir = Path(args.record).resolve().parent.parent.parent  # <results>/mlflow/outbox/<id>
-    elif args.results_dir:
-        results_dir = args.results_dir
     else:
-        cfg = load_config(args.config)
-        results_dir = cfg.results_dir
+        results_dir = args.results_dir or load_config(args.config).results_dir
     uris = sync_targets(results_dir, args.record, args.tracking_uri)
-    for uri in uris:  # a damaged or vanished store is never written to (MLflow would start an empty one)
-        if not uri.startswith("sqlite:///"):
-            continue
-        found = health.problem(uri[len("sqlite:///"):], results_dir)
+    # a damaged or vanished store is never written to (MLflow would start an empty one)
+    for uri in filter(is_sqlite, uris):
+        found = health.problem(sqlite_path(uri), results_dir)
         if found is None:
             continue
         if not args.new_store:
@@ -162,7 +161,6 @@ def sync_fix(errors: list[str], uris: list[str], mlflow_root: Path) -> str:
 
 def _restore(args: argparse.Namespace) -> int:
     from repexp.tracking import health
-    from repexp.tracking.store import is_sqlite
 
     results_dir = None
     if args.store:
@@ -173,7 +171,7 @@ def _restore(args: argparse.Namespace) -> int:
         uri = resolve_tracking_uri(cfg.results_dir, cfg.tracking.tracking_uri)
     if not is_sqlite(uri):
         raise ValueError(f"{uri}: only a SQLite store (sqlite:///PATH) has repexp's backups; pass --store")
-    path = Path(uri[len("sqlite:///"):])
+    path = sqlite_path(uri)
     if results_dir is None and path.parent.name == "mlflow":
         results_dir = path.parent.parent  # the default store: <results>/mlflow/mlflow.db
     used, runs, moved = health.restore(path, results_dir, args.backup)
@@ -184,21 +182,15 @@ def _restore(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from repexp.tracking import server
-
     cfg = load_config(args.config)
     if args.stop:
         stopped = server.stop(cfg.results_dir)
         print("mlflow serve: stopped" if stopped else "mlflow serve: no server of this host to stop", file=sys.stderr)
         return 0
     options = dict(host=args.host, port=args.port, store=args.store, workers=args.workers)
-    try:
-        if not args.background:
-            return server.serve_foreground(cfg, **options)
-        info = server.start(cfg, owner="user", **options)
-    except (server.ServerStartError, server.auth.AuthError) as err:
-        print(f"mlflow serve: {err}", file=sys.stderr)
-        return 1
+    if not args.background:
+        return server.serve_foreground(cfg, **options)
+    info = server.start(cfg, owner="user", **options)
     print(info["uri"])
     login = f"; its login is in {info['credentials']}" if info.get("credentials") else ""
     print(f"mlflow serve: {'already running' if info.get('reused') else 'started'} (pid {info['pid']}, store "
@@ -209,9 +201,8 @@ def _serve(args: argparse.Namespace) -> int:
 def _ui(args: argparse.Namespace) -> int:
     """The link to the eval runs compared (repexp.tracking.ui), on the config's tracking server or
     on the results directory's own (reused when it runs, else started in the background)."""
-    from repexp.tracking import server, ui
+    from repexp.tracking import ui
     from repexp.tracking.names import RESULTS_ID_FILE, mlflow_dir
-    from repexp.tracking.store import is_sqlite, sqlite_path
 
     cfg = load_config(args.config)
     records = mlflow_dir(cfg.results_dir)
@@ -223,11 +214,7 @@ def _ui(args: argparse.Namespace) -> int:
     else:
         # A local run's runs are in <results>/mlflow/mlflow.db; a cluster run's in the server's store.
         store = args.store or (configured if is_sqlite(configured) and sqlite_path(configured).exists() else None)
-        try:
-            info = server.start(cfg, owner="user", host=args.host, port=args.port, store=store, workers=args.workers)
-        except (server.ServerStartError, server.auth.AuthError) as err:
-            print(f"mlflow ui: {err}", file=sys.stderr)
-            return 1
+        info = server.start(cfg, owner="user", host=args.host, port=args.port, store=store, workers=args.workers)
         uri = info["uri"]
         login = f"; the browser asks for the login in {info['credentials']}" if info.get("credentials") else ""
         how = (f"{'already running' if info.get('reused') else 'started'} (pid {info['pid']}, store "

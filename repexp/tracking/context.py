@@ -14,6 +14,8 @@ imported), so it lives apart from the provider class.
 
 from __future__ import annotations
 
+from mlflow.tracking.context.abstract_context import RunContextProvider
+
 from repexp.tracking.gitinfo import git_tags
 
 
@@ -27,13 +29,7 @@ def resolve_run_tags(tags: dict[str, str]) -> dict[str, str]:
     return resolve_tags({**git_tags(), **tags}, ignore=[GitRunContext])
 
 
-def _provider_base():
-    from mlflow.tracking.context.abstract_context import RunContextProvider
-
-    return RunContextProvider
-
-
-class GitContext(_provider_base()):
+class GitContext(RunContextProvider):
     """The `mlflow.run_context_provider` entry point: git tags of the repexp checkout."""
 
     def in_context(self) -> bool:

@@ -4,20 +4,18 @@ MLflow opens whatever `sqlite:///` path it is given and creates an empty store w
 damaged or deleted store would silently be replaced and the experiment's history lost. So:
 
 - the ledger `<results>/mlflow/stores.json` records every SQLite store this results directory has
-  logged to (its path, how many runs it held, when it was last seen healthy);
-- `problem(path, results)` says what is wrong, or None: a store that exists but fails SQLite's
-  `quick_check` or has no MLflow tables ("damaged"), or a store the ledger knows that is gone
-  ("missing"). A path the ledger does not know and that does not exist is simply new;
-- `backup(path, keep)` copies a healthy store with SQLite's online backup API into
-  `<store dir>/backups/` (at each workflow start; the newest `keep` are kept);
-- `restore(path)` puts the newest healthy backup in place and `start_fresh(path)` clears the way
-  for a new store; neither deletes anything: a damaged file is moved aside with a timestamp.
+  logged to (path, runs, when last seen healthy);
+- `problem(path, results)`: "damaged" (fails `quick_check`, no MLflow tables) or "missing" (the
+  ledger knows it, the file is gone), else None: an unknown path that does not exist is just new;
+- `backup(path, keep)`: SQLite's online backup into `<store dir>/backups/` at each workflow start;
+- `restore(path)` / `start_fresh(path)`: nothing is deleted, a damaged file is moved aside.
 
 Standard library only (sqlite3): the workflow's start and every node call it before MLflow loads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -80,8 +78,7 @@ def inspect(path: Path, thorough: bool = True) -> tuple[Optional[str], int]:
         if short is not None:
             return short, 0
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=60)
-        try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=60)) as con:
             if thorough:
                 verdict = con.execute("PRAGMA quick_check").fetchone()[0]
                 if verdict != "ok":
@@ -90,8 +87,6 @@ def inspect(path: Path, thorough: bool = True) -> tuple[Optional[str], int]:
             if "runs" not in tables:
                 return "it holds no MLflow tables", 0
             return None, int(con.execute("SELECT count(*) FROM runs").fetchone()[0])
-        finally:
-            con.close()
     except sqlite3.Error as err:
         return f"{type(err).__name__}: {err}", 0
 
@@ -112,16 +107,13 @@ def _short_under_read_lock(path: Path, seen: str) -> Optional[str]:
     """Why the file is truncated (`seen`: what a look without the lock found), confirmed while
     holding SQLite's shared lock; None if it is not."""
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=60)
-        try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=60)) as con:
             con.execute("BEGIN")
             con.execute("SELECT count(*) FROM sqlite_master").fetchone()
             with open(path, "rb") as handle:
                 expected = _header_size(handle.read(100))
             size = os.path.getsize(path)
             con.rollback()
-        finally:
-            con.close()
     except sqlite3.Error as err:
         return f"{seen}, and SQLite cannot read it ({type(err).__name__}: {err})"
     if expected is not None and size < expected:
@@ -229,15 +221,9 @@ def _copy(source: Path, target: Path) -> None:
     a copy cut short never has the target's name."""
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
-    src = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=60)
-    try:
-        dst = sqlite3.connect(tmp)
-        try:
-            src.backup(dst)
-        finally:
-            dst.close()
-    finally:
-        src.close()
+    with (contextlib.closing(sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=60)) as src,
+          contextlib.closing(sqlite3.connect(tmp)) as dst):
+        src.backup(dst)
     os.replace(tmp, target)
 
 

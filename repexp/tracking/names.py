@@ -5,6 +5,7 @@ repexp.metrics). Defined here once (no MLflow import).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from pathlib import Path
@@ -86,10 +87,8 @@ def results_id(results_dir: str | os.PathLike) -> str:
     creation atomic, also across hosts on a shared filesystem.
     """
     path = mlflow_dir(results_dir) / RESULTS_ID_FILE
-    try:
+    with contextlib.suppress(FileNotFoundError):
         return path.read_text().strip()
-    except FileNotFoundError:
-        pass
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{RESULTS_ID_FILE}.{uuid.uuid4().hex}")
     tmp.write_text(uuid.uuid4().hex[:16] + "\n")

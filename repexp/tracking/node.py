@@ -89,6 +89,10 @@ def param_values(params: Mapping[str, Any]) -> dict[str, str]:
     return {str(k): str(v)[:PARAM_MAX_CHARS] for k, v in params.items() if v is not None}
 
 
+def _metric_rows(rows: Sequence[Sequence]) -> list[list]:
+    return [[metric_name(k), float(v), int(s), int(t)] for k, v, s, t in rows]
+
+
 class NodeRun:
     """One node's run. Methods never raise because of MLflow: failures divert to the outbox."""
 
@@ -122,10 +126,6 @@ class NodeRun:
     @property
     def tracking_uri(self) -> str:
         return self.record.tracking_uri
-
-    @property
-    def store(self) -> Optional[Store]:
-        return self._store if self.online else None
 
     def _go_offline(self, reason: str) -> None:
         if self.offline_reason is None:
@@ -182,10 +182,8 @@ class NodeRun:
     def _stop_monitor(self) -> None:
         if self._monitor is not None:
             monitor, self._monitor = self._monitor, None
-            try:
+            with contextlib.suppress(Exception):
                 monitor.finish()
-            except Exception:  # noqa: BLE001
-                pass
 
     def check_store(self) -> bool:
         """Whether the store looks usable (once; no MLflow import, a dead server costs at most a few
@@ -260,8 +258,6 @@ class NodeRun:
         self._try("log_params", lambda: self._store.log_params(self.run_id, clean))
 
     def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
-        if not self.enabled or not metrics:
-            return
         ts = now_ms()
         self.log_metric_rows([[k, v, step, ts] for k, v in metrics.items()])
 
@@ -269,7 +265,7 @@ class NodeRun:
         """[[key, value, step, timestamp_ms], ...]: whole curves in a few batched calls."""
         if not self.enabled or not rows:
             return
-        rows = [[metric_name(k), float(v), int(s), int(t)] for k, v, s, t in rows]
+        rows = _metric_rows(rows)
         self.record.metrics.extend(rows)
         self._try("log_metrics", lambda: self._store.log_metrics(self.run_id, rows))
 
@@ -278,7 +274,7 @@ class NodeRun:
         same way. Returns how many were logged now (or all of them, when kept for sync)."""
         if not self.enabled or not rows:
             return 0
-        rows = [[metric_name(k), float(v), int(s), int(t)] for k, v, s, t in rows]
+        rows = _metric_rows(rows)
         if self.online:
             try:
                 missing = self._store.missing_rows(self.run_id, rows)
@@ -308,7 +304,12 @@ class NodeRun:
         """A small JSON/YAML artifact from memory (kept as a file in the outbox if offline)."""
         if not self.enabled:
             return
-        text = json.dumps(obj, indent=2, sort_keys=True, default=str) if name.endswith(".json") else _yaml(obj)
+        if name.endswith(".json"):
+            text = json.dumps(obj, indent=2, sort_keys=True, default=str)
+        else:
+            import yaml
+
+            text = yaml.safe_dump(obj, sort_keys=False, default_flow_style=False)
         path = write_text_atomic(self._staging / name, text)
         self.log_artifact(path, str(Path(name).parent) if Path(name).parent != Path(".") else None)
 
@@ -335,7 +336,7 @@ class NodeRun:
         if not self.enabled or not rows:
             return
         scope = scope.with_results(self.scope.results_id)
-        rows = [[metric_name(k), float(v), int(s), int(t)] for k, v, s, t in rows]
+        rows = _metric_rows(rows)
         self.record.parent_metrics.append({"scope": dataclasses.asdict(scope), "metrics": rows})
         self._try("log_parent_metrics", lambda: log_on_parent(self._store, self._experiment_id, self.record, scope,
                                                               rows))
@@ -400,36 +401,19 @@ def _alive_here(run) -> bool:
 
 def log_on_parent(store: Store, experiment_id: str, record: Record, scope: Scope, rows: Sequence[Sequence]) -> None:
     known = known_parents(record)
-    parent_id = (known or {}).get("parents", {}).get(scope.key) if known else None
+    parent_id = (known or {}).get("parents", {}).get(scope.key)
     if parent_id is None:
         with store.lock():
             parent_id, _ = store.parent(experiment_id, scope, parent_tags(record))
     store.log_metrics(parent_id, rows)
 
 
-def _results_id_or_none(results_dir: str) -> Optional[str]:
-    """The results directory's id; None (parents then found by key alone) if it cannot be written."""
-    try:
-        return results_id(results_dir)
-    except OSError as err:
-        print(f"[repexp.tracking] no results id for {results_dir} ({err})", file=sys.stderr)
-        return None
-
-
-def _yaml(obj: Any) -> str:
-    import yaml
-
-    return yaml.safe_dump(obj, sort_keys=False, default_flow_style=False)
-
-
 def load_config(config: Any):
     from repexp import config as C
 
-    if config is None:
-        path = os.environ.get(ENV_CONFIG)
-        if not path:
-            raise ValueError(f"no pipeline config: pass config= or set ${ENV_CONFIG}")
-        config = path
+    config = os.environ.get(ENV_CONFIG) if config is None else config
+    if not config:
+        raise ValueError(f"no pipeline config: pass config= or set ${ENV_CONFIG}")
     return config if isinstance(config, C.PipelineConfig) else C.load(config)
 
 
@@ -463,7 +447,11 @@ def prepare_node(
     enabled = tracking_enabled()
     uri = resolve_tracking_uri(cfg.results_dir, cfg.tracking.tracking_uri)
     results_abs = str(Path(cfg.results_dir).resolve())
-    rid = _results_id_or_none(cfg.results_dir) if enabled else None
+    rid = None
+    try:
+        rid = results_id(cfg.results_dir) if enabled else None
+    except OSError as err:  # parents are then found by key alone
+        print(f"[repexp.tracking] no results id for {cfg.results_dir} ({err})", file=sys.stderr)
     # a sweep point is one of the config's runs, looked up by its name (never parsed)
     point = run if run is None or isinstance(run, C.RunSpec) else C.find_run(cfg, task, run)
     run = point.name if point is not None else None
@@ -507,31 +495,28 @@ def prepare_node(
     return node
 
 
-@contextlib.contextmanager
-def node_run(rule: str, task: Optional[str] = None, run: Any = None, **kwargs: Any) -> Iterator[NodeRun]:
+def node_run(rule: str, task: Optional[str] = None, run: Any = None, **kwargs: Any
+             ) -> contextlib.AbstractContextManager[NodeRun]:
     """Track one node: ``with node_run("eval", "gsm8k", "base", config=cfg) as t: t.log_metrics(...)``.
 
     `config` is a PipelineConfig or a config path (default: $REPEXP_CONFIG). The run ends
     FINISHED, or FAILED (and the exception propagates) if the body raises, or exits non-zero.
     """
-    with node_scope(start_node(rule, task, run, **kwargs)) as node:
-        yield node
+    return node_scope(start_node(rule, task, run, **kwargs))
 
 
-class NodeFailed(SystemExit):
+class _NodeExit(SystemExit):
+    def __init__(self, code: int, message: str):
+        super().__init__(code)
+        self.message = message
+
+
+class NodeFailed(_NodeExit):
     """Ends a node with an exit status and the message that goes into `repexp.error`."""
 
-    def __init__(self, code: int, message: str):
-        super().__init__(code)
-        self.message = message
 
-
-class NodeInterrupted(SystemExit):
+class NodeInterrupted(_NodeExit):
     """Ends a node KILLED on purpose (a walltime chunk's end): `message` goes into `repexp.stopped`."""
-
-    def __init__(self, code: int, message: str):
-        super().__init__(code)
-        self.message = message
 
 
 @contextlib.contextmanager

@@ -6,10 +6,6 @@ or `tracking.server_store`, e.g. PostgreSQL). SQLite on the shared filesystem th
 node sees is never the cluster default: its POSIX locks and WAL are unreliable on NFS/Lustre
 (docs/tracking.md). Artifacts go to `<results>/mlflow/artifacts` through the server.
 
-    repexp mlflow serve --config CFG                 # foreground (Ctrl-C stops it): browse the runs
-    repexp mlflow serve --config CFG --background    # start, wait until healthy, return (the workflow)
-    repexp mlflow serve --config CFG --stop          # stop the server recorded in server.json
-
 The server requires a login (`tracking.server_auth`, default true; issue 27, item 5): MLflow's own
 basic-auth app with one admin per results directory, its password in `<results>/mlflow/credentials.json`
 (0600; repexp.tracking.auth). It binds the address this host's name resolves to, the one jobs are
@@ -23,6 +19,7 @@ SLURM jobs by sbatch), and stops at its end the server it started.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import signal
@@ -36,7 +33,7 @@ from typing import Optional
 from repexp.io import read_json, write_json_atomic
 from repexp.tracking import auth
 from repexp.tracking.names import ARTIFACTS_DIR, AUTH_DB_FILE, DB_FILE, SERVER_FILE, SERVER_LOG, mlflow_dir, results_id
-from repexp.tracking.store import reachable
+from repexp.tracking.store import is_sqlite, reachable, sqlite_path
 
 START_TIMEOUT_S = 300.0  # `mlflow server` took 20-40 s to answer /health on a loaded 2-core machine
 STOP_TIMEOUT_S = 20.0
@@ -78,16 +75,19 @@ def private_store_dir(directory: Path) -> Path:
     return directory
 
 
+def _host_address(fallback: str) -> str:
+    """The address this host's name resolves to, else `fallback`."""
+    try:
+        return socket.gethostbyname(socket.getfqdn())
+    except OSError:
+        return fallback
+
+
 def bind_address(server_host: str) -> str:
     """The interface to bind for `tracking.server_host`. `auto`: the address this host's name
     resolves to, which advertised_host gives jobs, so the server listens where jobs reach it and
     on no other interface of a login node; every interface only where the name does not resolve."""
-    if server_host != AUTO_HOST:
-        return server_host
-    try:
-        return socket.gethostbyname(socket.getfqdn())
-    except OSError:
-        return "0.0.0.0"
+    return _host_address("0.0.0.0") if server_host == AUTO_HOST else server_host
 
 
 def is_loopback(host: str) -> bool:
@@ -97,12 +97,7 @@ def is_loopback(host: str) -> bool:
 def advertised_host(bind_host: str) -> str:
     """How jobs reach a server bound to `bind_host`: this host's address when bound to every
     interface (an IP: MLflow refuses unknown Host names unless allowed)."""
-    if bind_host not in WILDCARD_HOSTS:
-        return bind_host
-    try:
-        return socket.gethostbyname(socket.getfqdn())
-    except OSError:
-        return socket.gethostname()
+    return _host_address(socket.gethostname()) if bind_host in WILDCARD_HOSTS else bind_host
 
 
 def allowed_hosts(bind_host: str, public: str) -> Optional[str]:
@@ -121,14 +116,17 @@ def free_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
-def running_server(results_dir: str | os.PathLike) -> Optional[dict]:
-    """server.json of a server that answers /health, else None."""
-    path = server_file(results_dir)
+def _server_info(results_dir: str | os.PathLike) -> Optional[dict]:
     try:
-        info = read_json(path)
+        return read_json(server_file(results_dir))
     except (OSError, ValueError):
         return None
-    return info if reachable(info.get("uri", ""), timeout_s=5, login=False) is None else None
+
+
+def running_server(results_dir: str | os.PathLike) -> Optional[dict]:
+    """server.json of a server that answers /health, else None."""
+    info = _server_info(results_dir)
+    return info if info and reachable(info.get("uri", ""), timeout_s=5, login=False) is None else None
 
 
 def start(cfg, *, host: Optional[str] = None, port: Optional[int] = None, store: Optional[str] = None,
@@ -151,13 +149,13 @@ def start(cfg, *, host: Optional[str] = None, port: Optional[int] = None, store:
               file=sys.stderr)
     port = port or cfg.tracking.server_port or free_port(host)
     store = store or cfg.tracking.server_store or default_store(cfg)
-    if store.startswith("sqlite:///"):
-        private_store_dir(Path(store[len("sqlite:///"):]).parent)
+    if is_sqlite(store):
+        private_store_dir(sqlite_path(store).parent)
     login_env: dict[str, str] = {}
     if cfg.tracking.server_auth:
         credentials, created = auth.ensure_credentials(cfg.results_dir)
         # the app's users DB stays on this host's private local directory, beside the default store
-        private = private_store_dir(Path(default_store(cfg)[len("sqlite:///"):]).parent)
+        private = private_store_dir(sqlite_path(default_store(cfg)).parent)
         login_env = auth.server_env(cfg.results_dir, private, created)
     artifacts = (mlflow_dir(cfg.results_dir) / ARTIFACTS_DIR).resolve()
     artifacts.mkdir(parents=True, exist_ok=True)
@@ -171,8 +169,7 @@ def start(cfg, *, host: Optional[str] = None, port: Optional[int] = None, store:
     if allowed:
         command += ["--allowed-hosts", allowed]
     # MLflow's job runner (GenAI jobs) is not used by the pipeline: 7 fewer processes on the submit host
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": os.environ.get("MLFLOW_SERVER_ENABLE_JOB_EXECUTION",
-                                                                              "false"), **login_env}
+    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ, **login_env}
     log_path = mlflow_dir(cfg.results_dir) / SERVER_LOG
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -205,15 +202,11 @@ def start(cfg, *, host: Optional[str] = None, port: Optional[int] = None, store:
 def stop(results_dir: str | os.PathLike, *, owner: Optional[str] = None) -> bool:
     """Stop the server recorded in server.json (only on the host that started it, and with
     `owner`, only a server of that owner). True if one was stopped."""
-    path = server_file(results_dir)
-    try:
-        info = read_json(path)
-    except (OSError, ValueError):
-        return False
-    if info.get("host") != socket.gethostname() or (owner is not None and info.get("owner") != owner):
+    info = _server_info(results_dir)
+    if not info or info.get("host") != socket.gethostname() or (owner is not None and info.get("owner") != owner):
         return False
     stopped = _stop_group(int(info["pid"]))
-    path.unlink(missing_ok=True)
+    server_file(results_dir).unlink(missing_ok=True)
     return stopped
 
 
@@ -232,19 +225,15 @@ def _stop_group(pid: int) -> bool:
         _reap(pid)
         time.sleep(0.2)
     else:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     _reap(pid)
     return True
 
 
 def _reap(pid: int) -> None:
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def serve_foreground(cfg, **kwargs) -> int:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import urllib.error
 import urllib.request
@@ -81,13 +80,9 @@ def reachable(tracking_uri: str, timeout_s: float = HEALTH_TIMEOUT_S,
               results_dir: Optional[str | os.PathLike] = None, login: bool = True) -> Optional[str]:
     """None if the store looks usable, else why not (seconds at most, no MLflow import).
 
-    A server that answers /health must also take this client's login (`login`; repexp.tracking.auth:
-    MLflow's variables, else the results directory's credentials for its own server): one refusing
-    it is not usable either, and the reason names the missing or refused credentials.
-
-    With `results_dir`, a SQLite store that is damaged, or gone although that results directory
-    logged to it before, is not usable either (repexp.tracking.health): MLflow would otherwise
-    replace it with an empty one and the history would be lost without a word."""
+    Not usable either: a server that refuses this client's login (`login`; repexp.tracking.auth), and,
+    with `results_dir`, a SQLite store that is damaged, or gone although that results directory logged
+    to it (repexp.tracking.health): MLflow would replace it with an empty one, losing the history."""
     if tracking_uri.startswith(("http://", "https://")):
         url = tracking_uri.rstrip("/") + "/health"
         try:
@@ -100,8 +95,7 @@ def reachable(tracking_uri: str, timeout_s: float = HEALTH_TIMEOUT_S,
             from repexp.tracking.auth import refused
 
             return refused(tracking_uri, results_dir, timeout_s=timeout_s)
-        return None
-    if is_sqlite(tracking_uri):
+    elif is_sqlite(tracking_uri):
         db_dir = sqlite_path(tracking_uri).parent
         try:
             db_dir.mkdir(parents=True, exist_ok=True)
@@ -116,7 +110,6 @@ def reachable(tracking_uri: str, timeout_s: float = HEALTH_TIMEOUT_S,
             if found is not None:
                 return (f"the store {found.path} is {found.kind} ({found.detail}) and this results directory "
                         "logged to it before: not creating a new one (`repexp mlflow sync` says how to restore it)")
-        return None
     return None
 
 
@@ -149,12 +142,9 @@ class Store:
             return
         db = sqlite_path(self.uri)
         db.parent.mkdir(parents=True, exist_ok=True)
-        with open(db.parent / STORE_LOCK_FILE, "a") as handle:
+        with open(db.parent / STORE_LOCK_FILE, "a") as handle:  # closing it releases the lock
             fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+            yield
 
     # ------------------------------------------------------------------ experiments and parents
     def experiment_id(self, name: str, artifact_location: Optional[str]) -> str:
@@ -186,24 +176,20 @@ class Store:
     def parent(self, experiment_id: str, scope: Scope, extra_tags: Optional[Mapping[str, str]] = None
                ) -> tuple[str, bool]:
         """(run id, created by us) of the scope's parent run: the earliest one with its key."""
-        found = self.find_parents(experiment_id, scope)
-        if found:
-            return found[0].info.run_id, False
-        return self.create_parent(experiment_id, scope, extra_tags), True
-
-    def create_parent(self, experiment_id: str, scope: Scope, extra_tags: Optional[Mapping[str, str]] = None) -> str:
         from mlflow.entities import Param
 
         from repexp.tracking.context import resolve_run_tags
 
+        found = self.find_parents(experiment_id, scope)
+        if found:
+            return found[0].info.run_id, False
         tags = resolve_run_tags({SCOPE_TAG: scope.kind, "mlflow.source.name": "repexp", "mlflow.source.type": "JOB",
                                  **scope.tags, **(extra_tags or {}), **scope.lookup_tags})
-        run = self.client.create_run(experiment_id, run_name=scope.name, tags=tags)
-        run_id = run.info.run_id
+        run_id = self.client.create_run(experiment_id, run_name=scope.name, tags=tags).info.run_id
         if scope.params:
             self.client.log_batch(run_id, params=[Param(k, v) for k, v in scope.params.items()])
         self.client.set_terminated(run_id, "FINISHED")
-        return run_id
+        return run_id, True
 
     def run_exists(self, run_id: str) -> bool:
         from mlflow.exceptions import MlflowException
@@ -229,13 +215,12 @@ class Store:
         from repexp.tracking.context import resolve_run_tags
 
         tags = resolve_run_tags({**record.tags, PARENT_RUN_TAG: record.parent_run_id, RECORD_TAG: record.record_id})
-        run = self.client.create_run(experiment_id, start_time=record.start_ms, tags=tags, run_name=record.run_name)
-        return run.info.run_id
+        return self.client.create_run(experiment_id, start_time=record.start_ms, tags=tags,
+                                      run_name=record.run_name).info.run_id
 
     def supersede(self, stale: Sequence, run_id: str, execution: str) -> None:
         """End runs left RUNNING by a killed process (SIGKILL, OOM, node failure): KILLED, with the
-        run of the execution that found them. Snakemake never runs two attempts of one job at once,
-        so an earlier RUNNING execution of the same node cannot be alive."""
+        run of the execution that found them (node._alive_here says which are dead)."""
         for run in stale:
             self.set_tags(run.info.run_id, {
                 SUPERSEDED_TAG: run_id,
@@ -289,16 +274,11 @@ class Store:
             return
         self.client.log_table(run_id, data=dict(data), artifact_file=artifact_file)
 
-    def metric_steps(self, run_id: str, keys: Optional[Sequence[str]] = None) -> dict[str, set[int]]:
-        """Steps stored per metric key (all keys of the run when `keys` is None)."""
-        if keys is None:
-            keys = list(self.client.get_run(run_id).data.metrics)
-        return {key: {m.step for m in self.client.get_metric_history(run_id, key)} for key in dict.fromkeys(keys)}
-
     def missing_rows(self, run_id: str, rows: Sequence[Sequence]) -> list:
         """The rows whose (key, step) the run does not hold yet: a curve replayed from metrics.jsonl
         never duplicates a point the trainer logged live (MLflow would keep both: their timestamps differ)."""
-        stored = self.metric_steps(run_id, [row[0] for row in rows])
+        stored = {key: {m.step for m in self.client.get_metric_history(run_id, key)}
+                  for key in dict.fromkeys(row[0] for row in rows)}
         return [row for row in rows if int(row[2]) not in stored.get(row[0], ())]
 
     # ------------------------------------------------------------------ ending
@@ -327,7 +307,3 @@ def execution_number(earlier: Sequence) -> str:
     """This node's execution count for its sweep point: 1 + the highest earlier one."""
     numbers = [int(r.data.tags.get(EXECUTION_TAG) or 1) for r in earlier]
     return str(max([len(earlier), *numbers]) + 1)
-
-
-def wildcards_json(wildcards: Mapping[str, str]) -> str:
-    return json.dumps(dict(wildcards), sort_keys=True)

@@ -60,9 +60,8 @@ def mlflow_target(tracking_uri: str | None, experiment: str | None,
 def node_for_target(target: MlflowTarget):
     """The enclosing node run when `target` is its own store and experiment (it logs, or keeps for sync)."""
     node = current_node()
-    if node is None or not node.enabled:
-        return None
-    same = node.tracking_uri == target.tracking_uri and node.record.experiment == target.experiment
+    same = node is not None and node.enabled and (node.tracking_uri, node.record.experiment) == (
+        target.tracking_uri, target.experiment)
     return node if same else None
 
 

@@ -1,15 +1,10 @@
 """`repexp mlflow ui`: one link that opens the MLflow UI on the eval runs, compared (issue 25, item 1).
 
 MLflow 3.17's runs page keeps its columns in the browser's local storage, so no link of
-searchFilter/orderByKey alone shows the params a comparison needs. What its own UI offers any
-browser is the saved view (the runs page's "Save view"): the page's search facets and UI state
-(`selectedColumns`, `columnOrder`, `columnWidths`, ...) stored as the experiment tag
-`mlflow.sharedViewState.<id>`, value `{"name", "createdAt", "updatedAt", "state": <JSON text>}`,
-and opened by `#/experiments/<experiment>/runs?viewStateShareKey=<id>` (the bundle's runs-page
-chunk, mlflow/server/js/build/static/js/3878.*.js, reads that parameter and tag on first load;
-5439.*.js writes them). `publish_view` writes what that button writes, as MLflow's own Python
-demo data seeds its saved trace views (mlflow/demo/generators/saved_views.py); the view is also
-listed in the page's views menu.
+searchFilter/orderByKey alone shows the params a comparison needs. Its saved view ("Save view") does:
+the page's state stored as the experiment tag `mlflow.sharedViewState.<id>` and opened by
+`#/experiments/<experiment>/runs?viewStateShareKey=<id>` (read by the bundle's runs-page chunk,
+3878.*.js). `publish_view` writes what that button writes; the view is also in the page's views menu.
 
 `workflowType=machine_learning` in the link opens the "Model training" side of the UI: in 3.17.2
 the experiment kind comes from that URL parameter or the browser's last choice (default GenAI); the

@@ -34,9 +34,8 @@ _sqlite_store: Path | None = None  # the SQLite file this workflow's runs land i
 
 def wants_server(cfg, non_local_exec: bool) -> bool:
     mode = cfg.tracking.server
-    if mode == "on":
-        return True
-    return mode == "auto" and non_local_exec and not cfg.tracking.tracking_uri and not os.environ.get(ENV_MLFLOW_URI)
+    return mode == "on" or (mode == "auto" and non_local_exec and not cfg.tracking.tracking_uri
+                            and not os.environ.get(ENV_MLFLOW_URI))
 
 
 def sqlite_store(cfg, non_local_exec: bool) -> Path | None:
