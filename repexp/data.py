@@ -459,14 +459,19 @@ def chat_prompt(problem: Problem) -> list[dict]:
     return [{"role": "user", "content": f"{problem.question} {instruction}"}]
 
 
+# The text fields of a row's `extra_info`, after its split and index: the row (verl_row) and the parquet
+# schema (parquet_schema) both read this one list.
+EXTRA_INFO_TEXT = ("problem_id", "source", "source_split", "question", "solution", "level", "subject")
+
+
 def verl_row(problem: Problem, split: str) -> dict:
     return {
         "data_source": problem.data_source,
         "prompt": chat_prompt(problem),
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": problem.ground_truth},
-        "extra_info": {"split": split, **{name: getattr(problem, name) for name in (
-            "index", "problem_id", "source", "source_split", "question", "solution", "level", "subject")}},
+        "extra_info": {"split": split, "index": problem.index,
+                       **{name: getattr(problem, name) for name in EXTRA_INFO_TEXT}},
     }
 
 
@@ -474,8 +479,7 @@ def parquet_schema():
     import pyarrow as pa
 
     text = pa.string()
-    info = [("split", text), ("index", pa.int64()), *((name, text) for name in (
-        "problem_id", "source", "source_split", "question", "solution", "level", "subject"))]
+    info = [("split", text), ("index", pa.int64()), *((name, text) for name in EXTRA_INFO_TEXT)]
     return pa.schema([("data_source", text), ("prompt", pa.list_(pa.struct([("role", text), ("content", text)]))),
                       ("ability", text), ("reward_model", pa.struct([("style", text), ("ground_truth", text)])),
                       ("extra_info", pa.struct(info))])
