@@ -75,14 +75,9 @@ def system_metrics_enabled(rule: str) -> bool:
 def flatten(obj: Any, prefix: str = "", sep: str = ".") -> dict[str, str]:
     """Nested dicts -> {"a.b": "value"} (lists and scalars as text), for MLflow params. An unset
     value (None: a GRPO run's sparse_dim) is left out, not logged as the string 'None'."""
-    out: dict[str, str] = {}
-    if isinstance(obj, Mapping):
-        for key, value in obj.items():
-            out.update(flatten(value, f"{prefix}{key}{sep}", sep))
-        return out
-    if obj is not None:
-        out[prefix[: -len(sep)] if prefix else "value"] = str(obj)
-    return out
+    if not isinstance(obj, Mapping):
+        return {} if obj is None else {prefix[: -len(sep)] if prefix else "value": str(obj)}
+    return {k: v for key, value in obj.items() for k, v in flatten(value, f"{prefix}{key}{sep}", sep).items()}
 
 
 def param_values(params: Mapping[str, Any]) -> dict[str, str]:
