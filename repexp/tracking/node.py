@@ -75,14 +75,9 @@ def system_metrics_enabled(rule: str) -> bool:
 def flatten(obj: Any, prefix: str = "", sep: str = ".") -> dict[str, str]:
     """Nested dicts -> {"a.b": "value"} (lists and scalars as text), for MLflow params. An unset
     value (None: a GRPO run's sparse_dim) is left out, not logged as the string 'None'."""
-    out: dict[str, str] = {}
-    if isinstance(obj, Mapping):
-        for key, value in obj.items():
-            out.update(flatten(value, f"{prefix}{key}{sep}", sep))
-        return out
-    if obj is not None:
-        out[prefix[: -len(sep)] if prefix else "value"] = str(obj)
-    return out
+    if not isinstance(obj, Mapping):
+        return {} if obj is None else {prefix[: -len(sep)] if prefix else "value": str(obj)}
+    return {k: v for key, value in obj.items() for k, v in flatten(value, f"{prefix}{key}{sep}", sep).items()}
 
 
 def param_values(params: Mapping[str, Any]) -> dict[str, str]:
@@ -497,11 +492,8 @@ def prepare_node(
 
 def node_run(rule: str, task: Optional[str] = None, run: Any = None, **kwargs: Any
              ) -> contextlib.AbstractContextManager[NodeRun]:
-    """Track one node: ``with node_run("eval", "gsm8k", "base", config=cfg) as t: t.log_metrics(...)``.
-
-    `config` is a PipelineConfig or a config path (default: $REPEXP_CONFIG). The run ends
-    FINISHED, or FAILED (and the exception propagates) if the body raises, or exits non-zero.
-    """
+    """Track one node: ``with node_run("eval", "gsm8k", "base", config=cfg) as t: ...``; `config` is
+    a PipelineConfig or a config path (default: $REPEXP_CONFIG); ends as `node_scope` says."""
     return node_scope(start_node(rule, task, run, **kwargs))
 
 
@@ -582,9 +574,8 @@ def open_in_background(node: NodeRun, run_file: Path) -> threading.Thread:
 
 
 def await_node_run(timeout_s: float = RUN_FILE_WAIT_S) -> Optional[dict]:
-    """In a trainer: the node run published by `open_in_background` ({"run_id", "tracking_uri",
-    "experiment", "offline_reason"}), waiting for it; None when no node run was announced
-    (no $REPEXP_MLFLOW_RUN_FILE). After `timeout_s` without it, a run id of None."""
+    """In a trainer: the run `open_in_background` published, waited for (a run id of None after
+    `timeout_s`); None when no node run was announced (no $REPEXP_MLFLOW_RUN_FILE)."""
     path = os.environ.get(ENV_RUN_FILE)
     if not path:
         return None
