@@ -64,8 +64,14 @@ def training_curves_from_mlflow(target, specs: Sequence[RunSpec]) -> dict[str, d
         if not spec.trains:
             continue
         curves: dict[str, dict[int, float]] = {}
-        runs = sweep_point_runs(store.client, experiment_id, spec, getattr(target, "results_id", None))
-        for run in sorted(runs, key=lambda r: r.info.start_time or 0):
+        runs = {}  # the sweep point's parent run and its node runs, of this results directory when known
+        key, results_id = tracking.scope_for(spec.task, spec).key, getattr(target, "results_id", None)
+        same_results = f" and tags.`{tracking.RESULTS_ID_TAG}` = '{results_id}'" if results_id else ""
+        for tag in (tracking.PARENT_KEY_TAG, tracking.SCOPE_KEY_TAG):
+            for run in store.client.search_runs([experiment_id], filter_string=f"tags.`{tag}` = '{key}'{same_results}",
+                                                max_results=1000):
+                runs[run.info.run_id] = run
+        for run in sorted(runs.values(), key=lambda r: r.info.start_time or 0):
             for metric in S.CURVE_METRICS:
                 if metric in run.data.metrics:
                     for point in store.client.get_metric_history(run.info.run_id, metric):
@@ -73,21 +79,6 @@ def training_curves_from_mlflow(target, specs: Sequence[RunSpec]) -> dict[str, d
         if curves:
             out[spec.path] = curves
     return out
-
-
-def sweep_point_runs(client, experiment_id: str, spec: RunSpec, results_id: str | None = None) -> list:
-    """The parent run of a sweep point and its node runs (tags of repexp.tracking), of one results
-    directory when `results_id` is given."""
-    from repexp import tracking
-
-    key = tracking.scope_for(spec.task, spec).key
-    same_results = f" and tags.`{tracking.RESULTS_ID_TAG}` = '{results_id}'" if results_id else ""
-    runs = {}
-    for tag in (tracking.PARENT_KEY_TAG, tracking.SCOPE_KEY_TAG):
-        for run in client.search_runs([experiment_id], filter_string=f"tags.`{tag}` = '{key}'{same_results}",
-                                      max_results=1000):
-            runs[run.info.run_id] = run
-    return list(runs.values())
 
 
 def _seed_mean_over_steps(per_seed: Sequence[dict[int, float]]) -> dict[str, list]:
