@@ -131,29 +131,17 @@ _SPLIT_SALT = {"arith-hard": 0xA218, "arith-mid": 0xA219}
 TASKS = ("arith", *KIND_TASKS)  # every built-in task (they read no data.source)
 
 
-def _kind_table(task: str) -> dict[str, tuple[int, int, int]]:
+def kind_split(task: str, seed: int) -> dict[str, list[Question]]:
+    """Seeded disjoint train/dev/test split of a kind task's questions (its kinds one after another, indexed
+    across them): per kind, a seeded permutation gives its test, then dev, then (up to the cap) train questions."""
     if task not in KIND_TASKS:
         raise ValueError(f"{task!r} is not a task built from kinds (known: {', '.join(KIND_TASKS)})")
-    return KIND_TASKS[task]
-
-
-def kind_task_questions(task: str) -> list[Question]:
-    """Every question of a kind task: its kinds one after another, indexed across them."""
-    out: list[Question] = []
-    for kind in _kind_table(task):
-        out += [Question(len(out) + q.index, q.text, q.answer) for q in kind_questions(kind)]
-    return out
-
-
-def kind_split(task: str, seed: int) -> dict[str, list[Question]]:
-    """Seeded disjoint train/dev/test split of `kind_task_questions(task)`: per kind, a seeded
-    permutation gives its test, then dev, then (up to the cap) train questions (`KIND_TASKS`)."""
-    table = _kind_table(task)
-    questions = kind_task_questions(task)
+    questions: list[Question] = []
     parts: dict[str, list[int]] = {"train": [], "dev": [], "test": []}
-    start = 0
-    for number, (kind, (test, dev, train)) in enumerate(table.items()):
-        size = sum(1 for _ in KINDS[kind][1]())
+    for number, (kind, (test, dev, train)) in enumerate(KIND_TASKS[task].items()):
+        start = len(questions)
+        questions += [Question(start + q.index, q.text, q.answer) for q in kind_questions(kind)]
+        size = len(questions) - start
         if size < test + dev + 1:
             raise ValueError(f"{task} kind {kind}: {size} questions cannot give {test} test + {dev} dev + train")
         salt = np.random.SeedSequence([seed, _SPLIT_SALT[task], number])
@@ -161,7 +149,6 @@ def kind_split(task: str, seed: int) -> dict[str, list[Question]]:
         parts["test"] += order[:test].tolist()
         parts["dev"] += order[test:test + dev].tolist()
         parts["train"] += order[test + dev:test + dev + train].tolist()
-        start += size
     return {name: [questions[i] for i in sorted(idx)] for name, idx in parts.items()}
 
 

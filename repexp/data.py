@@ -47,9 +47,6 @@ MATH_DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
 GSM8K_DATA_SOURCE = "openai/gsm8k"
 AIME_DATA_SOURCE = "aime24"
 DAPO_DATA_SOURCE = "math_dapo"
-ARITH_DATA_SOURCE = routing.ARITH_DATA_SOURCE  # built in (repexp.arith); repexp.verify's arith family
-ARITH_HARD_DATA_SOURCE = routing.ARITH_HARD_DATA_SOURCE  # built in (repexp.arith); the final-number family
-ARITH_MID_DATA_SOURCE = routing.ARITH_MID_DATA_SOURCE  # built in (repexp.arith); the final-number family
 
 DAPO_HF_ID = "ftajwar/deduplicated_dapo_dataset"
 HF = "hf"
@@ -439,8 +436,8 @@ def build(task: str, tables: dict[str, RawTable], options: Options) -> Prepared:
 
 def generated_problem(task: str, question: arith.Question) -> Problem:
     """A question of a built-in task (`arith.TASKS`) as a canonical problem."""
-    data_source = {"arith": ARITH_DATA_SOURCE, "arith-hard": ARITH_HARD_DATA_SOURCE,
-                   "arith-mid": ARITH_MID_DATA_SOURCE}[task]
+    data_source = {"arith": routing.ARITH_DATA_SOURCE, "arith-hard": routing.ARITH_HARD_DATA_SOURCE,
+                   "arith-mid": routing.ARITH_MID_DATA_SOURCE}[task]  # repexp.verify's arith, final-number families
     return Problem(f"{task}/{question.index}", task, "generated", question.index, question.text,
                    str(question.answer), data_source)
 

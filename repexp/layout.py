@@ -192,12 +192,8 @@ ORDER_FILE = "order.parquet"
 FEATURES_DIR = "features"
 
 
-def testtime_dir(results: PathLike, task: str, run: str) -> Path:
-    return Path(results) / TESTTIME_DIR / task / run
-
-
 def testtime_json(results: PathLike, task: str, run: str) -> Path:
-    return testtime_dir(results, task, run) / TESTTIME_JSON
+    return Path(results) / TESTTIME_DIR / task / run / TESTTIME_JSON
 
 
 # --------------------------------------------------------------------------- aggregate/
@@ -245,18 +241,11 @@ def dynamics_figure(task: str, backend: str) -> str:
 
 def figure_kind(stem: str) -> str:
     """Which of FIGURE_KINDS a figure stem belongs to."""
-    if stem == PASS_AT_K_FIGURE:
-        return "pass_at_k"
-    if stem == TESTTIME_FIGURE:
-        return "testtime"
-    if stem == K_EFFICIENCY_FIGURE:
-        return "k_efficiency"
-    if stem.startswith("heatmap_"):
-        return "heatmaps"
-    if stem.startswith("training_"):
-        return "training"
-    if stem.startswith("dynamics_"):
-        return "dynamics"
+    fixed = {PASS_AT_K_FIGURE: "pass_at_k", TESTTIME_FIGURE: "testtime", K_EFFICIENCY_FIGURE: "k_efficiency"}
+    per_pair = {"heatmap_": "heatmaps", "training_": "training", "dynamics_": "dynamics"}
+    kind = fixed.get(stem) or next((kind for prefix, kind in per_pair.items() if stem.startswith(prefix)), None)
+    if kind is not None:
+        return kind
     raise ValueError(f"{stem}: not a figure of repexp figures")
 
 

@@ -134,14 +134,6 @@ def testtime_pass_at_k(k: int, order: str) -> str:
     return f"{TESTTIME}/pass_at_{int(k)}_{order}"
 
 
-def testtime_efficiency(k: int) -> str:
-    return f"{TESTTIME}/efficiency_at_{int(k)}"
-
-
-def testtime_samples_to_correct(name: str) -> str:
-    return f"{TESTTIME}/samples_to_correct_{name}"
-
-
 _EVAL_SCALARS = ("mean_at_n", "num_problems", "mean_response_tokens", "truncated_fraction")
 
 
@@ -179,11 +171,11 @@ def testtime_metrics(result: dict[str, Any]) -> dict[str, float]:
         metrics[testtime_pass_at_k(k, "repexp")] = float(result["pass_at_k_repexp"][at])
         metrics[testtime_pass_at_k(k, "random")] = float(result["pass_at_k_random"][at])
         if ratio is not None:
-            metrics[testtime_efficiency(k)] = float(ratio)
+            metrics[f"{TESTTIME}/efficiency_at_{int(k)}"] = float(ratio)
     for name in ("repexp", "random", "ratio"):
         value = result["samples_to_correct"].get(name)
         if value is not None:
-            metrics[testtime_samples_to_correct(name)] = float(value)
+            metrics[f"{TESTTIME}/samples_to_correct_{name}"] = float(value)
     return metrics
 
 

@@ -17,11 +17,12 @@ from repexp import arith, data, jobs, verify
 from repexp import config as C
 from repexp import layout as L
 from repexp import metrics as M
+from repexp.verify import routing
 
 REPO = Path(__file__).resolve().parents[1]
 PILOT = REPO / "configs" / "pilot.yaml"
 TASK = yaml.safe_load(PILOT.read_text())["sweep"]["tasks"][0]  # the task the pilot's design chose
-SOURCE = data.ARITH_HARD_DATA_SOURCE
+SOURCE = routing.ARITH_HARD_DATA_SOURCE
 
 # --------------------------------------------------------------------------- the task
 
@@ -78,8 +79,8 @@ def test_the_two_kind_tasks_have_their_own_splits():
 HARD_FIRST_TEST = ["What is 1 + 2?", "What is 1 + 6?", "What is 1 + 9?"]
 
 
-@pytest.mark.parametrize("task, source", [("arith-hard", data.ARITH_HARD_DATA_SOURCE),
-                                          ("arith-mid", data.ARITH_MID_DATA_SOURCE)])
+@pytest.mark.parametrize("task, source", [("arith-hard", routing.ARITH_HARD_DATA_SOURCE),
+                                          ("arith-mid", routing.ARITH_MID_DATA_SOURCE)])
 def test_prepared_rows_carry_the_few_shot_prompt_and_route_to_the_final_number_verifier(task, source):
     prepared = data.build(task, {}, data.Options(seed=0))
     problem = prepared.splits["test"][0]
@@ -111,7 +112,7 @@ def test_the_readme_tasks_prompt_shows_worked_examples_that_are_no_question_of_t
     ("47 + 38 is the same as 40 + 30 and", 0.0), ("47 + 38 is the same as 40 + 45", 0.0),  # a truncated line
     ("", 0.0), ("x85", 0.0), ("3.85", 0.0),
 ])
-@pytest.mark.parametrize("source", [data.ARITH_HARD_DATA_SOURCE, data.ARITH_MID_DATA_SOURCE])
+@pytest.mark.parametrize("source", [routing.ARITH_HARD_DATA_SOURCE, routing.ARITH_MID_DATA_SOURCE])
 def test_the_verifier_grades_the_number_the_response_ends_with(response, expected, source):
     assert verify.score(source, response, "85") == expected
     assert verify.score(source, response, "85", grader="paper") == expected

@@ -28,10 +28,8 @@ REWARD_TYPES = B.REWARD_TYPES
 NORMALIZATIONS = B.NORMALIZATIONS
 ENGINES = ("auto", "hf", "vllm")
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # sampling and feature-model dtypes (auto: by device)
-TRL_DTYPES = ("float32", "bfloat16")
-ATTENTION = ("auto", "flash_attention_2", "sdpa", "eager")  # verl.attn_implementation (repexp.verl.attention)
-VERL_STRATEGIES = ("fsdp", "fsdp2")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+ATTENTION = ("auto", "flash_attention_2", "sdpa", "eager")  # verl.attn_implementation (repexp.verl.attention)
 # train.loss_agg_mode → the TRL loss_type with the same normalisation (the TRL backend's one table):
 #   token-mean: Σ token losses / number of tokens in the mini-batch  = TRL "dapo"
 #   seq-mean-token-mean: mean over sequences of each sequence's token mean = TRL "grpo"
@@ -205,7 +203,7 @@ class VerlConfig:
     use_remove_padding: Optional[bool] = _f(None, help="packed sequences; null follows the attention (on with "
                                             "flash_attention_2, off otherwise)")
     strategy: str = _f("fsdp", help="FSDP flavour of the actor and the frozen representation model",
-                       enum=VERL_STRATEGIES)
+                       enum=("fsdp", "fsdp2"))
     ray_num_cpus: Optional[int] = _f(None, help="CPUs Ray may use (null: all; set it under SLURM)", minimum=1,
                                      runtime=True)
     overrides: list[str] = _f([], help="extra raw Hydra overrides for verl (validated by verl)")
@@ -216,7 +214,7 @@ class TrlConfig:
     # Batch shapes come from `train` (micro_batch_size_per_gpu, ppo_mini_batch_size): one meaning, both backends.
     device: str = _f("auto", help="torch device (auto: cuda if available else cpu)", enum=("auto", "cpu", "cuda"))
     dtype: str = _f("float32", help="compute dtype: float32, or bfloat16 autocast over float32 weights "
-                    "(the frozen feature model is loaded in this dtype)", enum=TRL_DTYPES)
+                    "(the frozen feature model is loaded in this dtype)", enum=("float32", "bfloat16"))
     eval_batch_size: int = _f(16, help="dev prompts per validation generate call (each with train.val_n samples)",
                               minimum=1, runtime=True)
     logging_steps: int = _f(1, help="log every N training steps", minimum=1)
@@ -276,10 +274,6 @@ class RuleResources:
                                    pattern=r"^[A-Za-z0-9_.|&,()\[\]*:-]+$")
 
 
-def _default_resources() -> dict:
-    return {name: RuleResources() for name in RULES}
-
-
 @dataclass
 class TaskSweepOverride:
     sparse_dims: Optional[list[int]] = _f(None, help="replaces sweep.sparse_dims for this task", items_minimum=1)
@@ -316,8 +310,8 @@ class PipelineConfig:
     verl: VerlConfig = field(default_factory=VerlConfig)
     trl: TrlConfig = field(default_factory=TrlConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    resources: dict[str, RuleResources] = field(
-        default_factory=_default_resources, metadata={"help": "per-rule scheduler requests", "keys": RULES})
+    resources: dict[str, RuleResources] = field(default_factory=lambda: {name: RuleResources() for name in RULES},
+                                                metadata={"help": "per-rule scheduler requests", "keys": RULES})
     task_overrides: dict[str, TaskOverride] = field(
         default_factory=dict, metadata={"help": "per-task overrides", "keys": TASKS})
 
