@@ -34,6 +34,7 @@ from typing import Any, Optional
 from repexp import arith, layout
 from repexp import splits as sp
 from repexp.config import TASKS
+from repexp.intermediates import content_digest as sha256_file  # of a file: the SHA-256 of its bytes
 from repexp.verify import routing
 
 SPLITS = layout.SPLITS
@@ -91,14 +92,6 @@ class RawTable:
     origin: str  # a file path or "hf:<id>[:<config>]/<split>"
     sha256: str  # of the file bytes (local) or of the canonical JSON rows (hf)
     kind: str  # "local" | "hf"
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def rows_sha256(rows: Sequence[dict]) -> str:
@@ -341,15 +334,9 @@ class Prepared:
 
 
 def tables_needed(task: str, options: Options) -> list[str]:
-    if task == "math":
-        return ["math_train", "math_test", "math500"]
-    if task == "gsm8k":
-        return ["gsm8k_train", "gsm8k_test"]
-    if task == "aime24":
-        return ["dapo" if options.aime_train == "dapo" else "math_train", "aime24"]
-    if task == "dapo-with-aime24":
-        return ["dapo", "aime24"]
-    return []  # a built-in task (repexp.arith): no source files
+    aime_train = "dapo" if options.aime_train == "dapo" else "math_train"
+    return {"math": ["math_train", "math_test", "math500"], "gsm8k": ["gsm8k_train", "gsm8k_test"],
+            "aime24": [aime_train, "aime24"], "dapo-with-aime24": ["dapo", "aime24"]}.get(task, [])  # arith: none
 
 
 def _pick(problems: Sequence[Problem], indices: Sequence[int]) -> list[Problem]:
@@ -358,7 +345,6 @@ def _pick(problems: Sequence[Problem], indices: Sequence[int]) -> list[Problem]:
 
 def build(task: str, tables: dict[str, RawTable], options: Options) -> Prepared:
     """Raw tables → checked splits; the shared path for every source."""
-    dropped: list[dict] = []
     notes: list[str] = []
     dev_equals_test = task in ("aime24", "dapo-with-aime24")  # AIME's dev = test, the one designed overlap
     if task == "math":
@@ -395,12 +381,9 @@ def build(task: str, tables: dict[str, RawTable], options: Options) -> Prepared:
         notes.append(f"generated: {len(train)} train, {len(dev)} dev, {len(test)} test questions (repexp.arith{kinds})")
 
     # Training rows nobody can score, or that leak dev/test problems, are dropped (and listed).
-    kept = []
-    for problem in train:
-        if not problem.ground_truth:
-            dropped.append({"problem_id": problem.problem_id, "split": "train", "reason": "empty ground truth"})
-        else:
-            kept.append(problem)
+    dropped = [{"problem_id": p.problem_id, "split": "train", "reason": "empty ground truth"}
+               for p in train if not p.ground_truth]
+    kept = [p for p in train if p.ground_truth]
     keep_idx, leak_idx = sp.drop_overlapping([p.question for p in kept], [p.question for p in dev + test])
     for i in leak_idx:
         dropped.append({"problem_id": kept[i].problem_id, "split": "train", "reason": "problem text also in dev/test"})
@@ -517,11 +500,7 @@ def prepare(task: str, out_dir: str | Path, *, source: str, options: Options, da
     from repexp import __version__
     from repexp.io import write_json_atomic
 
-    if task not in TASKS:
-        raise DataError(f"unknown task {task!r} (choose from {', '.join(TASKS)})")
-    if options.aime_train not in ("math", "dapo"):
-        raise DataError(f"--aime-train must be 'math' or 'dapo', got {options.aime_train!r}")
-    if tables is None:
+    if tables is None:  # the task and --aime-train are the CLI's choices, or from a checked config
         tables = load_tables(task, source, options, dapo_source)
     prepared = build(task, tables, options)  # everything is checked before anything is written
 

@@ -150,9 +150,8 @@ def eval_metrics(result: dict[str, Any]) -> dict[str, float]:
         per_k = {int(k): float(v) for k, v in (result.get(key) or {}).items() if v is not None}
         out.update({name(split, k): value for k, value in sorted(per_k.items())})
     scalars = {key: float(result[key]) for key in _EVAL_SCALARS if result.get(key) is not None}
-    for name, value in (result.get("samples_to_first_correct") or {}).items():
-        if value is not None:
-            scalars[f"samples_to_first_correct_{name}"] = float(value)
+    scalars.update({f"samples_to_first_correct_{name}": float(value)
+                    for name, value in (result.get("samples_to_first_correct") or {}).items() if value is not None})
     if isinstance(result.get("n_samples"), int):
         scalars["n_samples"] = float(result["n_samples"])
     out.update({split_metric(split, name): value for name, value in scalars.items()})

@@ -30,9 +30,7 @@ def stream_id(name: str) -> int:
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
 
 
-def rng(seed: int, stream: str) -> np.random.Generator:
-    if seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
+def rng(seed: int, stream: str) -> np.random.Generator:  # numpy refuses a negative seed
     return np.random.default_rng([int(seed), stream_id(stream)])
 
 
@@ -40,8 +38,6 @@ def seeded_subset(n: int, size: Optional[int], seed: int, stream: str) -> list[i
     """`size` distinct indices of range(n), sorted; all of them when size is None or >= n."""
     if size is None or size >= n:
         return list(range(n))
-    if size < 0:
-        raise ValueError(f"subset size must be >= 0, got {size}")
     chosen = rng(seed, stream).choice(n, size=size, replace=False)
     return sorted(int(i) for i in chosen)
 

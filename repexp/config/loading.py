@@ -152,16 +152,13 @@ def parse(raw: Mapping, *, overrides: Sequence[str] = ()) -> PipelineConfig:
     _check_sections(PipelineConfig, raw)
     try:
         node = OmegaConf.merge(OmegaConf.structured(PipelineConfig), raw)
-    except OmegaConfBaseException as err:
-        raise _omegaconf_error(err) from None
-    for item in dotlist:
-        try:
-            node = OmegaConf.merge(node, OmegaConf.from_dotlist([item]))
-        except OmegaConfBaseException as err:
-            raise ConfigError(f"{_omegaconf_error(err)} (override {item!r})") from None
-        except Exception as err:  # noqa: BLE001 - OmegaConf's dotlist grammar raises plain errors
-            raise ConfigError(f"{OVERRIDES_KEY}: cannot parse override {item!r} ({err})") from None
-    try:
+        for item in dotlist:
+            try:
+                node = OmegaConf.merge(node, OmegaConf.from_dotlist([item]))
+            except OmegaConfBaseException as err:
+                raise ConfigError(f"{_omegaconf_error(err)} (override {item!r})") from None
+            except Exception as err:  # noqa: BLE001 - OmegaConf's dotlist grammar raises plain errors
+                raise ConfigError(f"{OVERRIDES_KEY}: cannot parse override {item!r} ({err})") from None
         cfg = OmegaConf.to_object(node)
     except OmegaConfBaseException as err:
         raise _omegaconf_error(err) from None

@@ -76,8 +76,6 @@ def canonical(value: Any) -> str:
     """Shortest decimal text that round-trips: 0.01 -> '0.01', 1e-05 -> '0.00001', 32 -> '32'."""
     if isinstance(value, bool):
         return str(value).lower()
-    if isinstance(value, int):
-        return str(value)
     if isinstance(value, float) or hasattr(value, "item"):  # numpy scalars too
         value = float(value)
         return str(int(value)) if value.is_integer() else format(Decimal(repr(value)).normalize(), "f")
@@ -92,9 +90,10 @@ RUN_NAMES = {
     "grpo": "{backend}_grpo_s{seed}",
     "base": "base",
 }
-_FIELDS = {"backend": "|".join(BACKENDS), "sparse_dim": r"\d+", "beta": r"[0-9.]+", "seed": r"\d+"}
+_FIELDS = {"backend": ("|".join(BACKENDS), str), "sparse_dim": (r"\d+", int), "beta": (r"[0-9.]+", float),
+           "seed": (r"\d+", int)}  # each field's regex and type
 # One regex per method: group names repeat across methods, which one alternation cannot hold.
-_RUN_RES = {method: re.compile("".join(re.escape(part) if i % 2 == 0 else f"(?P<{part}>{_FIELDS[part]})"
+_RUN_RES = {method: re.compile("".join(re.escape(part) if i % 2 == 0 else f"(?P<{part}>{_FIELDS[part][0]})"
                                        for i, part in enumerate(re.split(r"\{(\w+)\}", template))))
             for method, template in RUN_NAMES.items()}
 
@@ -130,11 +129,7 @@ def parse_run(task: str, name: str) -> RunSpec:
     if match is None or task not in TASKS:
         raise ConfigError(f"run: {task}/{name} is not a valid run name")
     method, m = match
-    fields = m.groupdict()
-    spec = RunSpec(task=task, method=method, backend=fields.get("backend"),
-                   sparse_dim=int(fields["sparse_dim"]) if "sparse_dim" in fields else None,
-                   beta=float(fields["beta"]) if "beta" in fields else 0.0,
-                   seed=int(fields["seed"]) if "seed" in fields else None)
+    spec = RunSpec(task, method, **{name: _FIELDS[name][1](value) for name, value in m.groupdict().items()})
     if spec.name != name:
         raise ConfigError(f"run: {name} is not canonical (expected {spec.name})")
     return spec
@@ -147,9 +142,7 @@ def sweep_runs(cfg: PipelineConfig) -> list[RunSpec]:
         sparse_dims, betas = task_sweep(cfg, task)
         for backend in cfg.sweep.backends:
             for seed in cfg.sweep.seeds:
-                for k in sparse_dims:
-                    for beta in betas:
-                        runs.append(RunSpec(task, "repexp", backend, int(k), float(beta), int(seed)))
+                runs += [RunSpec(task, "repexp", backend, k, beta, int(seed)) for k in sparse_dims for beta in betas]
                 if cfg.sweep.grpo_baseline:
                     runs.append(RunSpec(task, "grpo", backend, None, 0.0, int(seed)))
         if cfg.sweep.base_baseline:
