@@ -146,8 +146,7 @@ def load_local(names: Sequence[str], source_dir: Path) -> dict[str, RawTable]:
 
 def load_dapo_file(path: Path) -> RawTable:
     if path.is_dir():
-        candidates = [path / Path(layout.DAPO_SOURCE_FILE).name, path / "train.parquet"]
-        found = [c for c in candidates if c.is_file()]
+        found = [c for c in (path / Path(layout.DAPO_SOURCE_FILE).name, path / "train.parquet") if c.is_file()]
         if not found:
             raise FileNotFoundError(f"{path}: DAPO source directory has neither train.jsonl nor train.parquet")
         path = found[0]
@@ -164,13 +163,6 @@ def load_dapo_file(path: Path) -> RawTable:
     if not rows:
         raise DataError(f"{path}: no rows")
     return RawTable("dapo", rows, str(path), sha256_file(path), "local")
-
-
-def _missing_dapo() -> RawTable:
-    raise DataError(
-        f"missing DAPO source: the dapo training set ({DAPO_HF_ID}) is not available offline; "
-        "pass --dapo-source PATH (a JSONL/parquet file with prompt/problem and answer fields) or --dapo-source hf"
-    )
 
 
 def _load_hf_part(dataset_id: str, config: Optional[str], split: str) -> list[dict]:
@@ -372,9 +364,11 @@ def build(task: str, tables: dict[str, RawTable], options: Options) -> Prepared:
         dev, test = list(aime), list(aime)
         wants_dapo = task == "dapo-with-aime24" or options.aime_train == "dapo"
         if wants_dapo and "dapo" not in tables:
-            _missing_dapo()
+            raise DataError(f"missing DAPO source: the dapo training set ({DAPO_HF_ID}) is not available offline; "
+                            "pass --dapo-source PATH (a JSONL/parquet file with prompt/problem and answer fields) or "
+                            "--dapo-source hf")
         train = dapo_problems(tables["dapo"]) if wants_dapo else math_problems(tables["math_train"], "train")
-    else:  # a built-in task (prepare refuses unknown ones)
+    else:  # a built-in task (the CLI's choices and the config allow no other)
         train, dev, test = ([generated_problem(task, q) for q in questions]
                             for questions in arith.task_split(task, options.seed).values())
         kinds = f", kinds {', '.join(arith.KIND_TASKS[task])}" if task in arith.KIND_TASKS else ""
@@ -481,17 +475,6 @@ def write_parquet(rows: list[dict], path: Path) -> None:
 # --------------------------------------------------------------------------- prepare
 
 
-def load_tables(task: str, source: str, options: Options, dapo_source: Optional[str]) -> dict[str, RawTable]:
-    names = tables_needed(task, options)
-    local_names = [n for n in names if n != "dapo"]
-    tables = {} if not local_names else load_hf(local_names) if source == HF else load_local(local_names, Path(source))
-    if "dapo" in names:
-        if not dapo_source:
-            _missing_dapo()
-        tables.update(load_hf(["dapo"]) if dapo_source == HF else {"dapo": load_dapo_file(Path(dapo_source))})
-    return tables
-
-
 def prepare(task: str, out_dir: str | Path, *, source: str, options: Options, dapo_source: Optional[str] = None,
             tables: Optional[dict[str, RawTable]] = None) -> dict:
     """Load (unless `tables` are given), split, check, write; returns the manifest."""
@@ -501,7 +484,11 @@ def prepare(task: str, out_dir: str | Path, *, source: str, options: Options, da
     from repexp.io import write_json_atomic
 
     if tables is None:  # the task and --aime-train are the CLI's choices, or from a checked config
-        tables = load_tables(task, source, options, dapo_source)
+        names = tables_needed(task, options)
+        local = [n for n in names if n != "dapo"]
+        tables = {} if not local else load_hf(local) if source == HF else load_local(local, Path(source))
+        if "dapo" in names and dapo_source:  # without one, `build` says what is missing
+            tables.update(load_hf(["dapo"]) if dapo_source == HF else {"dapo": load_dapo_file(Path(dapo_source))})
     prepared = build(task, tables, options)  # everything is checked before anything is written
 
     out_dir = Path(out_dir)

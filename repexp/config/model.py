@@ -63,14 +63,12 @@ class ConfigError(ValueError):
     """An invalid pipeline config; the message starts with the offending key (or file)."""
 
 
-def _f(default: Any = dataclasses.MISSING, *, help: str = "", runtime: bool = False, **constraints: Any) -> Any:
+def _f(default: Any = dataclasses.MISSING, *, help: str = "", **constraints: Any) -> Any:
     """A dataclass field with a help string and JSON-schema constraints (minimum, enum, ...).
 
     `runtime=True` marks a setting that changes how fast or where a job runs, never what a
     training run computes: it is left out of `training_hash`, so changing it reruns nothing."""
     meta = {"help": help, **constraints}
-    if runtime:
-        meta["runtime"] = True
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: copy.deepcopy(d), metadata=meta)
     return field(default=default, metadata=meta)

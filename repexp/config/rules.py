@@ -31,7 +31,6 @@ from repexp.config.model import (
     BonusConfig,
     ConfigError,
     PipelineConfig,
-    RuleResources,
     TrainConfig,
 )
 from repexp.config.runs import RunConfig, canonical, rule_resources, task_section, task_sweep
@@ -155,14 +154,11 @@ def _check_training(cfg: PipelineConfig, task: str) -> None:
     if "trl" in cfg.sweep.backends:
         check_trl_loss(train, key)
         trl_micro_batch(train, key)
-        trl = task_section(cfg, task, "trl")
-        if trl.device != "cpu":
-            _check_share(trl.gpu_memory_fraction, rule_resources(cfg, "train"), "train",
-                         _key(cfg, task, "trl", "gpu_memory_fraction"))
+        if task_section(cfg, task, "trl").device != "cpu":
+            _check_share(cfg, task, "train", "trl", "gpu_memory_fraction")
     if "verl" in cfg.sweep.backends:
         _check_verl(cfg, task, train, repexp_runs=bool(betas))
-        _check_share(task_section(cfg, task, "verl").gpu_memory_utilization, rule_resources(cfg, "train"), "train",
-                     _key(cfg, task, "verl", "gpu_memory_utilization"))
+        _check_share(cfg, task, "train", "verl", "gpu_memory_utilization")
 
 
 def _check_verl(cfg: PipelineConfig, task: str, train: TrainConfig, repexp_runs: bool) -> None:
@@ -279,22 +275,22 @@ def _check_eval(cfg: PipelineConfig, task: str) -> None:
                           f"{MAX_SHARD_SAMPLES:,}; lower shard_size")
     if ev.engine == "vllm" or (ev.engine == "auto" and res.gpu > 0):
         needed = ev.tensor_parallel_size * ev.data_parallel_size
-        available = max(res.gpu, 1) * res.nodes
-        if needed > available:
+        if needed > max(res.gpu, 1) * res.nodes:
             raise ConfigError(
                 f"{_key(cfg, task, 'eval', 'tensor_parallel_size')}: {ev.tensor_parallel_size} × data_parallel_size "
                 f"{ev.data_parallel_size} needs {needed} GPUs, but resources.eval.gpu grants {res.gpu} (task {task})")
-        _check_share(ev.gpu_memory_utilization, res, "eval", _key(cfg, task, "eval", "gpu_memory_utilization"))
+        _check_share(cfg, task, "eval", "eval", "gpu_memory_utilization")
 
 
-def _check_share(fraction: Optional[float], res: RuleResources, rule: str, key: str) -> None:
+def _check_share(cfg: PipelineConfig, task: str, rule: str, section: str, name: str) -> None:
     """A job that shares its GPU (resources.<rule>.gpu_share < 100) must cap its memory within its share."""
+    res, fraction = rule_resources(cfg, rule), getattr(task_section(cfg, task, section), name)
     if res.gpu == 0 or res.gpu_share == 100:
         return
     if fraction is None or fraction * 100 > res.gpu_share + 1e-9:
         raise ConfigError(
-            f"{key}: {fraction} of the GPU's memory, but resources.{rule}.gpu_share is {res.gpu_share}%: jobs side by "
-            f"side on one GPU would not fit; set it to at most {res.gpu_share / 100:g}")
+            f"{_key(cfg, task, section, name)}: {fraction} of the GPU's memory, but resources.{rule}.gpu_share is "
+            f"{res.gpu_share}%: jobs side by side on one GPU would not fit; set it to at most {res.gpu_share / 100:g}")
 
 
 # --------------------------------------------------------------------------- local paths

@@ -41,9 +41,8 @@ def _schema_for(tp: Any, meta: Mapping) -> dict:
     if origin is typing.Union:
         (inner,) = [a for a in args if a is not type(None)]
         sub = _schema_for(inner, meta)
-        sub_type = sub.get("type")
-        if sub_type:
-            sub["type"] = [sub_type, "null"] if isinstance(sub_type, str) else [*sub_type, "null"]
+        if "type" in sub:  # one type: no field is Optional of a dataclass or of a union
+            sub["type"] = [sub["type"], "null"]
         if "enum" in sub:
             sub["enum"] = [*sub["enum"], None]
         return sub
