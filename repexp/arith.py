@@ -57,10 +57,9 @@ def split(seed: int) -> dict[str, list[Question]]:
     """Seeded disjoint train/dev/test split of `all_questions()` (each split in question order)."""
     questions = all_questions()
     order = np.random.default_rng(np.random.SeedSequence([seed, 0xA217])).permutation(len(questions))
-    test = sorted(order[:TEST_SIZE].tolist())
-    dev = sorted(order[TEST_SIZE:TEST_SIZE + DEV_SIZE].tolist())
-    train = sorted(order[TEST_SIZE + DEV_SIZE:].tolist())
-    return {name: [questions[i] for i in idx] for name, idx in (("train", train), ("dev", dev), ("test", test))}
+    test, dev, train = np.split(order, [TEST_SIZE, TEST_SIZE + DEV_SIZE])
+    parts = {"train": train, "dev": dev, "test": test}  # in this order: callers unpack the values
+    return {name: [questions[i] for i in sorted(idx.tolist())] for name, idx in parts.items()}
 
 
 # --------------------------------------------------------------------------- arith-hard, arith-mid (the pilot's tasks)

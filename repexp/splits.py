@@ -1,7 +1,7 @@
 """Seeded, overlap-checked train/dev/test splits (pure: lists and numpy's RNG only).
 
-Every random choice draws from its own stream, `np.random.default_rng([seed,
-stream_id(name)])`, so the GSM8K dev split does not move when a `--limit-train`
+Every random choice draws from its own stream, `np.random.default_rng([seed, <32 bits
+of sha256(name)>])`, so the GSM8K dev split does not move when a `--limit-train`
 is added, and the same seed always gives the same indices. Selected indices are
 returned sorted, so outputs keep the source's row order.
 """
@@ -25,13 +25,10 @@ class SplitError(ValueError):
     """A split that would violate the data contract (overlap, missing dev ids, too few rows)."""
 
 
-def stream_id(name: str) -> int:
-    """A stable 32-bit id for an RNG stream name (Python's hash() is salted per process)."""
-    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
-
-
-def rng(seed: int, stream: str) -> np.random.Generator:  # numpy refuses a negative seed
-    return np.random.default_rng([int(seed), stream_id(stream)])
+def rng(seed: int, stream: str) -> np.random.Generator:
+    """The stream's generator: a stable id of its name (Python's hash() is salted per process); numpy
+    refuses a negative seed."""
+    return np.random.default_rng([int(seed), int.from_bytes(hashlib.sha256(stream.encode()).digest()[:4], "little")])
 
 
 def seeded_subset(n: int, size: Optional[int], seed: int, stream: str) -> list[int]:

@@ -95,35 +95,24 @@ def _omegaconf_error(err: Exception, prefix: str = "") -> ConfigError:
     """An OmegaConf error as a ConfigError that starts with the full key."""
     key = prefix + (getattr(err, "full_key", "") or "")
     message = (getattr(err, "msg", "") or str(err)).splitlines()[0].strip()
-    object_type = getattr(err, "object_type", None)
     if type(err).__name__ == "ConfigKeyError":
-        message = "unknown key"
-        removed = REMOVED_KEYS.get(key.rsplit(".", 1)[-1])
-        if removed is not None:
-            message = removed
-        elif dataclasses.is_dataclass(object_type):
-            message += f" (known: {', '.join(f.name for f in dataclasses.fields(object_type))})"
+        object_type = getattr(err, "object_type", None)
+        known = (f" (known: {', '.join(f.name for f in dataclasses.fields(object_type))})"
+                 if dataclasses.is_dataclass(object_type) else "")
+        message = REMOVED_KEYS.get(key.rsplit(".", 1)[-1], f"unknown key{known}")
     return ConfigError(f"{key or '<root>'}: {message}")
 
 
-def _check_sections(cls: type, raw: Any, prefix: str = "") -> None:
-    """Sections must be mappings: OmegaConf's merge error for `eval: [1, 2]` names no key."""
+def _check_sections(tp: Any, raw: Any, prefix: str = "") -> None:
+    """Sections (dataclasses and dicts) must be mappings: OmegaConf's merge error for `eval: [1, 2]` names no key."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{prefix.rstrip('.') or '<root>'}: expected a mapping, got {raw!r}")
-    hints = typing.get_type_hints(cls)
+    is_dict = typing.get_origin(tp) is dict
+    hints = dict.fromkeys(raw, typing.get_args(tp)[1]) if is_dict else typing.get_type_hints(tp)
     for name, value in raw.items():
-        tp = hints.get(name)
-        if tp is None or value is None:
-            continue
-        if dataclasses.is_dataclass(tp):
-            _check_sections(tp, value, f"{prefix}{name}.")
-        elif typing.get_origin(tp) is dict:
-            if not isinstance(value, Mapping):
-                raise ConfigError(f"{prefix}{name}: expected a mapping, got {value!r}")
-            item = typing.get_args(tp)[1]
-            for key, sub in value.items():
-                if dataclasses.is_dataclass(item) and sub is not None:
-                    _check_sections(item, sub, f"{prefix}{name}.{key}.")
+        sub = hints.get(name)
+        if value is not None and (dataclasses.is_dataclass(sub) or typing.get_origin(sub) is dict):
+            _check_sections(sub, value, f"{prefix}{name}.")
 
 
 def to_dataclass(cls_or_obj: Any, *raws: Any, prefix: str = "") -> Any:
