@@ -92,8 +92,6 @@ KINDS = {
 
 def kind_questions(kind: str) -> list[Question]:
     """Every question of one kind, in a fixed order (index = position within the kind)."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown arithmetic kind {kind!r} (known: {', '.join(KINDS)})")
     return [Question(i, f"What is {expr}?", value) for i, (expr, value) in enumerate(KINDS[kind][1]())]
 
 
@@ -133,8 +131,6 @@ TASKS = ("arith", *KIND_TASKS)  # every built-in task (they read no data.source)
 def kind_split(task: str, seed: int) -> dict[str, list[Question]]:
     """Seeded disjoint train/dev/test split of a kind task's questions (its kinds one after another, indexed
     across them): per kind, a seeded permutation gives its test, then dev, then (up to the cap) train questions."""
-    if task not in KIND_TASKS:
-        raise ValueError(f"{task!r} is not a task built from kinds (known: {', '.join(KIND_TASKS)})")
     questions: list[Question] = []
     parts: dict[str, list[int]] = {"train": [], "dev": [], "test": []}
     for number, (kind, (test, dev, train)) in enumerate(KIND_TASKS[task].items()):
@@ -145,9 +141,8 @@ def kind_split(task: str, seed: int) -> dict[str, list[Question]]:
             raise ValueError(f"{task} kind {kind}: {size} questions cannot give {test} test + {dev} dev + train")
         salt = np.random.SeedSequence([seed, _SPLIT_SALT[task], number])
         order = start + np.random.default_rng(salt).permutation(size)
-        parts["test"] += order[:test].tolist()
-        parts["dev"] += order[test:test + dev].tolist()
-        parts["train"] += order[test + dev:test + dev + train].tolist()
+        for name, part in zip(("test", "dev", "train"), np.split(order, [test, test + dev, test + dev + train])):
+            parts[name] += part.tolist()
     return {name: [questions[i] for i in sorted(idx)] for name, idx in parts.items()}
 
 

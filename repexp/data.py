@@ -230,7 +230,7 @@ def _answer_text(value: Any) -> str:
     return str(value).strip()
 
 
-def math_problems(table: RawTable, split: str, data_source: str = MATH_DATA_SOURCE) -> list[Problem]:
+def math_problems(table: RawTable, split: str) -> list[Problem]:
     from repexp.verify import last_boxed
 
     problems = []
@@ -240,7 +240,7 @@ def math_problems(table: RawTable, split: str, data_source: str = MATH_DATA_SOUR
         answer = _field(table, i, row, "answer", required=False)
         if answer is None:  # the Hub copy has no answer column: derive it as the local files did
             answer = last_boxed(solution) or ""
-        problems.append(Problem(f"math/{split}/{i}", "math", split, i, question, _answer_text(answer), data_source,
+        problems.append(Problem(f"math/{split}/{i}", "math", split, i, question, _answer_text(answer), MATH_DATA_SOURCE,
                                 solution, level=None if row.get("level") is None else str(row["level"]),
                                 subject=row.get("type") or row.get("subject"), unique_id=row.get("unique_id")))
     return problems
@@ -342,12 +342,11 @@ def build(task: str, tables: dict[str, RawTable], options: Options) -> Prepared:
     if task == "math":
         train = math_problems(tables["math_train"], "train")
         test_pool = math_problems(tables["math_test"], "test")
-        dev_rows = math_problems(tables["math500"], "test", data_source=MATH_DATA_SOURCE)
-        if all(p.unique_id for p in test_pool) and all(p.unique_id for p in dev_rows):
-            keys, members, how = [p.unique_id for p in test_pool], [p.unique_id for p in dev_rows], "unique_id"
-        else:  # the Hub's MATH-lighteval has no unique_id: match MATH-500 by problem text
-            keys = [sp.normalize_text(p.question) for p in test_pool]
-            members, how = [sp.normalize_text(p.question) for p in dev_rows], "problem text"
+        dev_rows = math_problems(tables["math500"], "test")
+        # the Hub's MATH-lighteval has no unique_id: then MATH-500 is matched by problem text
+        how = "unique_id" if all(p.unique_id for p in test_pool + dev_rows) else "problem text"
+        key = (lambda p: p.unique_id) if how == "unique_id" else (lambda p: sp.normalize_text(p.question))
+        keys, members = [key(p) for p in test_pool], [key(p) for p in dev_rows]
         try:
             dev_idx, test_idx = sp.split_by_membership(keys, members, what=f"MATH-500 in MATH test (by {how})")
         except sp.SplitError as err:
