@@ -9,6 +9,8 @@
 # -> eval(test) -> aggregate -> figures.
 # This file only configures and includes; Python helpers live in workflow/rules/common.smk.
 
+import dataclasses
+
 from snakemake.utils import min_version, validate
 
 from repexp import config as C
@@ -38,7 +40,7 @@ except C.ConfigError as err:
 # From here on `config` is the parsed config: every key present with its default, numbers as
 # numbers, the `set=` overrides applied (rules read the job-path version, CFG, from common.smk).
 config.clear()
-config.update(C.as_dict(PARSED_CONFIG))
+config.update(dataclasses.asdict(PARSED_CONFIG))
 validate(config, "configs/schema.yaml")
 
 

@@ -210,9 +210,7 @@ def aggregate_dir(results: PathLike) -> Path:
     return Path(results) / AGGREGATE_DIR
 
 
-def aggregate_file(results: PathLike, name: str) -> Path:
-    if name not in AGGREGATE_FILES:
-        raise ValueError(f"{name}: not an aggregate output ({', '.join(AGGREGATE_FILES)})")
+def aggregate_file(results: PathLike, name: str) -> Path:  # name: one of AGGREGATE_FILES
     return aggregate_dir(results) / name
 
 

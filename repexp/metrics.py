@@ -163,10 +163,8 @@ def testtime_metrics(result: dict[str, Any]) -> dict[str, float]:
     point's parent run log. Here, not in `repexp.testtime.core`, so the tracking layer and `aggregate`
     read a stage's output without importing the stage."""
     metrics: dict[str, float] = {}
-    ks = result["k"]
-    eff = result["efficiency"]
-    for k, ratio in zip(eff["reference_k"], eff["ratio"]):
-        at = ks.index(k)
+    for k, ratio in zip(result["efficiency"]["reference_k"], result["efficiency"]["ratio"]):
+        at = result["k"].index(k)
         metrics[testtime_pass_at_k(k, "repexp")] = float(result["pass_at_k_repexp"][at])
         metrics[testtime_pass_at_k(k, "random")] = float(result["pass_at_k_random"][at])
         if ratio is not None:

@@ -175,11 +175,6 @@ def parse_files(raw: Mapping, files: Sequence[str | Path] = ()) -> PipelineConfi
     return parse(raw)
 
 
-
-def as_dict(cfg: PipelineConfig) -> dict:
-    """Plain Python containers (what Snakemake's `validate` and the config snapshot see)."""
-    return dataclasses.asdict(cfg)
-
 # --------------------------------------------------------------------------- writing YAML
 
 
