@@ -62,11 +62,8 @@ def split_metric(split: str, name: str) -> str:
     return f"{split}/{name}"
 
 
-PASS_AT_K_TABLE = "pass_at_k_curve.json"  # `<split>/pass_at_k_curve.json`: the full curve, k = 1..n
-
-
-def pass_at_k_table(split: str) -> str:
-    return split_metric(split, PASS_AT_K_TABLE)
+def pass_at_k_table(split: str) -> str:  # the full curve, k = 1..n (an MLflow table)
+    return split_metric(split, "pass_at_k_curve.json")
 
 
 # --------------------------------------------------------------------------- training

@@ -9,6 +9,7 @@ returned sorted, so outputs keep the source's row order.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -149,17 +150,15 @@ def check_disjoint(splits: dict[str, Sequence[SplitRow]], *, may_share: Iterable
             seen.add(row.problem_id)
         ids[name] = seen
         texts[name] = {normalize_text(row.text): row.problem_id for row in rows}
-    names = list(splits)
     problems = []
-    for i, a in enumerate(names):
-        for b in names[i + 1 :]:
-            if frozenset((a, b)) in allowed:
-                continue
-            shared_ids = ids[a] & ids[b]
-            shared_texts = texts[a].keys() & texts[b].keys()
-            if shared_ids or shared_texts:
-                examples = sorted(shared_ids)[:3] + [f"{texts[a][t]} = {texts[b][t]}" for t in sorted(shared_texts)[:3]]
-                problems.append(f"{a}/{b}: {len(shared_ids)} shared problem_ids, {len(shared_texts)} shared problem "
-                                f"texts (e.g. {examples})")
+    for a, b in itertools.combinations(splits, 2):
+        if frozenset((a, b)) in allowed:
+            continue
+        shared_ids = ids[a] & ids[b]
+        shared_texts = texts[a].keys() & texts[b].keys()
+        if shared_ids or shared_texts:
+            examples = sorted(shared_ids)[:3] + [f"{texts[a][t]} = {texts[b][t]}" for t in sorted(shared_texts)[:3]]
+            problems.append(f"{a}/{b}: {len(shared_ids)} shared problem_ids, {len(shared_texts)} shared problem "
+                            f"texts (e.g. {examples})")
     if problems:
         raise SplitError("splits overlap: " + "; ".join(problems))

@@ -1,7 +1,6 @@
-"""The pipeline config: dataclasses, read as an OmegaConf structured config, one validation, one composition per job.
+"""The pipeline config: dataclasses read as an OmegaConf structured config, one validation, one composition per job.
 
-The package re-exports its modules' public names, so `from repexp import config as C` and `C.load(...)`,
-`C.compose`, `C.TASKS`, `C.ConfigError`, ... read the same everywhere:
+The package re-exports its modules' public names (`C.load`, `C.compose`, `C.TASKS`, `C.ConfigError`, ...):
 
 - `model`: the constants and dataclasses, the single source of keys, types, defaults and per-field rules;
 - `loading`: strict YAML and `parse` (YAML mapping + `set=` overrides → a typed `PipelineConfig`);
@@ -10,9 +9,8 @@ The package re-exports its modules' public names, so `from repexp import config 
 - `runs`: run names, the sweep's runs, and `compose` (one job's `RunConfig`) with the training hash;
 - `schema`: `configs/schema.yaml` generated from the same dataclasses, kept in sync by a test.
 
-The modules import one another in that order (model <- loading <- runs <- rules; schema <- model),
-never back; `rules` and `repexp.plan` import each other (the cost rule), the package's one circle.
-Pure: OmegaConf and PyYAML only (imported where used).
+Imports run model <- loading <- runs <- rules and schema <- model; rules <-> `repexp.plan` (the cost rule)
+is the one circle. Pure: OmegaConf and PyYAML only (imported where used).
 """
 
 # The public API: every public name of the five modules (none defines a name another one defines).

@@ -1,10 +1,6 @@
 """The pipeline config's model: its constants and dataclasses, the single source of its keys, types, defaults
-and per-field rules (`help`, `minimum`, `enum`, ... in each field's metadata).
-
-Everything else in `repexp.config` reads these: `loading` parses YAML onto them, `rules` applies their
-per-field and cross-field rules, `runs` resolves one job's `RunConfig` from them and `schema` writes
-them as `configs/schema.yaml`. `ConfigError` is here, at the bottom of the package, because every
-layer above raises it.
+and per-field rules (`help`, `minimum`, `enum`, ... in each field's metadata), which the other modules of
+`repexp.config` read. `ConfigError` is here, at the bottom of the package, because every layer above raises it.
 
 Pure: no imports beyond the standard library and the repexp modules the defaults come from.
 """
