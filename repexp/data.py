@@ -400,10 +400,8 @@ def build(task: str, tables: dict[str, RawTable], options: Options) -> Prepared:
     for name, rows in result.items():
         if not rows:
             raise DataError(f"{task}: the {name} split is empty")
-    sp.check_disjoint(
-        {name: [sp.SplitRow(p.problem_id, p.question) for p in rows] for name, rows in result.items()},
-        may_share=[("dev", "test")] if dev_equals_test else [],
-    )
+    sp.check_disjoint({name: [sp.SplitRow(p.problem_id, p.question) for p in rows] for name, rows in result.items()},
+                      may_share=[("dev", "test")] if dev_equals_test else [])
     return Prepared(task, result, dropped, dev_equals_test, notes)
 
 
@@ -503,10 +501,8 @@ def prepare(task: str, out_dir: str | Path, *, source: str, options: Options, da
         "task": task,
         "seed": options.seed,
         "source": source,
-        "inputs": {
-            name: {"origin": t.origin, "kind": t.kind, "rows": len(t.rows), "sha256": t.sha256}
-            for name, t in sorted(tables.items())
-        },
+        "inputs": {name: {"origin": t.origin, "kind": t.kind, "rows": len(t.rows), "sha256": t.sha256}
+                   for name, t in sorted(tables.items())},
         "options": {
             **{f"limit_{name}": getattr(options, f"limit_{name}") for name in SPLITS},
             "gsm8k_dev_size": options.gsm8k_dev_size if task == "gsm8k" else None,

@@ -220,10 +220,9 @@ def group_metrics(fractions: dict[str, float], verifier: Any, shaped: Any) -> di
     verifier = np.asarray(verifier, dtype=np.float64).reshape(-1)
     if verifier.size == 0:
         return {}
-    metrics = {group_fraction(status): float(fractions[status]) for status in GROUP_STATUSES}
-    metrics[REWARD_VERIFIER_MEAN] = float(verifier.mean())
-    metrics[REWARD_SHAPED_MEAN] = float(np.mean(np.asarray(shaped, dtype=np.float64)))
-    return metrics
+    return {**{group_fraction(status): float(fractions[status]) for status in GROUP_STATUSES},
+            REWARD_VERIFIER_MEAN: float(verifier.mean()),
+            REWARD_SHAPED_MEAN: float(np.mean(np.asarray(shaped, dtype=np.float64)))}
 
 
 def distinct_fraction(
@@ -258,7 +257,5 @@ def dev_metrics(num_samples: Any, num_correct: Any) -> dict[str, float]:
         raise ValueError("validation produced no problems")
     ks = power_of_two_ks(int(n.min()))
     values = estimate(n, np.asarray(num_correct, dtype=np.int64), ks).mean(axis=0)
-    metrics = {pass_at_k(DEV, k): float(v) for k, v in zip(ks, values, strict=True)}
-    metrics[DEV_NUM_PROBLEMS] = float(n.size)
-    metrics[DEV_SAMPLES_PER_PROBLEM] = float(n.min())
-    return metrics
+    return {**{pass_at_k(DEV, k): float(v) for k, v in zip(ks, values, strict=True)},
+            DEV_NUM_PROBLEMS: float(n.size), DEV_SAMPLES_PER_PROBLEM: float(n.min())}

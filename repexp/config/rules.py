@@ -64,10 +64,9 @@ def check_fields(obj: Any, prefix: str = "") -> None:
         if dataclasses.is_dataclass(value):
             check_fields(value, key + ".")
         elif isinstance(value, dict):
-            if "keys" in f.metadata:
-                unknown = sorted(set(value) - set(f.metadata["keys"]))
-                if unknown:
-                    raise ConfigError(f"{key}.{unknown[0]}: unknown name (known: {', '.join(f.metadata['keys'])})")
+            unknown = sorted(set(value) - set(f.metadata.get("keys", value)))  # `keys`: the names it may have
+            if unknown:
+                raise ConfigError(f"{key}.{unknown[0]}: unknown name (known: {', '.join(f.metadata['keys'])})")
             for name, item in value.items():
                 if dataclasses.is_dataclass(item):
                     check_fields(item, f"{key}.{name}.")
