@@ -47,6 +47,14 @@ def group_normalized(rewards: torch.Tensor, group_size: int, epsilon: float = GR
     return normalized.view(-1).float()
 
 
+def prompt_token_ids(tokenizer: Any, prompt: Any) -> list[int]:
+    """The prompt's token ids exactly as TRL renders them: a chat's template with the generation prompt."""
+    if isinstance(prompt, str):
+        return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    rendered = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)
+    return list(rendered["input_ids"])
+
+
 class RepExpReward:
     """Callable TRL reward function (see the module docstring): returns the group-normalised
     shaped reward; `last_shaped` keeps α·score + β·bonus of the last call. Stateful only through
@@ -171,16 +179,23 @@ class RepExpReward:
         batch = len(completion_ids)
         if batch % self.n:
             raise ValueError(f"{batch} completions is not a whole number of groups of n_rollouts={self.n}")
-        self._check_groups(prompts)
+        # TRL's RepeatSampler puts a prompt's n completions next to each other; the bonus relies on it.
+        for start in range(0, len(prompts), self.n):
+            if any(prompt != prompts[start] for prompt in prompts[start + 1 : start + self.n]):
+                raise RuntimeError(
+                    f"completions {start}..{start + self.n - 1} do not share one prompt; the bonus needs TRL's "
+                    "grouping of num_generations consecutive completions per prompt (one process only)"
+                )
         groups = [i // self.n for i in range(batch)]
         extrinsic = torch.tensor(scores, dtype=torch.float64)
         metrics: dict[str, float] = {}
         if self.enabled:
             backbone = self.backbone  # loaded on first use, outside the timed forward
             start = time.perf_counter()
+            rendered = [prompt_token_ids(self.tokenizer, prompt) for prompt in prompts[:: self.n]]  # once a group
             features = completion_features(
                 backbone,
-                self._prompt_token_ids(prompts),
+                [ids for ids in rendered for _ in range(self.n)],
                 completion_ids,
                 pad_token_id=self.tokenizer.pad_token_id,
                 micro_batch_size=self.cfg.trl.bonus_micro_batch_size,
@@ -200,27 +215,3 @@ class RepExpReward:
             metrics.update(group_metrics(groups, extrinsic, shaped=shaped))
         metrics.update(metric_names.distinct_fraction(groups, completion_ids))
         return shaped, metrics
-
-    def _check_groups(self, prompts: Sequence[Any]) -> None:
-        # TRL's RepeatSampler puts a prompt's n completions next to each other; the bonus relies on it.
-        for start in range(0, len(prompts), self.n):
-            first = prompts[start]
-            if any(prompts[i] != first for i in range(start + 1, start + self.n)):
-                raise RuntimeError(
-                    f"completions {start}..{start + self.n - 1} do not share one prompt; the bonus needs TRL's "
-                    "grouping of num_generations consecutive completions per prompt (one process only)"
-                )
-
-    def _prompt_token_ids(self, prompts: Sequence[Any]) -> list[list[int]]:
-        """Prompt token ids exactly as TRL renders them (chat template with the generation prompt), rendered
-        once per group of n completions (`_check_groups` ran)."""
-        ids = []
-        for prompt in prompts[:: self.n]:
-            if isinstance(prompt, str):
-                rendered = self.tokenizer(prompt, add_special_tokens=False)
-            else:
-                rendered = self.tokenizer.apply_chat_template(
-                    prompt, add_generation_prompt=True, tokenize=True, return_dict=True
-                )
-            ids += [list(rendered["input_ids"])] * self.n
-        return ids
