@@ -1,27 +1,23 @@
 """`RepExpReward`: the one TRL reward function of a run, returning α·score + β·bonus per completion.
 
-TRL calls it once per generation batch (one training step) with every completion of the step;
-completions i·n … i·n + n − 1 share a prompt (TRL's RepeatSampler). Per call:
+TRL calls it once per generation batch (one training step); completions i·n … i·n + n − 1 share a
+prompt (TRL's RepeatSampler). Each decoded completion is scored by `repexp.verify.score` under the
+run's grader; β > 0 only (β = 0 never loads the representation model), the frozen model's features
+(`repexp.features.completion_features`) go through the step verl runs too
+(`repexp.bonus_step.compute_step_bonus`, persistent covariance keyed by `extra_info.index`) in
+float32, the precision this reward has always had.
 
-1. decode each completion (special tokens skipped, as in evaluation) and score it with
-   `repexp.verify.score` under the run's grader (0/1);
-2. β > 0 only: mean-pool the frozen representation model's last hidden state over each
-   completion (`repexp.features.completion_features`);
-3. `repexp.bonus_step.compute_step_bonus`, the step verl runs too (persistent covariance keyed by
-   `extra_info.index`), in float32, the precision this reward has always had. β = 0:
-   `repexp.bonus_step.group_metrics` of α·score;
-4. the shaped reward is normalised within each group exactly as verl's GRPO advantage,
-   (r − mean) / (unbiased std + 1e-6), and returned; TRL runs with `scale_rewards="none"`, so
-   its own mean subtraction leaves these values unchanged. (TRL's group scaling would divide by
-   std + 1e-4, which damps the advantage of groups whose shaped rewards differ only by a small
-   β·bonus spread, e.g. all-correct groups: the two backends would no longer agree.)
-
-β = 0 never loads the representation model. Metrics use the names shared with the verl
-backend (docs/architecture.md); `rollout/distinct_frac` and the timings are added here.
+The shaped reward is returned normalised within each group exactly as verl's GRPO advantage,
+(r − mean) / (unbiased std + 1e-6); TRL runs with `scale_rewards="none"`, so its own mean
+subtraction leaves these values unchanged. (TRL's group scaling would divide by std + 1e-4, which
+damps the advantage of groups whose shaped rewards differ only by a small β·bonus spread, e.g.
+all-correct groups: the two backends would no longer agree.) Metrics use the names shared with the
+verl backend (docs/architecture.md); `rollout/distinct_frac` and the timings are added here.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -77,9 +73,9 @@ class RepExpReward:
         self.n = cfg.train.n_rollouts
         self.beta = float(cfg.beta)
         self.optimizer_steps_per_step = optimizer_steps_per_step
-        self.device = device
-        self.dtype = dtype
-        self._backbone_loader = backbone_loader
+        key = "bonus.representation_model" if cfg.bonus.representation_model else "model"
+        self._backbone_loader = backbone_loader or functools.partial(
+            load_backbone, cfg.bonus.representation_model or cfg.model, dtype=dtype, device=device, key=key)
         self._backbone: Optional[torch.nn.Module] = None
         # projection and persistent covariance across steps; β = 0 runs have no sparse_dim and no bonus
         self._state = BonusState(cfg.bonus, sparse_dim=cfg.sparse_dim, seed=cfg.seed) if self.enabled else None
@@ -100,12 +96,7 @@ class RepExpReward:
         if self._backbone is None:
             if not self.enabled:
                 raise RuntimeError("the representation model is not used when beta is 0")
-            if self._backbone_loader is not None:
-                self._backbone = self._backbone_loader()
-            else:
-                path = self.cfg.bonus.representation_model or self.cfg.model
-                key = "bonus.representation_model" if self.cfg.bonus.representation_model else "model"
-                self._backbone = load_backbone(path, dtype=self.dtype, device=self.device, key=key)
+            self._backbone = self._backbone_loader()
             vocab = getattr(self._backbone.config, "vocab_size", None)
             if vocab is not None and vocab < len(self.tokenizer):
                 raise ConfigError(

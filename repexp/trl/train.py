@@ -53,8 +53,6 @@ from repexp.trl import settings as trl_settings
 from repexp.trl.runlog import MetricsLog, MlflowSink
 from repexp.walltime import ChunkClock, write_chunk_end
 
-REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model", "extra_info")
-
 
 @dataclasses.dataclass
 class TrainResult:
@@ -78,7 +76,7 @@ def read_split(data_dir: str | Path, split: str) -> list[dict]:
         table = pq.read_table(path)
     except Exception as err:  # noqa: BLE001 - pyarrow raises ArrowInvalid/OSError for corrupt files
         raise ValueError(f"{path}: not a readable parquet file ({err})") from None
-    missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
+    missing = [c for c in ("data_source", "prompt", "reward_model", "extra_info") if c not in table.column_names]
     if missing:
         raise ValueError(f"{path}: missing column(s) {', '.join(missing)} (expected verl's row format)")
     rows = table.to_pylist()
@@ -94,13 +92,9 @@ def drop_long_prompts(rows: list[dict], tokenizer: Any, max_prompt_length: int) 
     """Rows whose rendered prompt fits max_prompt_length (verl's filter_overlong_prompts), with their ids."""
     from repexp.trl.reward import prompt_token_ids
 
-    kept, ids = [], []
-    for row in rows:
-        tokens = prompt_token_ids(tokenizer, row["prompt"])
-        if len(tokens) <= max_prompt_length:
-            kept.append(row)
-            ids.append(tokens)
-    return kept, ids
+    ids = [prompt_token_ids(tokenizer, row["prompt"]) for row in rows]
+    kept = [i for i, tokens in enumerate(ids) if len(tokens) <= max_prompt_length]
+    return [rows[i] for i in kept], [ids[i] for i in kept]
 
 
 # --------------------------------------------------------------------------- run directory
@@ -331,11 +325,10 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
         cfg, tokenizer, optimizer_steps_per_step=plan.optimizer_steps_per_step, device=device,
         dtype=torch.bfloat16 if cfg.trl.dtype == "bfloat16" else torch.float32, backbone_loader=backbone_loader,
     )
-    training_time = TrainingTime.resume(checkpoint_dir(run_dir, resume_step) if resume_step is not None else None,
-                                        started=attempt_started)
-    final_step = plan.total_steps
+    resume_dir = checkpoint_dir(run_dir, resume_step) if resume_step is not None else None
+    training_time = TrainingTime.resume(resume_dir, started=attempt_started)
     trainer = None
-    if resume_step is None or resume_step < final_step:
+    if resume_step is None or resume_step < plan.total_steps:
         from datasets import Dataset
         from trl import GRPOConfig
 
@@ -350,12 +343,10 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
             training_time=training_time, clock=ChunkClock(deadline),
         )
         trainer.add_callback(callback)
-        checkpoint = None
-        if resume_step is not None:
-            checkpoint = checkpoint_dir(run_dir, resume_step)
-            reward.load_state(checkpoint)
+        if resume_dir is not None:
+            reward.load_state(resume_dir)
         try:
-            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+            trainer.train(resume_from_checkpoint=str(resume_dir) if resume_dir else None)
         finally:  # a save that failed half-way (a full disk) frees its space now, not at the next attempt
             shutil.rmtree(run_dir / layout.TRL_STAGING_DIR, ignore_errors=True)
         if callback.chunk_end is not None:
@@ -365,8 +356,8 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
             return TrainResult(run_dir, None, reward, trainer)
 
     final = complete_steps(run_dir)
-    if not final or final[-1] != final_step:
-        raise RuntimeError(f"{run_dir}: training ended without a checkpoint of the last step {final_step}")
+    if not final or final[-1] != plan.total_steps:
+        raise RuntimeError(f"{run_dir}: training ended without a checkpoint of the last step {plan.total_steps}")
     done = write_done(run_dir, backend="trl", final_step=final[-1], tracker=tracker,
                       wall_time_s=time.time() - started, resumed_from_step=resume_step)
     return TrainResult(run_dir, done, reward, trainer)

@@ -11,8 +11,7 @@ k = 1, 2, 4, … ≤ val_n (and val_n), and the problem and sample counts.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -27,31 +26,12 @@ def validation_seed(seed: int, step: int) -> int:
     return int(state >> np.uint64(1))
 
 
-@contextlib.contextmanager
-def _inference_mode(model: torch.nn.Module) -> Iterator[None]:
-    """Eval mode with the KV cache usable, restoring train mode and gradient checkpointing after."""
-    was_training = model.training
-    checkpointing = bool(getattr(model, "is_gradient_checkpointing", False))
-    if checkpointing:
-        model.gradient_checkpointing_disable()
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        if checkpointing:
-            model.gradient_checkpointing_enable()
-        model.train(was_training)
-
-
 def validate(model: Any, step: int, *, rows: Sequence[dict], prompt_ids: Sequence[list[int]], cfg: Any,
              tokenizer: Any, eos_token_ids: Sequence[int]) -> dict[str, float]:
     """Dev pass@k of `model` at `step` on the dev `rows` (verl's row format; `prompt_ids`: each one's rendered
     prompt) under the run config `cfg` (a RunConfig)."""
     from transformers import GenerationConfig
 
-    if not rows:
-        raise ValueError("the dev set is empty; cannot validate")
     n, pad_token_id, prompts_per_call = cfg.train.val_n, tokenizer.pad_token_id, cfg.trl.eval_batch_size
     device = next(model.parameters()).device
     config = GenerationConfig(
@@ -62,7 +42,12 @@ def validate(model: Any, step: int, *, rows: Sequence[dict], prompt_ids: Sequenc
     eos = torch.tensor(list(eos_token_ids), device=device)
     correct = np.zeros(len(rows), dtype=np.int64)
     devices = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), _inference_mode(model):
+    # eval mode with the KV cache usable; train mode and gradient checkpointing are restored after
+    was_training, checkpointing = model.training, bool(getattr(model, "is_gradient_checkpointing", False))
+    if checkpointing:
+        model.gradient_checkpointing_disable()
+    model.eval()
+    with torch.random.fork_rng(devices=devices), torch.no_grad():
         torch.manual_seed(validation_seed(cfg.seed, step))
         for start in range(0, len(rows), prompts_per_call):
             chunk = prompt_ids[start : start + prompts_per_call]
@@ -84,4 +69,7 @@ def validate(model: Any, step: int, *, rows: Sequence[dict], prompt_ids: Sequenc
                 row = rows[start + i // n]
                 truth = str(row["reward_model"]["ground_truth"])
                 correct[start + i // n] += int(verify.score(row["data_source"], text, truth, grader=cfg.grader) > 0)
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train(was_training)
     return dev_metrics(n, correct)
