@@ -35,9 +35,7 @@ GRPO_EPSILON = 1e-6  # verl's compute_grpo_outcome_advantage
 
 
 def group_normalized(rewards: torch.Tensor, group_size: int, epsilon: float = GRPO_EPSILON) -> torch.Tensor:
-    """verl's GRPO advantage of consecutive groups: (r − group mean) / (group unbiased std + ε)."""
-    if group_size < 2 or rewards.numel() % group_size:
-        raise ValueError(f"{rewards.numel()} rewards do not form groups of {group_size} (>= 2) rollouts")
+    """verl's GRPO advantage of consecutive groups (`shape` checks them): (r − mean) / (unbiased std + ε)."""
     grouped = rewards.double().view(-1, group_size)
     normalized = (grouped - grouped.mean(dim=1, keepdim=True)) / (grouped.std(dim=1, keepdim=True) + epsilon)
     return normalized.view(-1).float()
