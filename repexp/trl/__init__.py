@@ -1,14 +1,12 @@
 """The local trainer backend: RepExp as one reward function on TRL's `GRPOTrainer`.
 
 Runs the whole experiment on a laptop, in CI or on one GPU (no Ray, no vLLM). See
-docs/trl_backend.md for the config mapping and the run-directory contract. The features are
-`repexp.features`' (shared with the verl backend and test-time).
+docs/trl_backend.md for the config mapping and the run-directory contract.
 
 - `settings`   pure: RunConfig -> step plan and GRPOConfig keyword arguments; unsupported
                settings fail here with the config key in the message.
-- `reward`     `RepExpReward`: verifier scores, frozen-model features (`repexp.features`), then the
-               step verl runs too (`repexp.bonus_step`: bonus, turn-off rules, shaped reward
-               α·score + β·bonus, the shared metrics), group-normalised as verl's GRPO advantage.
+- `reward`     `RepExpReward`: verifier scores, frozen-model features (`repexp.features`) and the
+               step verl runs too (`repexp.bonus_step`), group-normalised as verl's GRPO advantage.
 - `validation` dev pass@k with the in-memory policy (HF `generate`, seeded per step).
 - `runlog`     `metrics.jsonl` writer and the optional MLflow sink (never fails training).
 - `train`      ``python -m repexp.trl.train --config job.yaml``: data, trainer, checkpoints, resume.

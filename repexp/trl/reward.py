@@ -1,27 +1,23 @@
 """`RepExpReward`: the one TRL reward function of a run, returning α·score + β·bonus per completion.
 
-TRL calls it once per generation batch (one training step) with every completion of the step;
-completions i·n … i·n + n − 1 share a prompt (TRL's RepeatSampler). Per call:
+TRL calls it once per generation batch (one training step); completions i·n … i·n + n − 1 share a
+prompt (TRL's RepeatSampler). Each decoded completion is scored by `repexp.verify.score` under the
+run's grader; β > 0 only (β = 0 never loads the representation model), the frozen model's features
+(`repexp.features.completion_features`) go through the step verl runs too
+(`repexp.bonus_step.compute_step_bonus`, persistent covariance keyed by `extra_info.index`) in
+float32, the precision this reward has always had.
 
-1. decode each completion (special tokens skipped, as in evaluation) and score it with
-   `repexp.verify.score` under the run's grader (0/1);
-2. β > 0 only: mean-pool the frozen representation model's last hidden state over each
-   completion (`repexp.features.completion_features`);
-3. `repexp.bonus_step.compute_step_bonus`, the step verl runs too (persistent covariance keyed by
-   `extra_info.index`), in float32, the precision this reward has always had. β = 0:
-   `repexp.bonus_step.group_metrics` of α·score;
-4. the shaped reward is normalised within each group exactly as verl's GRPO advantage,
-   (r − mean) / (unbiased std + 1e-6), and returned; TRL runs with `scale_rewards="none"`, so
-   its own mean subtraction leaves these values unchanged. (TRL's group scaling would divide by
-   std + 1e-4, which damps the advantage of groups whose shaped rewards differ only by a small
-   β·bonus spread, e.g. all-correct groups: the two backends would no longer agree.)
-
-β = 0 never loads the representation model. Metrics use the names shared with the verl
-backend (docs/architecture.md); `rollout/distinct_frac` and the timings are added here.
+The shaped reward is returned normalised within each group exactly as verl's GRPO advantage,
+(r − mean) / (unbiased std + 1e-6); TRL runs with `scale_rewards="none"`, so its own mean
+subtraction leaves these values unchanged. (TRL's group scaling would divide by std + 1e-4, which
+damps the advantage of groups whose shaped rewards differ only by a small β·bonus spread, e.g.
+all-correct groups: the two backends would no longer agree.) Metrics use the names shared with the
+verl backend (docs/architecture.md); `rollout/distinct_frac` and the timings are added here.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -39,12 +35,18 @@ GRPO_EPSILON = 1e-6  # verl's compute_grpo_outcome_advantage
 
 
 def group_normalized(rewards: torch.Tensor, group_size: int, epsilon: float = GRPO_EPSILON) -> torch.Tensor:
-    """verl's GRPO advantage of consecutive groups: (r − group mean) / (group unbiased std + ε)."""
-    if group_size < 2 or rewards.numel() % group_size:
-        raise ValueError(f"{rewards.numel()} rewards do not form groups of {group_size} (>= 2) rollouts")
+    """verl's GRPO advantage of consecutive groups (`shape` checks them): (r − mean) / (unbiased std + ε)."""
     grouped = rewards.double().view(-1, group_size)
     normalized = (grouped - grouped.mean(dim=1, keepdim=True)) / (grouped.std(dim=1, keepdim=True) + epsilon)
     return normalized.view(-1).float()
+
+
+def prompt_token_ids(tokenizer: Any, prompt: Any) -> list[int]:
+    """The prompt's token ids exactly as TRL renders them: a chat's template with the generation prompt."""
+    if isinstance(prompt, str):
+        return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    rendered = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)
+    return list(rendered["input_ids"])
 
 
 class RepExpReward:
@@ -69,9 +71,9 @@ class RepExpReward:
         self.n = cfg.train.n_rollouts
         self.beta = float(cfg.beta)
         self.optimizer_steps_per_step = optimizer_steps_per_step
-        self.device = device
-        self.dtype = dtype
-        self._backbone_loader = backbone_loader
+        key = "bonus.representation_model" if cfg.bonus.representation_model else "model"
+        self._backbone_loader = backbone_loader or functools.partial(
+            load_backbone, cfg.bonus.representation_model or cfg.model, dtype=dtype, device=device, key=key)
         self._backbone: Optional[torch.nn.Module] = None
         # projection and persistent covariance across steps; β = 0 runs have no sparse_dim and no bonus
         self._state = BonusState(cfg.bonus, sparse_dim=cfg.sparse_dim, seed=cfg.seed) if self.enabled else None
@@ -92,12 +94,7 @@ class RepExpReward:
         if self._backbone is None:
             if not self.enabled:
                 raise RuntimeError("the representation model is not used when beta is 0")
-            if self._backbone_loader is not None:
-                self._backbone = self._backbone_loader()
-            else:
-                path = self.cfg.bonus.representation_model or self.cfg.model
-                key = "bonus.representation_model" if self.cfg.bonus.representation_model else "model"
-                self._backbone = load_backbone(path, dtype=self.dtype, device=self.device, key=key)
+            self._backbone = self._backbone_loader()
             vocab = getattr(self._backbone.config, "vocab_size", None)
             if vocab is not None and vocab < len(self.tokenizer):
                 raise ConfigError(
@@ -171,16 +168,23 @@ class RepExpReward:
         batch = len(completion_ids)
         if batch % self.n:
             raise ValueError(f"{batch} completions is not a whole number of groups of n_rollouts={self.n}")
-        self._check_groups(prompts)
+        # TRL's RepeatSampler puts a prompt's n completions next to each other; the bonus relies on it.
+        for start in range(0, len(prompts), self.n):
+            if any(prompt != prompts[start] for prompt in prompts[start + 1 : start + self.n]):
+                raise RuntimeError(
+                    f"completions {start}..{start + self.n - 1} do not share one prompt; the bonus needs TRL's "
+                    "grouping of num_generations consecutive completions per prompt (one process only)"
+                )
         groups = [i // self.n for i in range(batch)]
         extrinsic = torch.tensor(scores, dtype=torch.float64)
         metrics: dict[str, float] = {}
         if self.enabled:
             backbone = self.backbone  # loaded on first use, outside the timed forward
             start = time.perf_counter()
+            rendered = [prompt_token_ids(self.tokenizer, prompt) for prompt in prompts[:: self.n]]  # once a group
             features = completion_features(
                 backbone,
-                self._prompt_token_ids(prompts),
+                [ids for ids in rendered for _ in range(self.n)],
                 completion_ids,
                 pad_token_id=self.tokenizer.pad_token_id,
                 micro_batch_size=self.cfg.trl.bonus_micro_batch_size,
@@ -200,27 +204,3 @@ class RepExpReward:
             metrics.update(group_metrics(groups, extrinsic, shaped=shaped))
         metrics.update(metric_names.distinct_fraction(groups, completion_ids))
         return shaped, metrics
-
-    def _check_groups(self, prompts: Sequence[Any]) -> None:
-        # TRL's RepeatSampler puts a prompt's n completions next to each other; the bonus relies on it.
-        for start in range(0, len(prompts), self.n):
-            first = prompts[start]
-            if any(prompts[i] != first for i in range(start + 1, start + self.n)):
-                raise RuntimeError(
-                    f"completions {start}..{start + self.n - 1} do not share one prompt; the bonus needs TRL's "
-                    "grouping of num_generations consecutive completions per prompt (one process only)"
-                )
-
-    def _prompt_token_ids(self, prompts: Sequence[Any]) -> list[list[int]]:
-        """Prompt token ids exactly as TRL renders them (chat template with the generation prompt), rendered
-        once per group of n completions (`_check_groups` ran)."""
-        ids = []
-        for prompt in prompts[:: self.n]:
-            if isinstance(prompt, str):
-                rendered = self.tokenizer(prompt, add_special_tokens=False)
-            else:
-                rendered = self.tokenizer.apply_chat_template(
-                    prompt, add_generation_prompt=True, tokenize=True, return_dict=True
-                )
-            ids += [list(rendered["input_ids"])] * self.n
-        return ids

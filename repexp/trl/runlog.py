@@ -28,8 +28,6 @@ from repexp import layout, tracking
 from repexp.io import write_text_atomic
 from repexp.metrics import metric_name
 
-METRICS_FILE = layout.METRICS
-
 
 def _jsonable(value: Any) -> Any:
     if hasattr(value, "item"):
@@ -43,7 +41,7 @@ class MetricsLog:
     """Append-only JSON-lines metrics file with resume truncation."""
 
     def __init__(self, run_dir: str | Path):
-        self.path = Path(run_dir) / METRICS_FILE
+        self.path = Path(run_dir) / layout.METRICS
 
     def records(self) -> list[dict]:
         if not self.path.exists():
@@ -67,15 +65,9 @@ class MetricsLog:
         write_text_atomic(self.path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
 
     def append(self, record: dict) -> None:
-        if not isinstance(record.get("step"), int):
-            raise ValueError(f"a metrics record needs an integer 'step', got {record.get('step')!r}")
         clean = {key: _jsonable(value) for key, value in record.items()}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as handle:
             handle.write(json.dumps(clean, sort_keys=True) + "\n")
-            handle.flush()
-
-
 
 
 class MlflowSink:
@@ -125,12 +117,9 @@ class MlflowSink:
             from mlflow.entities import Metric
 
             now = int(time.time() * 1000)
-            entries = [
-                Metric(metric_name(key), float(value), now, int(step))
-                for key, value in metrics.items()
-                if key != "step" and isinstance(_jsonable(value), (int, float)) and not isinstance(value, bool)
-                and _jsonable(value) is not None
-            ]
+            values = {key: _jsonable(value) for key, value in metrics.items() if key != "step"}
+            entries = [Metric(metric_name(key), float(value), now, int(step)) for key, value in values.items()
+                       if isinstance(value, (int, float)) and not isinstance(value, bool)]  # None: not finite
             for start in range(0, len(entries), 1000):  # MLflow's batch limit
                 # synchronous=None: MLflow decides from MLFLOW_ENABLE_ASYNC_LOGGING; async returns operations
                 self._pending = self._client.log_batch(self.run_id, metrics=entries[start : start + 1000]) or None

@@ -16,10 +16,6 @@ from typing import Any
 from repexp import config as C
 from repexp.config import ConfigError, RunConfig
 
-# AdamW settings verl uses by default (the RepExp recipe does not override them).
-WEIGHT_DECAY = 0.01
-MAX_GRAD_NORM = 1.0
-
 
 @dataclasses.dataclass(frozen=True)
 class StepPlan:
@@ -34,16 +30,8 @@ class StepPlan:
     total_steps: int
 
     @property
-    def sequences_per_step(self) -> int:
-        return self.prompts_per_step * self.n_rollouts
-
-    @property
     def micro_batches_per_step(self) -> int:
-        return self.sequences_per_step // self.micro_batch_size
-
-    @property
-    def max_optimizer_steps(self) -> int:
-        return self.total_steps * self.optimizer_steps_per_step
+        return self.prompts_per_step * self.n_rollouts // self.micro_batch_size
 
     def step_of(self, optimizer_step: int) -> int:
         """Training step that TRL's `global_step` belongs to (completed steps at a boundary)."""
@@ -96,15 +84,16 @@ def grpo_config_kwargs(cfg: RunConfig, plan: StepPlan, *, output_dir: str, use_c
         output_dir=output_dir,
         seed=cfg.seed,
         data_seed=cfg.seed,
-        # optimisation: verl's AdamW defaults, constant learning rate, no warm-up
+        # optimisation: verl's AdamW defaults (the recipe does not override them), constant learning rate,
+        # no warm-up
         learning_rate=train.lr,
         lr_scheduler_type="constant",
         warmup_steps=0,
-        weight_decay=WEIGHT_DECAY,
+        weight_decay=0.01,
         adam_beta1=0.9,
         adam_beta2=0.999,
-        max_grad_norm=MAX_GRAD_NORM,
-        max_steps=plan.max_optimizer_steps,
+        max_grad_norm=1.0,
+        max_steps=plan.total_steps * k,
         # batch shapes: one generation batch per training step, k PPO mini-batches over it
         per_device_train_batch_size=plan.micro_batch_size,
         gradient_accumulation_steps=plan.accumulation_steps,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import shutil
 import sys
@@ -46,12 +47,11 @@ from repexp.checkpoints import (
     write_done,
 )
 from repexp.config import ConfigError, RunConfig, load_run_config
+from repexp.elliptical import projection_seed
 from repexp.io import read_json, write_json_atomic
 from repexp.trl import settings as trl_settings
 from repexp.trl.runlog import MetricsLog, MlflowSink
 from repexp.walltime import ChunkClock, write_chunk_end
-
-REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model", "extra_info")
 
 
 @dataclasses.dataclass
@@ -76,7 +76,7 @@ def read_split(data_dir: str | Path, split: str) -> list[dict]:
         table = pq.read_table(path)
     except Exception as err:  # noqa: BLE001 - pyarrow raises ArrowInvalid/OSError for corrupt files
         raise ValueError(f"{path}: not a readable parquet file ({err})") from None
-    missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
+    missing = [c for c in ("data_source", "prompt", "reward_model", "extra_info") if c not in table.column_names]
     if missing:
         raise ValueError(f"{path}: missing column(s) {', '.join(missing)} (expected verl's row format)")
     rows = table.to_pylist()
@@ -88,21 +88,13 @@ def read_split(data_dir: str | Path, split: str) -> list[dict]:
     return rows
 
 
-def prompt_token_ids(tokenizer: Any, prompt: list[dict]) -> list[int]:
-    """The prompt as TRL renders it: chat template plus the generation prompt."""
-    rendered = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)
-    return list(rendered["input_ids"])
-
-
 def drop_long_prompts(rows: list[dict], tokenizer: Any, max_prompt_length: int) -> tuple[list[dict], list[list[int]]]:
     """Rows whose rendered prompt fits max_prompt_length (verl's filter_overlong_prompts), with their ids."""
-    kept, ids = [], []
-    for row in rows:
-        tokens = prompt_token_ids(tokenizer, row["prompt"])
-        if len(tokens) <= max_prompt_length:
-            kept.append(row)
-            ids.append(tokens)
-    return kept, ids
+    from repexp.trl.reward import prompt_token_ids
+
+    ids = [prompt_token_ids(tokenizer, row["prompt"]) for row in rows]
+    kept = [i for i, tokens in enumerate(ids) if len(tokens) <= max_prompt_length]
+    return [rows[i] for i in kept], [ids[i] for i in kept]
 
 
 # --------------------------------------------------------------------------- run directory
@@ -126,17 +118,10 @@ def prepare_run_dir(run_dir: Path, resume: str) -> Optional[int]:
 RESUME_ONLY = ("optimizer.pt", "scheduler.pt", "rng_state*.pth", "repexp_state*")
 
 
-def rename_metrics(logs: dict) -> dict:
-    """TRL's log keys under verl's names (repexp.metrics.TRL_TO_VERL), without TRL's advantage statistics."""
-    renames, dropped = metric_names.TRL_TO_VERL, metric_names.TRL_DROPPED
-    return {renames.get(key, key): value for key, value in logs.items() if key not in dropped}
-
-
 # --------------------------------------------------------------------------- TRL pieces (imported lazily)
 
 
 def _trainer_class():
-    import numpy as np
     from trl import GRPOTrainer
     from trl.trainer.utils import RepeatSampler
 
@@ -152,9 +137,8 @@ def _trainer_class():
             self.epoch = int(epoch)
 
         def __iter__(self):
-            if self.shuffle:
-                state = np.random.SeedSequence([int(self.seed or 0), self.epoch]).generate_state(1, dtype=np.uint64)[0]
-                self.generator.manual_seed(int(state >> np.uint64(1)))
+            if self.shuffle:  # the same (seed, n) hash as a step's projection seed, here of (seed, epoch)
+                self.generator.manual_seed(projection_seed(self.seed or 0, self.epoch))
             return super().__iter__()
 
     class RepExpGRPOTrainer(GRPOTrainer):
@@ -174,31 +158,24 @@ def _trainer_class():
 def _callback_class():
     from transformers import TrainerCallback
 
+    @dataclasses.dataclass
     class RunCallback(TrainerCallback):
         """Maps TRL's optimizer steps onto training steps: validation, logging, checkpoints."""
 
-        def __init__(
-            self,
-            *,
-            cfg: RunConfig,
-            plan: trl_settings.StepPlan,
-            run_dir: Path,
-            metrics: MetricsLog,
-            tracker: BestDevTracker,
-            mlflow: MlflowSink,
-            reward: Any,
-            validate: Callable[[Any, int], dict],
-            training_time: TrainingTime,
-            clock: ChunkClock,
-        ):
-            self.cfg, self.plan, self.run_dir = cfg, plan, run_dir
-            self.metrics, self.tracker, self.mlflow = metrics, tracker, mlflow
-            self.reward, self.validate = reward, validate
-            self.training_time, self.clock = training_time, clock
-            self.pending: dict = {}
-            self.step_started = time.perf_counter()
-            self.save_requested = time.perf_counter()
-            self.chunk_end: Optional[int] = None  # the step a walltime chunk ended at
+        cfg: RunConfig
+        plan: trl_settings.StepPlan
+        run_dir: Path
+        metrics: MetricsLog
+        tracker: BestDevTracker
+        mlflow: MlflowSink
+        reward: Any
+        validate: Callable[[Any, int], dict]
+        training_time: TrainingTime
+        clock: ChunkClock
+        pending: dict = dataclasses.field(default_factory=dict)
+        step_started: float = dataclasses.field(default_factory=time.perf_counter)
+        save_requested: float = dataclasses.field(default_factory=time.perf_counter)
+        chunk_end: Optional[int] = None  # the step a walltime chunk ended at
 
         def _record(self, record: dict) -> None:
             self.metrics.append(record)
@@ -249,16 +226,17 @@ def _callback_class():
             if not logs or "train_runtime" in logs:  # the end-of-training summary is not a step
                 return
             step = self.plan.step_of(state.global_step)
-            record = {"step": step, **rename_metrics(logs), **self.pending}
+            # TRL's log keys under verl's names, without TRL's advantage statistics
+            renamed = {metric_names.TRL_TO_VERL.get(key, key): value for key, value in logs.items()
+                       if key not in metric_names.TRL_DROPPED}
+            self._record({"step": step, **renamed, **self.pending})
             self.pending = {}
-            self._record(record)
 
         def on_save(self, args, state, control, **kwargs):
             step = self.plan.step_of(state.global_step)
             source = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             target = checkpoint_dir(self.run_dir, step)
-            if target.exists():
-                shutil.rmtree(target)
+            shutil.rmtree(target, ignore_errors=True)
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(source, target)
             self.reward.save_state(target)
@@ -280,24 +258,6 @@ def _callback_class():
 # --------------------------------------------------------------------------- the run
 
 
-def _device(cfg: RunConfig):
-    import torch
-
-    if cfg.trl.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("trl.device: 'cuda' requested but torch.cuda.is_available() is False")
-    if cfg.trl.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(cfg.trl.device)
-
-
-def _cap_gpu_memory(cfg: RunConfig, device) -> None:
-    """Jobs that share one GPU (resources.train.gpu_share) each keep to their fraction of its memory."""
-    import torch
-
-    if device.type == "cuda" and cfg.trl.gpu_memory_fraction is not None:
-        torch.cuda.set_per_process_memory_fraction(cfg.trl.gpu_memory_fraction, device.index or 0)
-
-
 def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Callable] = None,
           deadline: Optional[float] = None) -> TrainResult:
     """Train one run to completion (or finish a killed one). Returns what it wrote to DONE; with a
@@ -305,8 +265,6 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
     checkpoint and `CHUNK_END` (`done` None)."""
     started, attempt_started = time.time(), time.monotonic()
     trl_settings.check_run_config(cfg)
-    if resume not in ("auto", "never"):
-        raise ValueError(f"resume must be 'auto' or 'never', got {resume!r}")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError("trl: the TRL backend runs in one process (the bonus needs every group of a step in it)")
     for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
@@ -323,10 +281,15 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
 
     if cfg.trl.num_threads is not None:
         torch.set_num_threads(cfg.trl.num_threads)
-    device = _device(cfg)
-    _cap_gpu_memory(cfg, device)
+    if cfg.trl.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("trl.device: 'cuda' requested but torch.cuda.is_available() is False")
+    auto = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(auto if cfg.trl.device == "auto" else cfg.trl.device)
+    if device.type == "cuda" and cfg.trl.gpu_memory_fraction is not None:
+        # jobs that share one GPU (resources.train.gpu_share) each keep to their fraction of its memory
+        torch.cuda.set_per_process_memory_fraction(cfg.trl.gpu_memory_fraction, device.index or 0)
     from repexp.trl.reward import RepExpReward
-    from repexp.trl.validation import DevProblem, validate
+    from repexp.trl.validation import validate
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     tokenizer.padding_side = "left"
@@ -362,43 +325,28 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
         cfg, tokenizer, optimizer_steps_per_step=plan.optimizer_steps_per_step, device=device,
         dtype=torch.bfloat16 if cfg.trl.dtype == "bfloat16" else torch.float32, backbone_loader=backbone_loader,
     )
-    training_time = TrainingTime.resume(checkpoint_dir(run_dir, resume_step) if resume_step is not None else None,
-                                        started=attempt_started)
-    final_step = plan.total_steps
+    resume_dir = checkpoint_dir(run_dir, resume_step) if resume_step is not None else None
+    training_time = TrainingTime.resume(resume_dir, started=attempt_started)
     trainer = None
-    if resume_step is None or resume_step < final_step:
+    if resume_step is None or resume_step < plan.total_steps:
         from datasets import Dataset
         from trl import GRPOConfig
 
         policy = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)  # fp32 master weights
-        dev_problems = [
-            DevProblem(ids, row["data_source"], str(row["reward_model"]["ground_truth"]))
-            for row, ids in zip(dev_rows, dev_ids)
-        ]
-        trainer = _trainer_class()(
-            model=policy,
-            reward_funcs=[reward],
-            args=GRPOConfig(**kwargs),
-            train_dataset=Dataset.from_list(train_rows),
-            processing_class=tokenizer,
-        )
-        eos_ids = list(trainer.eos_token_ids)
-
-        def run_validation(model: Any, step: int) -> dict:
-            return validate(model, dev_problems, step=step, cfg=cfg, tokenizer=tokenizer, eos_token_ids=eos_ids)
-
+        trainer = _trainer_class()(model=policy, reward_funcs=[reward], args=GRPOConfig(**kwargs),
+                                   train_dataset=Dataset.from_list(train_rows), processing_class=tokenizer)
+        run_validation = functools.partial(validate, rows=dev_rows, prompt_ids=dev_ids, cfg=cfg, tokenizer=tokenizer,
+                                           eos_token_ids=list(trainer.eos_token_ids))
         callback = _callback_class()(
             cfg=cfg, plan=plan, run_dir=run_dir, metrics=metrics, tracker=tracker,
             mlflow=MlflowSink(tracking_uri=cfg.tracking.tracking_uri), reward=reward, validate=run_validation,
             training_time=training_time, clock=ChunkClock(deadline),
         )
         trainer.add_callback(callback)
-        checkpoint = None
-        if resume_step is not None:
-            checkpoint = checkpoint_dir(run_dir, resume_step)
-            reward.load_state(checkpoint)
+        if resume_dir is not None:
+            reward.load_state(resume_dir)
         try:
-            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+            trainer.train(resume_from_checkpoint=str(resume_dir) if resume_dir else None)
         finally:  # a save that failed half-way (a full disk) frees its space now, not at the next attempt
             shutil.rmtree(run_dir / layout.TRL_STAGING_DIR, ignore_errors=True)
         if callback.chunk_end is not None:
@@ -408,24 +356,20 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
             return TrainResult(run_dir, None, reward, trainer)
 
     final = complete_steps(run_dir)
-    if not final or final[-1] != final_step:
-        raise RuntimeError(f"{run_dir}: training ended without a checkpoint of the last step {final_step}")
+    if not final or final[-1] != plan.total_steps:
+        raise RuntimeError(f"{run_dir}: training ended without a checkpoint of the last step {plan.total_steps}")
     done = write_done(run_dir, backend="trl", final_step=final[-1], tracker=tracker,
                       wall_time_s=time.time() - started, resumed_from_step=resume_step)
     return TrainResult(run_dir, done, reward, trainer)
 
 
-def configure_parser(parser: argparse.ArgumentParser) -> None:
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m repexp.trl.train", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, type=Path, help="the job's resolved RunConfig (job.yaml)")
     parser.add_argument("--resume", choices=["auto", "never"], default="auto",
                         help="auto: continue from the newest complete checkpoint; never: start over")
     parser.add_argument("--deadline", type=float, default=None,
                         help="epoch seconds by which a walltime chunk must have saved and stopped (repexp.walltime)")
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m repexp.trl.train", description=__doc__.splitlines()[0])
-    configure_parser(parser)
     args = parser.parse_args(argv)
     try:
         cfg = load_run_config(args.config)
