@@ -43,7 +43,6 @@ from repexp.tracking.names import ENV_ASYNC_LOGGING
 from repexp.tracking.outputs import split_datasets
 
 STATE_FILE = layout.NODE_STATE  # {"training_hash", "status": running|failed|done}
-DONE_FILE = layout.DONE
 RUN_FILE = layout.MLFLOW_RUN  # the node's MLflow run id, for the trainer (tracking.open_in_background)
 
 
@@ -54,16 +53,36 @@ def run_node(job, *, config=None, attempt: int = 1, snakemake_jobid: Optional[st
     from repexp.jobs import job_hash
 
     run_config = job.config
+    run_dir = Path(run_config.run_dir)
     try:
         attention = node_attention(run_config)
         deadline = chunk_deadline(run_config)
         # built once here to fail before anything starts
-        trainer_command(run_config, Path(run_config.run_dir) / layout.JOB_YAML, attention, mlflow=False,
-                        deadline=deadline)
+        trainer_command(run_config, run_dir / layout.JOB_YAML, attention, mlflow=False, deadline=deadline)
     except (C.ConfigError, ValueError) as err:
         print(f"train: {err}", file=sys.stderr)
         return 2
-    return _train(config, run_config, job_hash(job), attempt, snakemake_jobid, attention, deadline)
+    training_hash = job_hash(job)
+    prepare_run_dir(run_dir, training_hash)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name in (layout.DONE, layout.CHUNK_END, RUN_FILE):
+        (run_dir / name).unlink(missing_ok=True)
+    job_yaml = write_text_atomic(run_dir / layout.JOB_YAML, C.dump_yaml(run_config))
+    state = {"training_hash": training_hash, "status": "running", "attempt": attempt}
+    write_json_atomic(run_dir / STATE_FILE, state)
+
+    restarts = walltime.restart_count()  # the allocations of one SLURM job (chunks, preemption) told apart
+    tags = {"repexp.training_hash": training_hash, "repexp.backend": run_config.backend,
+            **({"slurm.restart_count": restarts} if restarts is not None else {})}
+    node = tracking.prepare_node("train", run_config.task, run_config.run, config=config,
+                                 params=train_params(run_config, attention), tags=tags, attempt=attempt,
+                                 snakemake_jobid=snakemake_jobid)
+    node.log_inputs(split_datasets(Path(run_config.data_dir), ("train", "dev")))  # logged when the run opens
+    try:
+        _run_node(node, run_config, run_dir, job_yaml, state, attention, deadline)
+    except tracking.NodeInterrupted as stop:  # a walltime chunk ended; the node run ended KILLED
+        return next_chunk(stop)
+    return 0
 
 
 def chunk_deadline(run_config) -> Optional[float]:
@@ -115,7 +134,12 @@ def prepare_run_dir(run_dir: Path, training_hash: str) -> Optional[Path]:
     state_path = run_dir / STATE_FILE
     state = read_json(state_path) if state_path.exists() else None
     if state is None:
-        old_hash = _job_yaml_hash(run_dir / layout.JOB_YAML)
+        from repexp import config as C
+
+        try:
+            old_hash = C.training_hash(C.load_run_config(run_dir / layout.JOB_YAML))
+        except Exception:  # noqa: BLE001 - an unreadable old job.yaml just means "unknown"
+            old_hash = None
         if old_hash is None or old_hash == training_hash:
             return None  # nothing says it is stale: let the trainer resume what it finds
         state = {"training_hash": old_hash, "status": "unknown"}
@@ -128,43 +152,6 @@ def prepare_run_dir(run_dir: Path, training_hash: str) -> Optional[Path]:
     os.replace(run_dir, target)
     print(f"train: {run_dir} {why}; moved to {target} and starting over", file=sys.stderr)
     return target
-
-
-def _job_yaml_hash(path: Path) -> Optional[str]:
-    from repexp import config as C
-
-    try:
-        return C.training_hash(C.load_run_config(path))
-    except Exception:  # noqa: BLE001 - an unreadable old job.yaml just means "unknown"
-        return None
-
-
-def _train(cfg, run_config, training_hash: str, attempt: int, snakemake_jobid: Optional[str] = None,
-           attention=None, deadline: Optional[float] = None) -> int:
-    from repexp import config as C
-
-    run_dir = Path(run_config.run_dir)
-    prepare_run_dir(run_dir, training_hash)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / DONE_FILE).unlink(missing_ok=True)
-    (run_dir / layout.CHUNK_END).unlink(missing_ok=True)
-    (run_dir / RUN_FILE).unlink(missing_ok=True)
-    job_yaml = write_text_atomic(run_dir / layout.JOB_YAML, C.dump_yaml(run_config))
-    state = {"training_hash": training_hash, "status": "running", "attempt": attempt}
-    write_json_atomic(run_dir / STATE_FILE, state)
-
-    params = train_params(run_config, attention)
-    restarts = walltime.restart_count()  # the allocations of one SLURM job (chunks, preemption) told apart
-    tags = {"repexp.training_hash": training_hash, "repexp.backend": run_config.backend,
-            **({"slurm.restart_count": restarts} if restarts is not None else {})}
-    node = tracking.prepare_node("train", run_config.task, run_config.run, config=cfg, params=params, tags=tags,
-                                 attempt=attempt, snakemake_jobid=snakemake_jobid)
-    node.log_inputs(split_datasets(Path(run_config.data_dir), ("train", "dev")))  # logged when the run opens
-    try:
-        _run_node(node, run_config, run_dir, job_yaml, state, attention, deadline)
-    except tracking.NodeInterrupted as stop:  # a walltime chunk ended; the node run ended KILLED
-        return next_chunk(stop)
-    return 0
 
 
 def _run_node(node, run_config, run_dir: Path, job_yaml: Path, state: dict, attention, deadline) -> None:
@@ -180,31 +167,32 @@ def _run_node(node, run_config, run_dir: Path, job_yaml: Path, state: dict, atte
             if opener is not None:
                 opener.join()  # the run is open (or known refused) before it is ended
         node.log_artifact(job_yaml)
+
+        def mark(status: str, **more) -> None:
+            write_json_atomic(run_dir / STATE_FILE, {**state, "status": status, **more})
+
         if code:
-            write_json_atomic(run_dir / STATE_FILE, {**state, "status": "failed", "exit_code": code})
+            mark("failed", exit_code=code)
             message = describe_exit(f"the {run_config.backend} trainer", code)
             print(f"train: {message}", file=sys.stderr)
             raise tracking.NodeFailed(code, message)
-        chunk = walltime.read_chunk_end(run_dir)
-        if chunk is not None and not (run_dir / DONE_FILE).exists():
-            write_json_atomic(run_dir / STATE_FILE, {**state, "status": "chunk_ended", "step": chunk["step"]})
-            for name in (layout.BEST_DEV, layout.METRICS):
-                if (run_dir / name).exists():
-                    node.log_artifact(run_dir / name)
-            raise tracking.NodeInterrupted(
-                walltime.CHUNK_EXIT_STATUS,
-                f"walltime chunk ended at step {chunk['step']} (complete checkpoint); the next allocation resumes")
-        if not (run_dir / DONE_FILE).exists():
-            write_json_atomic(run_dir / STATE_FILE, {**state, "status": "failed"})
-            raise RuntimeError(f"{run_dir}: the trainer exited 0 without writing {DONE_FILE}")
-        replayed = ensure_metrics(node, run_dir)
+        chunk, done = walltime.read_chunk_end(run_dir), (run_dir / layout.DONE).exists()
+        if chunk is None and not done:
+            mark("failed")
+            raise RuntimeError(f"{run_dir}: the trainer exited 0 without writing {layout.DONE}")
+        replayed = ensure_metrics(node, run_dir) if done else 0
         if replayed:
             where = "into MLflow" if node.online else "into the outbox for `repexp mlflow sync`"
             print(f"train: replayed {replayed} metric points from {layout.METRICS} {where}", file=sys.stderr)
         for name in (layout.BEST_DEV, layout.METRICS):
             if (run_dir / name).exists():
                 node.log_artifact(run_dir / name)
-        write_json_atomic(run_dir / STATE_FILE, {**state, "status": "done"})
+        if not done:
+            mark("chunk_ended", step=chunk["step"])
+            raise tracking.NodeInterrupted(
+                walltime.CHUNK_EXIT_STATUS,
+                f"walltime chunk ended at step {chunk['step']} (complete checkpoint); the next allocation resumes")
+        mark("done")
 
 
 def next_chunk(stop: tracking.NodeInterrupted) -> int:
