@@ -359,12 +359,6 @@ def run_job(rule: str, job: Job) -> StageResult:
     return result if isinstance(result, StageResult) else StageResult(code=int(result or 0))
 
 
-def params(job: Job) -> dict[str, Any]:
-    """The job's fields for MLflow, nested under `job` (repexp.tracking.node.flatten makes them `job.<field>`
-    params and leaves unset ones out)."""
-    return {"job": dataclasses.asdict(job)}
-
-
 def job_hash(job: Job) -> str:
     if isinstance(job, TrainJob):
         return C.training_hash(job.config)

@@ -102,21 +102,6 @@ def model_dir():
     return ([alias_model_dir(MODEL_ALIAS)] if MODEL_ALIAS else []) + list(HUB_MODELS)
 
 
-def policy_dir():
-    """The initial policy's directory when a rule makes it (alias or hub download), else []."""
-    if MODEL_ALIAS:
-        return [alias_model_dir(MODEL_ALIAS)]
-    return [CFG.model] if CFG.model in HUB_MODELS else []
-
-
-def hub_data_files():
-    return PIPELINE.hub_data_files()
-
-
-def preprocess_inputs(wildcards):
-    return hub_data_files()
-
-
 def all_eval_files():
     return [eval_file(spec.task, spec.name) for spec in RUNS]
 
@@ -124,14 +109,6 @@ def all_eval_files():
 def all_testtime_files():
     """The test-time ordering of every evaluated run (`testtime.enabled`)."""
     return [testtime_file(spec.task, spec.name) for spec in RUNS] if CFG.testtime.enabled else []
-
-
-def all_train_markers():
-    return [train_file(L.DONE, spec.task, spec.name) for spec in RUNS if spec.trains]
-
-
-def figure_files():
-    return PIPELINE.figure_files(report)
 
 
 # --------------------------------------------------------------------------- per-job config
@@ -156,30 +133,22 @@ def eval_inputs(wildcards):
     if spec.trains:
         pointer = L.MERGED if spec.backend == "verl" else L.SELECT
         inputs["pointer"] = train_file(pointer, wildcards.task, wildcards.run)
-    elif policy_dir():
-        inputs["model"] = policy_dir()[0]
+    elif MODEL_ALIAS or CFG.model in HUB_MODELS:  # a rule makes the initial policy
+        inputs["model"] = alias_model_dir(MODEL_ALIAS) if MODEL_ALIAS else CFG.model
     return inputs
 
 
 def train_inputs(wildcards):
-    return {
-        "train": data_file("train", wildcards.task),
-        "dev": data_file("dev", wildcards.task),
-        "model": model_dir(),
-    }
+    return {"train": data_file("train", wildcards.task), "dev": data_file("dev", wildcards.task), "model": model_dir()}
 
 
 # --------------------------------------------------------------------------- resources
 
 
-def attempt_number(wildcards, attempt):
-    return attempt
-
-
 def rule_resources(rule):
     """Scheduler requests (repexp.pipeline.Pipeline.resources from config `resources.<rule>`, SLURM account and
     partition) and the attempt, which the node command tags its MLflow run with."""
-    return {**PIPELINE.resources(rule), "attempt": attempt_number}
+    return {**PIPELINE.resources(rule), "attempt": lambda wildcards, attempt: attempt}
 
 
 def rule_threads(rule):

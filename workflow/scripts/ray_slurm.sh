@@ -47,9 +47,7 @@ fi
 # One task per node holding that node's share of the allocation; --overlap lets these steps share
 # it with the batch step (COMMAND) and with each other.
 step=(srun --overlap --nodes=1 --ntasks=1 --cpus-per-task="$cpus")
-if [ "$gpus" -gt 0 ]; then
-    step+=(--gres="gpu:$gpus")
-fi
+[ "$gpus" -eq 0 ] || step+=(--gres="gpu:$gpus")
 head_node=${hosts[0]}
 head_ip=$(srun --overlap --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address | awk '{print $1}')
 port=${REPEXP_RAY_PORT:-6379}
@@ -88,6 +86,7 @@ done
 
 # Wait (up to 5 minutes) until every node has joined with its CPUs and GPUs.
 want_cpus=$((nodes * cpus)) want_gpus=$((nodes * gpus))
+ready() { [ "${alive:-0}" -ge "$nodes" ] && [ "${have_cpus:-0}" -ge "$want_cpus" ] && [ "${have_gpus:-0}" -ge "$want_gpus" ]; }
 for _ in $(seq 60); do
     read -r alive have_cpus have_gpus < <(python -c "
 import ray
@@ -95,12 +94,10 @@ ray.init(address='$RAY_ADDRESS', logging_level='ERROR')
 total = ray.cluster_resources()
 print(sum(n['Alive'] for n in ray.nodes()), int(total.get('CPU', 0)), int(total.get('GPU', 0)))
 " 2>/dev/null || echo 0 0 0)
-    if [ "$alive" -ge "$nodes" ] && [ "$have_cpus" -ge "$want_cpus" ] && [ "$have_gpus" -ge "$want_gpus" ]; then
-        break
-    fi
+    ready && break
     sleep 5
 done
-if [ "${alive:-0}" -lt "$nodes" ] || [ "${have_cpus:-0}" -lt "$want_cpus" ] || [ "${have_gpus:-0}" -lt "$want_gpus" ]; then
+if ! ready; then
     echo "ray_slurm.sh: Ray has ${alive:-0}/$nodes nodes, ${have_cpus:-0}/$want_cpus CPUs, ${have_gpus:-0}/$want_gpus GPUs" >&2
     exit 1
 fi
