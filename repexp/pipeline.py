@@ -226,10 +226,8 @@ def setup(parsed: C.PipelineConfig, repo_root: Path, workdir: Path) -> Pipeline:
     def model_for_jobs(model):
         """Aliases stay (the model rule builds them); a hub id becomes its local copy (download_model);
         a local directory becomes job-relative. Jobs never see a hub id."""
-        if model is None:
-            return None
-        kind = C.model_kind(model, repo_root)
-        if kind == "alias":
+        kind = None if model is None else C.model_kind(model, repo_root)
+        if kind in (None, "alias"):
             return model
         if kind == "hub":
             return str(L.hub_model_dir(results, model))
@@ -291,12 +289,3 @@ def on_end(pipeline: Pipeline, success: bool) -> None:
         where = (Path(pipeline.results), L.aggregate_dir(pipeline.results), L.figures_dir(pipeline.results))
         for line in where_lines(pipeline.cfg, *(path.resolve() for path in where), config=pipeline.snapshot):
             print(line, file=sys.stderr)
-
-
-def settle(paths: list[str]) -> None:
-    """At every start on the submit host: a model or data split rebuilt with the same content gets back
-    the time the jobs made from it were built against (repexp.intermediates.settle)."""
-    from repexp import intermediates
-
-    for line in intermediates.settle(paths):
-        print(f"repexp: {line}", file=sys.stderr)

@@ -235,10 +235,8 @@ def report(cfg, *, gpus: int, params: Optional[float] = None) -> str:
         lines.append(f"| {rule} | {count} | {mine[0].gpus} | {span([j.hours for j in mine], lambda h: f'{h:.1f}')} | "
                      f"{span([j.allocations for j in mine], str)} | {res.runtime} | {gpu_h:,.0f} |")
     disk = sum(j.disk_bytes for j in jobs)
-    longest = {}
-    for j in jobs:  # a run's chain: train, then eval, then test-time
-        longest[(j.task, j.run)] = longest.get((j.task, j.run), 0.0) + j.hours
-    chain = max(longest.values(), default=0.0)
+    # a run's chain: train, then eval, then test-time
+    chain = max((sum(j.hours for j in jobs if (j.task, j.run) == (s.task, s.name)) for s in runs), default=0.0)
     wide = max((j.gpus for j in jobs), default=1)
     wall = max(total / gpus, chain) if gpus >= wide else float("inf")
     plural = "s" if gpus > 1 else ""

@@ -2,29 +2,24 @@
 
     repexp run train --task gsm8k --run trl_repexp_k32_b0.01_s42 [--config CFG.yaml]
 
-1. `repexp.jobs.compose` builds the run's `TrainJob` (its `RunConfig`, `repexp.config.compose`) from the
-   config snapshot; `run_node` writes it as `<run_dir>/job.yaml`; the job's hash is the training hash.
-2. Decides between resuming and starting over: a run directory left by an unfinished attempt
-   with the same training config is resumed by the trainer (from its latest complete
-   checkpoint); one whose config changed, or one that had finished (a deliberate rerun), is
-   moved to `<results>/train/<task>/.superseded/` first, so stale checkpoints are never resumed.
-3. Starts the backend trainer in a subprocess and opens the node's MLflow child run meanwhile;
-   the trainer finds the run id in `<run_dir>/mlflow_run.json` (named by
-   `$REPEXP_MLFLOW_RUN_FILE`, set in that subprocess only) when it first logs:
-   TRL: ``python -m repexp.trl.train --config <run_dir>/job.yaml``;
-   verl: ``python -m repexp.verl.train <overrides>`` (`repexp.verl.overrides.build_overrides`).
-4. Under SLURM it reads when the job's allocation ends and hands the trainer a deadline
-   `train.walltime_margin_minutes` before it (`repexp.walltime`). A trainer that stopped there
-   leaves `CHUNK_END` instead of `DONE`: the node run ends KILLED (tag `repexp.stopped`) and the
-   job asks SLURM to requeue it; the next allocation resumes from the chunk's checkpoint.
-5. A non-zero exit marks the run FAILED and is returned. After success it checks that the
-   trainer's metrics reached MLflow and replays whatever is missing from `metrics.jsonl`,
-   point by point (key, step): into the run, or into the outbox when the store is unreachable,
-   where `repexp mlflow sync` makes the same check, so a point the trainer logged live before an
-   outage is never stored twice.
+1. `run_node` writes the run's `TrainJob` config (repexp.jobs.compose) as `<run_dir>/job.yaml`; its
+   hash is the training hash.
+2. A run directory left by an unfinished attempt with the same training hash is resumed by the trainer
+   (latest complete checkpoint); one whose config changed, or that had finished (a deliberate rerun),
+   is moved to `<results>/train/<task>/.superseded/` first, so stale checkpoints are never resumed.
+3. The backend trainer runs in a subprocess while the node's MLflow child run opens; the trainer finds
+   the run id in `<run_dir>/mlflow_run.json` ($REPEXP_MLFLOW_RUN_FILE, its process only) when it first
+   logs. TRL: ``python -m repexp.trl.train --config <run_dir>/job.yaml``; verl: ``python -m
+   repexp.verl.train <overrides>`` (`repexp.verl.overrides.build_overrides`).
+4. Under SLURM the trainer gets a deadline `train.walltime_margin_minutes` before the allocation ends
+   (`repexp.walltime`); a trainer stopped there leaves `CHUNK_END` instead of `DONE`, the node run ends
+   KILLED (tag `repexp.stopped`) and the job is requeued to resume from the chunk's checkpoint.
+5. A non-zero exit marks the run FAILED and is returned. After success the `metrics.jsonl` points
+   missing from MLflow are replayed, by (key, step), into the run or the outbox (`repexp mlflow sync`
+   compares the same way), so a point logged live before an outage is never stored twice.
 
-The trainer writes `metrics.jsonl`, `best_dev.json`, `checkpoints/global_step_N/` and `DONE`
-last (the Snakemake output); see docs/architecture.md, "Training-run contract".
+Training-run contract (`metrics.jsonl`, `best_dev.json`, `checkpoints/global_step_N/`, `DONE` last):
+docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -160,9 +155,11 @@ def _run_node(node, run_config, run_dir: Path, job_yaml: Path, state: dict, atte
         # from RUN_FILE when it first logs, so the MLflow import never delays training.
         live = node.check_store()
         opener = tracking.open_in_background(node, run_dir / RUN_FILE) if live else None
-        try:
-            code = run_trainer(trainer_command(run_config, job_yaml, attention, mlflow=live, deadline=deadline),
-                               trainer_env(node, run_dir, live))
+        command = trainer_command(run_config, job_yaml, attention, mlflow=live, deadline=deadline)
+        print("train: " + " ".join(command), file=sys.stderr, flush=True)
+        try:  # SIGTERM/SIGINT (walltime, preemption, Ctrl-C) go to the trainer, so it can stop cleanly
+            with forwarding_signals(subprocess.Popen(command, env=trainer_env(node, run_dir, live))) as proc:
+                code = exit_status(proc.wait())  # 128 + N when a signal N ended it
         finally:
             if opener is not None:
                 opener.join()  # the run is open (or known refused) before it is ended
@@ -233,14 +230,6 @@ def trainer_env(node, run_dir: Path, live: bool) -> dict:
         env.setdefault(ENV_ASYNC_LOGGING, "true")
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
-
-
-def run_trainer(command: list[str], env: dict) -> int:
-    """Run the trainer, forwarding SIGTERM/SIGINT (walltime, preemption, Ctrl-C) so it can stop cleanly.
-    Returns a shell-style exit status (128 + N when a signal N ended it)."""
-    print("train: " + " ".join(command), file=sys.stderr, flush=True)
-    with forwarding_signals(subprocess.Popen(command, env=env)) as proc:
-        return exit_status(proc.wait())
 
 
 def ensure_metrics(node, run_dir: Path) -> int:

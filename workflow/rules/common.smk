@@ -159,8 +159,12 @@ def rule_threads(rule):
 
 
 if not workflow.remote_exec:
-    # a model or data split rebuilt with the same content gets back its time (repexp.intermediates.settle)
-    P.settle([*model_dir(), *(data_file(split, task) for task in CFG.sweep.tasks for split in L.SPLITS)])
+    # At every start on the submit host: a model or data split rebuilt with the same content gets back
+    # the time the jobs made from it were built against (repexp.intermediates.settle).
+    from repexp import intermediates
+
+    for line in intermediates.settle([*model_dir(), *(data_file(s, t) for t in CFG.sweep.tasks for s in L.SPLITS)]):
+        print(f"repexp: {line}", file=sys.stderr)
 
 
 def final_targets():
