@@ -238,12 +238,11 @@ def report(cfg, *, gpus: int, params: Optional[float] = None) -> str:
     # a run's chain: train, then eval, then test-time
     chain = max((sum(j.hours for j in jobs if (j.task, j.run) == (s.task, s.name)) for s in runs), default=0.0)
     wide = max((j.gpus for j in jobs), default=1)
-    wall = max(total / gpus, chain) if gpus >= wide else float("inf")
-    plural = "s" if gpus > 1 else ""
+    wall = max(total / gpus, chain) if gpus >= wide else 0.0
     lines += ["", f"total: {total:,.0f} GPU-hours; peak disk ≈ {disk / 1e12:.2f} TB (checkpoints kept by "
-              f"train.max_checkpoints_to_keep, merged models, eval samples); wall time on {gpus} GPU{plural} ≥ "
-              + (f"{wall:,.0f} h ({wall / 24:.1f} days)" if math.isfinite(wall)
-                 else f"∞ (a job needs {wide} GPUs)")
+              f"train.max_checkpoints_to_keep, merged models, eval samples); wall time on {gpus} GPU"
+              + ("s" if gpus > 1 else "") + " ≥ "
+              + (f"{wall:,.0f} h ({wall / 24:.1f} days)" if gpus >= wide else f"∞ (a job needs {wide} GPUs)")
               + f" (longest train → eval → testtime chain {chain:,.0f} h; no queue waits)",
               "Estimates: measured H200 rates scaled by parameters × token caps (repexp/plan.py); they lean high."]
     return "\n".join(lines)

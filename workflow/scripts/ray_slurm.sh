@@ -4,17 +4,12 @@
 #   ray_slurm.sh NODES GPUS_PER_NODE CPUS_PER_NODE COMMAND [ARGS...]
 #
 # NODES <= 1: exec COMMAND (single node; verl starts its own local Ray).
-# NODES  > 1: called by the `train` rule inside a multi-node allocation (sbatch --nodes=N
-# --ntasks=N --ntasks-per-node=1 --cpus-per-task=CPUS --gres=gpu:GPUS, mpi="srun": the Snakemake
-# jobstep runs this script once, in the batch step, on the allocation's first node). The jobstep
-# strips SLURM_* variables except SLURM_JOB_ID (orchestration notes §2.4), so the node list comes
-# from squeue/scontrol, not from SLURM_JOB_NODELIST, and the counts come from the arguments (the
-# rule's resources).
-# Starts a Ray head here and one worker per other node, each as its own job step that binds the
-# node's share of the allocation (srun --overlap --cpus-per-task=CPUS --gres=gpu:GPUS: under
-# cgroup confinement a step without them gets one CPU and no GPU), waits until all nodes joined
-# with their CPUs and GPUs, exports RAY_ADDRESS for verl's ray.init(), runs COMMAND here, and
-# stops Ray on exit.
+# NODES  > 1: inside the train rule's multi-node allocation (repexp.pipeline.Pipeline.resources), run
+# once in the batch step on the first node. The jobstep strips SLURM_* variables except SLURM_JOB_ID
+# (orchestration notes §2.4): the node list comes from squeue/scontrol, the counts from the arguments.
+# Starts a Ray head here and one worker per other node, each a job step binding the node's share
+# (--cpus-per-task, --gres: under cgroup confinement a step without them gets one CPU and no GPU),
+# waits until all joined, exports RAY_ADDRESS for verl's ray.init(), runs COMMAND, stops Ray on exit.
 #
 # REPEXP_RAY_MIN_NODES=1 sends a one-node allocation through the multi-node path (how the test
 # cluster, which has one node, checks the srun steps; docs/slurm.md).
