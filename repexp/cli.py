@@ -1,8 +1,7 @@
 """The `repexp` command: one subcommand per pipeline stage.
 
-Subcommands live in their own modules and are imported only when used, so
-`repexp --help` and light commands never pay for torch, verl or MLflow imports.
-Each module exposes `configure_parser(parser)` and `run(args) -> int`.
+Subcommands live in their own modules, imported only when used (`repexp --help` and light commands
+pay for no torch, verl or MLflow import); each exposes `configure_parser(parser)` and `run(args) -> int`.
 """
 
 from __future__ import annotations

@@ -222,7 +222,7 @@ def report(cfg, *, gpus: int, params: Optional[float] = None) -> str:
              f"{len(runs)} runs over {', '.join(cfg.sweep.tasks)}",
              "", "| rule | jobs | GPUs per job | hours per job | allocations per job | runtime (min) | GPU-hours |",
              "|---|---|---|---|---|---|---|"]
-    total = 0.0
+    total = sum(j.hours * j.gpus for j in jobs)
     for rule, count in job_counts(cfg).items():
         mine = [j for j in jobs if j.rule == rule]
         res = rule_resources(cfg, rule)
@@ -230,7 +230,6 @@ def report(cfg, *, gpus: int, params: Optional[float] = None) -> str:
             lines.append(f"| {rule} | {count} | 0 | – | 1 | {res.runtime} | 0 (CPU) |")
             continue
         gpu_h = sum(j.hours * j.gpus for j in mine)
-        total += gpu_h
         span = lambda xs, f: f(min(xs)) if min(xs) == max(xs) else f"{f(min(xs))}–{f(max(xs))}"  # noqa: E731
         lines.append(f"| {rule} | {count} | {mine[0].gpus} | {span([j.hours for j in mine], lambda h: f'{h:.1f}')} | "
                      f"{span([j.allocations for j in mine], str)} | {res.runtime} | {gpu_h:,.0f} |")

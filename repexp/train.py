@@ -113,13 +113,11 @@ def trainer_command(run_config, job_yaml: Path, attention=None, *, mlflow: bool,
     if run_config.backend == "trl":
         chunk = ["--deadline", repr(deadline)] if deadline is not None else []
         return [sys.executable, "-m", "repexp.trl.train", "--config", str(job_yaml), *chunk]
-    if run_config.backend == "verl":
-        from repexp.verl.overrides import build_overrides
+    from repexp.verl.overrides import build_overrides  # verl: the config allows no other backend
 
-        loggers = ["console", "mlflow"] if mlflow else ["console"]
-        overrides = build_overrides(run_config, attention, loggers=loggers, chunk_deadline=deadline)
-        return [sys.executable, "-m", "repexp.verl.train", *overrides]
-    raise ValueError(f"backend: unknown backend {run_config.backend!r}")
+    loggers = ["console", "mlflow"] if mlflow else ["console"]
+    overrides = build_overrides(run_config, attention, loggers=loggers, chunk_deadline=deadline)
+    return [sys.executable, "-m", "repexp.verl.train", *overrides]
 
 
 def prepare_run_dir(run_dir: Path, training_hash: str) -> Optional[Path]:

@@ -13,10 +13,9 @@ from repexp import jobs as J
 from repexp import layout as L
 from repexp import pipeline as P
 
-REPO_ROOT = Path(workflow.main_snakefile).resolve().parent
 try:
     # cross-field rules, local paths, SLURM settings (repexp.pipeline.setup), before any job
-    PIPELINE = P.setup(PARSED_CONFIG, REPO_ROOT, Path.cwd())
+    PIPELINE = P.setup(PARSED_CONFIG, Path(workflow.main_snakefile).resolve().parent, Path.cwd())
 except C.ConfigError as err:
     raise ValueError(f"config error: {err}") from None
 CFG = PIPELINE.cfg  # the config with every path as jobs see it; jobs read its snapshot
