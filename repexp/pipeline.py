@@ -216,12 +216,10 @@ def setup(parsed: C.PipelineConfig, repo_root: Path, workdir: Path) -> Pipeline:
     def for_jobs(path) -> str:
         """Relative when below the workdir, so targets such as `results/eval/...` match the rules' outputs."""
         path = Path(os.path.normpath(path))
-        try:
-            return str(path.relative_to(workdir))
-        except ValueError:
-            return str(path)
+        return str(path.relative_to(workdir) if path.is_relative_to(workdir) else path)
 
     results = for_jobs(from_root(parsed.results_dir))
+    hub_models = {}  # local copy -> hub id: download_model fetches them once, on the submit host, into results/
 
     def model_for_jobs(model):
         """Aliases stay (the model rule builds them); a hub id becomes its local copy (download_model);
@@ -230,7 +228,9 @@ def setup(parsed: C.PipelineConfig, repo_root: Path, workdir: Path) -> Pipeline:
         if kind in (None, "alias"):
             return model
         if kind == "hub":
-            return str(L.hub_model_dir(results, model))
+            local = str(L.hub_model_dir(results, model))
+            hub_models[local] = model
+            return local
         return for_jobs(from_root(os.path.expanduser(model)))
 
     def source_for_jobs(source, hub_dir):
@@ -247,12 +247,6 @@ def setup(parsed: C.PipelineConfig, repo_root: Path, workdir: Path) -> Pipeline:
                                  dapo_source=source_for_jobs(data.dapo_source, L.hub_dapo_dir(results))),
         bonus=dataclasses.replace(parsed.bonus, representation_model=model_for_jobs(parsed.bonus.representation_model)),
     )
-    # The hub models the sweep needs; download_model fetches them once, on the submit host, into results/.
-    hub_models = {
-        str(L.hub_model_dir(results, value)): value
-        for value in (parsed.model, parsed.bonus.representation_model)
-        if value is not None and C.model_kind(value, repo_root) == "hub"
-    }
     return Pipeline(parsed=parsed, cfg=cfg, repo_root=repo_root, workdir=workdir, hub_models=hub_models, slurm=slurm)
 
 
