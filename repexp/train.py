@@ -153,9 +153,9 @@ def _run_node(node, run_config, run_dir: Path, job_yaml: Path, state: dict, atte
         # from RUN_FILE when it first logs, so the MLflow import never delays training.
         live = node.check_store()
         opener = tracking.open_in_background(node, run_dir / RUN_FILE) if live else None
-        command = trainer_command(run_config, job_yaml, attention, mlflow=live, deadline=deadline)
-        print("train: " + " ".join(command), file=sys.stderr, flush=True)
         try:  # SIGTERM/SIGINT (walltime, preemption, Ctrl-C) go to the trainer, so it can stop cleanly
+            command = trainer_command(run_config, job_yaml, attention, mlflow=live, deadline=deadline)
+            print("train: " + " ".join(command), file=sys.stderr, flush=True)
             with forwarding_signals(subprocess.Popen(command, env=trainer_env(node, run_dir, live))) as proc:
                 code = exit_status(proc.wait())  # 128 + N when a signal N ended it
         finally:
