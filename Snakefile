@@ -25,14 +25,10 @@ if not workflow.overwrite_configfiles:
     configfile: Path(workflow.basedir, "configs", "paper.yaml")
 
 
-# Three checks, all before any job is scheduled, each naming the key (or file):
-# 1. structure and types: the config files re-read strictly (a repeated key is an error), then
-#    merged into the OmegaConf structured config of repexp/config/model.py's dataclasses, with the
-#    `--config set="a.b=1 c.d=[1,2]"` dotlist applied; strings become numbers where the schema
-#    says so (`lr: 1e-5`, Snakemake's string-valued --config);
-# 2. per-field rules (ranges, enums, patterns): the JSON schema generated
-#    from the same dataclasses, on the parsed config;
-# 3. cross-field rules, trainer and scheduler consistency, local paths (common.smk).
+# Three checks before any job, each naming the key (or file): 1. structure and types (the files re-read
+# strictly, merged into repexp/config/model.py's dataclasses with the `set=` dotlist applied, strings made
+# numbers where the schema says so); 2. per-field rules (the JSON schema generated from the same
+# dataclasses); 3. cross-field rules, trainer and scheduler consistency, local paths (common.smk).
 try:
     PARSED_CONFIG = C.parse_files(config, workflow.configfiles)
 except C.ConfigError as err:

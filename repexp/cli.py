@@ -1,8 +1,7 @@
 """The `repexp` command: one subcommand per pipeline stage.
 
-Subcommands live in their own modules and are imported only when used, so
-`repexp --help` and light commands never pay for torch, verl or MLflow imports.
-Each module exposes `configure_parser(parser)` and `run(args) -> int`.
+Subcommands live in their own modules, imported only when used (`repexp --help` and light commands
+pay for no torch, verl or MLflow import); each exposes `configure_parser(parser)` and `run(args) -> int`.
 """
 
 from __future__ import annotations
@@ -30,33 +29,22 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def command_listing() -> str:
-    """One line per command (`repexp --help`): the name, then its help text, never wrapped."""
-    width = max(map(len, COMMANDS)) + 2
-    return "commands:\n" + "\n".join(f"  {name:<{width}}{help_text}" for name, (_, help_text) in COMMANDS.items())
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="repexp", usage="repexp COMMAND [options]   (repexp COMMAND --help: the command's options)",
-        description=__doc__.splitlines()[0], epilog=command_listing(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("command", metavar="COMMAND", nargs="?", choices=list(COMMANDS), help=argparse.SUPPRESS)
-    return parser
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in {"-h", "--help"} or argv[0] not in COMMANDS:
-        parser = build_parser()
+    if not argv or argv[0] not in COMMANDS:
+        width = max(map(len, COMMANDS)) + 2  # one line per command, never wrapped
+        listing = "\n".join(f"  {name:<{width}}{help_text}" for name, (_, help_text) in COMMANDS.items())
+        parser = argparse.ArgumentParser(
+            prog="repexp", usage="repexp COMMAND [options]   (repexp COMMAND --help: the command's options)",
+            description=__doc__.splitlines()[0], epilog="commands:\n" + listing,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         if argv and argv[0] not in {"-h", "--help"}:
             parser.error(f"unknown command {argv[0]!r}; choose from {', '.join(COMMANDS)}")
         parser.print_help()
         return 0 if argv else 2
-    name, rest = argv[0], argv[1:]
-    args = command_parser(name).parse_args(rest)
-    return int(importlib.import_module(COMMANDS[name][0]).run(args) or 0)
+    args = command_parser(argv[0]).parse_args(argv[1:])
+    return int(importlib.import_module(COMMANDS[argv[0]][0]).run(args) or 0)
 
 
 def command_parser(name: str) -> argparse.ArgumentParser:

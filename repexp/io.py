@@ -14,11 +14,8 @@ from typing import Any
 
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path next to `target`; rename it over `target` on success.
-
-    Works for files and directories. On error the temporary is removed and
-    `target` is left as it was.
-    """
+    """A temporary path next to `target`, renamed over it on success (a file or a directory); on error
+    the temporary is removed and `target` is left as it was."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))

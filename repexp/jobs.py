@@ -1,21 +1,16 @@
 """Typed jobs: what one per-task / per-run stage runs, composed once from the config snapshot.
 
     config snapshot ($REPEXP_CONFIG) + identity (rule, task, run)
-      compose()    -> PreprocessJob | TrainJob | SelectJob | MergeJob | EvalJob | TesttimeJob
-                      settings: the composed per-run config (repexp.config.compose; `data`/`testtime`
-                      from the pipeline config), paths: repexp.layout, identity: the config's run of
-                      that name (repexp.config.find_run; a name is never parsed back)
-      run_job()    -> the stage core (repexp.data | checkpoints | evaluate | testtime | ...) -> StageResult
-                      (train: repexp.train.run_node, its own node, as its trainer is a subprocess)
+      compose()    -> PreprocessJob | TrainJob | SelectJob | ... : settings from the composed per-run
+                      config (repexp.config.compose), paths from repexp.layout, the run from
+                      repexp.config.find_run (a name is never parsed back)
+      run_job()    -> the stage core -> StageResult (train: repexp.train.run_node, its own node)
       .outputs()   -> the rule's declared outputs, which the MLflow node logs as artifacts
-      job_hash()   -> Snakemake's params of the rule: a settings change reruns exactly its jobs (train's:
-                      repexp.config.training_hash)
+      job_hash()   -> the rule's Snakemake params: a settings change reruns exactly its jobs
 
-`repexp run RULE [--task T] [--run R] ...` (repexp.run_cli) is the workflow's one command; it runs the
-stage in its own process inside the node run (repexp.tracking.outputs.run_stage), which logs the
-StageResult. The hand CLIs (`repexp eval`, `repexp select`, `repexp aggregate`, ...) build the same job
-from their flags (`from_args`) and call the same stage. Fields named as the hand CLIs' options; a field
-left None by the pipeline means "the stage's own default".
+`repexp run RULE ...` (repexp.run_cli) runs the stage inside the node run (repexp.tracking.outputs.
+run_stage). The hand CLIs (`repexp eval`, ...) build the same job from their same-named flags
+(`from_args`); a field the pipeline leaves None means "the stage's own default".
 
 Cheap to import (every Snakemake invocation hashes jobs in common.smk): no numpy, torch or MLflow.
 """
@@ -357,12 +352,6 @@ def run_job(rule: str, job: Job) -> StageResult:
     module, function = RULES[rule][1].split(":")
     result = getattr(importlib.import_module(module), function)(job)
     return result if isinstance(result, StageResult) else StageResult(code=int(result or 0))
-
-
-def params(job: Job) -> dict[str, Any]:
-    """The job's fields for MLflow, nested under `job` (repexp.tracking.node.flatten makes them `job.<field>`
-    params and leaves unset ones out)."""
-    return {"job": dataclasses.asdict(job)}
 
 
 def job_hash(job: Job) -> str:

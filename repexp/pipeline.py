@@ -108,30 +108,28 @@ class Pipeline:
         return C.run_pattern(spec for spec in self.runs
                              if (spec.trains or not trains) and (backend is None or spec.backend == backend))
 
+    def _cached(self, key: tuple, make):
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
     def run(self, task: str, name: str) -> C.RunSpec:
         """The sweep's run of that name (ConfigError naming `run` for another name)."""
-        key = ("spec", task, name)
-        if key not in self._memo:
-            self._memo[key] = C.find_run(self.cfg, task, name)
-        return self._memo[key]
+        return self._cached(("spec", task, name), lambda: C.find_run(self.cfg, task, name))
 
     def run_config(self, task: str, name: str) -> C.RunConfig:
         """The composed config of the sweep's run of that name."""
-        key = ("run", task, name)
-        if key not in self._memo:
-            self._memo[key] = C.compose(self.cfg, self.run(task, name), cfg_hash=self.config_hash)
-        return self._memo[key]
+        return self._cached(("run", task, name),
+                            lambda: C.compose(self.cfg, self.run(task, name), cfg_hash=self.config_hash))
 
     def job_hash(self, rule: str, **identity: str) -> str:
         """A rule's params: its job's settings hashed (repexp.jobs), so a config change reruns exactly the
         jobs whose settings changed (the shell command carries none). Train's is the training hash."""
         from repexp import jobs
 
-        key = (rule, *sorted(identity.items()))
-        if key not in self._memo:
-            rc = self.run_config(identity["task"], identity["run"]) if "run" in identity else None
-            self._memo[key] = jobs.job_hash(jobs.compose(self.cfg, rule, run_config=rc, **identity))
-        return self._memo[key]
+        rc = self.run_config(identity["task"], identity["run"]) if "run" in identity else None
+        return self._cached((rule, *sorted(identity.items())),
+                            lambda: jobs.job_hash(jobs.compose(self.cfg, rule, run_config=rc, **identity)))
 
     def figure_files(self, report) -> list:
         """What `repexp figures` draws (repexp.layout names them): PDFs, and the PNGs marked for
@@ -143,14 +141,6 @@ class Pipeline:
                          category="Figures", subcategory=kind, labels={"figure": stem})
             files += [str(L.figure_file(self.results, stem, "pdf")), png]
         return files
-
-    @property
-    def hub_data_dir(self) -> str:
-        return str(L.hub_data_dir(self.results))
-
-    @property
-    def hub_data(self) -> bool:
-        return self.parsed.data.source == "hf" or self.parsed.data.dapo_source == "hf"
 
     def environment(self, python: str) -> dict[str, str]:
         """What every job's shell reads. Local jobs inherit it; SLURM jobs get it through
@@ -172,28 +162,21 @@ class Pipeline:
 
     def hub_data_files(self) -> list[str]:
         """The JSONL files download_data writes: every hub table the sweep's tasks read."""
-        if not self.hub_data:
+        source_hf, dapo_hf = self.parsed.data.source == "hf", self.parsed.data.dapo_source == "hf"
+        if not (source_hf or dapo_hf):
             return []
         from repexp.download import data_files  # imports numpy: only for configs that download
 
-        return [
-            str(Path(self.hub_data_dir, name))
-            for name in data_files(self.cfg.sweep.tasks, source_hf=self.parsed.data.source == "hf",
-                                   dapo_hf=self.parsed.data.dapo_source == "hf")
-        ]
+        names = data_files(self.cfg.sweep.tasks, source_hf=source_hf, dapo_hf=dapo_hf)
+        return [str(L.hub_data_dir(self.results) / name) for name in names]
 
     def resources(self, rule: str) -> dict:
         """Scheduler requests from config `resources.<rule>` (SLURM: --gpus[=<model>:N], -C,
         --cpus-per-task, --mem, -t) plus account and partition. Multi-node (nodes > 1): one task per
         node with the rule's CPUs and GPUs, started by the rule's own srun launcher (ray_slurm.sh)."""
         res = C.rule_resources(self.cfg, rule)
-        out = {
-            "mem_mb": res.mem_mb,
-            "runtime": res.runtime,
-            "cpus_per_task": res.cpus_per_task,
-            "nodes": res.nodes,
-            "gpus_per_node": res.gpu,  # for ray_slurm.sh's srun steps; not an sbatch flag
-        }
+        out = dict(mem_mb=res.mem_mb, runtime=res.runtime, cpus_per_task=res.cpus_per_task, nodes=res.nodes,
+                   gpus_per_node=res.gpu)  # gpus_per_node: for ray_slurm.sh's srun steps; not an sbatch flag
         if self.slurm["account"]:
             out["slurm_account"] = self.slurm["account"]
         partition = self.slurm["gpu_partition"] if res.gpu > 0 else self.slurm["partition"]
@@ -233,23 +216,21 @@ def setup(parsed: C.PipelineConfig, repo_root: Path, workdir: Path) -> Pipeline:
     def for_jobs(path) -> str:
         """Relative when below the workdir, so targets such as `results/eval/...` match the rules' outputs."""
         path = Path(os.path.normpath(path))
-        try:
-            return str(path.relative_to(workdir))
-        except ValueError:
-            return str(path)
+        return str(path.relative_to(workdir) if path.is_relative_to(workdir) else path)
 
     results = for_jobs(from_root(parsed.results_dir))
+    hub_models = {}  # local copy -> hub id: download_model fetches them once, on the submit host, into results/
 
     def model_for_jobs(model):
         """Aliases stay (the model rule builds them); a hub id becomes its local copy (download_model);
         a local directory becomes job-relative. Jobs never see a hub id."""
-        if model is None:
-            return None
-        kind = C.model_kind(model, repo_root)
-        if kind == "alias":
+        kind = None if model is None else C.model_kind(model, repo_root)
+        if kind in (None, "alias"):
             return model
         if kind == "hub":
-            return str(L.hub_model_dir(results, model))
+            local = str(L.hub_model_dir(results, model))
+            hub_models[local] = model
+            return local
         return for_jobs(from_root(os.path.expanduser(model)))
 
     def source_for_jobs(source, hub_dir):
@@ -266,12 +247,6 @@ def setup(parsed: C.PipelineConfig, repo_root: Path, workdir: Path) -> Pipeline:
                                  dapo_source=source_for_jobs(data.dapo_source, L.hub_dapo_dir(results))),
         bonus=dataclasses.replace(parsed.bonus, representation_model=model_for_jobs(parsed.bonus.representation_model)),
     )
-    # The hub models the sweep needs; download_model fetches them once, on the submit host, into results/.
-    hub_models = {
-        str(L.hub_model_dir(results, value)): value
-        for value in (parsed.model, parsed.bonus.representation_model)
-        if value is not None and C.model_kind(value, repo_root) == "hub"
-    }
     return Pipeline(parsed=parsed, cfg=cfg, repo_root=repo_root, workdir=workdir, hub_models=hub_models, slurm=slurm)
 
 
@@ -280,28 +255,21 @@ def setup(parsed: C.PipelineConfig, repo_root: Path, workdir: Path) -> Pipeline:
 
 def on_start(pipeline: Pipeline, workflow) -> None:
     """Before the first job of a real run (not on dry runs): the intermediates check, the config
-    snapshot, the tracking server and parent runs."""
-    if not workflow.touch:
-        check_intermediates(workflow)
-    if not pipeline.snapshot.exists():
-        write_text_atomic(pipeline.snapshot, C.dump_yaml(pipeline.cfg))
+    snapshot, the tracking server and parent runs. The check stops a run that would rerun finished
+    jobs only because a deleted intermediate is rebuilt, or whose jobs would read a checkpoint or
+    merged model that is gone (repexp.intermediates); not with --touch, which accepts outputs as they are."""
+    from repexp import intermediates
     from repexp.tracking.workflow import on_start as start_tracking
 
+    if not workflow.touch:
+        pending = intermediates.pending_jobs(workflow.dag)
+        problems = intermediates.check_pending(pending, sys.argv, workflow.dag_settings.targets)
+        if problems:
+            print("repexp: " + "\n  ".join(["not starting:", *problems, "No job was started."]), file=sys.stderr)
+            raise SystemExit(1)
+    if not pipeline.snapshot.exists():
+        write_text_atomic(pipeline.snapshot, C.dump_yaml(pipeline.cfg))
     start_tracking(pipeline.snapshot, workflow.non_local_exec)
-
-
-def check_intermediates(workflow) -> None:
-    """Stop a run that would rerun finished jobs only because a deleted intermediate is rebuilt, or
-    whose jobs would read a checkpoint or merged model that is gone (repexp.intermediates). Not with
-    --touch, which accepts outputs as they are."""
-    from repexp import intermediates
-
-    problems = intermediates.check_pending(
-        intermediates.pending_jobs(workflow.dag), sys.argv, workflow.dag_settings.targets
-    )
-    if problems:
-        print("repexp: " + "\n  ".join(["not starting:", *problems, "No job was started."]), file=sys.stderr)
-        raise SystemExit(1)
 
 
 def on_end(pipeline: Pipeline, success: bool) -> None:
@@ -315,12 +283,3 @@ def on_end(pipeline: Pipeline, success: bool) -> None:
         where = (Path(pipeline.results), L.aggregate_dir(pipeline.results), L.figures_dir(pipeline.results))
         for line in where_lines(pipeline.cfg, *(path.resolve() for path in where), config=pipeline.snapshot):
             print(line, file=sys.stderr)
-
-
-def settle(paths: list[str]) -> None:
-    """At every start on the submit host: a model or data split rebuilt with the same content gets back
-    the time the jobs made from it were built against (repexp.intermediates.settle)."""
-    from repexp import intermediates
-
-    for line in intermediates.settle(paths):
-        print(f"repexp: {line}", file=sys.stderr)

@@ -222,7 +222,7 @@ def report(cfg, *, gpus: int, params: Optional[float] = None) -> str:
              f"{len(runs)} runs over {', '.join(cfg.sweep.tasks)}",
              "", "| rule | jobs | GPUs per job | hours per job | allocations per job | runtime (min) | GPU-hours |",
              "|---|---|---|---|---|---|---|"]
-    total = 0.0
+    total = sum(j.hours * j.gpus for j in jobs)
     for rule, count in job_counts(cfg).items():
         mine = [j for j in jobs if j.rule == rule]
         res = rule_resources(cfg, rule)
@@ -230,22 +230,18 @@ def report(cfg, *, gpus: int, params: Optional[float] = None) -> str:
             lines.append(f"| {rule} | {count} | 0 | – | 1 | {res.runtime} | 0 (CPU) |")
             continue
         gpu_h = sum(j.hours * j.gpus for j in mine)
-        total += gpu_h
         span = lambda xs, f: f(min(xs)) if min(xs) == max(xs) else f"{f(min(xs))}–{f(max(xs))}"  # noqa: E731
         lines.append(f"| {rule} | {count} | {mine[0].gpus} | {span([j.hours for j in mine], lambda h: f'{h:.1f}')} | "
                      f"{span([j.allocations for j in mine], str)} | {res.runtime} | {gpu_h:,.0f} |")
     disk = sum(j.disk_bytes for j in jobs)
-    longest = {}
-    for j in jobs:  # a run's chain: train, then eval, then test-time
-        longest[(j.task, j.run)] = longest.get((j.task, j.run), 0.0) + j.hours
-    chain = max(longest.values(), default=0.0)
+    # a run's chain: train, then eval, then test-time
+    chain = max((sum(j.hours for j in jobs if (j.task, j.run) == (s.task, s.name)) for s in runs), default=0.0)
     wide = max((j.gpus for j in jobs), default=1)
-    wall = max(total / gpus, chain) if gpus >= wide else float("inf")
-    plural = "s" if gpus > 1 else ""
+    wall = max(total / gpus, chain) if gpus >= wide else 0.0
     lines += ["", f"total: {total:,.0f} GPU-hours; peak disk ≈ {disk / 1e12:.2f} TB (checkpoints kept by "
-              f"train.max_checkpoints_to_keep, merged models, eval samples); wall time on {gpus} GPU{plural} ≥ "
-              + (f"{wall:,.0f} h ({wall / 24:.1f} days)" if math.isfinite(wall)
-                 else f"∞ (a job needs {wide} GPUs)")
+              f"train.max_checkpoints_to_keep, merged models, eval samples); wall time on {gpus} GPU"
+              + ("s" if gpus > 1 else "") + " ≥ "
+              + (f"{wall:,.0f} h ({wall / 24:.1f} days)" if gpus >= wide else f"∞ (a job needs {wide} GPUs)")
               + f" (longest train → eval → testtime chain {chain:,.0f} h; no queue waits)",
               "Estimates: measured H200 rates scaled by parameters × token caps (repexp/plan.py); they lean high."]
     return "\n".join(lines)

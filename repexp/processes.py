@@ -15,11 +15,10 @@ FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 def pid_alive(pid: int) -> bool:
     """Whether process `pid` exists on this host (one owned by another user counts)."""
     try:
-        os.kill(pid, 0)
+        with contextlib.suppress(PermissionError):  # another user's process
+            os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
     return True
 
 
@@ -48,10 +47,5 @@ def describe_exit(what: str, status: int) -> str:
     """One wording for a failed command, whoever ran it: "`repexp eval` exited with status 143
     (SIGTERM)" (a shell-style status; a signal's name when it is 128 + N or a negative returncode)."""
     status = exit_status(status)
-    text = f"{what} exited with status {status}"
-    if status > 128:
-        try:
-            text += f" ({signal.Signals(status - 128).name})"
-        except ValueError:
-            pass
-    return text
+    name = next((sig.name for sig in signal.Signals if sig == status - 128), None)
+    return f"{what} exited with status {status}" + (f" ({name})" if name else "")

@@ -41,6 +41,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config)
         job = jobs.compose(cfg, args.rule, **given)
+        if args.rule in IN_RUN:  # aggregate, figures: the config's runs are the expected ones (not hashed)
+            job = dataclasses.replace(job, config=str(args.config or os.environ[ENV_CONFIG]))
+        if args.rule != "train":
+            command = ["repexp", "run", args.rule,
+                       *(s for k, v in given.items() for s in (f"--{k.replace('_', '-')}", v))]
+            node = prepare_node(args.rule, args.task, args.run, config=cfg,
+                                params=flatten({"job": dataclasses.asdict(job)}), attempt=args.attempt,
+                                tags={"repexp.command": shlex.join(command)},
+                                wildcards={k: v for k, v in given.items() if k not in ("task", "run")},
+                                snakemake_jobid=args.snakemake_jobid)
     except (C.ConfigError, ValueError, FileNotFoundError) as err:
         print(f"repexp run {args.rule}: {err}", file=sys.stderr)
         return 2
@@ -48,17 +58,6 @@ def run(args: argparse.Namespace) -> int:
         from repexp.train import run_node
 
         return run_node(job, config=cfg, attempt=args.attempt, snakemake_jobid=args.snakemake_jobid)
-    try:
-        if args.rule in IN_RUN:  # aggregate, figures: the config's runs are the expected ones (not hashed)
-            job = dataclasses.replace(job, config=str(args.config or os.environ[ENV_CONFIG]))
-        command = ["repexp", "run", args.rule, *(s for k, v in given.items() for s in (f"--{k.replace('_', '-')}", v))]
-        node = prepare_node(args.rule, args.task, args.run, config=cfg, params=flatten(jobs.params(job)),
-                            attempt=args.attempt, tags={"repexp.command": shlex.join(command)},
-                            wildcards={k: v for k, v in given.items() if k not in ("task", "run")},
-                            snakemake_jobid=args.snakemake_jobid)
-    except (C.ConfigError, ValueError, FileNotFoundError) as err:
-        print(f"repexp run {args.rule}: {err}", file=sys.stderr)
-        return 2
     return run_stage(node, lambda: jobs.run_job(args.rule, job), job.outputs(), f"repexp {args.rule}",
                      in_run=args.rule in IN_RUN)
 

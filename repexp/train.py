@@ -2,29 +2,24 @@
 
     repexp run train --task gsm8k --run trl_repexp_k32_b0.01_s42 [--config CFG.yaml]
 
-1. `repexp.jobs.compose` builds the run's `TrainJob` (its `RunConfig`, `repexp.config.compose`) from the
-   config snapshot; `run_node` writes it as `<run_dir>/job.yaml`; the job's hash is the training hash.
-2. Decides between resuming and starting over: a run directory left by an unfinished attempt
-   with the same training config is resumed by the trainer (from its latest complete
-   checkpoint); one whose config changed, or one that had finished (a deliberate rerun), is
-   moved to `<results>/train/<task>/.superseded/` first, so stale checkpoints are never resumed.
-3. Starts the backend trainer in a subprocess and opens the node's MLflow child run meanwhile;
-   the trainer finds the run id in `<run_dir>/mlflow_run.json` (named by
-   `$REPEXP_MLFLOW_RUN_FILE`, set in that subprocess only) when it first logs:
-   TRL: ``python -m repexp.trl.train --config <run_dir>/job.yaml``;
-   verl: ``python -m repexp.verl.train <overrides>`` (`repexp.verl.overrides.build_overrides`).
-4. Under SLURM it reads when the job's allocation ends and hands the trainer a deadline
-   `train.walltime_margin_minutes` before it (`repexp.walltime`). A trainer that stopped there
-   leaves `CHUNK_END` instead of `DONE`: the node run ends KILLED (tag `repexp.stopped`) and the
-   job asks SLURM to requeue it; the next allocation resumes from the chunk's checkpoint.
-5. A non-zero exit marks the run FAILED and is returned. After success it checks that the
-   trainer's metrics reached MLflow and replays whatever is missing from `metrics.jsonl`,
-   point by point (key, step): into the run, or into the outbox when the store is unreachable,
-   where `repexp mlflow sync` makes the same check, so a point the trainer logged live before an
-   outage is never stored twice.
+1. `run_node` writes the run's `TrainJob` config (repexp.jobs.compose) as `<run_dir>/job.yaml`; its
+   hash is the training hash.
+2. A run directory left by an unfinished attempt with the same training hash is resumed by the trainer
+   (latest complete checkpoint); one whose config changed, or that had finished (a deliberate rerun),
+   is moved to `<results>/train/<task>/.superseded/` first, so stale checkpoints are never resumed.
+3. The backend trainer runs in a subprocess while the node's MLflow child run opens; the trainer finds
+   the run id in `<run_dir>/mlflow_run.json` ($REPEXP_MLFLOW_RUN_FILE, its process only) when it first
+   logs. TRL: ``python -m repexp.trl.train --config <run_dir>/job.yaml``; verl: ``python -m
+   repexp.verl.train <overrides>`` (`repexp.verl.overrides.build_overrides`).
+4. Under SLURM the trainer gets a deadline `train.walltime_margin_minutes` before the allocation ends
+   (`repexp.walltime`); a trainer stopped there leaves `CHUNK_END` instead of `DONE`, the node run ends
+   KILLED (tag `repexp.stopped`) and the job is requeued to resume from the chunk's checkpoint.
+5. A non-zero exit marks the run FAILED and is returned. After success the `metrics.jsonl` points
+   missing from MLflow are replayed, by (key, step), into the run or the outbox (`repexp mlflow sync`
+   compares the same way), so a point logged live before an outage is never stored twice.
 
-The trainer writes `metrics.jsonl`, `best_dev.json`, `checkpoints/global_step_N/` and `DONE`
-last (the Snakemake output); see docs/architecture.md, "Training-run contract".
+Training-run contract (`metrics.jsonl`, `best_dev.json`, `checkpoints/global_step_N/`, `DONE` last):
+docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -43,7 +38,6 @@ from repexp.tracking.names import ENV_ASYNC_LOGGING
 from repexp.tracking.outputs import split_datasets
 
 STATE_FILE = layout.NODE_STATE  # {"training_hash", "status": running|failed|done}
-DONE_FILE = layout.DONE
 RUN_FILE = layout.MLFLOW_RUN  # the node's MLflow run id, for the trainer (tracking.open_in_background)
 
 
@@ -54,16 +48,36 @@ def run_node(job, *, config=None, attempt: int = 1, snakemake_jobid: Optional[st
     from repexp.jobs import job_hash
 
     run_config = job.config
+    run_dir = Path(run_config.run_dir)
     try:
         attention = node_attention(run_config)
         deadline = chunk_deadline(run_config)
         # built once here to fail before anything starts
-        trainer_command(run_config, Path(run_config.run_dir) / layout.JOB_YAML, attention, mlflow=False,
-                        deadline=deadline)
+        trainer_command(run_config, run_dir / layout.JOB_YAML, attention, mlflow=False, deadline=deadline)
     except (C.ConfigError, ValueError) as err:
         print(f"train: {err}", file=sys.stderr)
         return 2
-    return _train(config, run_config, job_hash(job), attempt, snakemake_jobid, attention, deadline)
+    training_hash = job_hash(job)
+    prepare_run_dir(run_dir, training_hash)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name in (layout.DONE, layout.CHUNK_END, RUN_FILE):
+        (run_dir / name).unlink(missing_ok=True)
+    job_yaml = write_text_atomic(run_dir / layout.JOB_YAML, C.dump_yaml(run_config))
+    state = {"training_hash": training_hash, "status": "running", "attempt": attempt}
+    write_json_atomic(run_dir / STATE_FILE, state)
+
+    restarts = walltime.restart_count()  # the allocations of one SLURM job (chunks, preemption) told apart
+    tags = {"repexp.training_hash": training_hash, "repexp.backend": run_config.backend,
+            **({"slurm.restart_count": restarts} if restarts is not None else {})}
+    node = tracking.prepare_node("train", run_config.task, run_config.run, config=config,
+                                 params=train_params(run_config, attention), tags=tags, attempt=attempt,
+                                 snakemake_jobid=snakemake_jobid)
+    node.log_inputs(split_datasets(Path(run_config.data_dir), ("train", "dev")))  # logged when the run opens
+    try:
+        _run_node(node, run_config, run_dir, job_yaml, state, attention, deadline)
+    except tracking.NodeInterrupted as stop:  # a walltime chunk ended; the node run ended KILLED
+        return next_chunk(stop)
+    return 0
 
 
 def chunk_deadline(run_config) -> Optional[float]:
@@ -99,13 +113,11 @@ def trainer_command(run_config, job_yaml: Path, attention=None, *, mlflow: bool,
     if run_config.backend == "trl":
         chunk = ["--deadline", repr(deadline)] if deadline is not None else []
         return [sys.executable, "-m", "repexp.trl.train", "--config", str(job_yaml), *chunk]
-    if run_config.backend == "verl":
-        from repexp.verl.overrides import build_overrides
+    from repexp.verl.overrides import build_overrides  # verl: the config allows no other backend
 
-        loggers = ["console", "mlflow"] if mlflow else ["console"]
-        overrides = build_overrides(run_config, attention, loggers=loggers, chunk_deadline=deadline)
-        return [sys.executable, "-m", "repexp.verl.train", *overrides]
-    raise ValueError(f"backend: unknown backend {run_config.backend!r}")
+    loggers = ["console", "mlflow"] if mlflow else ["console"]
+    overrides = build_overrides(run_config, attention, loggers=loggers, chunk_deadline=deadline)
+    return [sys.executable, "-m", "repexp.verl.train", *overrides]
 
 
 def prepare_run_dir(run_dir: Path, training_hash: str) -> Optional[Path]:
@@ -115,7 +127,12 @@ def prepare_run_dir(run_dir: Path, training_hash: str) -> Optional[Path]:
     state_path = run_dir / STATE_FILE
     state = read_json(state_path) if state_path.exists() else None
     if state is None:
-        old_hash = _job_yaml_hash(run_dir / layout.JOB_YAML)
+        from repexp import config as C
+
+        try:
+            old_hash = C.training_hash(C.load_run_config(run_dir / layout.JOB_YAML))
+        except Exception:  # noqa: BLE001 - an unreadable old job.yaml just means "unknown"
+            old_hash = None
         if old_hash is None or old_hash == training_hash:
             return None  # nothing says it is stale: let the trainer resume what it finds
         state = {"training_hash": old_hash, "status": "unknown"}
@@ -130,81 +147,47 @@ def prepare_run_dir(run_dir: Path, training_hash: str) -> Optional[Path]:
     return target
 
 
-def _job_yaml_hash(path: Path) -> Optional[str]:
-    from repexp import config as C
-
-    try:
-        return C.training_hash(C.load_run_config(path))
-    except Exception:  # noqa: BLE001 - an unreadable old job.yaml just means "unknown"
-        return None
-
-
-def _train(cfg, run_config, training_hash: str, attempt: int, snakemake_jobid: Optional[str] = None,
-           attention=None, deadline: Optional[float] = None) -> int:
-    from repexp import config as C
-
-    run_dir = Path(run_config.run_dir)
-    prepare_run_dir(run_dir, training_hash)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / DONE_FILE).unlink(missing_ok=True)
-    (run_dir / layout.CHUNK_END).unlink(missing_ok=True)
-    (run_dir / RUN_FILE).unlink(missing_ok=True)
-    job_yaml = write_text_atomic(run_dir / layout.JOB_YAML, C.dump_yaml(run_config))
-    state = {"training_hash": training_hash, "status": "running", "attempt": attempt}
-    write_json_atomic(run_dir / STATE_FILE, state)
-
-    params = train_params(run_config, attention)
-    restarts = walltime.restart_count()  # the allocations of one SLURM job (chunks, preemption) told apart
-    tags = {"repexp.training_hash": training_hash, "repexp.backend": run_config.backend,
-            **({"slurm.restart_count": restarts} if restarts is not None else {})}
-    node = tracking.prepare_node("train", run_config.task, run_config.run, config=cfg, params=params, tags=tags,
-                                 attempt=attempt, snakemake_jobid=snakemake_jobid)
-    node.log_inputs(split_datasets(Path(run_config.data_dir), ("train", "dev")))  # logged when the run opens
-    try:
-        _run_node(node, run_config, run_dir, job_yaml, state, attention, deadline)
-    except tracking.NodeInterrupted as stop:  # a walltime chunk ended; the node run ended KILLED
-        return next_chunk(stop)
-    return 0
-
-
 def _run_node(node, run_config, run_dir: Path, job_yaml: Path, state: dict, attention, deadline) -> None:
     with tracking.node_scope(node):
         # The run opens while the trainer starts up (imports, model load); the trainer reads its id
         # from RUN_FILE when it first logs, so the MLflow import never delays training.
         live = node.check_store()
         opener = tracking.open_in_background(node, run_dir / RUN_FILE) if live else None
-        try:
-            code = run_trainer(trainer_command(run_config, job_yaml, attention, mlflow=live, deadline=deadline),
-                               trainer_env(node, run_dir, live))
+        try:  # SIGTERM/SIGINT (walltime, preemption, Ctrl-C) go to the trainer, so it can stop cleanly
+            command = trainer_command(run_config, job_yaml, attention, mlflow=live, deadline=deadline)
+            print("train: " + " ".join(command), file=sys.stderr, flush=True)
+            with forwarding_signals(subprocess.Popen(command, env=trainer_env(node, run_dir, live))) as proc:
+                code = exit_status(proc.wait())  # 128 + N when a signal N ended it
         finally:
             if opener is not None:
                 opener.join()  # the run is open (or known refused) before it is ended
         node.log_artifact(job_yaml)
+
+        def mark(status: str, **more) -> None:
+            write_json_atomic(run_dir / STATE_FILE, {**state, "status": status, **more})
+
         if code:
-            write_json_atomic(run_dir / STATE_FILE, {**state, "status": "failed", "exit_code": code})
+            mark("failed", exit_code=code)
             message = describe_exit(f"the {run_config.backend} trainer", code)
             print(f"train: {message}", file=sys.stderr)
             raise tracking.NodeFailed(code, message)
-        chunk = walltime.read_chunk_end(run_dir)
-        if chunk is not None and not (run_dir / DONE_FILE).exists():
-            write_json_atomic(run_dir / STATE_FILE, {**state, "status": "chunk_ended", "step": chunk["step"]})
-            for name in (layout.BEST_DEV, layout.METRICS):
-                if (run_dir / name).exists():
-                    node.log_artifact(run_dir / name)
-            raise tracking.NodeInterrupted(
-                walltime.CHUNK_EXIT_STATUS,
-                f"walltime chunk ended at step {chunk['step']} (complete checkpoint); the next allocation resumes")
-        if not (run_dir / DONE_FILE).exists():
-            write_json_atomic(run_dir / STATE_FILE, {**state, "status": "failed"})
-            raise RuntimeError(f"{run_dir}: the trainer exited 0 without writing {DONE_FILE}")
-        replayed = ensure_metrics(node, run_dir)
+        chunk, done = walltime.read_chunk_end(run_dir), (run_dir / layout.DONE).exists()
+        if chunk is None and not done:
+            mark("failed")
+            raise RuntimeError(f"{run_dir}: the trainer exited 0 without writing {layout.DONE}")
+        replayed = ensure_metrics(node, run_dir) if done else 0
         if replayed:
             where = "into MLflow" if node.online else "into the outbox for `repexp mlflow sync`"
             print(f"train: replayed {replayed} metric points from {layout.METRICS} {where}", file=sys.stderr)
         for name in (layout.BEST_DEV, layout.METRICS):
             if (run_dir / name).exists():
                 node.log_artifact(run_dir / name)
-        write_json_atomic(run_dir / STATE_FILE, {**state, "status": "done"})
+        if not done:
+            mark("chunk_ended", step=chunk["step"])
+            raise tracking.NodeInterrupted(
+                walltime.CHUNK_EXIT_STATUS,
+                f"walltime chunk ended at step {chunk['step']} (complete checkpoint); the next allocation resumes")
+        mark("done")
 
 
 def next_chunk(stop: tracking.NodeInterrupted) -> int:
@@ -245,14 +228,6 @@ def trainer_env(node, run_dir: Path, live: bool) -> dict:
         env.setdefault(ENV_ASYNC_LOGGING, "true")
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
-
-
-def run_trainer(command: list[str], env: dict) -> int:
-    """Run the trainer, forwarding SIGTERM/SIGINT (walltime, preemption, Ctrl-C) so it can stop cleanly.
-    Returns a shell-style exit status (128 + N when a signal N ended it)."""
-    print("train: " + " ".join(command), file=sys.stderr, flush=True)
-    with forwarding_signals(subprocess.Popen(command, env=env)) as proc:
-        return exit_status(proc.wait())
 
 
 def ensure_metrics(node, run_dir: Path) -> int:

@@ -94,10 +94,9 @@ def test_the_eval_job_carries_the_settings_the_old_flags_did(tmp_path):
     testtime = J.compose(cfg, "testtime", "gsm8k", "base")
     assert (testtime.lamb, testtime.center, testtime.sparse_dim) == (0.5, False, cfg.testtime.sparse_dim)
     # the node's params are the job's fields
-    params = J.params(J.compose(cfg, "eval", "gsm8k", "base"))
     from repexp.tracking.node import flatten
 
-    flat = flatten(params)
+    flat = flatten({"job": dataclasses.asdict(J.compose(cfg, "eval", "gsm8k", "base"))})  # as `repexp run` logs them
     assert flat["job.n_samples"] == "4" and flat["job.temperature"] == "0.7" and "job.model_pointer" not in flat
 
 

@@ -13,10 +13,9 @@ from repexp import jobs as J
 from repexp import layout as L
 from repexp import pipeline as P
 
-REPO_ROOT = Path(workflow.main_snakefile).resolve().parent
 try:
     # cross-field rules, local paths, SLURM settings (repexp.pipeline.setup), before any job
-    PIPELINE = P.setup(PARSED_CONFIG, REPO_ROOT, Path.cwd())
+    PIPELINE = P.setup(PARSED_CONFIG, Path(workflow.main_snakefile).resolve().parent, Path.cwd())
 except C.ConfigError as err:
     raise ValueError(f"config error: {err}") from None
 CFG = PIPELINE.cfg  # the config with every path as jobs see it; jobs read its snapshot
@@ -102,21 +101,6 @@ def model_dir():
     return ([alias_model_dir(MODEL_ALIAS)] if MODEL_ALIAS else []) + list(HUB_MODELS)
 
 
-def policy_dir():
-    """The initial policy's directory when a rule makes it (alias or hub download), else []."""
-    if MODEL_ALIAS:
-        return [alias_model_dir(MODEL_ALIAS)]
-    return [CFG.model] if CFG.model in HUB_MODELS else []
-
-
-def hub_data_files():
-    return PIPELINE.hub_data_files()
-
-
-def preprocess_inputs(wildcards):
-    return hub_data_files()
-
-
 def all_eval_files():
     return [eval_file(spec.task, spec.name) for spec in RUNS]
 
@@ -124,14 +108,6 @@ def all_eval_files():
 def all_testtime_files():
     """The test-time ordering of every evaluated run (`testtime.enabled`)."""
     return [testtime_file(spec.task, spec.name) for spec in RUNS] if CFG.testtime.enabled else []
-
-
-def all_train_markers():
-    return [train_file(L.DONE, spec.task, spec.name) for spec in RUNS if spec.trains]
-
-
-def figure_files():
-    return PIPELINE.figure_files(report)
 
 
 # --------------------------------------------------------------------------- per-job config
@@ -156,30 +132,22 @@ def eval_inputs(wildcards):
     if spec.trains:
         pointer = L.MERGED if spec.backend == "verl" else L.SELECT
         inputs["pointer"] = train_file(pointer, wildcards.task, wildcards.run)
-    elif policy_dir():
-        inputs["model"] = policy_dir()[0]
+    elif MODEL_ALIAS or CFG.model in HUB_MODELS:  # a rule makes the initial policy
+        inputs["model"] = alias_model_dir(MODEL_ALIAS) if MODEL_ALIAS else CFG.model
     return inputs
 
 
 def train_inputs(wildcards):
-    return {
-        "train": data_file("train", wildcards.task),
-        "dev": data_file("dev", wildcards.task),
-        "model": model_dir(),
-    }
+    return {"train": data_file("train", wildcards.task), "dev": data_file("dev", wildcards.task), "model": model_dir()}
 
 
 # --------------------------------------------------------------------------- resources
 
 
-def attempt_number(wildcards, attempt):
-    return attempt
-
-
 def rule_resources(rule):
     """Scheduler requests (repexp.pipeline.Pipeline.resources from config `resources.<rule>`, SLURM account and
     partition) and the attempt, which the node command tags its MLflow run with."""
-    return {**PIPELINE.resources(rule), "attempt": attempt_number}
+    return {**PIPELINE.resources(rule), "attempt": lambda wildcards, attempt: attempt}
 
 
 def rule_threads(rule):
@@ -190,8 +158,12 @@ def rule_threads(rule):
 
 
 if not workflow.remote_exec:
-    # a model or data split rebuilt with the same content gets back its time (repexp.intermediates.settle)
-    P.settle([*model_dir(), *(data_file(split, task) for task in CFG.sweep.tasks for split in L.SPLITS)])
+    # At every start on the submit host: a model or data split rebuilt with the same content gets back
+    # the time the jobs made from it were built against (repexp.intermediates.settle).
+    from repexp import intermediates
+
+    for line in intermediates.settle([*model_dir(), *(data_file(s, t) for t in CFG.sweep.tasks for s in L.SPLITS)]):
+        print(f"repexp: {line}", file=sys.stderr)
 
 
 def final_targets():

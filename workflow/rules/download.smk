@@ -26,7 +26,7 @@ rule download_model:
 
 rule download_data:
     output:
-        hub_data_files(),
+        PIPELINE.hub_data_files(),
     log:
         log_path("download_data", "all"),
     benchmark:

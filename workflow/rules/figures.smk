@@ -6,9 +6,9 @@ rule figures:
     input:
         table=rules.aggregate.output.table,
         k_efficiency=rules.aggregate.output.k_efficiency_by_k,
-        train=all_train_markers(),
+        train=[train_file(L.DONE, spec.task, spec.name) for spec in RUNS if spec.trains],
     output:
-        figures=figure_files(),
+        figures=PIPELINE.figure_files(report),
         index=figure_index(),
     log:
         log_path("figures", "all"),

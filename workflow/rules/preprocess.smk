@@ -3,7 +3,7 @@
 
 rule preprocess:
     input:
-        preprocess_inputs,  # the hub tables (download_data) when data.source or data.dapo_source is hf
+        PIPELINE.hub_data_files(),  # the hub tables (download_data) when data.source or data.dapo_source is hf
     output:
         train=data_file("train"),
         dev=data_file("dev"),

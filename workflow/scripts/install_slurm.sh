@@ -16,14 +16,11 @@ log() { printf '[install_slurm] %s\n' "$*" >&2; }
 source "$(dirname "${BASH_SOURCE[0]}")/lib_apt.sh"
 
 policy=/usr/sbin/policy-rc.d
-created_policy=0
 if [ "$(id -u)" = 0 ] && [ ! -e "$policy" ]; then
     printf '#!/bin/sh\n# temporary: written by install_slurm.sh\nexit 101\n' >"$policy"
     chmod 755 "$policy"
-    created_policy=1
+    trap 'rm -f "$policy"' EXIT
 fi
-cleanup() { if [ "$created_policy" = 1 ]; then rm -f "$policy"; fi; }
-trap cleanup EXIT
 
 apt_install_missing install_slurm "${PACKAGES[@]}"
 

@@ -4,7 +4,6 @@
 apt_install_missing() {
     local prefix="$1"
     shift
-    local log_line
     log_line() { printf '[%s] %s\n' "$prefix" "$*" >&2; }
     if [ "$(id -u)" != 0 ]; then
         log_line "must run as root (apt-get install)"
@@ -16,9 +15,7 @@ apt_install_missing() {
     fi
     local missing=() pkg
     for pkg in "$@"; do
-        if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
-            missing+=("$pkg")
-        fi
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
     done
     if [ "${#missing[@]}" -eq 0 ]; then
         log_line "already installed: $*"

@@ -4,17 +4,12 @@
 #   ray_slurm.sh NODES GPUS_PER_NODE CPUS_PER_NODE COMMAND [ARGS...]
 #
 # NODES <= 1: exec COMMAND (single node; verl starts its own local Ray).
-# NODES  > 1: called by the `train` rule inside a multi-node allocation (sbatch --nodes=N
-# --ntasks=N --ntasks-per-node=1 --cpus-per-task=CPUS --gres=gpu:GPUS, mpi="srun": the Snakemake
-# jobstep runs this script once, in the batch step, on the allocation's first node). The jobstep
-# strips SLURM_* variables except SLURM_JOB_ID (orchestration notes §2.4), so the node list comes
-# from squeue/scontrol, not from SLURM_JOB_NODELIST, and the counts come from the arguments (the
-# rule's resources).
-# Starts a Ray head here and one worker per other node, each as its own job step that binds the
-# node's share of the allocation (srun --overlap --cpus-per-task=CPUS --gres=gpu:GPUS: under
-# cgroup confinement a step without them gets one CPU and no GPU), waits until all nodes joined
-# with their CPUs and GPUs, exports RAY_ADDRESS for verl's ray.init(), runs COMMAND here, and
-# stops Ray on exit.
+# NODES  > 1: inside the train rule's multi-node allocation (repexp.pipeline.Pipeline.resources), run
+# once in the batch step on the first node. The jobstep strips SLURM_* variables except SLURM_JOB_ID
+# (orchestration notes §2.4): the node list comes from squeue/scontrol, the counts from the arguments.
+# Starts a Ray head here and one worker per other node, each a job step binding the node's share
+# (--cpus-per-task, --gres: under cgroup confinement a step without them gets one CPU and no GPU),
+# waits until all joined, exports RAY_ADDRESS for verl's ray.init(), runs COMMAND, stops Ray on exit.
 #
 # REPEXP_RAY_MIN_NODES=1 sends a one-node allocation through the multi-node path (how the test
 # cluster, which has one node, checks the srun steps; docs/slurm.md).
@@ -47,9 +42,7 @@ fi
 # One task per node holding that node's share of the allocation; --overlap lets these steps share
 # it with the batch step (COMMAND) and with each other.
 step=(srun --overlap --nodes=1 --ntasks=1 --cpus-per-task="$cpus")
-if [ "$gpus" -gt 0 ]; then
-    step+=(--gres="gpu:$gpus")
-fi
+[ "$gpus" -eq 0 ] || step+=(--gres="gpu:$gpus")
 head_node=${hosts[0]}
 head_ip=$(srun --overlap --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address | awk '{print $1}')
 port=${REPEXP_RAY_PORT:-6379}
@@ -88,6 +81,7 @@ done
 
 # Wait (up to 5 minutes) until every node has joined with its CPUs and GPUs.
 want_cpus=$((nodes * cpus)) want_gpus=$((nodes * gpus))
+ready() { [ "${alive:-0}" -ge "$nodes" ] && [ "${have_cpus:-0}" -ge "$want_cpus" ] && [ "${have_gpus:-0}" -ge "$want_gpus" ]; }
 for _ in $(seq 60); do
     read -r alive have_cpus have_gpus < <(python -c "
 import ray
@@ -95,12 +89,10 @@ ray.init(address='$RAY_ADDRESS', logging_level='ERROR')
 total = ray.cluster_resources()
 print(sum(n['Alive'] for n in ray.nodes()), int(total.get('CPU', 0)), int(total.get('GPU', 0)))
 " 2>/dev/null || echo 0 0 0)
-    if [ "$alive" -ge "$nodes" ] && [ "$have_cpus" -ge "$want_cpus" ] && [ "$have_gpus" -ge "$want_gpus" ]; then
-        break
-    fi
+    ready && break
     sleep 5
 done
-if [ "${alive:-0}" -lt "$nodes" ] || [ "${have_cpus:-0}" -lt "$want_cpus" ] || [ "${have_gpus:-0}" -lt "$want_gpus" ]; then
+if ! ready; then
     echo "ray_slurm.sh: Ray has ${alive:-0}/$nodes nodes, ${have_cpus:-0}/$want_cpus CPUs, ${have_gpus:-0}/$want_gpus GPUs" >&2
     exit 1
 fi

