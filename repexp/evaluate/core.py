@@ -37,7 +37,7 @@ class SamplingSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        # n is checked by check_sizes (repexp.evaluate) before any settings are built
+        # n is checked by repexp.evaluate before any settings are built
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -68,11 +68,6 @@ def derived_seed(*parts: int) -> int:
     """A 62-bit seed derived from integers (e.g. (seed, shard) or (seed, shard, prompt))."""
     state = np.random.SeedSequence([int(p) for p in parts]).generate_state(1, dtype=np.uint64)[0]
     return int(state) >> 2
-
-
-def prompt_seeds(seed: int, shard_index: int, num_prompts: int) -> list[int]:
-    """One seed per prompt of a shard (engines with per-request seeds use these)."""
-    return [derived_seed(seed, shard_index, j) for j in range(num_prompts)]
 
 
 def content_hash(records: Sequence[Any]) -> str:

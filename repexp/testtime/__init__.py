@@ -92,24 +92,18 @@ def _check_job(job) -> None:
 
 def _load_evaluation(eval_dir: Path, data: Path | None):
     """(store, meta, problems, plan) of a complete evaluation, checked against its data file."""
-    from repexp.evaluate import core as eval_core
     from repexp.evaluate.problems import load_problems
     from repexp.evaluate.store import SampleStore
 
     store = SampleStore(eval_dir)
-    meta = store.require_meta(eval_core.STORE_FORMAT, "run `repexp eval` first")
-    if not (eval_dir / layout.EVAL_JSON).is_file():
+    if store.read_meta() is not None and not (eval_dir / layout.EVAL_JSON).is_file():
         raise FileNotFoundError(f"{eval_dir / layout.EVAL_JSON}: the evaluation is not complete "
                                 f"(no {layout.EVAL_JSON})")
-    gen = meta["generation"]
+    meta, plan = store.read_complete("run `repexp eval` first")
     data_path = Path(data or meta.get("data_path") or "")
-    problems = load_problems(data_path, limit=gen["num_problems"])
-    if problems.data_hash != gen["data_hash"] or problems.problem_ids != meta["problem_ids"]:
+    problems = load_problems(data_path, limit=meta["generation"]["num_problems"])
+    if problems.data_hash != meta["generation"]["data_hash"] or problems.problem_ids != meta["problem_ids"]:
         raise ValueError(f"{data_path}: its problems differ from the ones {eval_dir} evaluated (data hash mismatch)")
-    plan = eval_core.shard_plan(len(problems), gen["shard_size"], gen["sampling"]["seed"])
-    missing = [i for i in range(len(plan)) if not store.shard_path(i).exists()]
-    if missing:
-        raise ValueError(f"{store.dir}: shards {missing[:10]} are missing")
     return store, meta, problems, plan
 
 
