@@ -97,13 +97,10 @@ def eval_result(
 ) -> dict[str, Any]:
     """The `eval.json` object from per-problem sample scores (and extracted answers for maj@k).
 
-    ``scores[p]`` are problem p's 0/1 verifier scores, one per sample. Keys follow the evaluation
-    contract in docs/architecture.md; ``metadata`` (model path, sampling, …) is merged in.
+    ``scores[p]`` are problem p's 0/1 verifier scores, one per sample (the problem ids are unique: load_problems
+    checks). Keys follow the evaluation contract in docs/architecture.md; ``metadata`` (model path, sampling, …)
+    is merged in.
     """
-    if len(problem_ids) != len(scores):
-        raise ValueError(f"{len(problem_ids)} problem ids but {len(scores)} score lists")
-    if len(set(problem_ids)) != len(problem_ids):
-        raise ValueError("problem ids are not unique")
     n = np.array([len(s) for s in scores], dtype=np.int64)
     flat = np.concatenate([np.asarray(s, dtype=np.float64) for s in scores]) if len(scores) else np.array([])
     if not np.all((flat == 0) | (flat == 1)):

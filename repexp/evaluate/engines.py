@@ -21,6 +21,7 @@ from typing import Any
 
 from repexp.config import DTYPES, ENGINES
 from repexp.evaluate.core import EVAL_DEFAULTS, SamplingSettings
+from repexp.io import read_json
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,19 +96,15 @@ def encode_prompts(tokenizer, chats: Sequence[list[dict]]) -> list[list[int]]:
 
 def _read_config(model_path: str, name: str) -> dict[str, Any]:
     """A JSON file of a local model directory ({} when absent, e.g. for a hub id)."""
-    import json
-
     path = Path(model_path) / name
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return read_json(path) if path.is_file() else {}
 
 
 def stop_token_ids(model_path: str, tokenizer) -> list[int]:
     """End-of-sequence ids: the tokenizer's eos plus any in the model's generation_config.json."""
-    ids: list[int] = []
     eos = _read_config(model_path, "generation_config.json").get("eos_token_id")
-    for token in [tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])]:
-        if token is not None and int(token) not in ids:
-            ids.append(int(token))
+    tokens = [tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])]
+    ids = list(dict.fromkeys(int(token) for token in tokens if token is not None))
     if not ids:
         raise ValueError(f"{model_path}: no end-of-sequence token defined")
     return ids
@@ -121,19 +118,22 @@ def plan_batches(prompt_lengths: Sequence[int], n: int, batch_size: int) -> list
     visited in order of length (stable) so that a call pads little.
     """
     order = sorted(range(len(prompt_lengths)), key=lambda i: prompt_lengths[i])
-    calls: list[list[tuple[int, int, int]]] = []
     if n >= batch_size:
-        for p in order:
-            for start in range(0, n, batch_size):
-                calls.append([(p, start, min(batch_size, n - start))])
-    else:
-        per_call = batch_size // n
-        for i in range(0, len(order), per_call):
-            calls.append([(p, 0, n) for p in order[i : i + per_call]])
-    return calls
+        return [[(p, start, min(batch_size, n - start))] for p in order for start in range(0, n, batch_size)]
+    per_call = batch_size // n
+    return [[(p, 0, n) for p in order[i : i + per_call]] for i in range(0, len(order), per_call)]
 
 
-class HFEngine:
+class _Engine:
+    def close(self) -> None:
+        """Drop the model (and, once collected, its memory) before another one loads."""
+        import gc
+
+        vars(self).clear()
+        gc.collect()
+
+
+class HFEngine(_Engine):
     """transformers `generate`: several prompts × num_return_sequences per call, left padding."""
 
     name = "hf"
@@ -239,14 +239,8 @@ class HFEngine:
                                    attention_mask=torch.repeat_interleave(attention, count, dim=0),
                                    past_key_values=cache, generation_config=self._generation_config(settings, 1))
 
-    def close(self) -> None:
-        import gc
 
-        del self.model
-        gc.collect()
-
-
-class VLLMEngine:
+class VLLMEngine(_Engine):
     """vLLM's offline `LLM.generate`, n samples per prompt via SamplingParams(n, seed)."""
 
     name = "vllm"
@@ -287,8 +281,6 @@ class VLLMEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        if len(prompt_seeds) != len(prompt_token_ids):
-            raise ValueError("the vllm engine needs one seed per prompt")
         params = [SamplingParams(n=settings.n, temperature=settings.temperature, top_p=settings.top_p,
                                  top_k=settings.top_k, max_tokens=settings.max_new_tokens, seed=int(seed),
                                  stop_token_ids=list(self.eos_ids), skip_special_tokens=True) for seed in prompt_seeds]
@@ -307,11 +299,6 @@ class VLLMEngine:
             progress(settings.n * len(prompt_token_ids))
         return results
 
-    def close(self) -> None:
-        import gc
-
-        del self.llm
-        gc.collect()
 
 
 def generate_samples(engine: HFEngine | VLLMEngine, prompt_token_ids: Sequence[Sequence[int]],

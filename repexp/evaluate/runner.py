@@ -154,16 +154,12 @@ def _metadata(meta: dict[str, Any]) -> dict[str, Any]:
         math_verify = None
     gen = meta["generation"]
     return {
-        "model_path": gen["model_path"],
-        "checkpoint_step": gen["checkpoint_step"],
-        "engine": gen["engine"],
+        **{key: gen[key] for key in ("model_path", "checkpoint_step", "engine")},
         "sampling": gen["sampling"] | {"shard_size": gen["shard_size"]}
         | ({"batch_size": gen["batch_size"]} if "batch_size" in gen else {}),
         "seed": gen["sampling"]["seed"],
         "data_hash": gen["data_hash"],
-        "data_path": meta.get("data_path"),
-        "task": meta.get("task"),
-        "split": meta.get("split"),
+        **{key: meta.get(key) for key in ("data_path", "task", "split")},
         "verifier": {"module": "repexp.verify", "math_verify": math_verify},
     }
 
