@@ -58,9 +58,6 @@ class EngineOptions:
             raise ValueError(f"gpu_memory_utilization must lie in (0, 1], got {self.gpu_memory_utilization}")
 
 
-ProgressCallback = Callable[[int], None]
-
-
 def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
@@ -303,17 +300,14 @@ class VLLMEngine(_Engine):
 
 def generate_samples(engine: HFEngine | VLLMEngine, prompt_token_ids: Sequence[Sequence[int]],
                      settings: SamplingSettings, *, shard_seed: int, prompt_seeds: Sequence[int],
-                     progress: ProgressCallback | None = None) -> list[list[Completion]]:
+                     progress: Callable[[int], None] | None = None) -> list[list[Completion]]:
     """`engine.generate`, except that greedy decoding runs once per prompt and is repeated n times
     (both engines refuse n > 1 without sampling; the n samples would be identical anyway)."""
-    if not (settings.greedy and settings.n > 1):
-        return engine.generate(prompt_token_ids, settings, shard_seed=shard_seed, prompt_seeds=prompt_seeds,
-                               progress=progress)
-    single = dataclasses.replace(settings, n=1)
-    scaled = None if progress is None else (lambda count: progress(count * settings.n))
-    once = engine.generate(prompt_token_ids, single, shard_seed=shard_seed, prompt_seeds=prompt_seeds,
-                           progress=scaled)
-    return [row * settings.n for row in once]
+    repeat = settings.n if settings.greedy else 1
+    scaled = None if progress is None else (lambda count: progress(count * repeat))
+    once = engine.generate(prompt_token_ids, dataclasses.replace(settings, n=settings.n // repeat),
+                           shard_seed=shard_seed, prompt_seeds=prompt_seeds, progress=scaled)
+    return [row * repeat for row in once]
 
 
 def load_engine(name: str, model_path: str, options: EngineOptions, *, seed: int = 0) -> HFEngine | VLLMEngine:

@@ -202,15 +202,18 @@ def regrade(store: SampleStore, shards, grader: str, workers: int | None, *, alw
         write_json_atomic(store.meta_path, {**meta, "grader": grader})
 
 
-def generate_shards(cfg: EvalConfig, problems: Problems, plan, shard_indices: list[int], *, rank: int = 0) -> None:
-    """Generate, verify and store the given shards of `plan` (one engine, this process)."""
+def generate_shards(cfg: EvalConfig, problems: Problems, plan, shard_indices: list[int], rank: int = 0,
+                    devices: list[str] | None = None) -> None:
+    """Generate, verify and store the given shards of `plan` (one engine, this process: a data-parallel worker's
+    on its `devices`)."""
+    if devices is not None:  # before torch/vllm are imported in this fresh (spawned) process
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
     from tqdm.auto import tqdm
 
     from repexp.evaluate.engines import encode_prompts, generate_samples, load_engine
 
-    store = SampleStore(cfg.out_dir)
-    n = cfg.settings.n
-    total = sum(len(plan[i]) for i in shard_indices) * n
+    store, seed = SampleStore(cfg.out_dir), cfg.settings.seed
+    total = sum(len(plan[i]) for i in shard_indices) * cfg.settings.n
     engine = load_engine(cfg.engine, cfg.model_path, cfg.options, seed=cfg.settings.seed)
     try:
         bar = tqdm(total=total, unit="sample", desc=f"eval[{rank}]" if cfg.data_parallel_size > 1 else "eval",
@@ -219,22 +222,14 @@ def generate_shards(cfg: EvalConfig, problems: Problems, plan, shard_indices: li
             idx = [int(j) for j in plan[i]]
             started = time.perf_counter()
             prompt_ids = encode_prompts(engine.tokenizer, [problems.prompts[j] for j in idx])
-            completions = generate_samples(
-                engine,
-                prompt_ids,
-                cfg.settings,
-                shard_seed=core.derived_seed(cfg.settings.seed, i),
-                prompt_seeds=[core.derived_seed(cfg.settings.seed, i, j) for j in range(len(idx))],
-                progress=bar.update,
-            )
+            completions = generate_samples(engine, prompt_ids, cfg.settings, shard_seed=core.derived_seed(seed, i),
+                                           prompt_seeds=[core.derived_seed(seed, i, j) for j in range(len(idx))],
+                                           progress=bar.update)
             generation_seconds = time.perf_counter() - started
-            rows: dict[str, list] = {c: [] for c in (
-                "problem_id", "sample_index", "response", "num_tokens", "finish_reason", "data_source", "ground_truth")}
-            for j, samples in zip(idx, completions):
-                for s, c in enumerate(samples):
-                    for name, value in zip(rows, (problems.problem_ids[j], s, c.text, c.num_tokens, c.finish_reason,
-                                                  problems.data_sources[j], problems.ground_truths[j])):
-                        rows[name].append(value)
+            samples = [(problems.problem_ids[j], s, c.text, c.num_tokens, c.finish_reason, problems.data_sources[j],
+                        problems.ground_truths[j]) for j, row in zip(idx, completions) for s, c in enumerate(row)]
+            rows = dict(zip(("problem_id", "sample_index", "response", "num_tokens", "finish_reason", "data_source",
+                             "ground_truth"), map(list, zip(*samples))))
             scoring_started = time.perf_counter()
             rows["score"], rows["answer"] = _score(rows["data_source"], rows["response"], rows["ground_truth"],
                                                    cfg.verifier_workers, cfg.grader)
@@ -247,12 +242,6 @@ def generate_shards(cfg: EvalConfig, problems: Problems, plan, shard_indices: li
         bar.close()
     finally:
         engine.close()
-
-
-def _data_parallel_worker(cfg: EvalConfig, problems, plan, shard_indices, rank: int, devices: list[str] | None) -> None:
-    if devices is not None:  # before torch/vllm are imported in this fresh (spawned) process
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
-    generate_shards(cfg, problems, plan, shard_indices, rank=rank)
 
 
 def _generate_data_parallel(cfg: EvalConfig, problems: Problems, plan, todo: list[int]) -> None:
@@ -268,21 +257,14 @@ def _generate_data_parallel(cfg: EvalConfig, problems: Problems, plan, todo: lis
         raise ValueError(f"data_parallel_size {dp} × tensor_parallel_size {tp} needs {dp * tp} GPUs; "
                          f"{len(gpus)} visible")
     ctx = multiprocessing.get_context("spawn")
-    workers = []
-    for rank in range(dp):
-        shards = todo[rank::dp]
-        if not shards:
-            continue
-        devices = gpus[rank * tp : (rank + 1) * tp] if gpus else None
-        proc = ctx.Process(target=_data_parallel_worker, args=(cfg, problems, plan, shards, rank, devices),
-                           name=f"repexp-eval-{rank}")
+    workers = [ctx.Process(target=generate_shards, name=f"repexp-eval-{rank}",
+                           args=(cfg, problems, plan, todo[rank::dp], rank, gpus[rank * tp : (rank + 1) * tp] or None))
+               for rank in range(min(dp, len(todo)))]  # a rank without shards gets no process
+    for proc in workers:
         proc.start()
-        workers.append(proc)
-    failed = []
     for proc in workers:
         proc.join()
-        if proc.exitcode != 0:
-            failed.append(f"{proc.name} (exit {proc.exitcode})")
+    failed = [f"{proc.name} (exit {proc.exitcode})" for proc in workers if proc.exitcode != 0]
     if failed:
         raise RuntimeError(f"data-parallel generation failed in {', '.join(failed)}; completed shards are kept")
 

@@ -83,12 +83,8 @@ def samples_to_correct(first: np.ndarray, n: np.ndarray, c: np.ndarray, weights:
 
 def _interval(samples: np.ndarray) -> list[float | None]:
     """2.5 and 97.5 percentiles over axis 0 ignoring NaN (None where every replicate is NaN)."""
-    finite = np.isfinite(samples)
-    out = []
-    for column, ok in zip(np.atleast_2d(samples.T), np.atleast_2d(finite.T)):
-        values = column[ok]
-        out.append([float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))] if values.size else None)
-    return out
+    columns = [column[np.isfinite(column)] for column in np.atleast_2d(samples.T)]
+    return [[float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))] if v.size else None for v in columns]
 
 
 def testtime_result(

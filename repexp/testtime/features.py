@@ -83,7 +83,7 @@ def shard_features(store, problems, plan, settings: FeatureSettings, out_dir: Pa
     _open_cache(cache_dir, settings.cache_key(generation))
     prompt_of = dict(zip(problems.problem_ids, problems.prompts))
     tokenizer = backbone = projection = None
-    per_problem: dict[str, dict[str, Any]] = {}
+    samples: dict[str, list[tuple]] = {}  # problem id → (sample index, score, shard, row) of its samples
     shard_tensors = []
     computed, started = 0, time.perf_counter()
     for i in range(len(plan)):
@@ -116,16 +116,14 @@ def shard_features(store, problems, plan, settings: FeatureSettings, out_dir: Pa
             raise ValueError(f"{cached}: {features.shape[0]} feature rows for {len(shard['problem_id'])} samples")
         shard_tensors.append(features)
         for row, (pid, index, score) in enumerate(zip(shard["problem_id"], shard["sample_index"], shard["score"])):
-            entry = per_problem.setdefault(pid, {"index": [], "score": [], "rows": [], "shard": i})
-            entry["index"].append(int(index))
-            entry["score"].append(float(score))
-            entry["rows"].append(row)
+            samples.setdefault(pid, []).append((int(index), float(score), i, row))
     if computed:
         seconds = time.perf_counter() - started
         print(f"testtime: features of {computed} samples in {seconds:.1f} s ({computed / seconds:.1f} samples/s)",
               file=sys.stderr)
-    for entry in per_problem.values():  # in sample-index order
-        index, score, rows = zip(*sorted(zip(entry["index"], entry["score"], entry.pop("rows"))))
-        entry.update(index=list(index), score=list(score),
-                     features=shard_tensors[entry["shard"]][torch.tensor(rows, dtype=torch.long)])
+    per_problem = {}
+    for pid, taken in samples.items():  # in sample-index order
+        index, score, shards, rows = zip(*sorted(taken))
+        per_problem[pid] = {"index": list(index), "score": list(score),
+                            "features": shard_tensors[shards[0]][torch.tensor(rows, dtype=torch.long)]}
     return per_problem
