@@ -52,7 +52,6 @@ class EvalConfig:
     grader: str = DEFAULT_GRADER
 
     def __post_init__(self) -> None:
-        check_grader(self.grader)  # shard_size is checked before the config is built
         if self.data_parallel_size < 1:
             raise ValueError(f"data_parallel_size must be >= 1, got {self.data_parallel_size}")
         if self.max_shards is not None and self.max_shards < 0:
@@ -86,22 +85,6 @@ def resolve_model(model: str | None, pointer: str | Path | None) -> tuple[str, i
     return model, None if step is None else int(step)
 
 
-def _generation_key(cfg: EvalConfig, problems: Problems) -> dict[str, Any]:
-    """What determines the samples; a resumed run must match it exactly."""
-    key = {
-        "model_path": cfg.model_path,
-        "checkpoint_step": cfg.checkpoint_step,
-        "data_hash": problems.data_hash,
-        "num_problems": len(problems),
-        "sampling": dataclasses.asdict(cfg.settings),
-        "shard_size": cfg.shard_size,
-        "engine": cfg.engine,
-    }
-    if cfg.engine == "hf":  # hf samples depend on how sequences share a generate call
-        key["batch_size"] = cfg.options.batch_size
-    return key
-
-
 def evaluate(cfg: EvalConfig) -> dict[str, Any] | None:
     """Generate the missing shards, then write `eval.json`. Returns it, or None if stopped early."""
     problems = load_problems(cfg.data_path, limit=cfg.limit)
@@ -109,7 +92,17 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any] | None:
     store = SampleStore(cfg.out_dir)
     meta = {
         "format": core.STORE_FORMAT,
-        "generation": _generation_key(cfg, problems),
+        "generation": {  # what determines the samples: a resumed run must match it exactly
+            "model_path": cfg.model_path,
+            "checkpoint_step": cfg.checkpoint_step,
+            "data_hash": problems.data_hash,
+            "num_problems": len(problems),
+            "sampling": dataclasses.asdict(cfg.settings),
+            "shard_size": cfg.shard_size,
+            "engine": cfg.engine,
+            # hf samples depend on how sequences share a generate call
+            **({"batch_size": cfg.options.batch_size} if cfg.engine == "hf" else {}),
+        },
         "num_shards": len(plan),
         "task": cfg.task or cfg.data_path.parent.name,
         "split": cfg.split or cfg.data_path.stem,

@@ -128,10 +128,8 @@ class SampleStore:
     def read_shard(self, index: int, columns: Iterable[str] | None = None) -> dict[str, list]:
         import pyarrow.parquet as pq
 
-        path = self.shard_path(index)
-        if not path.exists():
-            raise FileNotFoundError(f"{path}: shard missing")
-        return pq.read_table(path, columns=list(columns) if columns else None).to_pydict()
+        # callers read shards they found complete (complete_shards, read_complete)
+        return pq.read_table(self.shard_path(index), columns=list(columns) if columns else None).to_pydict()
 
     # -- timings (kept apart so that shard files are byte-identical across reruns) --------
     def timing_path(self, index: int) -> Path:

@@ -3,17 +3,12 @@
     repexp testtime --eval-dir results/eval/gsm8k/base --model results/models/smollm2 \\
         --out results/testtime/gsm8k/base
 
-For every problem of the evaluation the verifier is called on its n samples in RepExp order: each
-time the sample with the largest elliptical bonus with respect to the samples already taken
-(`repexp.elliptical_order.greedy_order`; features of the frozen `--model`, mean-pooled over the
-response, sparse projection, the training bonus's λ and centring). `testtime.json` compares that
-order with a random order of the same samples: pass@k of both, verifier efficiency at reference ks,
-samples-to-correct (the paper's metric) and bootstrap intervals over problems (`core`).
-
-Outputs in `--out` (each written atomically; `testtime.json` last, so its presence means complete):
-`features/` (cached projected features per eval shard: an interrupted run resumes), `order.parquet`
-(each problem's order and the bonus of each sample when taken) and `testtime.json`.
-See docs/evaluation.md, "Test-time RepExp".
+Every problem's n samples are put in RepExp order (`repexp.elliptical_order.greedy_order` on the
+`features` of the frozen `--model`, with the training bonus's λ and centring); `testtime.json`
+compares that order with a random one (`core`). Outputs in `--out`, each written atomically:
+`features/` (cached per eval shard: an interrupted run resumes), `order.parquet` (each problem's
+order and the bonus of each sample when taken) and `testtime.json` (last: its presence means
+complete). See docs/evaluation.md, "Test-time RepExp".
 """
 
 from __future__ import annotations
