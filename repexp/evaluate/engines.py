@@ -1,8 +1,7 @@
 """Generation engines behind one interface: `hf` (transformers `generate`) and `vllm` (offline `LLM`).
 
-Both take the same prompt token ids (rendered once with the model's chat template by :func:`load_tokenizer` +
-:func:`encode_prompts`) and return, per prompt, ``n`` :class:`Completion` objects with the same fields: the
-decoded response (special tokens skipped), the number of generated tokens including the terminating
+Both take the same prompt token ids (:func:`encode_prompts`) and return, per prompt, ``n`` :class:`Completion`
+objects: the decoded response (special tokens skipped), the generated tokens counted with the terminating
 end-of-sequence token, and ``stop``/``length``.
 
 Randomness: the `hf` engine seeds torch's generator with the shard seed before a shard, so a shard's samples
@@ -175,11 +174,10 @@ class HFEngine(_Engine):
     def generate(self, prompt_token_ids, settings, *, shard_seed, prompt_seeds=(), progress=None):
         import torch
 
-        if self.max_model_len is not None:
-            for ids in prompt_token_ids:
-                if len(ids) + settings.max_new_tokens > self.max_model_len:
-                    raise ValueError(f"a prompt of {len(ids)} tokens + max_new_tokens {settings.max_new_tokens} "
-                                     f"exceeds max_model_len {self.max_model_len}")
+        longest = max(map(len, prompt_token_ids))
+        if self.max_model_len is not None and longest + settings.max_new_tokens > self.max_model_len:
+            raise ValueError(f"a prompt of {longest} tokens + max_new_tokens {settings.max_new_tokens} "
+                             f"exceeds max_model_len {self.max_model_len}")
         results: list[list[Completion | None]] = [[None] * settings.n for _ in prompt_token_ids]
         pad = self.tokenizer.pad_token_id
         eos = torch.tensor(self.eos_ids, device=self.device)

@@ -133,7 +133,12 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any] | None:
     result = _assemble(store, problems.problem_ids, plan, _metadata(meta), ks=cfg.ks,
                        maj_draws=cfg.maj_draws, grader=cfg.grader, workers=cfg.verifier_workers)
     write_json_atomic(eval_path, result)
-    _report_throughput(store, len(plan))
+    timings = [read_json(p) if (p := store.timing_path(i)).exists() else {} for i in range(len(plan))]
+    seconds = sum(float(t.get("generation_seconds", 0)) for t in timings)
+    samples = sum(float(t.get("num_samples", 0)) for t in timings)
+    if seconds > 0:
+        print(f"eval: {int(samples)} samples, {seconds:.1f} s generation, {samples / seconds:.2f} samples/s",
+              file=sys.stderr)
     return result
 
 
@@ -332,15 +337,6 @@ def _assemble(store, problem_ids, plan, metadata, *, ks, maj_draws, grader, work
         maj_draws=maj_draws,
         metadata=metadata,
     )
-
-
-def _report_throughput(store: SampleStore, num_shards: int) -> None:
-    timings = [read_json(p) if (p := store.timing_path(i)).exists() else {} for i in range(num_shards)]
-    seconds = sum(float(t.get("generation_seconds", 0)) for t in timings)
-    samples = sum(float(t.get("num_samples", 0)) for t in timings)
-    if seconds > 0:
-        print(f"eval: {int(samples)} samples, {seconds:.1f} s generation, {samples / seconds:.2f} samples/s",
-              file=sys.stderr)
 
 
 def rescore(out_dir: str | Path, *, ks=None, maj_draws: int = 1000, verifier_workers: int | None = None,

@@ -37,8 +37,6 @@ def first_correct_positions(orders: Sequence[Sequence[int]], scores: Sequence[Se
 
     `orders[p]` is a permutation of range(len(scores[p])); scores are 0/1 verifier scores.
     """
-    if len(orders) != len(scores):
-        raise ValueError(f"{len(orders)} orders but {len(scores)} score lists")
     out = np.full(len(orders), np.inf)
     for p, (order, score) in enumerate(zip(orders, scores)):
         order = np.asarray(order, dtype=np.int64)
