@@ -309,10 +309,9 @@ def generate_samples(engine: HFEngine | VLLMEngine, prompt_token_ids: Sequence[S
 
 
 def load_engine(name: str, model_path: str, options: EngineOptions, *, seed: int = 0) -> HFEngine | VLLMEngine:
+    """`name`: hf or vllm (resolved by resolve_engine)."""
     if name == "hf":
         return HFEngine.load(model_path, options)
-    if name == "vllm":
-        if not vllm_available():
-            raise RuntimeError("engine 'vllm' requested but vllm is not importable in this environment")
-        return VLLMEngine(model_path, options, seed=seed)
-    raise ValueError(f"unknown engine {name!r} (resolve 'auto' first)")
+    if not vllm_available():
+        raise RuntimeError("engine 'vllm' requested but vllm is not importable in this environment")
+    return VLLMEngine(model_path, options, seed=seed)

@@ -300,15 +300,14 @@ def _grader_keys(ordered: list[dict[str, list]], grader: str, ks) -> dict[str, A
     ks = [int(k) for k in ks] if ks is not None else passk.power_of_two_ks(min(n))
     own = [sum(e["score"]) for e in ordered]
     theirs = [sum(e["other"]) for e in ordered]
-    mine_only = sum(int(a == 1 and b == 0) for e in ordered for a, b in zip(e["score"], e["other"]))
-    other_only = sum(int(a == 0 and b == 1) for e in ordered for a, b in zip(e["score"], e["other"]))
-    total = sum(n)
+    pairs = [(a, b) for e in ordered for a, b in zip(e["score"], e["other"])]  # 0/1 scores
+    mine_only, other_only = sum(int(a > b) for a, b in pairs), sum(int(a < b) for a, b in pairs)
     return {
         "grader": grader,
         "graders": {grader: core.grader_curve(n, own, ks), other: core.grader_curve(n, theirs, ks)},
         "grader_agreement": {
-            "samples": total,
-            "agree_fraction": (total - mine_only - other_only) / total,
+            "samples": len(pairs),
+            "agree_fraction": (len(pairs) - mine_only - other_only) / len(pairs),
             f"{grader}_only_correct": mine_only,
             f"{other}_only_correct": other_only,
         },
@@ -326,17 +325,10 @@ def _assemble(store, problem_ids, plan, metadata, *, ks, maj_draws, grader, work
     if extra:
         raise ValueError(f"{store.dir}: samples of unknown problems {sorted(extra)[:5]}")
     ordered = [per_problem[pid] for pid in problem_ids]
-    metadata = {**metadata, **_grader_keys(ordered, grader, ks)}
-    return core.eval_result(
-        problem_ids=problem_ids,
-        scores=[e["score"] for e in ordered],
-        answers=[e["answer"] for e in ordered],
-        num_tokens=[e["tokens"] for e in ordered],
-        truncated=[e["truncated"] for e in ordered],
-        ks=ks,
-        maj_draws=maj_draws,
-        metadata=metadata,
-    )
+    return core.eval_result(problem_ids=problem_ids, scores=[e["score"] for e in ordered],
+                            answers=[e["answer"] for e in ordered], num_tokens=[e["tokens"] for e in ordered],
+                            truncated=[e["truncated"] for e in ordered], ks=ks, maj_draws=maj_draws,
+                            metadata={**metadata, **_grader_keys(ordered, grader, ks)})
 
 
 def rescore(out_dir: str | Path, *, ks=None, maj_draws: int = 1000, verifier_workers: int | None = None,

@@ -1,15 +1,12 @@
 """Features of an evaluation's stored samples: the frozen model's mean last hidden state, projected.
 
-The feature of a sample is the training bonus's (docs/bonus.md): the feature model's `last_hidden_state`
-averaged over the response tokens, the first EOS included and the prompt in context but not pooled
-(`repexp.features.completion_features`), then multiplied by a seeded sparse projection
-(`repexp.elliptical.sparse_projection`). Prompts are rendered with the feature model's chat template
-exactly as `repexp eval` rendered them; the stored response text is re-tokenised (special tokens
-were skipped when it was decoded) and the EOS token is appended to responses that stopped.
-
-Projected features are cached per eval shard under `<out>/features/` (`shard-<i>.pt`, written
-atomically, plus `meta.json` with what determines them), so an interrupted run resumes from the
-shards it has and a rerun with other settings recomputes instead of mixing.
+The feature of a sample is the training bonus's (docs/bonus.md): `repexp.features.completion_features`
+(response tokens pooled, the first EOS included, the prompt in context) times a seeded
+`repexp.elliptical.sparse_projection`. Prompts are rendered exactly as `repexp eval` rendered them; the
+stored response text is re-tokenised and, as special tokens were skipped when it was decoded, EOS is
+appended to responses that stopped. Projected features are cached per eval shard under `<out>/features/`
+(`shard-<i>.pt` + `meta.json` with what determines them): an interrupted run resumes from the shards it
+has, a rerun with other settings recomputes instead of mixing.
 """
 
 from __future__ import annotations
