@@ -38,16 +38,13 @@ class SamplingSettings:
 
     def __post_init__(self) -> None:
         # n is checked by repexp.evaluate before any settings are built
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be 0 (disabled) or positive, got {self.top_k}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        for name, ok, rule in (("temperature", self.temperature >= 0, "be >= 0"),
+                               ("top_p", 0 < self.top_p <= 1, "lie in (0, 1]"),
+                               ("top_k", self.top_k >= 0, "be 0 (disabled) or positive"),
+                               ("max_new_tokens", self.max_new_tokens >= 1, "be >= 1"),
+                               ("seed", self.seed >= 0, "be >= 0")):
+            if not ok:
+                raise ValueError(f"{name} must {rule}, got {getattr(self, name)}")
 
     @property
     def greedy(self) -> bool:

@@ -72,6 +72,10 @@ def resolve_engine(name: str) -> str:
     return "vllm" if vllm_available() and torch.cuda.is_available() else "hf"
 
 
+def resolve_dtype(dtype: str, device: str) -> str:
+    return ("bfloat16" if device.startswith("cuda") else "float32") if dtype == "auto" else dtype
+
+
 def load_tokenizer(model_path: str):
     from transformers import AutoTokenizer
 
@@ -153,7 +157,7 @@ class HFEngine(_Engine):
         from transformers import AutoModelForCausalLM
 
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = options.dtype if options.dtype != "auto" else "bfloat16" if device.type == "cuda" else "float32"
+        dtype = resolve_dtype(options.dtype, device.type)
         tokenizer = load_tokenizer(model_path)
         try:
             model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(device)

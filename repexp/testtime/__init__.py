@@ -109,10 +109,11 @@ def testtime(job) -> dict:
     import torch
 
     from repexp.elliptical_order import greedy_order, pad_pools
+    from repexp.evaluate.engines import resolve_dtype
     from repexp.evaluate.runner import resolve_model
     from repexp.io import atomic_path, write_json_atomic
     from repexp.testtime import core
-    from repexp.testtime.features import FeatureSettings, resolve_device, resolve_dtype, shard_features
+    from repexp.testtime.features import FeatureSettings, resolve_device, shard_features
 
     _check_job(job)
     out = Path(job.out)

@@ -48,10 +48,6 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def resolve_dtype(dtype: str, device: str) -> str:
-    return ("bfloat16" if device.startswith("cuda") else "float32") if dtype == "auto" else dtype
-
-
 def _open_cache(cache_dir: Path, key: dict[str, Any]) -> None:
     meta = cache_dir / layout.SAMPLES_META
     if meta.exists():
