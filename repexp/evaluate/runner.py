@@ -272,12 +272,10 @@ def _read_samples(store: SampleStore, plan, other: str, workers: int | None) -> 
     their scores under the `other` grader, computed here from the stored responses."""
     from repexp import verify
 
-    columns = ["problem_id", "sample_index", "score", "answer", "num_tokens", "finish_reason", "response",
-               "data_source", "ground_truth"]
     per_problem: dict[str, dict[str, list]] = {}
     with verify.VerifierPool(workers) as pool:  # its processes start on first use: only for big Math-Verify shards
         for i in range(len(plan)):
-            shard = store.read_shard(i, columns)
+            shard = store.read_shard(i)  # every column
             big = len(shard["response"]) >= verify.MIN_POOL_ITEMS
             others = verify.score_batch(shard["data_source"], shard["response"], shard["ground_truth"],
                                         pool=pool if big else None, workers=1, grader=other)

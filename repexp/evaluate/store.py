@@ -75,10 +75,8 @@ class SampleStore:
                 self.set_aside_damaged(shard_rows)
                 return self.complete_shards()
             if not overwrite:
-                raise ValueError(
-                    f"{self.meta_path}: the stored samples were generated with different settings "
-                    f"({'; '.join(diffs)}); use another --out or pass --overwrite to discard them"
-                )
+                raise ValueError(f"{self.meta_path}: the stored samples were generated with different settings "
+                                 f"({'; '.join(diffs)}); use another --out or pass --overwrite to discard them")
             shutil.rmtree(self.dir)
         elif self.dir.exists() and any(self.dir.glob(layout.shard_glob(SHARD_SUFFIX))):
             if not overwrite:
