@@ -100,45 +100,27 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def check_sizes(n_samples: int, shard_size: int) -> None:
-    """The config's size limits for a direct `repexp eval` call: a trillion samples is a typo, not a job."""
-    if not 1 <= n_samples <= MAX_SAMPLES_PER_PROBLEM:
-        raise ValueError(f"--n-samples: {n_samples} is outside 1..{MAX_SAMPLES_PER_PROBLEM}")
-    if shard_size < 1 or shard_size * n_samples > MAX_SHARD_SAMPLES:
-        raise ValueError(f"--shard-size: {shard_size} problems × {n_samples} samples exceeds the "
-                         f"{MAX_SHARD_SAMPLES:,} samples one shard may hold in memory")
-
-
 def run(args: argparse.Namespace) -> int:
-    from repexp.evaluate import runner
     from repexp.jobs import EvalJob, from_args
 
-    if not args.rescore:
-        return run_job(from_args(EvalJob, args)).code
-    try:
-        result = runner.rescore(args.out, ks=args.ks, maj_draws=args.maj_draws,
-                                verifier_workers=args.verifier_workers, grader=args.grader)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"eval: {err}", file=sys.stderr)
-        return 2
-    _report(result, Path(args.out))
-    return 0
+    return run_job(from_args(EvalJob, args), rescore=args.rescore).code
 
 
-def run_job(job):
-    """Sample and grade one evaluation (`repexp.jobs.EvalJob`: the workflow's and `repexp eval`'s)."""
+def run_job(job, rescore: bool = False):
+    """Sample and grade one evaluation (`repexp.jobs.EvalJob`: the workflow's and `repexp eval`'s), or with
+    `rescore` re-grade its stored samples."""
     from repexp.evaluate import runner
 
     try:
-        check_sizes(job.n_samples, job.shard_size)  # before any store or engine exists
-        result = runner.evaluate(_config_from_job(job))
+        result = runner.rescore(job.out, ks=job.ks, maj_draws=job.maj_draws, verifier_workers=job.verifier_workers,
+                                grader=job.grader) if rescore else runner.evaluate(_config_from_job(job))
     except (FileNotFoundError, ValueError) as err:
         print(f"eval: {err}", file=sys.stderr)
         return StageResult(code=2)
     if result is None:
         return StageResult()  # stopped early on purpose (--max-shards); eval.json is not written
     _report(result, Path(job.out))
-    return node_outputs(result)
+    return StageResult() if rescore else node_outputs(result)
 
 
 def node_outputs(result: dict):
@@ -176,6 +158,12 @@ def _config_from_job(job):
     from repexp.evaluate.engines import EngineOptions, resolve_engine
     from repexp.evaluate.runner import EvalConfig, resolve_model
 
+    # the config's size limits, before any store or engine exists: a trillion samples is a typo, not a job
+    if not 1 <= job.n_samples <= MAX_SAMPLES_PER_PROBLEM:
+        raise ValueError(f"--n-samples: {job.n_samples} is outside 1..{MAX_SAMPLES_PER_PROBLEM}")
+    if job.shard_size < 1 or job.shard_size * job.n_samples > MAX_SHARD_SAMPLES:
+        raise ValueError(f"--shard-size: {job.shard_size} problems × {job.n_samples} samples exceeds the "
+                         f"{MAX_SHARD_SAMPLES:,} samples one shard may hold in memory")
     if job.data is None:
         raise ValueError("--data is required (unless --rescore)")
     model_path, step = resolve_model(job.model, job.model_pointer)

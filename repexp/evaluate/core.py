@@ -37,17 +37,14 @@ class SamplingSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        # n is checked by check_sizes (repexp.evaluate) before any settings are built
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be 0 (disabled) or positive, got {self.top_k}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        # n is checked by repexp.evaluate before any settings are built
+        for name, ok, rule in (("temperature", self.temperature >= 0, "be >= 0"),
+                               ("top_p", 0 < self.top_p <= 1, "lie in (0, 1]"),
+                               ("top_k", self.top_k >= 0, "be 0 (disabled) or positive"),
+                               ("max_new_tokens", self.max_new_tokens >= 1, "be >= 1"),
+                               ("seed", self.seed >= 0, "be >= 0")):
+            if not ok:
+                raise ValueError(f"{name} must {rule}, got {getattr(self, name)}")
 
     @property
     def greedy(self) -> bool:
@@ -68,11 +65,6 @@ def derived_seed(*parts: int) -> int:
     """A 62-bit seed derived from integers (e.g. (seed, shard) or (seed, shard, prompt))."""
     state = np.random.SeedSequence([int(p) for p in parts]).generate_state(1, dtype=np.uint64)[0]
     return int(state) >> 2
-
-
-def prompt_seeds(seed: int, shard_index: int, num_prompts: int) -> list[int]:
-    """One seed per prompt of a shard (engines with per-request seeds use these)."""
-    return [derived_seed(seed, shard_index, j) for j in range(num_prompts)]
 
 
 def content_hash(records: Sequence[Any]) -> str:
@@ -102,13 +94,10 @@ def eval_result(
 ) -> dict[str, Any]:
     """The `eval.json` object from per-problem sample scores (and extracted answers for maj@k).
 
-    ``scores[p]`` are problem p's 0/1 verifier scores, one per sample. Keys follow the evaluation
-    contract in docs/architecture.md; ``metadata`` (model path, sampling, …) is merged in.
+    ``scores[p]`` are problem p's 0/1 verifier scores, one per sample (the problem ids are unique: load_problems
+    checks). Keys follow the evaluation contract in docs/architecture.md; ``metadata`` (model path, sampling, …)
+    is merged in.
     """
-    if len(problem_ids) != len(scores):
-        raise ValueError(f"{len(problem_ids)} problem ids but {len(scores)} score lists")
-    if len(set(problem_ids)) != len(problem_ids):
-        raise ValueError("problem ids are not unique")
     n = np.array([len(s) for s in scores], dtype=np.int64)
     flat = np.concatenate([np.asarray(s, dtype=np.float64) for s in scores]) if len(scores) else np.array([])
     if not np.all((flat == 0) | (flat == 1)):

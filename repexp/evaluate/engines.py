@@ -1,8 +1,7 @@
 """Generation engines behind one interface: `hf` (transformers `generate`) and `vllm` (offline `LLM`).
 
-Both take the same prompt token ids (rendered once with the model's chat template by :func:`load_tokenizer` +
-:func:`encode_prompts`) and return, per prompt, ``n`` :class:`Completion` objects with the same fields: the
-decoded response (special tokens skipped), the number of generated tokens including the terminating
+Both take the same prompt token ids (:func:`encode_prompts`) and return, per prompt, ``n`` :class:`Completion`
+objects: the decoded response (special tokens skipped), the generated tokens counted with the terminating
 end-of-sequence token, and ``stop``/``length``.
 
 Randomness: the `hf` engine seeds torch's generator with the shard seed before a shard, so a shard's samples
@@ -21,6 +20,7 @@ from typing import Any
 
 from repexp.config import DTYPES, ENGINES
 from repexp.evaluate.core import EVAL_DEFAULTS, SamplingSettings
+from repexp.io import read_json
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,9 +57,6 @@ class EngineOptions:
             raise ValueError(f"gpu_memory_utilization must lie in (0, 1], got {self.gpu_memory_utilization}")
 
 
-ProgressCallback = Callable[[int], None]
-
-
 def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
@@ -73,6 +70,10 @@ def resolve_engine(name: str) -> str:
     import torch
 
     return "vllm" if vllm_available() and torch.cuda.is_available() else "hf"
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    return ("bfloat16" if device.startswith("cuda") else "float32") if dtype == "auto" else dtype
 
 
 def load_tokenizer(model_path: str):
@@ -95,19 +96,15 @@ def encode_prompts(tokenizer, chats: Sequence[list[dict]]) -> list[list[int]]:
 
 def _read_config(model_path: str, name: str) -> dict[str, Any]:
     """A JSON file of a local model directory ({} when absent, e.g. for a hub id)."""
-    import json
-
     path = Path(model_path) / name
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return read_json(path) if path.is_file() else {}
 
 
 def stop_token_ids(model_path: str, tokenizer) -> list[int]:
     """End-of-sequence ids: the tokenizer's eos plus any in the model's generation_config.json."""
-    ids: list[int] = []
     eos = _read_config(model_path, "generation_config.json").get("eos_token_id")
-    for token in [tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])]:
-        if token is not None and int(token) not in ids:
-            ids.append(int(token))
+    tokens = [tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])]
+    ids = list(dict.fromkeys(int(token) for token in tokens if token is not None))
     if not ids:
         raise ValueError(f"{model_path}: no end-of-sequence token defined")
     return ids
@@ -121,19 +118,22 @@ def plan_batches(prompt_lengths: Sequence[int], n: int, batch_size: int) -> list
     visited in order of length (stable) so that a call pads little.
     """
     order = sorted(range(len(prompt_lengths)), key=lambda i: prompt_lengths[i])
-    calls: list[list[tuple[int, int, int]]] = []
     if n >= batch_size:
-        for p in order:
-            for start in range(0, n, batch_size):
-                calls.append([(p, start, min(batch_size, n - start))])
-    else:
-        per_call = batch_size // n
-        for i in range(0, len(order), per_call):
-            calls.append([(p, 0, n) for p in order[i : i + per_call]])
-    return calls
+        return [[(p, start, min(batch_size, n - start))] for p in order for start in range(0, n, batch_size)]
+    per_call = batch_size // n
+    return [[(p, 0, n) for p in order[i : i + per_call]] for i in range(0, len(order), per_call)]
 
 
-class HFEngine:
+class _Engine:
+    def close(self) -> None:
+        """Drop the model (and, once collected, its memory) before another one loads."""
+        import gc
+
+        vars(self).clear()
+        gc.collect()
+
+
+class HFEngine(_Engine):
     """transformers `generate`: several prompts × num_return_sequences per call, left padding."""
 
     name = "hf"
@@ -157,7 +157,7 @@ class HFEngine:
         from transformers import AutoModelForCausalLM
 
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = options.dtype if options.dtype != "auto" else "bfloat16" if device.type == "cuda" else "float32"
+        dtype = resolve_dtype(options.dtype, device.type)
         tokenizer = load_tokenizer(model_path)
         try:
             model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(device)
@@ -178,11 +178,10 @@ class HFEngine:
     def generate(self, prompt_token_ids, settings, *, shard_seed, prompt_seeds=(), progress=None):
         import torch
 
-        if self.max_model_len is not None:
-            for ids in prompt_token_ids:
-                if len(ids) + settings.max_new_tokens > self.max_model_len:
-                    raise ValueError(f"a prompt of {len(ids)} tokens + max_new_tokens {settings.max_new_tokens} "
-                                     f"exceeds max_model_len {self.max_model_len}")
+        longest = max(map(len, prompt_token_ids))
+        if self.max_model_len is not None and longest + settings.max_new_tokens > self.max_model_len:
+            raise ValueError(f"a prompt of {longest} tokens + max_new_tokens {settings.max_new_tokens} "
+                             f"exceeds max_model_len {self.max_model_len}")
         results: list[list[Completion | None]] = [[None] * settings.n for _ in prompt_token_ids]
         pad = self.tokenizer.pad_token_id
         eos = torch.tensor(self.eos_ids, device=self.device)
@@ -239,14 +238,8 @@ class HFEngine:
                                    attention_mask=torch.repeat_interleave(attention, count, dim=0),
                                    past_key_values=cache, generation_config=self._generation_config(settings, 1))
 
-    def close(self) -> None:
-        import gc
 
-        del self.model
-        gc.collect()
-
-
-class VLLMEngine:
+class VLLMEngine(_Engine):
     """vLLM's offline `LLM.generate`, n samples per prompt via SamplingParams(n, seed)."""
 
     name = "vllm"
@@ -287,8 +280,6 @@ class VLLMEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        if len(prompt_seeds) != len(prompt_token_ids):
-            raise ValueError("the vllm engine needs one seed per prompt")
         params = [SamplingParams(n=settings.n, temperature=settings.temperature, top_p=settings.top_p,
                                  top_k=settings.top_k, max_tokens=settings.max_new_tokens, seed=int(seed),
                                  stop_token_ids=list(self.eos_ids), skip_special_tokens=True) for seed in prompt_seeds]
@@ -307,33 +298,24 @@ class VLLMEngine:
             progress(settings.n * len(prompt_token_ids))
         return results
 
-    def close(self) -> None:
-        import gc
-
-        del self.llm
-        gc.collect()
 
 
 def generate_samples(engine: HFEngine | VLLMEngine, prompt_token_ids: Sequence[Sequence[int]],
                      settings: SamplingSettings, *, shard_seed: int, prompt_seeds: Sequence[int],
-                     progress: ProgressCallback | None = None) -> list[list[Completion]]:
+                     progress: Callable[[int], None] | None = None) -> list[list[Completion]]:
     """`engine.generate`, except that greedy decoding runs once per prompt and is repeated n times
     (both engines refuse n > 1 without sampling; the n samples would be identical anyway)."""
-    if not (settings.greedy and settings.n > 1):
-        return engine.generate(prompt_token_ids, settings, shard_seed=shard_seed, prompt_seeds=prompt_seeds,
-                               progress=progress)
-    single = dataclasses.replace(settings, n=1)
-    scaled = None if progress is None else (lambda count: progress(count * settings.n))
-    once = engine.generate(prompt_token_ids, single, shard_seed=shard_seed, prompt_seeds=prompt_seeds,
-                           progress=scaled)
-    return [row * settings.n for row in once]
+    repeat = settings.n if settings.greedy else 1
+    scaled = None if progress is None else (lambda count: progress(count * repeat))
+    once = engine.generate(prompt_token_ids, dataclasses.replace(settings, n=settings.n // repeat),
+                           shard_seed=shard_seed, prompt_seeds=prompt_seeds, progress=scaled)
+    return [row * repeat for row in once]
 
 
 def load_engine(name: str, model_path: str, options: EngineOptions, *, seed: int = 0) -> HFEngine | VLLMEngine:
+    """`name`: hf or vllm (resolved by resolve_engine)."""
     if name == "hf":
         return HFEngine.load(model_path, options)
-    if name == "vllm":
-        if not vllm_available():
-            raise RuntimeError("engine 'vllm' requested but vllm is not importable in this environment")
-        return VLLMEngine(model_path, options, seed=seed)
-    raise ValueError(f"unknown engine {name!r} (resolve 'auto' first)")
+    if not vllm_available():
+        raise RuntimeError("engine 'vllm' requested but vllm is not importable in this environment")
+    return VLLMEngine(model_path, options, seed=seed)

@@ -10,7 +10,6 @@ from repexp.evaluate.core import content_hash
 
 @dataclasses.dataclass(frozen=True)
 class Problems:
-    path: Path
     problem_ids: list[str]
     data_sources: list[str]
     prompts: list[list[dict]]  # chat messages per problem
@@ -71,4 +70,4 @@ def load_problems(path: str | Path, *, limit: int | None = None) -> Problems:
     if len(set(ids)) < len(ids):
         duplicate = next(pid for i, pid in enumerate(ids) if pid in ids[:i])  # the first repeated id
         raise ValueError(f"{path}: duplicate problem_id {duplicate!r}")
-    return Problems(path=path, problem_ids=ids, data_sources=sources, prompts=prompts, ground_truths=truths)
+    return Problems(problem_ids=ids, data_sources=sources, prompts=prompts, ground_truths=truths)

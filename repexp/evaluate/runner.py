@@ -27,9 +27,6 @@ from repexp.io import read_json, write_json_atomic
 from repexp.verify.routing import DEFAULT_GRADER, GRADERS, check_grader
 
 EVAL_JSON = layout.EVAL_JSON
-# meta.json keys a resumed run must match; engine options that do not change the samples
-# (memory, parallelism, eager mode) and file locations may differ.
-RESUME_KEYS = ("format", "generation", "num_shards")  # problem ids are covered by data_hash
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +52,6 @@ class EvalConfig:
     grader: str = DEFAULT_GRADER
 
     def __post_init__(self) -> None:
-        check_grader(self.grader)  # shard_size is checked by check_sizes, before the config is built
         if self.data_parallel_size < 1:
             raise ValueError(f"data_parallel_size must be >= 1, got {self.data_parallel_size}")
         if self.max_shards is not None and self.max_shards < 0:
@@ -89,22 +85,6 @@ def resolve_model(model: str | None, pointer: str | Path | None) -> tuple[str, i
     return model, None if step is None else int(step)
 
 
-def _generation_key(cfg: EvalConfig, problems: Problems) -> dict[str, Any]:
-    """What determines the samples; a resumed run must match it exactly."""
-    key = {
-        "model_path": cfg.model_path,
-        "checkpoint_step": cfg.checkpoint_step,
-        "data_hash": problems.data_hash,
-        "num_problems": len(problems),
-        "sampling": dataclasses.asdict(cfg.settings),
-        "shard_size": cfg.shard_size,
-        "engine": cfg.engine,
-    }
-    if cfg.engine == "hf":  # hf samples depend on how sequences share a generate call
-        key["batch_size"] = cfg.options.batch_size
-    return key
-
-
 def evaluate(cfg: EvalConfig) -> dict[str, Any] | None:
     """Generate the missing shards, then write `eval.json`. Returns it, or None if stopped early."""
     problems = load_problems(cfg.data_path, limit=cfg.limit)
@@ -112,7 +92,17 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any] | None:
     store = SampleStore(cfg.out_dir)
     meta = {
         "format": core.STORE_FORMAT,
-        "generation": _generation_key(cfg, problems),
+        "generation": {  # what determines the samples: a resumed run must match it exactly
+            "model_path": cfg.model_path,
+            "checkpoint_step": cfg.checkpoint_step,
+            "data_hash": problems.data_hash,
+            "num_problems": len(problems),
+            "sampling": dataclasses.asdict(cfg.settings),
+            "shard_size": cfg.shard_size,
+            "engine": cfg.engine,
+            # hf samples depend on how sequences share a generate call
+            **({"batch_size": cfg.options.batch_size} if cfg.engine == "hf" else {}),
+        },
         "num_shards": len(plan),
         "task": cfg.task or cfg.data_path.parent.name,
         "split": cfg.split or cfg.data_path.stem,
@@ -121,8 +111,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any] | None:
         "problem_ids": problems.problem_ids,
         "grader": cfg.grader,
     }
-    done = set(store.open(meta, compare=RESUME_KEYS, overwrite=cfg.overwrite,
-                          shard_rows=[len(idx) * cfg.settings.n for idx in plan]))
+    done = set(store.open(meta, overwrite=cfg.overwrite, shard_rows=[len(idx) * cfg.settings.n for idx in plan]))
     eval_path = cfg.out_dir / EVAL_JSON
     eval_path.unlink(missing_ok=True)  # rewritten below only when every shard reads back: never a stale one
     if done:
@@ -134,17 +123,22 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any] | None:
         print(f"eval: {len(done)}/{len(plan)} shards complete; generating {len(todo)} with the {cfg.engine} engine",
               file=sys.stderr)
         if cfg.data_parallel_size > 1:
-            _generate_data_parallel(cfg, todo)
+            _generate_data_parallel(cfg, problems, plan, todo)
         else:
-            generate_shards(cfg, todo)
+            generate_shards(cfg, problems, plan, todo)
     complete = store.complete_shards()
     if len(complete) < len(plan):
         print(f"eval: stopped with {len(complete)}/{len(plan)} shards complete; rerun to resume", file=sys.stderr)
         return None
-    result = _assemble(store, problems.problem_ids, plan, cfg.settings.n, _metadata(meta), ks=cfg.ks,
+    result = _assemble(store, problems.problem_ids, plan, _metadata(meta), ks=cfg.ks,
                        maj_draws=cfg.maj_draws, grader=cfg.grader, workers=cfg.verifier_workers)
     write_json_atomic(eval_path, result)
-    _report_throughput(store, len(plan))
+    timings = [read_json(p) if (p := store.timing_path(i)).exists() else {} for i in range(len(plan))]
+    seconds = sum(float(t.get("generation_seconds", 0)) for t in timings)
+    samples = sum(float(t.get("num_samples", 0)) for t in timings)
+    if seconds > 0:
+        print(f"eval: {int(samples)} samples, {seconds:.1f} s generation, {samples / seconds:.2f} samples/s",
+              file=sys.stderr)
     return result
 
 
@@ -158,16 +152,12 @@ def _metadata(meta: dict[str, Any]) -> dict[str, Any]:
         math_verify = None
     gen = meta["generation"]
     return {
-        "model_path": gen["model_path"],
-        "checkpoint_step": gen["checkpoint_step"],
-        "engine": gen["engine"],
+        **{key: gen[key] for key in ("model_path", "checkpoint_step", "engine")},
         "sampling": gen["sampling"] | {"shard_size": gen["shard_size"]}
         | ({"batch_size": gen["batch_size"]} if "batch_size" in gen else {}),
         "seed": gen["sampling"]["seed"],
         "data_hash": gen["data_hash"],
-        "data_path": meta.get("data_path"),
-        "task": meta.get("task"),
-        "split": meta.get("split"),
+        **{key: meta.get(key) for key in ("data_path", "task", "split")},
         "verifier": {"module": "repexp.verify", "math_verify": math_verify},
     }
 
@@ -191,19 +181,15 @@ def stored_grader(meta: dict[str, Any]) -> str:
     return meta.get("grader") or DEFAULT_GRADER
 
 
-def regrade(store: SampleStore, shards: list[int], grader: str, workers: int | None) -> None:
-    """Re-score complete shards under `grader` when the store holds another grader's scores (no generation).
-    `meta.json` names the new grader only after every shard is rewritten, so an interrupted re-grade is redone
-    in full on the next run."""
+def regrade(store: SampleStore, shards, grader: str, workers: int | None, *, always: bool = False) -> None:
+    """Re-score complete shards under `grader` (no generation) when the store holds another grader's scores,
+    or `always` (rescore). `meta.json` names the new grader only after every shard is rewritten, so an
+    interrupted re-grade is redone in full on the next run."""
     meta = store.read_meta() or {}
-    if stored_grader(meta) == grader:
-        return
-    print(f"eval: re-grading {len(shards)} stored shards from {stored_grader(meta)} to {grader}", file=sys.stderr)
-    _rescore_shards(store, meta, shards, grader, workers)
-
-
-def _rescore_shards(store: SampleStore, meta: dict[str, Any], shards, grader: str, workers: int | None) -> None:
-    """Re-score the stored responses of `shards` under `grader`, then record it in meta.json."""
+    if not always:
+        if stored_grader(meta) == grader:
+            return
+        print(f"eval: re-grading {len(shards)} stored shards from {stored_grader(meta)} to {grader}", file=sys.stderr)
     (store.dir.parent / EVAL_JSON).unlink(missing_ok=True)  # never beside scores of another grader
     for i in shards:
         rows = store.read_shard(i)
@@ -214,17 +200,18 @@ def _rescore_shards(store: SampleStore, meta: dict[str, Any], shards, grader: st
         write_json_atomic(store.meta_path, {**meta, "grader": grader})
 
 
-def generate_shards(cfg: EvalConfig, shard_indices: list[int], *, rank: int = 0) -> None:
-    """Generate, verify and store the given shards (one engine, this process)."""
+def generate_shards(cfg: EvalConfig, problems: Problems, plan, shard_indices: list[int], rank: int = 0,
+                    devices: list[str] | None = None) -> None:
+    """Generate, verify and store the given shards of `plan` (one engine, this process: a data-parallel worker's
+    on its `devices`)."""
+    if devices is not None:  # before torch/vllm are imported in this fresh (spawned) process
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
     from tqdm.auto import tqdm
 
     from repexp.evaluate.engines import encode_prompts, generate_samples, load_engine
 
-    problems = load_problems(cfg.data_path, limit=cfg.limit)
-    plan = core.shard_plan(len(problems), cfg.shard_size, cfg.settings.seed)
-    store = SampleStore(cfg.out_dir)
-    n = cfg.settings.n
-    total = sum(len(plan[i]) for i in shard_indices) * n
+    store, seed = SampleStore(cfg.out_dir), cfg.settings.seed
+    total = sum(len(plan[i]) for i in shard_indices) * cfg.settings.n
     engine = load_engine(cfg.engine, cfg.model_path, cfg.options, seed=cfg.settings.seed)
     try:
         bar = tqdm(total=total, unit="sample", desc=f"eval[{rank}]" if cfg.data_parallel_size > 1 else "eval",
@@ -233,42 +220,29 @@ def generate_shards(cfg: EvalConfig, shard_indices: list[int], *, rank: int = 0)
             idx = [int(j) for j in plan[i]]
             started = time.perf_counter()
             prompt_ids = encode_prompts(engine.tokenizer, [problems.prompts[j] for j in idx])
-            completions = generate_samples(
-                engine,
-                prompt_ids,
-                cfg.settings,
-                shard_seed=core.derived_seed(cfg.settings.seed, i),
-                prompt_seeds=core.prompt_seeds(cfg.settings.seed, i, len(idx)),
-                progress=bar.update,
-            )
+            completions = generate_samples(engine, prompt_ids, cfg.settings, shard_seed=core.derived_seed(seed, i),
+                                           prompt_seeds=[core.derived_seed(seed, i, j) for j in range(len(idx))],
+                                           progress=bar.update)
             generation_seconds = time.perf_counter() - started
-            rows: dict[str, list] = {c: [] for c in (
-                "problem_id", "sample_index", "response", "num_tokens", "finish_reason", "data_source", "ground_truth")}
-            for j, samples in zip(idx, completions):
-                for s, c in enumerate(samples):
-                    for name, value in zip(rows, (problems.problem_ids[j], s, c.text, c.num_tokens, c.finish_reason,
-                                                  problems.data_sources[j], problems.ground_truths[j])):
-                        rows[name].append(value)
+            samples = [(problems.problem_ids[j], s, c.text, c.num_tokens, c.finish_reason, problems.data_sources[j],
+                        problems.ground_truths[j]) for j, row in zip(idx, completions) for s, c in enumerate(row)]
+            rows = dict(zip(("problem_id", "sample_index", "response", "num_tokens", "finish_reason", "data_source",
+                             "ground_truth"), map(list, zip(*samples))))
             scoring_started = time.perf_counter()
             rows["score"], rows["answer"] = _score(rows["data_source"], rows["response"], rows["ground_truth"],
                                                    cfg.verifier_workers, cfg.grader)
             store.write_shard(i, rows)
-            store.write_timing(i, {"engine": engine.name, "num_samples": len(rows["response"]),
-                                   "generation_seconds": round(generation_seconds, 3),
-                                   "scoring_seconds": round(time.perf_counter() - scoring_started, 3)})
+            scoring_seconds = time.perf_counter() - scoring_started
+            write_json_atomic(store.timing_path(i), {"engine": engine.name, "num_samples": len(rows["response"]),
+                                                     "generation_seconds": round(generation_seconds, 3),
+                                                     "scoring_seconds": round(scoring_seconds, 3)})
             bar.set_postfix(shard=i, refresh=False)
         bar.close()
     finally:
         engine.close()
 
 
-def _data_parallel_worker(cfg: EvalConfig, shard_indices: list[int], rank: int, devices: list[str] | None) -> None:
-    if devices is not None:  # before torch/vllm are imported in this fresh (spawned) process
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
-    generate_shards(cfg, shard_indices, rank=rank)
-
-
-def _generate_data_parallel(cfg: EvalConfig, todo: list[int]) -> None:
+def _generate_data_parallel(cfg: EvalConfig, problems: Problems, plan, todo: list[int]) -> None:
     """One engine per process, each on its own `tensor_parallel_size` GPUs, shards dealt round-robin."""
     import multiprocessing
 
@@ -281,35 +255,27 @@ def _generate_data_parallel(cfg: EvalConfig, todo: list[int]) -> None:
         raise ValueError(f"data_parallel_size {dp} × tensor_parallel_size {tp} needs {dp * tp} GPUs; "
                          f"{len(gpus)} visible")
     ctx = multiprocessing.get_context("spawn")
-    workers = []
-    for rank in range(dp):
-        shards = todo[rank::dp]
-        if not shards:
-            continue
-        devices = gpus[rank * tp : (rank + 1) * tp] if gpus else None
-        proc = ctx.Process(target=_data_parallel_worker, args=(cfg, shards, rank, devices), name=f"repexp-eval-{rank}")
+    workers = [ctx.Process(target=generate_shards, name=f"repexp-eval-{rank}",
+                           args=(cfg, problems, plan, todo[rank::dp], rank, gpus[rank * tp : (rank + 1) * tp] or None))
+               for rank in range(min(dp, len(todo)))]  # a rank without shards gets no process
+    for proc in workers:
         proc.start()
-        workers.append(proc)
-    failed = []
     for proc in workers:
         proc.join()
-        if proc.exitcode != 0:
-            failed.append(f"{proc.name} (exit {proc.exitcode})")
+    failed = [f"{proc.name} (exit {proc.exitcode})" for proc in workers if proc.exitcode != 0]
     if failed:
         raise RuntimeError(f"data-parallel generation failed in {', '.join(failed)}; completed shards are kept")
 
 
-def _read_samples(store: SampleStore, plan, n: int, other: str, workers: int | None) -> dict[str, dict[str, list]]:
+def _read_samples(store: SampleStore, plan, other: str, workers: int | None) -> dict[str, dict[str, list]]:
     """Per problem id: its samples' scores, answers, token counts, truncation flags (checked complete), and
     their scores under the `other` grader, computed here from the stored responses."""
     from repexp import verify
 
-    columns = ["problem_id", "sample_index", "score", "answer", "num_tokens", "finish_reason", "response",
-               "data_source", "ground_truth"]
     per_problem: dict[str, dict[str, list]] = {}
     with verify.VerifierPool(workers) as pool:  # its processes start on first use: only for big Math-Verify shards
         for i in range(len(plan)):
-            shard = store.read_shard(i, columns)
+            shard = store.read_shard(i)  # every column
             big = len(shard["response"]) >= verify.MIN_POOL_ITEMS
             others = verify.score_batch(shard["data_source"], shard["response"], shard["ground_truth"],
                                         pool=pool if big else None, workers=1, grader=other)
@@ -332,52 +298,35 @@ def _grader_keys(ordered: list[dict[str, list]], grader: str, ks) -> dict[str, A
     ks = [int(k) for k in ks] if ks is not None else passk.power_of_two_ks(min(n))
     own = [sum(e["score"]) for e in ordered]
     theirs = [sum(e["other"]) for e in ordered]
-    mine_only = sum(int(a == 1 and b == 0) for e in ordered for a, b in zip(e["score"], e["other"]))
-    other_only = sum(int(a == 0 and b == 1) for e in ordered for a, b in zip(e["score"], e["other"]))
-    total = sum(n)
+    pairs = [(a, b) for e in ordered for a, b in zip(e["score"], e["other"])]  # 0/1 scores
+    mine_only, other_only = sum(int(a > b) for a, b in pairs), sum(int(a < b) for a, b in pairs)
     return {
         "grader": grader,
         "graders": {grader: core.grader_curve(n, own, ks), other: core.grader_curve(n, theirs, ks)},
         "grader_agreement": {
-            "samples": total,
-            "agree_fraction": (total - mine_only - other_only) / total,
+            "samples": len(pairs),
+            "agree_fraction": (len(pairs) - mine_only - other_only) / len(pairs),
             f"{grader}_only_correct": mine_only,
             f"{other}_only_correct": other_only,
         },
     }
 
 
-def _assemble(store, problem_ids, plan, n, metadata, *, ks, maj_draws, grader, workers) -> dict[str, Any]:
-    per_problem = _read_samples(store, plan, n, other_grader(grader), workers)
+def _assemble(store, problem_ids, plan, metadata, *, ks, maj_draws, grader, workers) -> dict[str, Any]:
+    per_problem = _read_samples(store, plan, other_grader(grader), workers)
     expected = {problem_ids[int(j)]: i for i, idx in enumerate(plan) for j in idx}
     for pid, shard in expected.items():
         entry = per_problem.get(pid)
-        if entry is None or entry["shard"] != shard or sorted(entry["index"]) != list(range(n)):
+        if entry is None or entry["shard"] != shard or sorted(entry["index"]) != list(range(metadata["sampling"]["n"])):
             raise ValueError(f"{store.shard_path(shard)}: samples of problem {pid!r} are missing or incomplete")
     extra = set(per_problem) - set(expected)
     if extra:
         raise ValueError(f"{store.dir}: samples of unknown problems {sorted(extra)[:5]}")
     ordered = [per_problem[pid] for pid in problem_ids]
-    metadata = {**metadata, **_grader_keys(ordered, grader, ks)}
-    return core.eval_result(
-        problem_ids=problem_ids,
-        scores=[e["score"] for e in ordered],
-        answers=[e["answer"] for e in ordered],
-        num_tokens=[e["tokens"] for e in ordered],
-        truncated=[e["truncated"] for e in ordered],
-        ks=ks,
-        maj_draws=maj_draws,
-        metadata=metadata,
-    )
-
-
-def _report_throughput(store: SampleStore, num_shards: int) -> None:
-    timings = [store.read_timing(i) or {} for i in range(num_shards)]
-    seconds = sum(float(t.get("generation_seconds", 0)) for t in timings)
-    samples = sum(float(t.get("num_samples", 0)) for t in timings)
-    if seconds > 0:
-        print(f"eval: {int(samples)} samples, {seconds:.1f} s generation, {samples / seconds:.2f} samples/s",
-              file=sys.stderr)
+    return core.eval_result(problem_ids=problem_ids, scores=[e["score"] for e in ordered],
+                            answers=[e["answer"] for e in ordered], num_tokens=[e["tokens"] for e in ordered],
+                            truncated=[e["truncated"] for e in ordered], ks=ks, maj_draws=maj_draws,
+                            metadata={**metadata, **_grader_keys(ordered, grader, ks)})
 
 
 def rescore(out_dir: str | Path, *, ks=None, maj_draws: int = 1000, verifier_workers: int | None = None,
@@ -386,19 +335,11 @@ def rescore(out_dir: str | Path, *, ks=None, maj_draws: int = 1000, verifier_wor
 
     `grader`: the grader of the rewritten `score` column (default: the one the store was graded with).
     """
-    out_dir = Path(out_dir)
     store = SampleStore(out_dir)
-    meta = store.require_meta(core.STORE_FORMAT, "nothing to rescore")
-    gen = meta["generation"]
-    settings = SamplingSettings(**gen["sampling"])
-    problem_ids = meta["problem_ids"]
-    plan = core.shard_plan(len(problem_ids), gen["shard_size"], settings.seed)
-    missing = [i for i in range(len(plan)) if not store.shard_path(i).exists()]
-    if missing:
-        raise ValueError(f"{store.dir}: shards {missing[:10]} are missing; finish the evaluation before rescoring")
+    meta, plan = store.read_complete("nothing to rescore", "; finish the evaluation before rescoring")
     grader = check_grader(grader) if grader is not None else stored_grader(meta)
-    _rescore_shards(store, meta, range(len(plan)), grader, verifier_workers)
-    result = _assemble(store, problem_ids, plan, settings.n, _metadata(meta), ks=ks, maj_draws=maj_draws, grader=grader,
+    regrade(store, range(len(plan)), grader, verifier_workers, always=True)
+    result = _assemble(store, meta["problem_ids"], plan, _metadata(meta), ks=ks, maj_draws=maj_draws, grader=grader,
                        workers=verifier_workers)
-    write_json_atomic(out_dir / EVAL_JSON, result)
+    write_json_atomic(Path(out_dir) / EVAL_JSON, result)
     return result

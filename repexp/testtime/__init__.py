@@ -3,17 +3,12 @@
     repexp testtime --eval-dir results/eval/gsm8k/base --model results/models/smollm2 \\
         --out results/testtime/gsm8k/base
 
-For every problem of the evaluation the verifier is called on its n samples in RepExp order: each
-time the sample with the largest elliptical bonus with respect to the samples already taken
-(`repexp.elliptical_order.greedy_order`; features of the frozen `--model`, mean-pooled over the
-response, sparse projection, the training bonus's λ and centring). `testtime.json` compares that
-order with a random order of the same samples: pass@k of both, verifier efficiency at reference ks,
-samples-to-correct (the paper's metric) and bootstrap intervals over problems (`core`).
-
-Outputs in `--out` (each written atomically; `testtime.json` last, so its presence means complete):
-`features/` (cached projected features per eval shard: an interrupted run resumes), `order.parquet`
-(each problem's order and the bonus of each sample when taken) and `testtime.json`.
-See docs/evaluation.md, "Test-time RepExp".
+Every problem's n samples are put in RepExp order (`repexp.elliptical_order.greedy_order` on the
+`features` of the frozen `--model`, with the training bonus's λ and centring); `testtime.json`
+compares that order with a random one (`core`). Outputs in `--out`, each written atomically:
+`features/` (cached per eval shard: an interrupted run resumes), `order.parquet` (each problem's
+order and the bonus of each sample when taken) and `testtime.json` (last: its presence means
+complete). See docs/evaluation.md, "Test-time RepExp".
 """
 
 from __future__ import annotations
@@ -92,24 +87,18 @@ def _check_job(job) -> None:
 
 def _load_evaluation(eval_dir: Path, data: Path | None):
     """(store, meta, problems, plan) of a complete evaluation, checked against its data file."""
-    from repexp.evaluate import core as eval_core
     from repexp.evaluate.problems import load_problems
     from repexp.evaluate.store import SampleStore
 
     store = SampleStore(eval_dir)
-    meta = store.require_meta(eval_core.STORE_FORMAT, "run `repexp eval` first")
-    if not (eval_dir / layout.EVAL_JSON).is_file():
+    if store.read_meta() is not None and not (eval_dir / layout.EVAL_JSON).is_file():
         raise FileNotFoundError(f"{eval_dir / layout.EVAL_JSON}: the evaluation is not complete "
                                 f"(no {layout.EVAL_JSON})")
-    gen = meta["generation"]
+    meta, plan = store.read_complete("run `repexp eval` first")
     data_path = Path(data or meta.get("data_path") or "")
-    problems = load_problems(data_path, limit=gen["num_problems"])
-    if problems.data_hash != gen["data_hash"] or problems.problem_ids != meta["problem_ids"]:
+    problems = load_problems(data_path, limit=meta["generation"]["num_problems"])
+    if problems.data_hash != meta["generation"]["data_hash"] or problems.problem_ids != meta["problem_ids"]:
         raise ValueError(f"{data_path}: its problems differ from the ones {eval_dir} evaluated (data hash mismatch)")
-    plan = eval_core.shard_plan(len(problems), gen["shard_size"], gen["sampling"]["seed"])
-    missing = [i for i in range(len(plan)) if not store.shard_path(i).exists()]
-    if missing:
-        raise ValueError(f"{store.dir}: shards {missing[:10]} are missing")
     return store, meta, problems, plan
 
 
@@ -120,10 +109,11 @@ def testtime(job) -> dict:
     import torch
 
     from repexp.elliptical_order import greedy_order, pad_pools
+    from repexp.evaluate.engines import resolve_dtype
     from repexp.evaluate.runner import resolve_model
     from repexp.io import atomic_path, write_json_atomic
     from repexp.testtime import core
-    from repexp.testtime.features import FeatureSettings, resolve_device, resolve_dtype, shard_features
+    from repexp.testtime.features import FeatureSettings, resolve_device, shard_features
 
     _check_job(job)
     out = Path(job.out)
@@ -138,12 +128,7 @@ def testtime(job) -> dict:
     started = time.perf_counter()
     per_problem = shard_features(store, problems, plan, settings, out, meta["generation"])
     feature_seconds = time.perf_counter() - started
-    entries = []
-    for pid in problems.problem_ids:
-        entry = per_problem.get(pid)
-        if entry is None or entry["index"] != list(range(len(entry["index"]))):
-            raise ValueError(f"{store.dir}: samples of problem {pid!r} are missing or incomplete")
-        entries.append(entry)
+    entries = [per_problem[pid] for pid in problems.problem_ids]  # complete: eval.json's assembly checked them
 
     started = time.perf_counter()
     padded, sizes = pad_pools([e["features"] for e in entries], device=device)

@@ -37,8 +37,6 @@ def first_correct_positions(orders: Sequence[Sequence[int]], scores: Sequence[Se
 
     `orders[p]` is a permutation of range(len(scores[p])); scores are 0/1 verifier scores.
     """
-    if len(orders) != len(scores):
-        raise ValueError(f"{len(orders)} orders but {len(scores)} score lists")
     out = np.full(len(orders), np.inf)
     for p, (order, score) in enumerate(zip(orders, scores)):
         order = np.asarray(order, dtype=np.int64)
@@ -83,12 +81,8 @@ def samples_to_correct(first: np.ndarray, n: np.ndarray, c: np.ndarray, weights:
 
 def _interval(samples: np.ndarray) -> list[float | None]:
     """2.5 and 97.5 percentiles over axis 0 ignoring NaN (None where every replicate is NaN)."""
-    finite = np.isfinite(samples)
-    out = []
-    for column, ok in zip(np.atleast_2d(samples.T), np.atleast_2d(finite.T)):
-        values = column[ok]
-        out.append([float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))] if values.size else None)
-    return out
+    columns = [column[np.isfinite(column)] for column in np.atleast_2d(samples.T)]
+    return [[float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))] if v.size else None for v in columns]
 
 
 def testtime_result(
@@ -102,15 +96,9 @@ def testtime_result(
     metadata: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The `testtime.json` object (keys in docs/evaluation.md, "Test-time RepExp")."""
-    if len(problem_ids) != len(scores):
-        raise ValueError(f"{len(problem_ids)} problem ids but {len(scores)} score lists")
-    if bootstrap < 0:
-        raise ValueError(f"bootstrap must be >= 0, got {bootstrap}")
-    n = np.array([len(s) for s in scores], dtype=np.int64)
+    n = np.array([len(s) for s in scores], dtype=np.int64)  # ≥ 1 each: an evaluation's complete samples
     if n.size == 0:
         raise ValueError("no problems")
-    if n.min() < 1:
-        raise ValueError("every problem needs at least one sample")
     flat = np.concatenate([np.asarray(s, dtype=np.float64) for s in scores])
     if not np.all((flat == 0) | (flat == 1)):
         raise ValueError("verifier scores must be 0 or 1")

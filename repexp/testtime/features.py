@@ -1,15 +1,12 @@
 """Features of an evaluation's stored samples: the frozen model's mean last hidden state, projected.
 
-The feature of a sample is the training bonus's (docs/bonus.md): the feature model's `last_hidden_state`
-averaged over the response tokens, the first EOS included and the prompt in context but not pooled
-(`repexp.features.completion_features`), then multiplied by a seeded sparse projection
-(`repexp.elliptical.sparse_projection`). Prompts are rendered with the feature model's chat template
-exactly as `repexp eval` rendered them; the stored response text is re-tokenised (special tokens
-were skipped when it was decoded) and the EOS token is appended to responses that stopped.
-
-Projected features are cached per eval shard under `<out>/features/` (`shard-<i>.pt`, written
-atomically, plus `meta.json` with what determines them), so an interrupted run resumes from the
-shards it has and a rerun with other settings recomputes instead of mixing.
+The feature of a sample is the training bonus's (docs/bonus.md): `repexp.features.completion_features`
+(response tokens pooled, the first EOS included, the prompt in context) times a seeded
+`repexp.elliptical.sparse_projection`. Prompts are rendered exactly as `repexp eval` rendered them; the
+stored response text is re-tokenised and, as special tokens were skipped when it was decoded, EOS is
+appended to responses that stopped. Projected features are cached per eval shard under `<out>/features/`
+(`shard-<i>.pt` + `meta.json` with what determines them): an interrupted run resumes from the shards it
+has, a rerun with other settings recomputes instead of mixing.
 """
 
 from __future__ import annotations
@@ -51,10 +48,6 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def resolve_dtype(dtype: str, device: str) -> str:
-    return ("bfloat16" if device.startswith("cuda") else "float32") if dtype == "auto" else dtype
-
-
 def _open_cache(cache_dir: Path, key: dict[str, Any]) -> None:
     meta = cache_dir / layout.SAMPLES_META
     if meta.exists():
@@ -83,7 +76,7 @@ def shard_features(store, problems, plan, settings: FeatureSettings, out_dir: Pa
     _open_cache(cache_dir, settings.cache_key(generation))
     prompt_of = dict(zip(problems.problem_ids, problems.prompts))
     tokenizer = backbone = projection = None
-    per_problem: dict[str, dict[str, Any]] = {}
+    samples: dict[str, list[tuple]] = {}  # problem id → (sample index, score, shard, row) of its samples
     shard_tensors = []
     computed, started = 0, time.perf_counter()
     for i in range(len(plan)):
@@ -116,16 +109,14 @@ def shard_features(store, problems, plan, settings: FeatureSettings, out_dir: Pa
             raise ValueError(f"{cached}: {features.shape[0]} feature rows for {len(shard['problem_id'])} samples")
         shard_tensors.append(features)
         for row, (pid, index, score) in enumerate(zip(shard["problem_id"], shard["sample_index"], shard["score"])):
-            entry = per_problem.setdefault(pid, {"index": [], "score": [], "rows": [], "shard": i})
-            entry["index"].append(int(index))
-            entry["score"].append(float(score))
-            entry["rows"].append(row)
+            samples.setdefault(pid, []).append((int(index), float(score), i, row))
     if computed:
         seconds = time.perf_counter() - started
         print(f"testtime: features of {computed} samples in {seconds:.1f} s ({computed / seconds:.1f} samples/s)",
               file=sys.stderr)
-    for entry in per_problem.values():  # in sample-index order
-        index, score, rows = zip(*sorted(zip(entry["index"], entry["score"], entry.pop("rows"))))
-        entry.update(index=list(index), score=list(score),
-                     features=shard_tensors[entry["shard"]][torch.tensor(rows, dtype=torch.long)])
+    per_problem = {}
+    for pid, taken in samples.items():  # in sample-index order
+        index, score, shards, rows = zip(*sorted(taken))
+        per_problem[pid] = {"index": list(index), "score": list(score),
+                            "features": shard_tensors[shards[0]][torch.tensor(rows, dtype=torch.long)]}
     return per_problem
