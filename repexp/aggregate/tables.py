@@ -349,8 +349,7 @@ def _efficiency_at(repexp_curve: dict[int, float], grpo_curve: dict[int, float],
 
 
 def _k_efficiency_rows(table, runs: Sequence[EvalRun] | None) -> list[dict[str, Any]]:
-    """Every row of `k_efficiency_by_k.csv`, each with `headline` True where reference_k is the point's largest
-    grid k (the row of `k_efficiency.csv`; also every row without a grid)."""
+    """Every row of `k_efficiency_by_k.csv`."""
     by_name = {(r.spec.task, r.spec.name): r for r in runs or ()}
     rows = []
     repexp = table[table["method"] == "repexp"]
@@ -369,7 +368,7 @@ def _k_efficiency_rows(table, runs: Sequence[EvalRun] | None) -> list[dict[str, 
             "k_star": math.nan, "k_star_evaluated": None, "efficiency": math.nan, "note": "",
             "efficiency_lo": math.nan, "efficiency_hi": math.nan, "bootstrap_not_reached": math.nan,
             **{f"diff_pass_at_{at}{end}": math.nan for at in ("1", "ref") for end in ("", "_lo", "_hi")},
-            "bootstrap_replicates": 0, "bootstrap_resampled": "", "headline": True,
+            "bootstrap_replicates": 0, "bootstrap_resampled": "",
         }
         repexp_curve = _mean_curve(table, point_mask)
         grpo_curve = _mean_curve(table, grpo_mask)
@@ -393,8 +392,7 @@ def _k_efficiency_rows(table, runs: Sequence[EvalRun] | None) -> list[dict[str, 
             except ValueError as err:
                 why_not = f"{NO_INTERVAL_NOTE}: {err}"
         for ref in grid:
-            row = {**base, **_efficiency_at(repexp_curve, grpo_curve, [k for k in grid if k <= ref]),
-                   "headline": ref == grid[-1]}
+            row = {**base, **_efficiency_at(repexp_curve, grpo_curve, [k for k in grid if k <= ref])}
             row["diff_pass_at_ref"] = repexp_curve[ref] - grpo_curve[ref]
             if 1 in grid:
                 row["diff_pass_at_1"] = repexp_curve[1] - grpo_curve[1]
@@ -420,14 +418,13 @@ def k_efficiency(table, runs: Sequence[EvalRun] | None = None, *, by_reference_k
     """
     import pandas as pd
 
-    rows = [r for r in _k_efficiency_rows(table, runs) if by_reference_k or r["headline"]]
-    return _k_efficiency_frame(pd.DataFrame(rows, columns=list(K_EFFICIENCY_COLUMNS)))
+    by_k = _k_efficiency_frame(pd.DataFrame(_k_efficiency_rows(table, runs), columns=list(K_EFFICIENCY_COLUMNS)))
+    return by_k if by_reference_k else k_efficiency_headline(by_k)
 
 
 def k_efficiency_headline(by_k):
     """The rows of `k_efficiency.csv` from those of `k_efficiency_by_k.csv`: per RepExp point, its largest
-    reference k (or its one row without a grid). Equal to `k_efficiency(table, runs)`: a point's bootstrap
-    draws do not depend on the reference k."""
+    reference k (or its one row without a grid): a point's bootstrap draws do not depend on the reference k."""
     keys = ["task", "backend", "sparse_dim", "beta"]
     order = by_k.assign(_ref=by_k["reference_k"].astype("Float64").fillna(-1.0))
     last = order.groupby(keys, dropna=False, sort=False)["_ref"].transform("max")

@@ -39,15 +39,22 @@ def read_metrics_jsonl(path: str | Path) -> dict[str, dict[int, float]]:
     return curves
 
 
+def _trained_curves(specs: Sequence[RunSpec], read) -> dict[str, dict[str, dict[int, float]]]:
+    """{'<task>/<run>': {metric: {step: value}}} of CURVE_METRICS for every trained spec that `read(spec)` finds
+    (None: no source for it)."""
+    found = {spec.path: read(spec) for spec in specs if spec.trains}
+    return {path: {k: v for k, v in curves.items() if k in S.CURVE_METRICS}
+            for path, curves in found.items() if curves is not None}
+
+
 def training_curves_from_jsonl(train_dir: str | Path,
                                specs: Sequence[RunSpec]) -> dict[str, dict[str, dict[int, float]]]:
-    """{'<task>/<run>': {metric: {step: value}}} for every trained spec whose metrics.jsonl exists."""
-    out = {}
-    for spec in specs:
+    """The curves of every trained spec whose metrics.jsonl exists."""
+    def read(spec):
         path = Path(train_dir) / spec.task / spec.name / layout.METRICS
-        if spec.trains and path.is_file():
-            out[spec.path] = {k: v for k, v in read_metrics_jsonl(path).items() if k in S.CURVE_METRICS}
-    return out
+        return read_metrics_jsonl(path) if path.is_file() else None
+
+    return _trained_curves(specs, read)
 
 
 def training_curves_from_mlflow(target, specs: Sequence[RunSpec]) -> dict[str, dict[str, dict[int, float]]]:
@@ -59,26 +66,22 @@ def training_curves_from_mlflow(target, specs: Sequence[RunSpec]) -> dict[str, d
     from repexp import tracking
 
     store, experiment_id = tracking.mlflow_store(target)
-    out = {}
-    for spec in specs:
-        if not spec.trains:
-            continue
+    results_id = getattr(target, "results_id", None)
+    same_results = f" and tags.`{tracking.RESULTS_ID_TAG}` = '{results_id}'" if results_id else ""
+
+    def read(spec):
+        key = tracking.scope_for(spec.task, spec).key  # the sweep point's parent run and its node runs
+        runs = {run.info.run_id: run for tag in (tracking.PARENT_KEY_TAG, tracking.SCOPE_KEY_TAG)
+                for run in store.client.search_runs([experiment_id], max_results=1000,
+                                                    filter_string=f"tags.`{tag}` = '{key}'{same_results}")}
         curves: dict[str, dict[int, float]] = {}
-        runs = {}  # the sweep point's parent run and its node runs, of this results directory when known
-        key, results_id = tracking.scope_for(spec.task, spec).key, getattr(target, "results_id", None)
-        same_results = f" and tags.`{tracking.RESULTS_ID_TAG}` = '{results_id}'" if results_id else ""
-        for tag in (tracking.PARENT_KEY_TAG, tracking.SCOPE_KEY_TAG):
-            for run in store.client.search_runs([experiment_id], filter_string=f"tags.`{tag}` = '{key}'{same_results}",
-                                                max_results=1000):
-                runs[run.info.run_id] = run
         for run in sorted(runs.values(), key=lambda r: r.info.start_time or 0):
-            for metric in S.CURVE_METRICS:
-                if metric in run.data.metrics:
-                    for point in store.client.get_metric_history(run.info.run_id, metric):
-                        curves.setdefault(metric, {})[int(point.step)] = float(point.value)
-        if curves:
-            out[spec.path] = curves
-    return out
+            for metric in [m for m in S.CURVE_METRICS if m in run.data.metrics]:
+                for point in store.client.get_metric_history(run.info.run_id, metric):
+                    curves.setdefault(metric, {})[int(point.step)] = float(point.value)
+        return curves or None
+
+    return _trained_curves(specs, read)
 
 
 def _seed_mean_over_steps(per_seed: Sequence[dict[int, float]]) -> dict[str, list]:
