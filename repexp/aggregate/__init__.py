@@ -43,14 +43,8 @@ from repexp.aggregate.render import render_html, render_markdown
 from repexp.aggregate.tables import (
     BOOTSTRAP_REPLICATES,
     K_EFFICIENCY_COLUMNS,
-    STATUS_NO_GRPO,
-    STATUS_NOT_REACHED,
-    STATUS_REACHED,
-    STATUS_REACHED_FIRST,
-    TIDY_COLUMNS,
     bootstrap_k_efficiency,
     crossing_k,
-    crossing_k_batch,
     k_efficiency,
     k_efficiency_headline,
     read_k_efficiency,
@@ -63,11 +57,9 @@ from repexp.io import atomic_path, read_json
 from repexp.verify.routing import GRADERS
 
 __all__ = [  # the names tests and docs use (each defined in its submodule only)
-    "BOOTSTRAP_REPLICATES", "K_EFFICIENCY_COLUMNS", "STATUS_NO_GRPO",
-    "STATUS_NOT_REACHED", "STATUS_REACHED", "STATUS_REACHED_FIRST", "TIDY_COLUMNS", "EvalRun", "aggregate",
-    "bootstrap_k_efficiency", "configure_parser", "crossing_k", "crossing_k_batch", "find_eval_files", "k_efficiency",
-    "load_eval", "load_evals", "log_sweep_point_metrics", "read_k_efficiency", "read_table", "run", "run_job",
-    "sweep_point_metrics",
+    "BOOTSTRAP_REPLICATES", "K_EFFICIENCY_COLUMNS", "EvalRun", "aggregate", "bootstrap_k_efficiency",
+    "configure_parser", "crossing_k", "find_eval_files", "k_efficiency", "load_eval", "load_evals",
+    "log_sweep_point_metrics", "read_k_efficiency", "read_table", "run", "run_job", "sweep_point_metrics",
 ]
 
 # ks logged on every sweep point's MLflow parent run (plus the largest evaluated k)

@@ -246,13 +246,6 @@ def run_sort_key(spec: RunSpec) -> tuple:
 # --------------------------------------------------------------------------- expected runs
 
 
-def expected_runs(config_path: str | Path) -> list[RunSpec]:
-    """The sweep's runs from a pipeline config."""
-    from repexp.config import load, sweep_runs
-
-    return sweep_runs(load(config_path))
-
-
 def missing_runs(expected: Sequence[RunSpec], runs: Sequence[EvalRun]) -> list[str]:
     """`<task>/<run>` of every expected run without an evaluation."""
     found = {(r.spec.task, r.spec.name) for r in runs}

@@ -360,15 +360,11 @@ def _k_efficiency_rows(table, runs: Sequence[EvalRun] | None) -> list[dict[str, 
                       & (table["beta"] == point.beta))
         grpo_mask = (table["method"] == "grpo") & (table["task"] == point.task) & (table["backend"] == point.backend)
         base: dict[str, Any] = {
-            "task": point.task, "backend": point.backend, "sparse_dim": int(point.sparse_dim),
-            "beta": float(point.beta),
+            **dict.fromkeys(K_EFFICIENCY_COLUMNS, math.nan), "task": point.task, "backend": point.backend,
+            "sparse_dim": int(point.sparse_dim), "beta": float(point.beta),
             "n_repexp_seeds": int(table.loc[point_mask, "run"].nunique()),
             "n_grpo_seeds": int(table.loc[grpo_mask, "run"].nunique()),
-            "reference_k": None, "grpo_pass_at_ref": math.nan, "repexp_pass_at_ref": math.nan, "k_grpo": math.nan,
-            "k_star": math.nan, "k_star_evaluated": None, "efficiency": math.nan, "note": "",
-            "efficiency_lo": math.nan, "efficiency_hi": math.nan, "bootstrap_not_reached": math.nan,
-            **{f"diff_pass_at_{at}{end}": math.nan for at in ("1", "ref") for end in ("", "_lo", "_hi")},
-            "bootstrap_replicates": 0, "bootstrap_resampled": "",
+            "note": "", "bootstrap_replicates": 0, "bootstrap_resampled": "",
         }
         repexp_curve = _mean_curve(table, point_mask)
         grpo_curve = _mean_curve(table, grpo_mask)

@@ -34,7 +34,7 @@ from repexp.figures.curves import plot_pass_at_k
 from repexp.figures.efficiency import plot_k_efficiency
 from repexp.figures.heatmaps import plot_heatmap
 from repexp.figures.publish import log_figures_run  # noqa: F401
-from repexp.figures.series import expected_from_config, select_repexp_points, table_specs  # noqa: F401
+from repexp.figures.series import select_repexp_points, table_specs  # noqa: F401
 from repexp.figures.style import DPI, MAX_REPEXP_LINES, _save
 from repexp.figures.testtime import STEM as TESTTIME_STEM
 from repexp.figures.testtime import plot_testtime
@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_job(job) -> int:
     """Every figure (`repexp.jobs.FiguresJob`: the figures rule's and `repexp figures`'s)."""
-    from repexp import tracking
+    from repexp import config, tracking
     from repexp.aggregate import tables
 
     table_path, out_dir = Path(job.table), Path(job.out_dir)
@@ -164,7 +164,7 @@ def run_job(job) -> int:
         table = tables.read_table(table_path)
         if table.empty:
             raise ValueError(f"{table_path}: the table has no rows")
-        expected = expected_from_config(job.config) if job.config else None
+        expected = config.sweep_runs(config.load(job.config)) if job.config else None
         source = job.curves_from
         if source == "auto":
             source = "mlflow" if job.experiment else ("jsonl" if train_dir else "none")

@@ -19,16 +19,10 @@ EDGE_MARKER = "v"  # RepExp does not reach GRPO's pass@ref within k ≤ ref: dra
 LOWER_BOUND_MARKER = "^"  # reached at the smallest k: the efficiency is a lower bound
 
 
-def plotted_reference_ks(refs: Sequence[int]) -> list[int]:
-    """The reference ks drawn for one point: the powers of two ≥ 2 among its grid ks, and its largest."""
-    refs = sorted({int(k) for k in refs})
-    return [k for k in refs if k >= 2 and (k & (k - 1) == 0 or k == refs[-1])]
-
-
 def _shown(rows) -> list:
-    """The rows of one point at its `plotted_reference_ks`."""
-    ks = plotted_reference_ks([r.reference_k for r in rows])
-    return [r for r in rows if int(r.reference_k) in ks]
+    """The rows of one point drawn: at the powers of two ≥ 2 among its reference ks, and its largest."""
+    largest = max(int(r.reference_k) for r in rows)
+    return [r for r in rows if (k := int(r.reference_k)) >= 2 and (k & (k - 1) == 0 or k == largest)]
 
 
 def _number(value) -> float | None:
@@ -157,7 +151,7 @@ def _draw_panel(ax, rows_by_series: dict[Series, list], styles: dict, handles: d
     from repexp.aggregate import tables as A
 
     series_list = sorted(rows_by_series, key=_series_sort_key)
-    shown = {s: _shown(rows_by_series[s]) for s in series_list if _shown(rows_by_series[s])}
+    shown = {s: rows for s in series_list if (rows := _shown(rows_by_series[s]))}
     if not shown:
         return None
     values = [1.0] + [v for rows in shown.values() for r in rows

@@ -7,7 +7,6 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from repexp.aggregate.load import expected_runs as expected_from_config  # noqa: F401 (re-exported)
 from repexp.aggregate.load import run_sort_key
 from repexp.aggregate.tables import METHOD_NAMES, runs_on_common_ks
 from repexp.config import METHODS, RunSpec, canonical
@@ -148,7 +147,7 @@ def completeness_notes(task: str, found: Sequence[RunSpec],
         if lacking:
             label = series.label(show_point=series.method == "repexp", show_backend=several_backends)
             notes.append(f"{label}: no seed {', '.join(map(str, lacking))}")
-            missing += [f"{task}/{_run_name(series, x)}" for x in lacking]
+            missing += [f"{task}/{RunSpec(*dataclasses.astuple(series), x).name}" for x in lacking]
     methods = {s.method for s in task_runs}
     for method, text in (("grpo", "no GRPO run"), ("base", "no base-model run"), ("repexp", "no RepExp run")):
         if method not in methods:
@@ -168,7 +167,3 @@ def compact_runs(names: Sequence[str]) -> str:
         seeds = [s for s in seeds if s]
         parts.append(f"{key}_s{{{','.join(seeds)}}}" if len(seeds) > 1 else f"{key}_s{seeds[0]}" if seeds else key)
     return ", ".join(parts)
-
-
-def _run_name(series: Series, seed: int) -> str:
-    return RunSpec(series.task, series.method, series.backend, series.sparse_dim, series.beta, seed).name

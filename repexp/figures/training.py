@@ -12,7 +12,7 @@ from repexp import layout
 from repexp import metrics as M
 from repexp.config import RunSpec
 from repexp.figures import style as S
-from repexp.figures.curves import _series_styles
+from repexp.figures.curves import series_styles
 from repexp.figures.series import ZORDER, Series, _series_sort_key, coinciding_with_grpo, compact_runs, series_of
 
 
@@ -145,8 +145,7 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
     from matplotlib.ticker import MaxNLocator
 
     series, series_runs, missing = _trained_series(curves, task, backend, specs)
-    show_point = len({(s.sparse_dim, s.beta) for s in series if s.method == "repexp"}) > 1
-    styles = _series_styles(series, show_point=show_point, show_backend=False)
+    styles = series_styles(series)[0]  # one backend: labels never name it
     notes = []
     if missing:
         notes.append(f"no training metrics ({source}) for: {compact_runs([m.split('/', 1)[1] for m in missing])}")
