@@ -12,9 +12,9 @@ test-time verifier efficiency.
 
 | module | what it holds |
 |---|---|
-| `load` | `EvalRun`, `TesttimeRun`: the input files, checked; the runs a config expects, the missing ones |
-| `tables` | the tidy table, seed summaries, k-efficiency and its bootstrap; `HEADLINE_K`, `METHOD_NAMES` |
-| `render` | the Markdown and HTML views |
+| `load` | `EvalRun`, `TesttimeRun`: the input files, checked |
+| `tables` | the tidy table, k-efficiency and its bootstrap; `HEADLINE_K`, `METHOD_NAMES` |
+| `render` | the Markdown and HTML views (seed summaries) |
 | this module | the command: what it writes, the sweep points' MLflow metrics (logged by `repexp.tracking.targets`) |
 
 It re-exports the loading and table API that tests and docs use (`repexp.aggregate.load_evals`, ...).
@@ -37,7 +37,6 @@ from repexp.aggregate.load import (
     find_eval_files,
     load_eval,
     load_evals,
-    missing_runs,
 )
 from repexp.aggregate.render import render_html, render_markdown
 from repexp.aggregate.tables import (
@@ -129,7 +128,8 @@ def aggregate(paths: Sequence[Path], out_dir: Path, *, expected: Sequence[RunSpe
         if drop_unexpected:
             ignored = [r.spec.path for r in runs if (r.spec.task, r.spec.name) not in wanted]
             runs = [r for r in runs if (r.spec.task, r.spec.name) in wanted]
-        missing = missing_runs(expected, runs)
+        found = {(r.spec.task, r.spec.name) for r in runs}
+        missing = [s.path for s in expected if (s.task, s.name) not in found]
     if not runs:
         raise ValueError("no eval.json to aggregate" + (f" (missing: {', '.join(missing)})" if missing else ""))
     testtime = attach_testtime(runs, testtime_paths)

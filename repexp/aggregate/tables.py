@@ -120,25 +120,6 @@ def read_table(path: str | Path):
 POINT_COLUMNS = ("task", "method", "backend", "sparse_dim", "beta")
 
 
-def seed_summary(table, value: str = "pass_at_k"):
-    """Mean over seeds per (task, method, backend, sparse_dim, β, k): mean, sem_seeds, n_seeds, seeds.
-
-    `sem_seeds` is the standard error over seeds (ddof 1), NaN with one seed. `value`: the column
-    averaged (`pass_at_k`, or one grader's `pass_at_k_<grader>`).
-    """
-    import pandas as pd
-
-    rows = []
-    for key, group in table.groupby(list(POINT_COLUMNS) + ["k"], dropna=False, sort=False):
-        values = group[value].to_numpy(dtype=float)
-        n = len(values)
-        sem = float(values.std(ddof=1) / math.sqrt(n)) if n >= 2 else math.nan
-        seeds = sorted(int(s) for s in group["seed"].dropna())
-        rows.append({**dict(zip(list(POINT_COLUMNS) + ["k"], key)), "mean": float(values.mean()),
-                     "sem_seeds": sem, "n_seeds": n, "seeds": seeds})
-    return pd.DataFrame(rows, columns=list(POINT_COLUMNS) + ["k", "mean", "sem_seeds", "n_seeds", "seeds"])
-
-
 def _mean_curve(table, mask) -> dict[int, float] | None:
     """Seed-mean pass@k over the ks every seed evaluated (None when there are no rows)."""
     rows = table[mask]

@@ -165,6 +165,7 @@ def run_job(job) -> int:
         if table.empty:
             raise ValueError(f"{table_path}: the table has no rows")
         expected = config.sweep_runs(config.load(job.config)) if job.config else None
+        target = tracking.mlflow_target(job.tracking_uri, job.experiment, job.config)
         source = job.curves_from
         if source == "auto":
             source = "mlflow" if job.experiment else ("jsonl" if train_dir else "none")
@@ -177,7 +178,6 @@ def run_job(job) -> int:
                 raise FileNotFoundError(f"{train_dir}: training directory not found")
             curves, curves_source = training_curves_from_jsonl(train_dir, specs), layout.METRICS
         elif source == "mlflow":
-            target = tracking.mlflow_target(job.tracking_uri, job.experiment, job.config)
             if target is None:
                 raise ValueError("--curves-from mlflow needs --experiment (or a node run)")
             curves, curves_source = training_curves_from_mlflow(target, specs), "MLflow"
@@ -192,15 +192,13 @@ def run_job(job) -> int:
     except (ValueError, FileNotFoundError) as err:
         print(f"figures: error: {err}", file=sys.stderr)
         return 1
-    for name in index["missing_evaluations"]:
-        print(f"figures: missing evaluation: {name}", file=sys.stderr)
-    for name in index["missing_training_metrics"]:
-        print(f"figures: missing training metrics: {name}", file=sys.stderr)
+    for key, what in (("missing_evaluations", "evaluation"), ("missing_training_metrics", "training metrics")):
+        for name in index[key]:
+            print(f"figures: missing {what}: {name}", file=sys.stderr)
     for figure in index["figures"]:
         for note in figure["notes"]:
             print(f"figures: {figure['id']}: {note}", file=sys.stderr)
     print(f"figures: {len(index['figures'])} figures → {out_dir}")
-    target = tracking.mlflow_target(job.tracking_uri, job.experiment, job.config)
     if target is not None:
         figure_paths = [out_dir / name for f in index["figures"] for name in f["files"]]
         figure_paths.append(out_dir / layout.FIGURE_INDEX)
