@@ -52,7 +52,7 @@ from repexp.aggregate.tables import (
 )
 from repexp.config import RunSpec, sweep_runs
 from repexp.config import load as load_config
-from repexp.io import atomic_path, read_json
+from repexp.io import read_json, write_text_atomic
 from repexp.verify.routing import GRADERS
 
 __all__ = [  # the names tests and docs use (each defined in its submodule only)
@@ -136,18 +136,13 @@ def aggregate(paths: Sequence[Path], out_dir: Path, *, expected: Sequence[RunSpe
     table = tidy_table(runs, testtime)
     keff_by_k = k_efficiency(table, runs, by_reference_k=True)
     keff = k_efficiency_headline(keff_by_k)
-    out_dir.mkdir(parents=True, exist_ok=True)
     for name, content in ((layout.K_EFFICIENCY_CSV, keff), (layout.K_EFFICIENCY_BY_K_CSV, keff_by_k),
                           (layout.PASS_AT_K_MD, render_markdown(table, keff, missing=missing, ignored=ignored,
                                                                 testtime=testtime)),
                           (layout.PASS_AT_K_HTML, render_html(table, keff, missing=missing, ignored=ignored,
                                                               testtime=testtime)),
                           (layout.PASS_AT_K_CSV, table)):  # pass_at_k.csv last: the rule's first output
-        with atomic_path(out_dir / name) as tmp:
-            if isinstance(content, str):
-                tmp.write_text(content)
-            else:
-                content.to_csv(tmp, index=False)
+        write_text_atomic(out_dir / name, content if isinstance(content, str) else content.to_csv(index=False))
     return {"runs": runs, "table": table, "k_efficiency": keff, "k_efficiency_by_k": keff_by_k, "missing": missing,
             "ignored": ignored, "testtime": testtime}
 

@@ -97,7 +97,6 @@ def make_figures(table, out_dir: Path, *, expected: Sequence[RunSpec] | None = N
     from repexp.aggregate import tables
 
     matplotlib.use("Agg")
-    out_dir.mkdir(parents=True, exist_ok=True)
     specs = list(expected) if expected is not None else table_specs(table)
     tasks = list(dict.fromkeys(s.task for s in specs))
     figures = []
