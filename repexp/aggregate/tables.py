@@ -1,17 +1,10 @@
-"""The tables of `repexp aggregate`: the tidy pass@k table, seed summaries and the k-efficiency with its
-bootstrap (pandas/numpy; their Markdown/HTML views are `repexp.aggregate.render`'s).
+"""The tables of `repexp aggregate`: the tidy pass@k table and the k-efficiency with its bootstrap
+(pandas/numpy; their Markdown/HTML views are `repexp.aggregate.render`'s).
 
-k-efficiency (the paper's "RepExp reaches GRPO's pass@256 at pass@80"), per task, backend, sparse_dim and β,
-on seed-mean curves (docs/figures.md gives the full definition):
-
-1. the k grid: the ks evaluated by every seed of the RepExp point and of GRPO; reference k = the largest ≤ 256;
-2. target = GRPO's mean pass@reference_k;
-3. k*_evaluated = the smallest grid k whose RepExp mean is ≥ target; k* interpolates linearly in log2 k
-   between it and the grid point before it (k* = k*_evaluated at the first grid point: status
-   "reached at the smallest k");
-4. k_grpo = the same crossing on GRPO's own curve (reference_k unless GRPO saturates below it);
-5. efficiency = k_grpo / k*; "not reached" when RepExp's pass@reference_k < target (no k*, no efficiency),
-   "undefined: GRPO solves nothing" when the target is 0.
+k-efficiency (the paper's "RepExp reaches GRPO's pass@256 at pass@80"; docs/figures.md defines it in full), per
+task, backend, sparse_dim and β, on seed-mean curves over the ks every seed of the point and of GRPO evaluated:
+target = GRPO's pass@reference_k (the largest grid k ≤ 256); k* = where RepExp's curve first reaches it
+(interpolated in log2 k), k_grpo = the same on GRPO's own curve; efficiency = k_grpo / k*.
 
 `bootstrap_k_efficiency`: a paired percentile bootstrap over the problems (the same draw for both methods)
 and, for a method with ≥ 2 seeds, its seeds; a replicate in which RepExp misses the target counts as
@@ -311,7 +304,7 @@ def _counts_matrix(runs: Sequence[EvalRun]) -> tuple[list[str], Any, Any]:
 
 
 def _efficiency_at(repexp_curve: dict[int, float], grpo_curve: dict[int, float], grid: list[int]) -> dict[str, Any]:
-    """Steps 2–5 of the module docstring with the last grid k as the reference k."""
+    """A k-efficiency row (module docstring) with the last grid k as the reference k."""
     ref = grid[-1]
     target = grpo_curve[ref]
     row: dict[str, Any] = {"reference_k": ref, "grpo_pass_at_ref": target, "repexp_pass_at_ref": repexp_curve[ref]}

@@ -4,10 +4,9 @@ training dynamics, plus `index.json` (docs/figures.md describes each figure).
 Input: `repexp aggregate`'s `pass_at_k.csv` and `k_efficiency_by_k.csv` (with the bootstrap intervals),
 optionally the pipeline config (the expected runs: anything missing is named on the figure, in `index.json`
 and on stderr) and the training metrics (`results/train/<task>/<run>/metrics.jsonl`, or the MLflow store).
-Outputs in `--out-dir`, each written atomically, `index.json` last: `pass_at_k`, `testtime_pass_at_k`,
-`k_efficiency`, `heatmap_<task>_<backend>`, `training_<task>_<backend>` and `dynamics_<task>_<backend>`
-(each `.pdf` and `.png`); `index.json` holds every figure's files, caption, notes, pixel size and plotted
-data, so tests and readers can check numbers without looking at pixels.
+Outputs in `--out-dir` (`.pdf` and `.png`, named by repexp.layout), each written atomically, `index.json` last:
+every figure's files, caption, notes, pixel size and plotted data, so tests and readers can check numbers
+without looking at pixels.
 
 Modules: `style` (look and scaffolding), `series` (what a line is, seed means, missing-run notes), one per
 figure kind (`curves`, `testtime`, `efficiency`, `heatmaps`, `training`), `publish` (MLflow artifacts);

@@ -123,17 +123,6 @@ COINCIDE_FRACTION = 0.002
 BOUNDED_PANELS = ("dev pass@1", "rollout diversity: distinct responses / group")
 
 
-def _trained_series(curves, task: str, backend: str, specs: Sequence[RunSpec]):
-    """(series in plotting order, their runs with curves, trained runs without any curves)."""
-    trained = [s for s in specs if s.task == task and s.backend == backend and s.trains]
-    missing = [s.path for s in trained if s.path not in curves]
-    series_runs: dict[Series, list[RunSpec]] = {}
-    for s in trained:
-        if s.path in curves:
-            series_runs.setdefault(series_of(s), []).append(s)
-    return sorted(series_runs, key=_series_sort_key), series_runs, missing
-
-
 def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], source: str, panels, title: str,
                   size: tuple[float, float], grid: tuple[int, int], name_lacking: bool, kind: str, caption: str):
     """A figure of metric panels over training steps: one line per method/point, mean over seeds ± SEM.
@@ -144,7 +133,13 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
     """
     from matplotlib.ticker import MaxNLocator
 
-    series, series_runs, missing = _trained_series(curves, task, backend, specs)
+    trained = [s for s in specs if s.task == task and s.backend == backend and s.trains]
+    missing = [s.path for s in trained if s.path not in curves]
+    series_runs: dict[Series, list[RunSpec]] = {}  # the runs with curves of every series
+    for s in trained:
+        if s.path in curves:
+            series_runs.setdefault(series_of(s), []).append(s)
+    series = sorted(series_runs, key=_series_sort_key)
     styles = series_styles(series)[0]  # one backend: labels never name it
     notes = []
     if missing:
@@ -163,11 +158,8 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
     for panel_title, metrics in panels:
         # one-metric panels compare that metric; the reward panel its verifier reward, GRPO's only line there
         compared = metrics[-1]
-        means = {}
-        for s in series:
-            runs = [r for r in series_runs[s] if compared in curves[r.path]]
-            if runs:
-                means[s] = _seed_mean_over_steps([curves[r.path][compared] for r in runs])
+        means = {s: _seed_mean_over_steps(logged) for s in series
+                 if (logged := [curves[r.path][compared] for r in series_runs[s] if compared in curves[r.path]])}
         scale = max((abs(v) for data in means.values() for v in data["mean"]), default=0.0)
         grpo_steps = next((d["step"] for s, d in means.items() if s.method == "grpo"), None)
         comparable = {s: d["mean"] for s, d in means.items() if d["step"] == grpo_steps}
@@ -181,7 +173,10 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
                       for s in sorted(same[panel_title], key=_series_sort_key)]
     turned_off, dense = {}, []
     for s in series:
-        off, logged = _turned_off_steps(curves, series_runs[s])
+        # steps at which any seed logged a switched-off bonus, of all steps that logged the metric
+        values = [curves[r.path].get(M.BONUS_TURNED_OFF, {}) for r in series_runs[s]]
+        off = sorted({step for v in values for step, value in v.items() if value > 0})
+        logged = len(set().union(*values))
         # marks tell a few dips apart; where the bonus is off in some group at most steps (a hard task: many
         # groups with no correct rollout), a mark on every step would hide the curve, so it is said instead
         if len(off) > MARK_MAX_FRACTION * logged:
@@ -273,17 +268,6 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
     return fig, {"id": figure_id, "kind": kind, "task": task, "backend": backend, "source": source,
                  "caption": caption, "notes": notes, "missing_runs": missing, "size_px": S._size_px(fig),
                  "panels": panels_record}
-
-
-def _turned_off_steps(curves, runs: Sequence[RunSpec]) -> tuple[list[int], int]:
-    """Steps at which any seed of a series logged a switched-off bonus (`repexp/bonus_turned_off_frac` > 0),
-    and how many steps logged the metric at all."""
-    steps, logged = set(), set()
-    for run in runs:
-        values = curves[run.path].get(M.BONUS_TURNED_OFF, {})
-        logged |= set(values)
-        steps |= {step for step, value in values.items() if value > 0}
-    return sorted(steps), len(logged)
 
 
 def _readable_ylim(lows: Sequence[float], highs: Sequence[float]) -> tuple[float, float]:
