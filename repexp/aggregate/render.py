@@ -98,9 +98,7 @@ def per_run_wide(table, testtime: dict[tuple[str, str], TesttimeRun] | None = No
         if testtime:
             row["test-time efficiency"] = _stc_text(testtime.get(tuple(run_key)))
         by_k = dict(zip(group["k"].astype(int), group["pass_at_k"]))
-        for k in ks:
-            row[f"pass@{k}"] = _fmt(by_k.get(int(k)))
-        rows.append(row)
+        rows.append({**row, **{f"pass@{k}": _fmt(by_k.get(int(k))) for k in ks}})
     return pd.DataFrame(rows)
 
 
@@ -131,9 +129,8 @@ def _interval_text(value, lo, hi) -> str:
 
 def _efficiency_text(r) -> str:
     """'2.26 [1.80, 2.90]', with the share of bootstrap replicates in which RepExp misses the target."""
-    has_interval = not (_isna(r.efficiency_lo) or _isna(r.efficiency_hi))
     text = "–" if _isna(r.efficiency) else f"{r.efficiency:.2f}"
-    if has_interval:
+    if not (_isna(r.efficiency_lo) or _isna(r.efficiency_hi)):
         text += f" [{r.efficiency_lo:.2f}, {r.efficiency_hi:.2f}]"
         if r.bootstrap_not_reached and r.bootstrap_not_reached > 0:
             text += f" (missed {r.bootstrap_not_reached:.1%})"

@@ -326,8 +326,7 @@ def _k_efficiency_rows(table, runs: Sequence[EvalRun] | None) -> list[dict[str, 
     """Every row of `k_efficiency_by_k.csv`."""
     by_name = {(r.spec.task, r.spec.name): r for r in runs or ()}
     rows = []
-    repexp = table[table["method"] == "repexp"]
-    points = repexp[["task", "backend", "sparse_dim", "beta"]].drop_duplicates()
+    points = table.loc[table["method"] == "repexp", ["task", "backend", "sparse_dim", "beta"]].drop_duplicates()
     for point in points.itertuples(index=False):
         point_mask = ((table["method"] == "repexp") & (table["task"] == point.task)
                       & (table["backend"] == point.backend) & (table["sparse_dim"] == point.sparse_dim)
@@ -340,10 +339,8 @@ def _k_efficiency_rows(table, runs: Sequence[EvalRun] | None) -> list[dict[str, 
             "n_grpo_seeds": int(table.loc[grpo_mask, "run"].nunique()),
             "note": "", "bootstrap_replicates": 0, "bootstrap_resampled": "",
         }
-        repexp_curve = _mean_curve(table, point_mask)
-        grpo_curve = _mean_curve(table, grpo_mask)
-        grid = sorted(set(repexp_curve) & set(grpo_curve)) if grpo_curve else []
-        grid = [k for k in grid if k <= HEADLINE_K]
+        repexp_curve, grpo_curve = _mean_curve(table, point_mask), _mean_curve(table, grpo_mask)
+        grid = sorted(k for k in set(repexp_curve) & set(grpo_curve) if k <= HEADLINE_K) if grpo_curve else []
         if not grid:
             rows.append({**base, "status": STATUS_NO_GRPO if not grpo_curve else STATUS_NO_COMMON_K})
             continue

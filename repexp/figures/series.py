@@ -127,14 +127,12 @@ def completeness_notes(task: str, found: Sequence[RunSpec],
     With a config, missing = expected runs without an evaluation. Without one, a series with fewer
     seeds than the task's other series and a missing GRPO or base-model run are reported.
     """
-    found_names = {s.name for s in found if s.task == task}
-    notes: list[str] = []
-    missing: list[str] = []
     if expected is not None:
+        found_names = {s.name for s in found if s.task == task}
         missing = [s.path for s in expected if s.task == task and s.name not in found_names]
-        if missing:
-            notes.append(f"missing runs: {compact_runs([s.split('/', 1)[1] for s in missing])}")
-        return missing, notes
+        return missing, [f"missing runs: {compact_runs([s.split('/', 1)[1] for s in missing])}"] if missing else []
+    notes: list[str] = []
+    missing = []
     task_runs = [s for s in found if s.task == task]
     all_seeds = sorted({s.seed for s in task_runs if s.seed is not None})
     by_series: dict[Series, set[int]] = {}

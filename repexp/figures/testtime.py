@@ -49,8 +49,7 @@ def plot_testtime(table, *, tasks: Sequence[str] | None = None, expected: Sequen
     styles, labels, _ = series_styles([s for p in panels for s in p["series"]])
     notes: list[str] = []
     if expected is not None:
-        done = table.loc[table["testtime_pass_at_k"].notna(), ["task", "run"]]
-        have = {(t, r) for t, r in done.itertuples(index=False)}
+        have = set(table.loc[table["testtime_pass_at_k"].notna(), ["task", "run"]].itertuples(index=False, name=None))
         lacking = [s.path for s in expected if s.task in tasks and (s.task, s.name) not in have]
         if lacking:
             notes.append(f"no test-time result for: {', '.join(lacking)}")
