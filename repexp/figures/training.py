@@ -203,9 +203,7 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
         handles = {}
         for ax, (panel_title, metrics) in zip([a for row in axes for a in row], panels):
             ax.set_title(panel_title, fontsize=S.FONT["label"])
-            plotted = []
-            lows, highs = [], []
-            lacking: list[str] = []
+            plotted, lows, highs, lacking = [], [], [], []
             for s in series:
                 for metric, linestyle in zip(metrics, ("-", "--")):
                     if metric == M.REWARD_SHAPED_MEAN and s.beta == 0:
@@ -233,7 +231,7 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
                     if linestyle == "-":
                         handles.setdefault(style["label"], line)
                     if panel_title == TURN_OFF_PANEL and turned_off[s]:
-                        at = {step: value for step, value in zip(data["step"], data["mean"])}
+                        at = dict(zip(data["step"], data["mean"]))
                         marked = [step for step in turned_off[s] if step in at]
                         ax.plot(marked, [at[step] for step in marked], linestyle="none", marker="x",
                                 color="#222222", markersize=8, markeredgewidth=1.6, zorder=4)
@@ -251,10 +249,7 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
                 ax.set_xlabel("step")
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
                 ax.tick_params(axis="both", labelsize=S.FONT["tick"])
-                if panel_title in BOUNDED_PANELS:
-                    ax.set_ylim(*S._adaptive_ylim(lows, highs))
-                else:
-                    ax.set_ylim(*_readable_ylim(lows, highs))
+                ax.set_ylim(*(S._adaptive_ylim if panel_title in BOUNDED_PANELS else _readable_ylim)(lows, highs))
             panels_record.append({"title": panel_title, "metrics": list(metrics), "series": plotted,
                                   "runs_without_metric": sorted(set(lacking))})
         if handles:
