@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from repexp import aggregate, cli
-from repexp.aggregate import crossing_k
+from repexp.aggregate import crossing_k, tables
 
 KS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 
@@ -53,7 +53,7 @@ def sweep(tmp_path):
 def test_tidy_table_has_config_columns_and_values(sweep, tmp_path):
     result = aggregate.aggregate(aggregate.find_eval_files(sweep), tmp_path / "out")
     table = pd.read_csv(tmp_path / "out" / "pass_at_k.csv")
-    assert list(table.columns) == list(aggregate.TIDY_COLUMNS)
+    assert list(table.columns) == list(tables.TIDY_COLUMNS)
     assert len(table) == 7 * len(KS)
     row = table[(table.run == "verl_repexp_k32_b0.01_s42") & (table.k == 16)].iloc[0]
     point = (row.task, row.method, row.backend, row.sparse_dim, row.beta, row.seed)
@@ -74,9 +74,9 @@ def test_k_efficiency_interpolates_on_log2_k_over_seed_means(sweep, tmp_path):
     assert reached.reference_k == 256 and reached.grpo_pass_at_ref == pytest.approx(0.9)
     assert reached.k_star == pytest.approx(2 ** 6.5) and reached.k_star_evaluated == 128
     assert reached.k_grpo == pytest.approx(256) and reached.efficiency == pytest.approx(256 / 2 ** 6.5)
-    assert (reached.n_repexp_seeds, reached.n_grpo_seeds, reached.status) == (2, 2, aggregate.STATUS_REACHED)
+    assert (reached.n_repexp_seeds, reached.n_grpo_seeds, reached.status) == (2, 2, tables.STATUS_REACHED)
     missed = keff[keff.beta == 0.1].iloc[0]
-    assert missed.status == aggregate.STATUS_NOT_REACHED
+    assert missed.status == tables.STATUS_NOT_REACHED
     assert math.isnan(missed.k_star) and math.isnan(missed.efficiency) and pd.isna(missed.k_star_evaluated)
     on_disk = pd.read_csv(tmp_path / "out" / "k_efficiency.csv")
     assert list(on_disk.columns) == list(aggregate.K_EFFICIENCY_COLUMNS)
@@ -103,12 +103,12 @@ def test_k_efficiency_edge_cases(tmp_path):
     # RepExp = GRPO + 0.05 → reaches the target one log2 step earlier, between 32 and 64
     assert r.k_star == pytest.approx(2 ** (math.log2(100) - 1)) and r.k_star_evaluated == 64
     first = by[("gsm8k", "trl", 1.0)]
-    assert first.status == aggregate.STATUS_REACHED_FIRST
+    assert first.status == tables.STATUS_REACHED_FIRST
     assert first.k_star == 1 and first.efficiency == pytest.approx(100)
     sat = by[("math", "trl", 0.5)]
     assert sat.k_grpo == pytest.approx(4) and sat.k_star == pytest.approx(2) and sat.efficiency == pytest.approx(2)
     assert "saturates" in sat.note
-    assert by[("math", "verl", 0.5)].status == aggregate.STATUS_NO_GRPO
+    assert by[("math", "verl", 0.5)].status == tables.STATUS_NO_GRPO
 
 
 def test_crossing_k():
@@ -273,7 +273,7 @@ def test_crossing_k_batch_equals_crossing_k():
     curves = np.sort(rng.random((300, len(ks))), axis=1)
     curves[::7, 2] = curves[::7, 1]  # flat pieces
     targets = rng.random(300)
-    k_star, k_eval = aggregate.crossing_k_batch(ks, curves, targets)
+    k_star, k_eval = tables.crossing_k_batch(ks, curves, targets)
     for row, target, got, got_eval in zip(curves, targets, k_star, k_eval):
         want = crossing_k(dict(zip(ks, row)), target)
         if want is None:

@@ -12,9 +12,9 @@ test-time verifier efficiency.
 
 | module | what it holds |
 |---|---|
-| `load` | `EvalRun`, `TesttimeRun`: the input files, checked; the runs a config expects, the missing ones |
-| `tables` | the tidy table, seed summaries, k-efficiency and its bootstrap; `HEADLINE_K`, `METHOD_NAMES` |
-| `render` | the Markdown and HTML views |
+| `load` | `EvalRun`, `TesttimeRun`: the input files, checked |
+| `tables` | the tidy table, k-efficiency and its bootstrap; `HEADLINE_K`, `METHOD_NAMES` |
+| `render` | the Markdown and HTML views (seed summaries) |
 | this module | the command: what it writes, the sweep points' MLflow metrics (logged by `repexp.tracking.targets`) |
 
 It re-exports the loading and table API that tests and docs use (`repexp.aggregate.load_evals`, ...).
@@ -37,22 +37,13 @@ from repexp.aggregate.load import (
     find_eval_files,
     load_eval,
     load_evals,
-    missing_runs,
 )
 from repexp.aggregate.render import render_html, render_markdown
 from repexp.aggregate.tables import (
-    BOOTSTRAP_LEVEL,
     BOOTSTRAP_REPLICATES,
-    BOOTSTRAP_SEED,
     K_EFFICIENCY_COLUMNS,
-    STATUS_NO_GRPO,
-    STATUS_NOT_REACHED,
-    STATUS_REACHED,
-    STATUS_REACHED_FIRST,
-    TIDY_COLUMNS,
     bootstrap_k_efficiency,
     crossing_k,
-    crossing_k_batch,
     k_efficiency,
     k_efficiency_headline,
     read_k_efficiency,
@@ -61,15 +52,13 @@ from repexp.aggregate.tables import (
 )
 from repexp.config import RunSpec, sweep_runs
 from repexp.config import load as load_config
-from repexp.io import atomic_path, read_json
+from repexp.io import read_json, write_text_atomic
 from repexp.verify.routing import GRADERS
 
 __all__ = [  # the names tests and docs use (each defined in its submodule only)
-    "BOOTSTRAP_LEVEL", "BOOTSTRAP_REPLICATES", "BOOTSTRAP_SEED", "K_EFFICIENCY_COLUMNS", "STATUS_NO_GRPO",
-    "STATUS_NOT_REACHED", "STATUS_REACHED", "STATUS_REACHED_FIRST", "TIDY_COLUMNS", "EvalRun", "aggregate",
-    "bootstrap_k_efficiency", "configure_parser", "crossing_k", "crossing_k_batch", "find_eval_files", "k_efficiency",
-    "load_eval", "load_evals", "log_sweep_point_metrics", "read_k_efficiency", "read_table", "run", "run_job",
-    "sweep_point_metrics",
+    "BOOTSTRAP_REPLICATES", "K_EFFICIENCY_COLUMNS", "EvalRun", "aggregate", "bootstrap_k_efficiency",
+    "configure_parser", "crossing_k", "find_eval_files", "k_efficiency", "load_eval", "load_evals",
+    "log_sweep_point_metrics", "read_k_efficiency", "read_table", "run", "run_job", "sweep_point_metrics",
 ]
 
 # ks logged on every sweep point's MLflow parent run (plus the largest evaluated k)
@@ -139,25 +128,21 @@ def aggregate(paths: Sequence[Path], out_dir: Path, *, expected: Sequence[RunSpe
         if drop_unexpected:
             ignored = [r.spec.path for r in runs if (r.spec.task, r.spec.name) not in wanted]
             runs = [r for r in runs if (r.spec.task, r.spec.name) in wanted]
-        missing = missing_runs(expected, runs)
+        found = {(r.spec.task, r.spec.name) for r in runs}
+        missing = [s.path for s in expected if (s.task, s.name) not in found]
     if not runs:
         raise ValueError("no eval.json to aggregate" + (f" (missing: {', '.join(missing)})" if missing else ""))
     testtime = attach_testtime(runs, testtime_paths)
     table = tidy_table(runs, testtime)
     keff_by_k = k_efficiency(table, runs, by_reference_k=True)
     keff = k_efficiency_headline(keff_by_k)
-    out_dir.mkdir(parents=True, exist_ok=True)
     for name, content in ((layout.K_EFFICIENCY_CSV, keff), (layout.K_EFFICIENCY_BY_K_CSV, keff_by_k),
                           (layout.PASS_AT_K_MD, render_markdown(table, keff, missing=missing, ignored=ignored,
                                                                 testtime=testtime)),
                           (layout.PASS_AT_K_HTML, render_html(table, keff, missing=missing, ignored=ignored,
                                                               testtime=testtime)),
                           (layout.PASS_AT_K_CSV, table)):  # pass_at_k.csv last: the rule's first output
-        with atomic_path(out_dir / name) as tmp:
-            if isinstance(content, str):
-                tmp.write_text(content)
-            else:
-                content.to_csv(tmp, index=False)
+        write_text_atomic(out_dir / name, content if isinstance(content, str) else content.to_csv(index=False))
     return {"runs": runs, "table": table, "k_efficiency": keff, "k_efficiency_by_k": keff_by_k, "missing": missing,
             "ignored": ignored, "testtime": testtime}
 

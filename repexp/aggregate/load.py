@@ -1,5 +1,5 @@
 """Loading of `repexp aggregate`'s inputs: `eval.json` and `testtime.json` files, checked, as `EvalRun` and
-`TesttimeRun`; the runs a config expects and those without an evaluation."""
+`TesttimeRun`."""
 
 from __future__ import annotations
 
@@ -241,19 +241,3 @@ def run_sort_key(spec: RunSpec) -> tuple:
     """Tasks in TASKS order, then RepExp points, GRPO, base; then backend, sparse_dim, β, seed."""
     return (TASKS.index(spec.task), METHODS.index(spec.method), spec.backend or "",
             spec.sparse_dim or 0, spec.beta, -1 if spec.seed is None else spec.seed)
-
-
-# --------------------------------------------------------------------------- expected runs
-
-
-def expected_runs(config_path: str | Path) -> list[RunSpec]:
-    """The sweep's runs from a pipeline config."""
-    from repexp.config import load, sweep_runs
-
-    return sweep_runs(load(config_path))
-
-
-def missing_runs(expected: Sequence[RunSpec], runs: Sequence[EvalRun]) -> list[str]:
-    """`<task>/<run>` of every expected run without an evaluation."""
-    found = {(r.spec.task, r.spec.name) for r in runs}
-    return [s.path for s in expected if (s.task, s.name) not in found]

@@ -15,7 +15,6 @@ from repexp.aggregate.tables import (
     HEADLINE_K,
     METHOD_NAMES,
     POINT_COLUMNS,
-    seed_summary,
 )
 from repexp.config import canonical
 from repexp.verify.routing import DEFAULT_GRADER, GRADERS
@@ -55,25 +54,25 @@ def _fmt(value: Any, digits: int = 3) -> str:
 
 
 def summary_wide(table, value: str = "pass_at_k"):
-    """Seed summary, one row per point, columns pass@k as 'mean ± sem' strings (for Markdown/HTML)."""
+    """One row per point: the mean over seeds of `value` per k as 'mean ± sem' strings (sem: the standard
+    error over seeds, ddof 1, only with ≥ 2 seeds)."""
     import pandas as pd
 
-    summary = seed_summary(table, value)
-    ks = sorted(summary["k"].unique())
+    ks = sorted(table["k"].unique())
     rows = []
-    for key, group in summary.groupby(list(POINT_COLUMNS), dropna=False, sort=False):
+    for key, group in table.groupby(list(POINT_COLUMNS), dropna=False, sort=False):
         point = dict(zip(POINT_COLUMNS, key))
-        seeds = sorted({s for ss in group["seeds"] for s in ss})
+        seeds = sorted({int(s) for s in group["seed"].dropna()})
         is_repexp = point["method"] == "repexp"
         row = {"task": point["task"], "method": METHOD_NAMES[point["method"]], "backend": point["backend"] or "–",
                "sparse_dim": int(point["sparse_dim"]) if is_repexp else "–",
                "β": canonical(float(point["beta"])) if is_repexp else "–",
-               "seeds": ", ".join(map(str, seeds)) or "–", "#seeds": int(group["n_seeds"].max())}
-        by_k = {int(r.k): r for r in group.itertuples(index=False)}
+               "seeds": ", ".join(map(str, seeds)) or "–", "#seeds": int(group.groupby("k").size().max())}
         for k in ks:
-            r = by_k.get(int(k))
-            row[f"pass@{k}"] = ("–" if r is None or math.isnan(r.mean)
-                                else f"{r.mean:.3f}" + (f" ± {r.sem_seeds:.3f}" if r.n_seeds >= 2 else ""))
+            values = group.loc[group["k"] == k, value].to_numpy(dtype=float)
+            n = len(values)
+            row[f"pass@{k}"] = ("–" if n == 0 or math.isnan(values.mean()) else f"{values.mean():.3f}"
+                                + (f" ± {values.std(ddof=1) / math.sqrt(n):.3f}" if n >= 2 else ""))
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -99,9 +98,7 @@ def per_run_wide(table, testtime: dict[tuple[str, str], TesttimeRun] | None = No
         if testtime:
             row["test-time efficiency"] = _stc_text(testtime.get(tuple(run_key)))
         by_k = dict(zip(group["k"].astype(int), group["pass_at_k"]))
-        for k in ks:
-            row[f"pass@{k}"] = _fmt(by_k.get(int(k)))
-        rows.append(row)
+        rows.append({**row, **{f"pass@{k}": _fmt(by_k.get(int(k))) for k in ks}})
     return pd.DataFrame(rows)
 
 
@@ -132,9 +129,8 @@ def _interval_text(value, lo, hi) -> str:
 
 def _efficiency_text(r) -> str:
     """'2.26 [1.80, 2.90]', with the share of bootstrap replicates in which RepExp misses the target."""
-    has_interval = not (_isna(r.efficiency_lo) or _isna(r.efficiency_hi))
     text = "–" if _isna(r.efficiency) else f"{r.efficiency:.2f}"
-    if has_interval:
+    if not (_isna(r.efficiency_lo) or _isna(r.efficiency_hi)):
         text += f" [{r.efficiency_lo:.2f}, {r.efficiency_hi:.2f}]"
         if r.bootstrap_not_reached and r.bootstrap_not_reached > 0:
             text += f" (missed {r.bootstrap_not_reached:.1%})"

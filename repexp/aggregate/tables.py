@@ -1,17 +1,10 @@
-"""The tables of `repexp aggregate`: the tidy pass@k table, seed summaries and the k-efficiency with its
-bootstrap (pandas/numpy; their Markdown/HTML views are `repexp.aggregate.render`'s).
+"""The tables of `repexp aggregate`: the tidy pass@k table and the k-efficiency with its bootstrap
+(pandas/numpy; their Markdown/HTML views are `repexp.aggregate.render`'s).
 
-k-efficiency (the paper's "RepExp reaches GRPO's pass@256 at pass@80"), per task, backend, sparse_dim and β,
-on seed-mean curves (docs/figures.md gives the full definition):
-
-1. the k grid: the ks evaluated by every seed of the RepExp point and of GRPO; reference k = the largest ≤ 256;
-2. target = GRPO's mean pass@reference_k;
-3. k*_evaluated = the smallest grid k whose RepExp mean is ≥ target; k* interpolates linearly in log2 k
-   between it and the grid point before it (k* = k*_evaluated at the first grid point: status
-   "reached at the smallest k");
-4. k_grpo = the same crossing on GRPO's own curve (reference_k unless GRPO saturates below it);
-5. efficiency = k_grpo / k*; "not reached" when RepExp's pass@reference_k < target (no k*, no efficiency),
-   "undefined: GRPO solves nothing" when the target is 0.
+k-efficiency (the paper's "RepExp reaches GRPO's pass@256 at pass@80"; docs/figures.md defines it in full), per
+task, backend, sparse_dim and β, on seed-mean curves over the ks every seed of the point and of GRPO evaluated:
+target = GRPO's pass@reference_k (the largest grid k ≤ 256); k* = where RepExp's curve first reaches it
+(interpolated in log2 k), k_grpo = the same on GRPO's own curve; efficiency = k_grpo / k*.
 
 `bootstrap_k_efficiency`: a paired percentile bootstrap over the problems (the same draw for both methods)
 and, for a method with ≥ 2 seeds, its seeds; a replicate in which RepExp misses the target counts as
@@ -118,25 +111,6 @@ def read_table(path: str | Path):
 
 
 POINT_COLUMNS = ("task", "method", "backend", "sparse_dim", "beta")
-
-
-def seed_summary(table, value: str = "pass_at_k"):
-    """Mean over seeds per (task, method, backend, sparse_dim, β, k): mean, sem_seeds, n_seeds, seeds.
-
-    `sem_seeds` is the standard error over seeds (ddof 1), NaN with one seed. `value`: the column
-    averaged (`pass_at_k`, or one grader's `pass_at_k_<grader>`).
-    """
-    import pandas as pd
-
-    rows = []
-    for key, group in table.groupby(list(POINT_COLUMNS) + ["k"], dropna=False, sort=False):
-        values = group[value].to_numpy(dtype=float)
-        n = len(values)
-        sem = float(values.std(ddof=1) / math.sqrt(n)) if n >= 2 else math.nan
-        seeds = sorted(int(s) for s in group["seed"].dropna())
-        rows.append({**dict(zip(list(POINT_COLUMNS) + ["k"], key)), "mean": float(values.mean()),
-                     "sem_seeds": sem, "n_seeds": n, "seeds": seeds})
-    return pd.DataFrame(rows, columns=list(POINT_COLUMNS) + ["k", "mean", "sem_seeds", "n_seeds", "seeds"])
 
 
 def _mean_curve(table, mask) -> dict[int, float] | None:
@@ -330,7 +304,7 @@ def _counts_matrix(runs: Sequence[EvalRun]) -> tuple[list[str], Any, Any]:
 
 
 def _efficiency_at(repexp_curve: dict[int, float], grpo_curve: dict[int, float], grid: list[int]) -> dict[str, Any]:
-    """Steps 2–5 of the module docstring with the last grid k as the reference k."""
+    """A k-efficiency row (module docstring) with the last grid k as the reference k."""
     ref = grid[-1]
     target = grpo_curve[ref]
     row: dict[str, Any] = {"reference_k": ref, "grpo_pass_at_ref": target, "repexp_pass_at_ref": repexp_curve[ref]}
@@ -349,32 +323,24 @@ def _efficiency_at(repexp_curve: dict[int, float], grpo_curve: dict[int, float],
 
 
 def _k_efficiency_rows(table, runs: Sequence[EvalRun] | None) -> list[dict[str, Any]]:
-    """Every row of `k_efficiency_by_k.csv`, each with `headline` True where reference_k is the point's largest
-    grid k (the row of `k_efficiency.csv`; also every row without a grid)."""
+    """Every row of `k_efficiency_by_k.csv`."""
     by_name = {(r.spec.task, r.spec.name): r for r in runs or ()}
     rows = []
-    repexp = table[table["method"] == "repexp"]
-    points = repexp[["task", "backend", "sparse_dim", "beta"]].drop_duplicates()
+    points = table.loc[table["method"] == "repexp", ["task", "backend", "sparse_dim", "beta"]].drop_duplicates()
     for point in points.itertuples(index=False):
         point_mask = ((table["method"] == "repexp") & (table["task"] == point.task)
                       & (table["backend"] == point.backend) & (table["sparse_dim"] == point.sparse_dim)
                       & (table["beta"] == point.beta))
         grpo_mask = (table["method"] == "grpo") & (table["task"] == point.task) & (table["backend"] == point.backend)
         base: dict[str, Any] = {
-            "task": point.task, "backend": point.backend, "sparse_dim": int(point.sparse_dim),
-            "beta": float(point.beta),
+            **dict.fromkeys(K_EFFICIENCY_COLUMNS, math.nan), "task": point.task, "backend": point.backend,
+            "sparse_dim": int(point.sparse_dim), "beta": float(point.beta),
             "n_repexp_seeds": int(table.loc[point_mask, "run"].nunique()),
             "n_grpo_seeds": int(table.loc[grpo_mask, "run"].nunique()),
-            "reference_k": None, "grpo_pass_at_ref": math.nan, "repexp_pass_at_ref": math.nan, "k_grpo": math.nan,
-            "k_star": math.nan, "k_star_evaluated": None, "efficiency": math.nan, "note": "",
-            "efficiency_lo": math.nan, "efficiency_hi": math.nan, "bootstrap_not_reached": math.nan,
-            **{f"diff_pass_at_{at}{end}": math.nan for at in ("1", "ref") for end in ("", "_lo", "_hi")},
-            "bootstrap_replicates": 0, "bootstrap_resampled": "", "headline": True,
+            "note": "", "bootstrap_replicates": 0, "bootstrap_resampled": "",
         }
-        repexp_curve = _mean_curve(table, point_mask)
-        grpo_curve = _mean_curve(table, grpo_mask)
-        grid = sorted(set(repexp_curve) & set(grpo_curve)) if grpo_curve else []
-        grid = [k for k in grid if k <= HEADLINE_K]
+        repexp_curve, grpo_curve = _mean_curve(table, point_mask), _mean_curve(table, grpo_mask)
+        grid = sorted(k for k in set(repexp_curve) & set(grpo_curve) if k <= HEADLINE_K) if grpo_curve else []
         if not grid:
             rows.append({**base, "status": STATUS_NO_GRPO if not grpo_curve else STATUS_NO_COMMON_K})
             continue
@@ -393,8 +359,7 @@ def _k_efficiency_rows(table, runs: Sequence[EvalRun] | None) -> list[dict[str, 
             except ValueError as err:
                 why_not = f"{NO_INTERVAL_NOTE}: {err}"
         for ref in grid:
-            row = {**base, **_efficiency_at(repexp_curve, grpo_curve, [k for k in grid if k <= ref]),
-                   "headline": ref == grid[-1]}
+            row = {**base, **_efficiency_at(repexp_curve, grpo_curve, [k for k in grid if k <= ref])}
             row["diff_pass_at_ref"] = repexp_curve[ref] - grpo_curve[ref]
             if 1 in grid:
                 row["diff_pass_at_1"] = repexp_curve[1] - grpo_curve[1]
@@ -420,14 +385,13 @@ def k_efficiency(table, runs: Sequence[EvalRun] | None = None, *, by_reference_k
     """
     import pandas as pd
 
-    rows = [r for r in _k_efficiency_rows(table, runs) if by_reference_k or r["headline"]]
-    return _k_efficiency_frame(pd.DataFrame(rows, columns=list(K_EFFICIENCY_COLUMNS)))
+    by_k = _k_efficiency_frame(pd.DataFrame(_k_efficiency_rows(table, runs), columns=list(K_EFFICIENCY_COLUMNS)))
+    return by_k if by_reference_k else k_efficiency_headline(by_k)
 
 
 def k_efficiency_headline(by_k):
     """The rows of `k_efficiency.csv` from those of `k_efficiency_by_k.csv`: per RepExp point, its largest
-    reference k (or its one row without a grid). Equal to `k_efficiency(table, runs)`: a point's bootstrap
-    draws do not depend on the reference k."""
+    reference k (or its one row without a grid): a point's bootstrap draws do not depend on the reference k."""
     keys = ["task", "backend", "sparse_dim", "beta"]
     order = by_k.assign(_ref=by_k["reference_k"].astype("Float64").fillna(-1.0))
     last = order.groupby(keys, dropna=False, sort=False)["_ref"].transform("max")

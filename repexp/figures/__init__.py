@@ -4,10 +4,9 @@ training dynamics, plus `index.json` (docs/figures.md describes each figure).
 Input: `repexp aggregate`'s `pass_at_k.csv` and `k_efficiency_by_k.csv` (with the bootstrap intervals),
 optionally the pipeline config (the expected runs: anything missing is named on the figure, in `index.json`
 and on stderr) and the training metrics (`results/train/<task>/<run>/metrics.jsonl`, or the MLflow store).
-Outputs in `--out-dir`, each written atomically, `index.json` last: `pass_at_k`, `testtime_pass_at_k`,
-`k_efficiency`, `heatmap_<task>_<backend>`, `training_<task>_<backend>` and `dynamics_<task>_<backend>`
-(each `.pdf` and `.png`); `index.json` holds every figure's files, caption, notes, pixel size and plotted
-data, so tests and readers can check numbers without looking at pixels.
+Outputs in `--out-dir` (`.pdf` and `.png`, named by repexp.layout), each written atomically, `index.json` last:
+every figure's files, caption, notes, pixel size and plotted data, so tests and readers can check numbers
+without looking at pixels.
 
 Modules: `style` (look and scaffolding), `series` (what a line is, seed means, missing-run notes), one per
 figure kind (`curves`, `testtime`, `efficiency`, `heatmaps`, `training`), `publish` (MLflow artifacts);
@@ -34,7 +33,7 @@ from repexp.figures.curves import plot_pass_at_k
 from repexp.figures.efficiency import plot_k_efficiency
 from repexp.figures.heatmaps import plot_heatmap
 from repexp.figures.publish import log_figures_run  # noqa: F401
-from repexp.figures.series import expected_from_config, select_repexp_points, table_specs  # noqa: F401
+from repexp.figures.series import select_repexp_points, table_specs  # noqa: F401
 from repexp.figures.style import DPI, MAX_REPEXP_LINES, _save
 from repexp.figures.testtime import STEM as TESTTIME_STEM
 from repexp.figures.testtime import plot_testtime
@@ -97,7 +96,6 @@ def make_figures(table, out_dir: Path, *, expected: Sequence[RunSpec] | None = N
     from repexp.aggregate import tables
 
     matplotlib.use("Agg")
-    out_dir.mkdir(parents=True, exist_ok=True)
     specs = list(expected) if expected is not None else table_specs(table)
     tasks = list(dict.fromkeys(s.task for s in specs))
     figures = []
@@ -155,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_job(job) -> int:
     """Every figure (`repexp.jobs.FiguresJob`: the figures rule's and `repexp figures`'s)."""
-    from repexp import tracking
+    from repexp import config, tracking
     from repexp.aggregate import tables
 
     table_path, out_dir = Path(job.table), Path(job.out_dir)
@@ -164,7 +162,8 @@ def run_job(job) -> int:
         table = tables.read_table(table_path)
         if table.empty:
             raise ValueError(f"{table_path}: the table has no rows")
-        expected = expected_from_config(job.config) if job.config else None
+        expected = config.sweep_runs(config.load(job.config)) if job.config else None
+        target = tracking.mlflow_target(job.tracking_uri, job.experiment, job.config)
         source = job.curves_from
         if source == "auto":
             source = "mlflow" if job.experiment else ("jsonl" if train_dir else "none")
@@ -177,7 +176,6 @@ def run_job(job) -> int:
                 raise FileNotFoundError(f"{train_dir}: training directory not found")
             curves, curves_source = training_curves_from_jsonl(train_dir, specs), layout.METRICS
         elif source == "mlflow":
-            target = tracking.mlflow_target(job.tracking_uri, job.experiment, job.config)
             if target is None:
                 raise ValueError("--curves-from mlflow needs --experiment (or a node run)")
             curves, curves_source = training_curves_from_mlflow(target, specs), "MLflow"
@@ -192,15 +190,13 @@ def run_job(job) -> int:
     except (ValueError, FileNotFoundError) as err:
         print(f"figures: error: {err}", file=sys.stderr)
         return 1
-    for name in index["missing_evaluations"]:
-        print(f"figures: missing evaluation: {name}", file=sys.stderr)
-    for name in index["missing_training_metrics"]:
-        print(f"figures: missing training metrics: {name}", file=sys.stderr)
+    for key, what in (("missing_evaluations", "evaluation"), ("missing_training_metrics", "training metrics")):
+        for name in index[key]:
+            print(f"figures: missing {what}: {name}", file=sys.stderr)
     for figure in index["figures"]:
         for note in figure["notes"]:
             print(f"figures: {figure['id']}: {note}", file=sys.stderr)
     print(f"figures: {len(index['figures'])} figures → {out_dir}")
-    target = tracking.mlflow_target(job.tracking_uri, job.experiment, job.config)
     if target is not None:
         figure_paths = [out_dir / name for f in index["figures"] for name in f["files"]]
         figure_paths.append(out_dir / layout.FIGURE_INDEX)

@@ -116,11 +116,6 @@ def series_styles(series: Sequence[Series]) -> tuple[dict[Series, dict], list[st
     """(style per series, the legend labels in plotting order, whether RepExp labels name their point)."""
     show_point = len({(s.sparse_dim, s.beta) for s in series if s.method == "repexp"}) > 1
     show_backend = len({s.backend for s in series if s.backend}) > 1
-    styles = _series_styles(series, show_point=show_point, show_backend=show_backend)
-    return styles, list(dict.fromkeys(styles[s]["label"] for s in sorted(series, key=_series_sort_key))), show_point
-
-
-def _series_styles(series: Sequence[Series], *, show_point: bool, show_backend: bool) -> dict[Series, dict]:
     points = sorted({(s.sparse_dim, s.beta) for s in series if s.method == "repexp"})
     backends = sorted({s.backend for s in series if s.backend})
     styles = {}
@@ -135,4 +130,4 @@ def _series_styles(series: Sequence[Series], *, show_point: bool, show_backend: 
             color, marker = (S.GRPO_COLOR, "o") if s.method == "grpo" else (S.BASE_COLOR, "o")
         styles[s] = {"label": s.label(show_point=show_point, show_backend=show_backend), "color": color,
                      "marker": marker, "linestyle": linestyle}
-    return styles
+    return styles, list(dict.fromkeys(styles[s]["label"] for s in sorted(series, key=_series_sort_key))), show_point

@@ -19,16 +19,10 @@ EDGE_MARKER = "v"  # RepExp does not reach GRPO's pass@ref within k ≤ ref: dra
 LOWER_BOUND_MARKER = "^"  # reached at the smallest k: the efficiency is a lower bound
 
 
-def plotted_reference_ks(refs: Sequence[int]) -> list[int]:
-    """The reference ks drawn for one point: the powers of two ≥ 2 among its grid ks, and its largest."""
-    refs = sorted({int(k) for k in refs})
-    return [k for k in refs if k >= 2 and (k & (k - 1) == 0 or k == refs[-1])]
-
-
 def _shown(rows) -> list:
-    """The rows of one point at its `plotted_reference_ks`."""
-    ks = plotted_reference_ks([r.reference_k for r in rows])
-    return [r for r in rows if int(r.reference_k) in ks]
+    """The rows of one point drawn: at the powers of two ≥ 2 among its reference ks, and its largest."""
+    largest = max(int(r.reference_k) for r in rows)
+    return [r for r in rows if (k := int(r.reference_k)) >= 2 and (k & (k - 1) == 0 or k == largest)]
 
 
 def _number(value) -> float | None:
@@ -81,13 +75,12 @@ def plot_k_efficiency(keff, table, *, tasks: Sequence[str] | None = None, expect
     styles, labels, _ = series_styles(all_series)
     labels = ["GRPO (= 1)", *labels]
     show_backend = len({s.backend for s in all_series}) > 1
-    has_intervals = bool(len(keff)) and keff["efficiency_lo"].notna().any()
+    has_intervals = keff["efficiency_lo"].notna().any()
 
     # what the figure must say (drawn under the axes, so gathered before drawing)
-    bootstrap_units = sorted({str(u) for u in keff["bootstrap_resampled"] if str(u)}) if len(keff) else []
-    replicates = sorted({int(b) for b in keff["bootstrap_replicates"].dropna() if int(b) > 0}) if len(keff) else []
-    reasons = {part for note in (keff["note"] if len(keff) else []) for part in str(note).split("; ")
-               if part.startswith(A.NO_INTERVAL_NOTE)}
+    bootstrap_units = sorted({str(u) for u in keff["bootstrap_resampled"] if str(u)})
+    replicates = sorted({int(b) for b in keff["bootstrap_replicates"].dropna() if int(b) > 0})
+    reasons = any(part.startswith(A.NO_INTERVAL_NOTE) for note in keff["note"] for part in str(note).split("; "))
     if not has_intervals and not reasons and all_series:
         notes.append(f"No bootstrap intervals ({source or 'no per-problem counts'}).")
     for task in tasks:
@@ -123,9 +116,9 @@ def plot_k_efficiency(keff, table, *, tasks: Sequence[str] | None = None, expect
         task = tasks[j]
         panel = _draw_panel(ax, per_task[task], styles, handles, first=j == 0)
         if panel is None:
-            has_rows = bool(len(keff)) and (keff["task"] == task).any()
             S._no_data(ax, f"no k-efficiency for {task}: " + ("no RepExp point has a GRPO baseline with a common k"
-                                                            if has_rows else "no RepExp evaluation"))
+                                                            if (keff["task"] == task).any()
+                                                            else "no RepExp evaluation"))
         return panel or {"ylim": None, "series": []}
 
     fig, record_panels = S._task_panels(tasks, labels, notes, draw)
@@ -157,7 +150,7 @@ def _draw_panel(ax, rows_by_series: dict[Series, list], styles: dict, handles: d
     from repexp.aggregate import tables as A
 
     series_list = sorted(rows_by_series, key=_series_sort_key)
-    shown = {s: _shown(rows_by_series[s]) for s in series_list if _shown(rows_by_series[s])}
+    shown = {s: rows for s in series_list if (rows := _shown(rows_by_series[s]))}
     if not shown:
         return None
     values = [1.0] + [v for rows in shown.values() for r in rows

@@ -16,12 +16,11 @@ def log_figures_run(target, figure_paths: Sequence[Path], table_files: Sequence[
     """
     from repexp import tracking
 
+    artifacts = [(path, None) for path in figure_paths] + [(path, "table") for path in table_files]
     node = tracking.current_node()
     if node is not None and node.enabled and target.experiment == node.record.experiment:
-        for path in figure_paths:
-            node.log_artifact(path)
-        for path in table_files:
-            node.log_artifact(path, "table")
+        for path, where in artifacts:
+            node.log_artifact(path, where)
         return node.run_id
     store, experiment_id = tracking.mlflow_store(target)
     with store.lock():
@@ -31,10 +30,8 @@ def log_figures_run(target, figure_paths: Sequence[Path], table_files: Sequence[
                                         tracking.SCOPE_KEY_TAG: tracking.scope_for().key})
     status = "FAILED"
     try:
-        for path in figure_paths:
-            store.client.log_artifact(run.info.run_id, str(path), "figures")
-        for path in table_files:
-            store.client.log_artifact(run.info.run_id, str(path), "table")
+        for path, where in artifacts:
+            store.client.log_artifact(run.info.run_id, str(path), where or "figures")
         status = "FINISHED"
     finally:
         store.client.set_terminated(run.info.run_id, status)

@@ -7,7 +7,6 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from repexp.aggregate.load import expected_runs as expected_from_config  # noqa: F401 (re-exported)
 from repexp.aggregate.load import run_sort_key
 from repexp.aggregate.tables import METHOD_NAMES, runs_on_common_ks
 from repexp.config import METHODS, RunSpec, canonical
@@ -128,14 +127,12 @@ def completeness_notes(task: str, found: Sequence[RunSpec],
     With a config, missing = expected runs without an evaluation. Without one, a series with fewer
     seeds than the task's other series and a missing GRPO or base-model run are reported.
     """
-    found_names = {s.name for s in found if s.task == task}
-    notes: list[str] = []
-    missing: list[str] = []
     if expected is not None:
+        found_names = {s.name for s in found if s.task == task}
         missing = [s.path for s in expected if s.task == task and s.name not in found_names]
-        if missing:
-            notes.append(f"missing runs: {compact_runs([s.split('/', 1)[1] for s in missing])}")
-        return missing, notes
+        return missing, [f"missing runs: {compact_runs([s.split('/', 1)[1] for s in missing])}"] if missing else []
+    notes: list[str] = []
+    missing = []
     task_runs = [s for s in found if s.task == task]
     all_seeds = sorted({s.seed for s in task_runs if s.seed is not None})
     by_series: dict[Series, set[int]] = {}
@@ -148,7 +145,7 @@ def completeness_notes(task: str, found: Sequence[RunSpec],
         if lacking:
             label = series.label(show_point=series.method == "repexp", show_backend=several_backends)
             notes.append(f"{label}: no seed {', '.join(map(str, lacking))}")
-            missing += [f"{task}/{_run_name(series, x)}" for x in lacking]
+            missing += [f"{task}/{RunSpec(*dataclasses.astuple(series), x).name}" for x in lacking]
     methods = {s.method for s in task_runs}
     for method, text in (("grpo", "no GRPO run"), ("base", "no base-model run"), ("repexp", "no RepExp run")):
         if method not in methods:
@@ -168,7 +165,3 @@ def compact_runs(names: Sequence[str]) -> str:
         seeds = [s for s in seeds if s]
         parts.append(f"{key}_s{{{','.join(seeds)}}}" if len(seeds) > 1 else f"{key}_s{seeds[0]}" if seeds else key)
     return ", ".join(parts)
-
-
-def _run_name(series: Series, seed: int) -> str:
-    return RunSpec(series.task, series.method, series.backend, series.sparse_dim, series.beta, seed).name

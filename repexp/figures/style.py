@@ -54,15 +54,8 @@ def _style():
     return stack
 
 
-def legend_columns(labels: Sequence[str], width: float) -> int:
-    """As many legend columns (at most 4) as fit a figure `width` inches wide: about 0.065 in per character at
-    FONT["legend"] plus the handle; a row wider than the figure is cut at both edges, handles first."""
-    column_inches = 0.065 * max((len(label) for label in labels), default=1) + 0.6
-    return max(1, min(len(labels), 4, int(width // column_inches)))
-
-
 def _figure_with_footer(width: float, plot_height: float, *, legend_rows: int, notes: Sequence[str], ncols: int = 1,
-                        nrows: int = 1, sharey: bool = False):
+                        nrows: int = 1):
     """A figure of fixed size: a plot area on top, legend and wrapped notes below (never over the data)."""
     import matplotlib.pyplot as plt
 
@@ -71,7 +64,7 @@ def _figure_with_footer(width: float, plot_height: float, *, legend_rows: int, n
     footer = 0.12 + 0.2 * legend_rows + 0.13 * len(note_lines)
     fig = plt.figure(figsize=(width, plot_height + footer), dpi=DPI, layout="constrained")
     top, bottom = fig.subfigures(2, 1, height_ratios=[plot_height, footer], hspace=0.0)
-    axes = top.subplots(nrows, ncols, sharey=sharey, squeeze=False)
+    axes = top.subplots(nrows, ncols, squeeze=False)
     if note_lines:
         bottom.text(0.5, 0.02, "\n".join(note_lines), ha="center", va="bottom", fontsize=FONT["note"],
                     color="#444444", linespacing=1.25)
@@ -83,7 +76,9 @@ def _task_panels(tasks: Sequence[str], labels: Sequence[str], notes: Sequence[st
     and the notes under them. `draw(ax, j, handles)` draws panel j, adds its legend handles and returns its
     record; `extra(ax, handles)` adds legend-only handles. Returns (figure, panel records)."""
     width = max(5.0, 3.2 * len(tasks))
-    ncol = legend_columns(labels, width)
+    # as many legend columns (at most 4) as fit: about 0.065 in per character at FONT["legend"] plus the handle;
+    # a row wider than the figure is cut at both edges, handles first
+    ncol = max(1, min(len(labels), 4, int(width // (0.065 * max((len(label) for label in labels), default=1) + 0.6))))
     records: list[dict] = []
     handles: dict = {}
     with _style():

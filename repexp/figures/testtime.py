@@ -8,7 +8,6 @@ random order; they meet at k = n by construction.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,15 +44,12 @@ def plot_testtime(table, *, tasks: Sequence[str] | None = None, expected: Sequen
     """The test-time figure. Returns (figure, record) like the other figures."""
     found = table_specs(table)
     tasks = list(tasks) if tasks else list(dict.fromkeys(s.task for s in found))
-    if "testtime_pass_at_k" not in table.columns:
-        table = table.assign(testtime_pass_at_k=math.nan)
     panels = [{"task": task, "series": sorted({series_of(s) for s in found if s.task == task}, key=_series_sort_key)}
               for task in tasks]
     styles, labels, _ = series_styles([s for p in panels for s in p["series"]])
     notes: list[str] = []
     if expected is not None:
-        done = table.loc[table["testtime_pass_at_k"].notna(), ["task", "run"]]
-        have = {(t, r) for t, r in done.itertuples(index=False)}
+        have = set(table.loc[table["testtime_pass_at_k"].notna(), ["task", "run"]].itertuples(index=False, name=None))
         lacking = [s.path for s in expected if s.task in tasks and (s.task, s.name) not in have]
         if lacking:
             notes.append(f"no test-time result for: {', '.join(lacking)}")

@@ -12,7 +12,7 @@ from repexp import layout
 from repexp import metrics as M
 from repexp.config import RunSpec
 from repexp.figures import style as S
-from repexp.figures.curves import _series_styles
+from repexp.figures.curves import series_styles
 from repexp.figures.series import ZORDER, Series, _series_sort_key, coinciding_with_grpo, compact_runs, series_of
 
 
@@ -39,15 +39,22 @@ def read_metrics_jsonl(path: str | Path) -> dict[str, dict[int, float]]:
     return curves
 
 
+def _trained_curves(specs: Sequence[RunSpec], read) -> dict[str, dict[str, dict[int, float]]]:
+    """{'<task>/<run>': {metric: {step: value}}} of CURVE_METRICS for every trained spec that `read(spec)` finds
+    (None: no source for it)."""
+    found = {spec.path: read(spec) for spec in specs if spec.trains}
+    return {path: {k: v for k, v in curves.items() if k in S.CURVE_METRICS}
+            for path, curves in found.items() if curves is not None}
+
+
 def training_curves_from_jsonl(train_dir: str | Path,
                                specs: Sequence[RunSpec]) -> dict[str, dict[str, dict[int, float]]]:
-    """{'<task>/<run>': {metric: {step: value}}} for every trained spec whose metrics.jsonl exists."""
-    out = {}
-    for spec in specs:
+    """The curves of every trained spec whose metrics.jsonl exists."""
+    def read(spec):
         path = Path(train_dir) / spec.task / spec.name / layout.METRICS
-        if spec.trains and path.is_file():
-            out[spec.path] = {k: v for k, v in read_metrics_jsonl(path).items() if k in S.CURVE_METRICS}
-    return out
+        return read_metrics_jsonl(path) if path.is_file() else None
+
+    return _trained_curves(specs, read)
 
 
 def training_curves_from_mlflow(target, specs: Sequence[RunSpec]) -> dict[str, dict[str, dict[int, float]]]:
@@ -59,26 +66,22 @@ def training_curves_from_mlflow(target, specs: Sequence[RunSpec]) -> dict[str, d
     from repexp import tracking
 
     store, experiment_id = tracking.mlflow_store(target)
-    out = {}
-    for spec in specs:
-        if not spec.trains:
-            continue
+    results_id = getattr(target, "results_id", None)
+    same_results = f" and tags.`{tracking.RESULTS_ID_TAG}` = '{results_id}'" if results_id else ""
+
+    def read(spec):
+        key = tracking.scope_for(spec.task, spec).key  # the sweep point's parent run and its node runs
+        runs = {run.info.run_id: run for tag in (tracking.PARENT_KEY_TAG, tracking.SCOPE_KEY_TAG)
+                for run in store.client.search_runs([experiment_id], max_results=1000,
+                                                    filter_string=f"tags.`{tag}` = '{key}'{same_results}")}
         curves: dict[str, dict[int, float]] = {}
-        runs = {}  # the sweep point's parent run and its node runs, of this results directory when known
-        key, results_id = tracking.scope_for(spec.task, spec).key, getattr(target, "results_id", None)
-        same_results = f" and tags.`{tracking.RESULTS_ID_TAG}` = '{results_id}'" if results_id else ""
-        for tag in (tracking.PARENT_KEY_TAG, tracking.SCOPE_KEY_TAG):
-            for run in store.client.search_runs([experiment_id], filter_string=f"tags.`{tag}` = '{key}'{same_results}",
-                                                max_results=1000):
-                runs[run.info.run_id] = run
         for run in sorted(runs.values(), key=lambda r: r.info.start_time or 0):
-            for metric in S.CURVE_METRICS:
-                if metric in run.data.metrics:
-                    for point in store.client.get_metric_history(run.info.run_id, metric):
-                        curves.setdefault(metric, {})[int(point.step)] = float(point.value)
-        if curves:
-            out[spec.path] = curves
-    return out
+            for metric in [m for m in S.CURVE_METRICS if m in run.data.metrics]:
+                for point in store.client.get_metric_history(run.info.run_id, metric):
+                    curves.setdefault(metric, {})[int(point.step)] = float(point.value)
+        return curves or None
+
+    return _trained_curves(specs, read)
 
 
 def _seed_mean_over_steps(per_seed: Sequence[dict[int, float]]) -> dict[str, list]:
@@ -120,17 +123,6 @@ COINCIDE_FRACTION = 0.002
 BOUNDED_PANELS = ("dev pass@1", "rollout diversity: distinct responses / group")
 
 
-def _trained_series(curves, task: str, backend: str, specs: Sequence[RunSpec]):
-    """(series in plotting order, their runs with curves, trained runs without any curves)."""
-    trained = [s for s in specs if s.task == task and s.backend == backend and s.trains]
-    missing = [s.path for s in trained if s.path not in curves]
-    series_runs: dict[Series, list[RunSpec]] = {}
-    for s in trained:
-        if s.path in curves:
-            series_runs.setdefault(series_of(s), []).append(s)
-    return sorted(series_runs, key=_series_sort_key), series_runs, missing
-
-
 def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], source: str, panels, title: str,
                   size: tuple[float, float], grid: tuple[int, int], name_lacking: bool, kind: str, caption: str):
     """A figure of metric panels over training steps: one line per method/point, mean over seeds ± SEM.
@@ -141,9 +133,14 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
     """
     from matplotlib.ticker import MaxNLocator
 
-    series, series_runs, missing = _trained_series(curves, task, backend, specs)
-    show_point = len({(s.sparse_dim, s.beta) for s in series if s.method == "repexp"}) > 1
-    styles = _series_styles(series, show_point=show_point, show_backend=False)
+    trained = [s for s in specs if s.task == task and s.backend == backend and s.trains]
+    missing = [s.path for s in trained if s.path not in curves]
+    series_runs: dict[Series, list[RunSpec]] = {}  # the runs with curves of every series
+    for s in trained:
+        if s.path in curves:
+            series_runs.setdefault(series_of(s), []).append(s)
+    series = sorted(series_runs, key=_series_sort_key)
+    styles = series_styles(series)[0]  # one backend: labels never name it
     notes = []
     if missing:
         notes.append(f"no training metrics ({source}) for: {compact_runs([m.split('/', 1)[1] for m in missing])}")
@@ -161,11 +158,8 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
     for panel_title, metrics in panels:
         # one-metric panels compare that metric; the reward panel its verifier reward, GRPO's only line there
         compared = metrics[-1]
-        means = {}
-        for s in series:
-            runs = [r for r in series_runs[s] if compared in curves[r.path]]
-            if runs:
-                means[s] = _seed_mean_over_steps([curves[r.path][compared] for r in runs])
+        means = {s: _seed_mean_over_steps(logged) for s in series
+                 if (logged := [curves[r.path][compared] for r in series_runs[s] if compared in curves[r.path]])}
         scale = max((abs(v) for data in means.values() for v in data["mean"]), default=0.0)
         grpo_steps = next((d["step"] for s, d in means.items() if s.method == "grpo"), None)
         comparable = {s: d["mean"] for s, d in means.items() if d["step"] == grpo_steps}
@@ -179,7 +173,10 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
                       for s in sorted(same[panel_title], key=_series_sort_key)]
     turned_off, dense = {}, []
     for s in series:
-        off, logged = _turned_off_steps(curves, series_runs[s])
+        # steps at which any seed logged a switched-off bonus, of all steps that logged the metric
+        values = [curves[r.path].get(M.BONUS_TURNED_OFF, {}) for r in series_runs[s]]
+        off = sorted({step for v in values for step, value in v.items() if value > 0})
+        logged = len(set().union(*values))
         # marks tell a few dips apart; where the bonus is off in some group at most steps (a hard task: many
         # groups with no correct rollout), a mark on every step would hide the curve, so it is said instead
         if len(off) > MARK_MAX_FRACTION * logged:
@@ -206,9 +203,7 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
         handles = {}
         for ax, (panel_title, metrics) in zip([a for row in axes for a in row], panels):
             ax.set_title(panel_title, fontsize=S.FONT["label"])
-            plotted = []
-            lows, highs = [], []
-            lacking: list[str] = []
+            plotted, lows, highs, lacking = [], [], [], []
             for s in series:
                 for metric, linestyle in zip(metrics, ("-", "--")):
                     if metric == M.REWARD_SHAPED_MEAN and s.beta == 0:
@@ -236,7 +231,7 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
                     if linestyle == "-":
                         handles.setdefault(style["label"], line)
                     if panel_title == TURN_OFF_PANEL and turned_off[s]:
-                        at = {step: value for step, value in zip(data["step"], data["mean"])}
+                        at = dict(zip(data["step"], data["mean"]))
                         marked = [step for step in turned_off[s] if step in at]
                         ax.plot(marked, [at[step] for step in marked], linestyle="none", marker="x",
                                 color="#222222", markersize=8, markeredgewidth=1.6, zorder=4)
@@ -254,10 +249,7 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
                 ax.set_xlabel("step")
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
                 ax.tick_params(axis="both", labelsize=S.FONT["tick"])
-                if panel_title in BOUNDED_PANELS:
-                    ax.set_ylim(*S._adaptive_ylim(lows, highs))
-                else:
-                    ax.set_ylim(*_readable_ylim(lows, highs))
+                ax.set_ylim(*(S._adaptive_ylim if panel_title in BOUNDED_PANELS else _readable_ylim)(lows, highs))
             panels_record.append({"title": panel_title, "metrics": list(metrics), "series": plotted,
                                   "runs_without_metric": sorted(set(lacking))})
         if handles:
@@ -271,17 +263,6 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
     return fig, {"id": figure_id, "kind": kind, "task": task, "backend": backend, "source": source,
                  "caption": caption, "notes": notes, "missing_runs": missing, "size_px": S._size_px(fig),
                  "panels": panels_record}
-
-
-def _turned_off_steps(curves, runs: Sequence[RunSpec]) -> tuple[list[int], int]:
-    """Steps at which any seed of a series logged a switched-off bonus (`repexp/bonus_turned_off_frac` > 0),
-    and how many steps logged the metric at all."""
-    steps, logged = set(), set()
-    for run in runs:
-        values = curves[run.path].get(M.BONUS_TURNED_OFF, {})
-        logged |= set(values)
-        steps |= {step for step, value in values.items() if value > 0}
-    return sorted(steps), len(logged)
 
 
 def _readable_ylim(lows: Sequence[float], highs: Sequence[float]) -> tuple[float, float]:
