@@ -163,7 +163,8 @@ class BestDevTracker:
     def best(self) -> Optional[dict]:
         return next(iter(self.ranked()), None)
 
-    def write(self) -> None:
+    def write(self) -> Optional[dict]:
+        """Rewrite `best_dev.json`; returns the best entry."""
         best = self.best()
         initial = next((h for h in self.history if h["step"] == 0), None)
         write_json_atomic(self.path, {
@@ -174,6 +175,7 @@ class BestDevTracker:
             "initial_value": None if initial is None else initial[self.metric],
             "history": self.history,
         })
+        return best
 
 
 def write_done(run_dir: str | Path, *, backend: str, final_step: int, tracker: BestDevTracker,
@@ -181,8 +183,7 @@ def write_done(run_dir: str | Path, *, backend: str, final_step: int, tracker: B
     """A training run's `DONE` marker (its Snakemake output), written last by either trainer:
     final step, best dev step and value (the tracker's JSON is written first), the training time
     over all attempts (from the final checkpoint's time record), wall time of this attempt."""
-    tracker.write()
-    best = tracker.best()
+    best = tracker.write()
     budget = read_budget(checkpoint_dir(run_dir, final_step))
     done = {
         "backend": backend,

@@ -29,7 +29,7 @@ import os
 import shlex
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from graphlib import TopologicalSorter
 from pathlib import Path
 from typing import Optional
@@ -165,11 +165,8 @@ class Pending:
 
 @dataclass
 class Reruns:
-    """Rebuilds of deleted files (`roots`, in the order they can be built) and the finished jobs
-    Snakemake would rerun only because of them (`finished`)."""
-
-    roots: list[Pending] = field(default_factory=list)
-    finished: list[Pending] = field(default_factory=list)
+    roots: list[Pending]  # rebuilds of deleted files, in the order they can be built
+    finished: list[Pending]  # the finished jobs Snakemake would rerun only because of them
 
 
 def needless_reruns(jobs: Sequence[Pending]) -> Reruns:

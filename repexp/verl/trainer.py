@@ -191,8 +191,7 @@ class RepExpTrainer(PPOTrainerSync):
         self.clock.save_took(time.monotonic() - started)
         self.training_time.save(step_dir)
         mark_complete(step_dir)
-        self.best_dev.write()
-        best = self.best_dev.best()
+        best = self.best_dev.write()
         prune_checkpoints(self.run_dir, self.run_settings.max_checkpoints_to_keep, best["step"] if best else None,
                           RESUME_ONLY)
 
