@@ -1,21 +1,16 @@
 """Checkpoints of a training run, shared by both trainer backends: best-dev tracking and selection
 (`repexp select`), training time over all attempts, retention, and the `DONE` marker.
 
-`best_dev.json` (in the training run directory) is rewritten atomically after every
-validation and every checkpoint save. It only ever points at a step whose checkpoint
-is complete, so a crash between validation and save cannot select a missing or
-partial checkpoint. Step 0 (the initial model) is recorded in the history for
-comparison but is never selectable: it has no checkpoint.
+`best_dev.json` (in the run directory) is rewritten atomically after every validation and save, and
+only ever points at a complete checkpoint, so a crash between validation and save cannot select a
+missing one. Step 0 (the initial model) is in the history for comparison, never selectable.
 
-A checkpoint is complete when its `COMPLETE` marker exists (written last, listing every file
-with its size). `repexp select` also reads each candidate back before pointing at it
-(`checkpoint_problems`: the sizes in the marker, safetensors headers against file sizes, the
-zip directories of torch `.pt`/`.bin` files), so a checkpoint damaged after it was written
-(a truncated copy, a full disk) is skipped, with a warning, for the next best readable one.
+A checkpoint is complete when its `COMPLETE` marker (written last, listing every file with its size)
+exists. `repexp select` also reads each candidate back (`checkpoint_problems`), so a checkpoint
+damaged after it was written (a truncated copy, a full disk) is skipped, with a warning.
 
-`TrainingTime` counts training time over all attempts (walltime chunks, preemptions) through
-the `budget.json` each checkpoint carries; `prune_checkpoints` (`train.max_checkpoints_to_keep`)
-keeps the newest checkpoints whole and the best-dev one without its resume-only files.
+`TrainingTime` counts training time over all attempts through each checkpoint's `budget.json`;
+`prune_checkpoints` keeps the newest checkpoints whole and the best-dev one without resume-only files.
 """
 
 from __future__ import annotations
@@ -37,12 +32,11 @@ from repexp.config import BACKENDS
 from repexp.io import read_json, write_json_atomic
 from repexp.layout import checkpoint_dir  # noqa: F401  (public here too: the checkpoint of a step)
 
-COMPLETE_MARKER = layout.COMPLETE  # written last inside a checkpoint directory
 SLIM_MARKER = layout.SLIM_MARKER  # a kept best-dev checkpoint without optimizer state: not resumable
 
 
 def is_complete(ckpt_dir: str | Path) -> bool:
-    return (Path(ckpt_dir) / COMPLETE_MARKER).exists()
+    return (Path(ckpt_dir) / layout.COMPLETE).exists()
 
 
 def mark_complete(ckpt_dir: str | Path, exclude: Sequence[Path] = ()) -> None:
@@ -51,13 +45,13 @@ def mark_complete(ckpt_dir: str | Path, exclude: Sequence[Path] = ()) -> None:
     ckpt_dir = Path(ckpt_dir)
     gone = [Path(p) for p in exclude]
     files = {str(p.relative_to(ckpt_dir)): p.stat().st_size
-             for p in sorted(ckpt_dir.rglob("*")) if p.is_file() and p.name != COMPLETE_MARKER
+             for p in sorted(ckpt_dir.rglob("*")) if p.is_file() and p.name != layout.COMPLETE
              and not any(p == g or g in p.parents for g in gone)}
-    write_json_atomic(ckpt_dir / COMPLETE_MARKER, {"files": files})
+    write_json_atomic(ckpt_dir / layout.COMPLETE, {"files": files})
 
 
 SAFETENSORS_HEADER_BYTES = 8  # little-endian length of the JSON header that follows
-ZIP_SUFFIXES = (".pt", ".pth", ".bin")  # torch.save's zip format (a legacy pickle .bin is not checked)
+ZIP_SUFFIXES = (".pt", ".pth", ".bin")  # torch.save's zip format
 
 
 def checkpoint_problems(ckpt_dir: str | Path) -> list[str]:
@@ -65,40 +59,36 @@ def checkpoint_problems(ckpt_dir: str | Path) -> list[str]:
     tensor data): [] when it looks whole. Checks the sizes listed in `COMPLETE`, every
     safetensors file's header against its size, every index's shards, every torch zip's directory."""
     ckpt_dir = Path(ckpt_dir)
-    problems = _listed_size_problems(ckpt_dir)
-    for path in sorted(ckpt_dir.rglob("*")):
-        if not path.is_file():
-            continue
-        rel = path.relative_to(ckpt_dir)
-        if path.suffix == ".safetensors":
-            why = _safetensors_problem(path)
-        elif path.name.endswith(".safetensors.index.json"):
-            why = _index_problem(path)
-        elif path.suffix in ZIP_SUFFIXES and _starts_like_zip(path):
-            why = _zip_problem(path)
-        else:
-            why = None
-        if why:
-            problems.append(f"{rel}: {why}")
-    return problems
-
-
-def _listed_size_problems(ckpt_dir: Path) -> list[str]:
-    marker = ckpt_dir / COMPLETE_MARKER
-    text = marker.read_text() if marker.exists() else ""
-    if not text.strip().startswith("{"):
-        return []  # a marker from before sizes were recorded: nothing listed to compare
-    try:
-        listed = json.loads(text).get("files", {})
-    except ValueError:
-        return [f"{COMPLETE_MARKER}: not valid JSON"]
-    problems = []
+    marker = (ckpt_dir / layout.COMPLETE).read_text() if is_complete(ckpt_dir) else ""
+    problems, listed = [], {}
+    if marker.strip().startswith("{"):  # a marker from before sizes were recorded lists nothing to compare
+        try:
+            listed = json.loads(marker).get("files", {})
+        except ValueError:
+            problems.append(f"{layout.COMPLETE}: not valid JSON")
     for rel, size in listed.items():
         path = ckpt_dir / rel
         if not path.is_file():
             problems.append(f"{rel}: missing")
         elif path.stat().st_size != size:
             problems.append(f"{rel}: {path.stat().st_size} bytes, {size} when the checkpoint was saved")
+    for path in sorted(ckpt_dir.rglob("*")):
+        if not path.is_file():
+            continue
+        why = None
+        if path.suffix == ".safetensors":
+            why = _safetensors_problem(path)
+        elif path.name.endswith(".safetensors.index.json"):
+            try:
+                shards = json.loads(path.read_text()).get("weight_map", {}).values()
+                missing = sorted({s for s in shards if not (path.parent / s).is_file()})
+                why = f"missing shard(s) {', '.join(missing)}" if missing else None
+            except ValueError:
+                why = "unreadable index"
+        elif path.suffix in ZIP_SUFFIXES:
+            why = _zip_problem(path)
+        if why:
+            problems.append(f"{path.relative_to(ckpt_dir)}: {why}")
     return problems
 
 
@@ -120,21 +110,10 @@ def _safetensors_problem(path: Path) -> Optional[str]:
     return None if expected == size else f"truncated: {size} bytes, its header describes {expected}"
 
 
-def _index_problem(path: Path) -> Optional[str]:
-    try:
-        shards = set(json.loads(path.read_text()).get("weight_map", {}).values())
-    except ValueError:
-        return "unreadable index"
-    missing = sorted(s for s in shards if not (path.parent / s).is_file())
-    return f"missing shard(s) {', '.join(missing)}" if missing else None
-
-
-def _starts_like_zip(path: Path) -> bool:
-    with open(path, "rb") as handle:
-        return handle.read(2) == b"PK"
-
-
 def _zip_problem(path: Path) -> Optional[str]:
+    with open(path, "rb") as handle:
+        if handle.read(2) != b"PK":
+            return None  # a legacy pickle .bin: not checked
     try:
         with zipfile.ZipFile(path) as archive:
             archive.infolist()
@@ -179,15 +158,13 @@ class BestDevTracker:
     def ranked(self) -> list[dict]:
         """Validated steps that have a complete checkpoint, best first (ties: the earliest)."""
         saved = set(complete_steps(self.run_dir))
-        candidates = [h for h in self.history if h["step"] in saved]
-        return sorted(candidates, key=lambda h: (-h[self.metric], h["step"]))
+        return sorted((h for h in self.history if h["step"] in saved), key=lambda h: (-h[self.metric], h["step"]))
 
     def best(self) -> Optional[dict]:
-        """Best validated step that has a complete checkpoint (ties: the earliest)."""
-        ranked = self.ranked()
-        return ranked[0] if ranked else None
+        return next(iter(self.ranked()), None)
 
-    def write(self) -> None:
+    def write(self) -> Optional[dict]:
+        """Rewrite `best_dev.json`; returns the best entry."""
         best = self.best()
         initial = next((h for h in self.history if h["step"] == 0), None)
         write_json_atomic(self.path, {
@@ -198,6 +175,7 @@ class BestDevTracker:
             "initial_value": None if initial is None else initial[self.metric],
             "history": self.history,
         })
+        return best
 
 
 def write_done(run_dir: str | Path, *, backend: str, final_step: int, tracker: BestDevTracker,
@@ -205,8 +183,7 @@ def write_done(run_dir: str | Path, *, backend: str, final_step: int, tracker: B
     """A training run's `DONE` marker (its Snakemake output), written last by either trainer:
     final step, best dev step and value (the tracker's JSON is written first), the training time
     over all attempts (from the final checkpoint's time record), wall time of this attempt."""
-    tracker.write()
-    best = tracker.best()
+    best = tracker.write()
     budget = read_budget(checkpoint_dir(run_dir, final_step))
     done = {
         "backend": backend,
@@ -237,14 +214,12 @@ class TrainingTime:
 
     @classmethod
     def resume(cls, ckpt_dir: Optional[str | Path], started: Optional[float] = None) -> TrainingTime:
-        used = read_budget(ckpt_dir).get("train_seconds", 0.0) if ckpt_dir is not None else 0.0
+        used = read_budget(ckpt_dir).get("train_seconds", 0.0)
         return cls(float(used), time.monotonic() if started is None else started)
 
-    def used_s(self) -> float:
-        return self.used_before_s + time.monotonic() - self.started
-
     def save(self, ckpt_dir: str | Path) -> None:
-        write_json_atomic(Path(ckpt_dir) / layout.BUDGET, {"train_seconds": self.used_s()})
+        used = self.used_before_s + time.monotonic() - self.started
+        write_json_atomic(Path(ckpt_dir) / layout.BUDGET, {"train_seconds": used})
 
 
 def read_budget(ckpt_dir: Optional[str | Path]) -> dict:
@@ -272,13 +247,9 @@ def prune_checkpoints(run_dir: str | Path, keep: Optional[int], best_step: Optio
     removed. `keep=None` keeps everything. Returns the removed steps."""
     if keep is None:
         return []
-    steps = complete_steps(run_dir)
-    newest = set(steps[-keep:])
     removed = []
-    for step in steps:
+    for step in complete_steps(run_dir)[:-keep]:  # all but the newest `keep`
         directory = checkpoint_dir(run_dir, step)
-        if step in newest:
-            continue
         if step == best_step:
             doomed = [path for pattern in resume_only for path in directory.glob(pattern)]
             (directory / SLIM_MARKER).write_text("optimizer and resume state removed; model weights kept\n")
@@ -305,29 +276,23 @@ def select(run_dir: str | Path, backend: str) -> dict:
     ranked = tracker.ranked()
     if not ranked:
         raise ValueError(f"{tracker.path}: no validated step has a complete checkpoint")
-    best, skipped = None, []
-    for entry in ranked:
-        problems = checkpoint_problems(checkpoint_dir(run_dir, entry["step"]))
+    skipped = []
+    for best in ranked:
+        problems = checkpoint_problems(checkpoint_dir(run_dir, best["step"]))
         if not problems:
-            best = entry
             break
-        skipped.append({"step": entry["step"], "value": entry[tracker.metric], "problems": problems})
-    if best is None:
+        skipped.append({"step": best["step"], "value": best[tracker.metric], "problems": problems})
+    else:
         details = "; ".join(f"step {s['step']}: {s['problems'][0]}" for s in skipped)
         raise ValueError(f"{run_dir}: every complete checkpoint is damaged ({details})")
     ckpt = checkpoint_dir(run_dir, best["step"])
-    if backend == "trl":
-        model_path, needs_merge = ckpt, False
-    elif backend == "verl":
-        model_path, needs_merge = layout.merged_model_dir(ckpt), True
-    else:
-        raise ValueError(f"unknown backend {backend!r}")
+    needs_merge = backend == "verl"  # a verl checkpoint is FSDP shards: `repexp merge` writes its model
     return {
         "run_dir": str(run_dir),
         "backend": backend,
         "checkpoint_step": best["step"],
         "checkpoint_dir": str(ckpt),
-        "model_path": str(model_path),
+        "model_path": str(layout.merged_model_dir(ckpt) if needs_merge else ckpt),
         "needs_merge": needs_merge,
         "metric": tracker.metric,
         "value": best[tracker.metric],
@@ -362,7 +327,5 @@ def run_job(job):
               f"checkpoint is damaged: {'; '.join(skipped['problems'])}", file=sys.stderr)
     write_json_atomic(job.out, pointer)
     print(f"selected step {pointer['checkpoint_step']} ({pointer['metric']} = {pointer['value']:.4f})", file=sys.stderr)
-    value = pointer.get("value")
     return StageResult(params={f"select.{k}": v for k, v in pointer.items() if k not in ("value", "skipped")},
-                       metrics={metric_names.BEST_DEV_VALUE: value} if value is not None else {},
-                       step=int(pointer.get("checkpoint_step") or 0))
+                       metrics={metric_names.BEST_DEV_VALUE: pointer["value"]}, step=pointer["checkpoint_step"])

@@ -78,11 +78,9 @@ def download_data(tasks: Sequence[str], out: Path, *, tables: bool, dapo: bool,
         name = "dapo" if path == DAPO_FILE else next(n for n, spec in data.TABLES.items() if spec.local_path == path)
         table = data.load_hf([name], **({"loader": loader} if loader else {}))[name]
         target = out / path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(target) as tmp:
-            with open(tmp, "w", encoding="utf-8") as handle:
-                for row in table.rows:
-                    handle.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+        with atomic_path(target) as tmp:  # makes the parent directories
+            tmp.write_text("".join(json.dumps(row, ensure_ascii=False, default=str) + "\n" for row in table.rows),
+                           encoding="utf-8")
         entries.append({"path": path, "rows": len(table.rows), "sha256": data.sha256_file(target),
                         "hf_origin": table.origin})
     manifest = {"note": "written by `repexp download data` from the Hugging Face Hub", "files": entries}

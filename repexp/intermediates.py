@@ -1,6 +1,6 @@
 """The files between jobs: their content identity, and whether the jobs about to run can read what
-they need (issue 27, item 3). Standard library only: the Snakefile calls it while it is parsed and
-in `onstart`, before any job, on the submit host.
+they need (issue 27, item 3). Standard library only (and the stdlib-only repexp.layout, repexp.io): the
+Snakefile calls it while it is parsed and in `onstart`, before any job, on the submit host.
 
     record_content(path)      a producer (repexp model, repexp download model, repexp data prepare), after
                               writing its output: the content's SHA-256 in a sidecar beside it
@@ -11,24 +11,14 @@ in `onstart`, before any job, on the submit host.
                               merged.json -> merged model); problems as messages, and the workflow stops
     pending_jobs(dag)         the adapter: Snakemake's DAG of the run about to start as `Pending` records
 
-Why. Snakemake decides "outdated" by modification time, and compares contents only of files up to
-1 MB (select.json, merged.json, manifest.json: a byte-identical rewrite of those reruns nothing),
-never of a directory. So a model directory deleted and built again, byte for byte the same, is
-newer than every training made from it, and every training reruns: days of eight GPUs on the paper
-config for a file that did not change. Hence the sidecar `.<name>.content.json` beside each model
-directory and data split. It is not a Snakemake output, so it outlives the output's deletion, and
-it holds the content's digest and `mtime`, the time the jobs downstream were built against. A
-producer that writes the same digest again marks it `rebuilt`; the next workflow start puts `mtime`
-back on the output (on the file, or on a directory's `.snakemake_timestamp`, which Snakemake
-reads for a directory's time) after checking that the content is still what was recorded. A
-rebuild with another digest starts a new time, and everything downstream reruns, as it should.
-
-Snakemake also decides, before any job runs, that every job downstream of a job it reruns reruns
-too, whatever the new output will hold. A deleted model directory that a pending job needs would
-thus be rebuilt and every finished training rerun in the same run. `check_pending` finds such reruns
-(a finished job pending only because an upstream job reruns, where the chain starts at jobs that
-rerun only because an output is missing) and stops the run before any job, naming the missing
-file and the command that rebuilds it alone; the run after that keeps the trainings (above).
+Why (docs/pipeline.md, docs/reliability.md). Snakemake judges "outdated" by modification time and
+compares contents only of files up to 1 MB, never of a directory, so a model directory deleted and
+rebuilt byte for byte is newer than every training made from it, and all of them rerun. The sidecar
+`.<name>.content.json` (not a Snakemake output, so it outlives the output) keeps the digest and the
+time the jobs downstream were built against; a rebuild with the same digest gets that time back at
+the next start (on a directory, on `.snakemake_timestamp`, which Snakemake reads for its time).
+Snakemake also reruns, before any job, everything downstream of a job it reruns, so `check_pending`
+stops such a run and names the command that rebuilds the missing file alone.
 """
 
 from __future__ import annotations
@@ -37,12 +27,15 @@ import hashlib
 import json
 import os
 import shlex
+from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from graphlib import TopologicalSorter
 from pathlib import Path
 from typing import Optional
 
 from repexp import layout
+from repexp.io import write_json_atomic
 
 SNAKEMAKE_TIMESTAMP = ".snakemake_timestamp"  # Snakemake's carrier of a directory output's time
 CHUNK = 1 << 20
@@ -97,13 +90,6 @@ def read_sidecar(path: str | os.PathLike) -> Optional[dict]:
     return entry if isinstance(entry, dict) and isinstance(entry.get("sha256"), str) else None
 
 
-def _write_sidecar(path: Path, entry: dict) -> None:
-    target = sidecar(path)
-    tmp = target.with_name(f"{target.name}.tmp.{os.getpid()}")
-    tmp.write_text(json.dumps(entry, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, target)
-
-
 def record_content(path: str | os.PathLike) -> dict:
     """After a producer wrote `path`: its digest into the sidecar. The same digest as recorded before
     keeps the recorded `mtime` and marks the output `rebuilt` (the next start restores the time);
@@ -114,7 +100,7 @@ def record_content(path: str | os.PathLike) -> dict:
     same = previous.get("sha256") == digest and previous.get("mtime") is not None
     entry = {"sha256": digest, "kind": "directory" if path.is_dir() else "file",
              "signature": _signature(path), "mtime": previous["mtime"] if same else None, "rebuilt": same}
-    _write_sidecar(path, entry)
+    write_json_atomic(sidecar(path), entry)
     return entry
 
 
@@ -122,14 +108,6 @@ def visible_mtime(path: Path) -> float:
     """The time Snakemake reads for an output: a directory's timestamp file when it has one."""
     stamp = path / SNAKEMAKE_TIMESTAMP
     return (stamp if path.is_dir() and stamp.exists() else path).stat().st_mtime
-
-
-def _set_visible_mtime(path: Path, mtime: float) -> None:
-    carrier = path
-    if path.is_dir():
-        carrier = path / SNAKEMAKE_TIMESTAMP
-        carrier.touch(exist_ok=True)
-    os.utime(carrier, (mtime, mtime))
 
 
 def _unchanged(path: Path, entry: dict) -> bool:
@@ -151,12 +129,15 @@ def settle(paths: Iterable[str | os.PathLike]) -> list[str]:
             current = visible_mtime(path)
             if entry.get("rebuilt") and entry.get("mtime") is not None and _unchanged(path, entry):
                 if current != entry["mtime"]:
-                    _set_visible_mtime(path, entry["mtime"])
+                    carrier = path / SNAKEMAKE_TIMESTAMP if path.is_dir() else path
+                    if carrier is not path:  # a directory's time is its timestamp file's
+                        carrier.touch(exist_ok=True)
+                    os.utime(carrier, (entry["mtime"], entry["mtime"]))
                     restored.append(f"{path}: rebuilt with the same content (sha256 {entry['sha256'][:12]}); "
                                     "its time is set back, so nothing made from it reruns")
-                _write_sidecar(path, {**entry, "rebuilt": False})
+                write_json_atomic(sidecar(path), {**entry, "rebuilt": False})
             elif entry.get("mtime") != current or entry.get("rebuilt"):
-                _write_sidecar(path, {**entry, "mtime": current, "rebuilt": False})
+                write_json_atomic(sidecar(path), {**entry, "mtime": current, "rebuilt": False})
         except OSError:  # a read-only or vanished output: Snakemake's own times apply
             continue
     return restored
@@ -184,21 +165,19 @@ class Pending:
 
 @dataclass
 class Reruns:
-    """Rebuilds of deleted files (`roots`, in the order they can be built) and the finished jobs
-    Snakemake would rerun only because of them (`finished`)."""
-
-    roots: list[Pending] = field(default_factory=list)
-    finished: list[Pending] = field(default_factory=list)
+    roots: list[Pending]  # rebuilds of deleted files, in the order they can be built
+    finished: list[Pending]  # the finished jobs Snakemake would rerun only because of them
 
 
 def needless_reruns(jobs: Sequence[Pending]) -> Reruns:
     """Finished jobs pending only because upstream jobs rerun, where every such chain starts at a job
     that reruns because an output of it is missing (a deleted intermediate) and for no other reason."""
     by_key = {job.key: job for job in jobs}
+    graph = {job.key: [key for key in job.upstream if key in by_key] for job in jobs}
+    order = [by_key[key] for key in TopologicalSorter(graph).static_order()]
     origin: dict[int, set[int]] = {}  # job -> the rebuilds its rerun comes from
-    order = _topological(jobs)
     for job in order:
-        upstream = [origin.get(key) for key in job.upstream if key in by_key]
+        upstream = [origin.get(key) for key in graph[job.key]]
         traced = bool(upstream) and all(source is not None for source in upstream)
         if job.missing and not job.other:
             origin[job.key] = {job.key}.union(*upstream) if traced else {job.key}
@@ -207,25 +186,6 @@ def needless_reruns(jobs: Sequence[Pending]) -> Reruns:
     finished = [job for job in jobs if job.key in origin and not job.missing]
     involved = set().union(*(origin[job.key] for job in finished)) if finished else set()
     return Reruns(roots=[job for job in order if job.key in involved], finished=finished)
-
-
-def _topological(jobs: Sequence[Pending]) -> list[Pending]:
-    by_key = {job.key: job for job in jobs}
-    done: set[int] = set()
-    order: list[Pending] = []
-
-    def visit(job: Pending, seen: frozenset = frozenset()) -> None:
-        if job.key in done or job.key in seen:
-            return
-        for key in job.upstream:
-            if key in by_key:
-                visit(by_key[key], seen | {job.key})
-        done.add(job.key)
-        order.append(job)
-
-    for job in jobs:
-        visit(job)
-    return order
 
 
 def pointer_gaps(jobs: Sequence[Pending]) -> list[str]:
@@ -247,13 +207,13 @@ def pointer_gaps(jobs: Sequence[Pending]) -> list[str]:
             continue
         run_dir = pointer.get("run_dir") or str(Path(job.pointer).parent)
         checkpoint = pointer.get("checkpoint_dir")
-        retrain = (f"restore it, or train the run again with --forcerun {Path(run_dir) / layout.DONE} "
-                   "(the finished run directory is moved to .superseded/ beside it, nothing is deleted)")
-        if key == "model_path" and checkpoint and os.path.exists(checkpoint) and pointer.get("backend") == "verl":
+        merged = key == "model_path" and pointer.get("backend") == "verl"
+        if merged and checkpoint and os.path.exists(checkpoint):
             fix = f"merge it again from its checkpoint with --forcerun {job.pointer}"
         else:
-            fix = retrain
-        what = "merged model" if key == "model_path" and pointer.get("backend") == "verl" else "checkpoint"
+            fix = (f"restore it, or train the run again with --forcerun {Path(run_dir) / layout.DONE} "
+                   "(the finished run directory is moved to .superseded/ beside it, nothing is deleted)")
+        what = "merged model" if merged else "checkpoint"
         problems.append(f"{job.pointer} names the {what} {target} (step {pointer.get('checkpoint_step', '?')}), "
                         f"which is missing; {job.label} would read it. To go on: {fix}.")
     return problems
@@ -267,9 +227,7 @@ def check_pending(jobs: Sequence[Pending], command: Sequence[str] = ("snakemake"
     options = _options(command, targets)
     reruns = needless_reruns(jobs)
     if reruns.finished:
-        counts: dict[str, int] = {}
-        for job in reruns.finished:
-            counts[job.rule] = counts.get(job.rule, 0) + 1
+        counts = Counter(job.rule for job in reruns.finished)
         listed = ", ".join(f"{rule} x{n}" for rule, n in sorted(counts.items()))
         gone = {root.key: [path for path in root.outputs if not os.path.exists(path)] for root in reruns.roots}
         missing = ", ".join(f"{' '.join(gone[root.key])} ({root.label})" for root in reruns.roots)

@@ -32,12 +32,6 @@ _MATH_TEXT = [
 ]
 
 
-def _corpus(max_files: int = 160) -> list[str]:
-    """Local training text for the tokenizer: sorted stdlib sources plus math phrases."""
-    stdlib = sorted(Path(argparse.__file__).parent.glob("*.py"))[:max_files]
-    return list(_MATH_TEXT) * 20 + [path.read_text(encoding="utf-8", errors="ignore") for path in stdlib]
-
-
 def build_tokenizer(vocab_size: int = 4096):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -47,7 +41,10 @@ def build_tokenizer(vocab_size: int = 4096):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    # local training text: math phrases plus sorted stdlib sources
+    stdlib = sorted(Path(argparse.__file__).parent.glob("*.py"))[:160]
+    tok.train_from_iterator(_MATH_TEXT * 20 + [path.read_text(encoding="utf-8", errors="ignore") for path in stdlib],
+                            trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                    bos_token=None, chat_template=CHATML_TEMPLATE, padding_side="left")
 
@@ -73,24 +70,21 @@ SHAPES = {
 }
 
 
-def build_tiny_qwen2(out_dir: str | Path, *, seed: int = 0, shape: str | Shape = "tiny") -> Path:
-    """Write a random-weight Qwen2 causal LM of `shape` and its tokenizer to `out_dir` (atomically)."""
+def build_tiny_qwen2(out_dir: str | Path, *, seed: int = 0, shape: str = "tiny") -> Path:
+    """Write a random-weight Qwen2 causal LM of `SHAPES[shape]` and its tokenizer to `out_dir` (atomically)."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    if isinstance(shape, str):
-        if shape not in SHAPES:
-            raise ValueError(f"shape: unknown shape {shape!r} (known: {', '.join(SHAPES)})")
-        shape = SHAPES[shape]
+    dims = SHAPES[shape]  # one of `repexp model --shape`'s choices
     tokenizer = build_tokenizer()
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
-        num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_kv_heads,
+        vocab_size=len(tokenizer), hidden_size=dims.hidden_size, intermediate_size=dims.intermediate_size,
+        num_hidden_layers=dims.num_layers, num_attention_heads=dims.num_heads, num_key_value_heads=dims.num_kv_heads,
         max_position_embeddings=4096, tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config).to(getattr(torch, shape.dtype))
+        model = Qwen2ForCausalLM(config).to(getattr(torch, dims.dtype))
     model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
                                                pad_token_id=tokenizer.pad_token_id, do_sample=True)
     return _save(model, tokenizer, out_dir)

@@ -56,12 +56,8 @@ def allocation_end(env: Mapping[str, str] = os.environ) -> Optional[float]:
     exported = env.get("SLURM_JOB_END_TIME", "").strip()
     if exported.isdigit() and int(exported) > 0:
         return float(exported)
-    try:
-        proc = subprocess.run(["squeue", "--noheader", "--jobs", job_id, "--format=%e"],
-                              capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return parse_slurm_time(proc.stdout.strip()) if proc.returncode == 0 else None
+    listed = _slurm_output(["squeue", "--noheader", "--jobs", job_id, "--format=%e"])
+    return None if listed is None else parse_slurm_time(listed.strip())
 
 
 def restart_count(env: Mapping[str, str] = os.environ) -> Optional[int]:
@@ -72,12 +68,17 @@ def restart_count(env: Mapping[str, str] = os.environ) -> Optional[int]:
     job_id = env.get("SLURM_JOB_ID")
     if not job_id:
         return None
+    found = re.search(r"\bRestarts=(\d+)", _slurm_output(["scontrol", "show", "job", job_id]) or "")
+    return int(found.group(1)) if found else None
+
+
+def _slurm_output(command: list[str]) -> Optional[str]:
+    """A SLURM client's stdout; None when it is missing, hangs or fails."""
     try:
-        proc = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    found = re.search(r"\bRestarts=(\d+)", proc.stdout) if proc.returncode == 0 else None
-    return int(found.group(1)) if found else None
+    return proc.stdout if proc.returncode == 0 else None
 
 
 def parse_slurm_time(text: str) -> Optional[float]:

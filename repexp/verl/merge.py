@@ -1,14 +1,10 @@
 """`repexp merge`: a verl FSDP checkpoint -> a Hugging Face model directory next to it.
 
-Wraps ``python -m verl.model_merger merge --backend fsdp`` (verl's own merger, in a subprocess
-so its imports and memory stay out of this process). The merged model goes to
-``<checkpoint>/actor/hf``, the path `repexp select` promises for verl runs: it is written into a
-temporary directory and renamed into place, so ``actor/hf`` either does not exist or is
-complete, and an existing one is reused. Then the output pointer JSON is written
-(``model_path``, ``checkpoint_step`` plus the selection fields it came with).
-
-Inputs: ``--checkpoint-dir <run>/checkpoints/global_step_N`` or ``--pointer select.json``
-(from `repexp select`: ``checkpoint_dir`` and ``model_path``).
+Runs verl's own merger (``python -m verl.model_merger merge --backend fsdp``) in a subprocess, so its
+imports and memory stay out of this process, into a temporary directory renamed to
+``<checkpoint>/actor/hf`` (the path `repexp select` promises for verl runs; an existing one is reused),
+then writes the output pointer JSON. Input: ``--checkpoint-dir <run>/checkpoints/global_step_N`` or
+``--pointer select.json`` (from `repexp select`: ``checkpoint_dir`` and ``model_path``).
 """
 
 from __future__ import annotations
@@ -23,18 +19,12 @@ from repexp.checkpoints import is_complete
 from repexp.io import atomic_path, read_json, write_json_atomic
 
 
-def checkpoint_step(checkpoint_dir: str | Path) -> int:
-    step = layout.checkpoint_step(checkpoint_dir)
-    if step is None:
-        raise ValueError(f"{checkpoint_dir}: not a verl checkpoint directory "
-                         f"(expected .../{layout.STEP_PREFIX}<N>)")
-    return step
-
-
 def merge_checkpoint(checkpoint_dir: str | Path) -> Path:
     """Merge `checkpoint_dir`'s FSDP actor shards into ``actor/hf`` (idempotent, atomic); return that path."""
     checkpoint_dir = Path(checkpoint_dir)
-    checkpoint_step(checkpoint_dir)
+    if layout.checkpoint_step(checkpoint_dir) is None:
+        raise ValueError(f"{checkpoint_dir}: not a verl checkpoint directory "
+                         f"(expected .../{layout.STEP_PREFIX}<N>)")
     hf_dir = checkpoint_dir.joinpath(*layout.VERL_HF_DIR)
     actor = hf_dir.parent
     if not checkpoint_dir.is_dir():
@@ -85,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         checkpoint_dir, pointer = _resolve_inputs(args)
         model_path = merge_checkpoint(checkpoint_dir)
-        step = checkpoint_step(checkpoint_dir)
+        step = layout.checkpoint_step(checkpoint_dir)  # merge_checkpoint refused a directory without one
     except (FileNotFoundError, ValueError, RuntimeError) as err:
         print(f"merge: {err}", file=sys.stderr)
         return 1

@@ -64,22 +64,19 @@ class RepExpSettings(BonusConfig):
         check_fields(bonus, f"{where}.{BONUS_KEY}.")
         check_bonus(bonus, f"{where}.{BONUS_KEY}")
         own = [f for f in dataclasses.fields(cls) if f.name not in _BONUS_FIELDS]
-        settings = cls(**vars(bonus), **_strict_fields(own, raw, where))
-        settings._check(where)
-        return settings
-
-    def _check(self, where: str) -> None:
+        s = cls(**vars(bonus), **_strict_fields(own, raw, where))
         # the pipeline config's per-field rules for the settings it shares (hand-written overrides reach here unchecked)
-        check_value(f"{where}.strategy", self.strategy, VerlConfig, "strategy")
-        check_value(f"{where}.micro_batch_size_per_gpu", self.micro_batch_size_per_gpu, VerlConfig,
+        check_value(f"{where}.strategy", s.strategy, VerlConfig, "strategy")
+        check_value(f"{where}.micro_batch_size_per_gpu", s.micro_batch_size_per_gpu, VerlConfig,
                     "repexp_micro_batch_size_per_gpu")
         # beta = 0 is the GRPO baseline here, where the sweep's betas are RepExp's (> 0)
-        _require(self.beta >= 0, f"{where}.beta", f"must be >= 0, got {self.beta}")
-        _require(not self.enabled or self.sparse_dim is not None and self.sparse_dim >= 1, f"{where}.sparse_dim",
-                 f"must be >= 1 when beta > 0, got {self.sparse_dim}")
-        _require(self.seed >= 0, f"{where}.seed", f"must be >= 0, got {self.seed}")
-        _require(self.dtype in DTYPES, f"{where}.dtype", f"{self.dtype!r} is not one of {DTYPES}")
-        _require(self.max_token_len_per_gpu >= 1, f"{where}.max_token_len_per_gpu", "must be >= 1")
+        _require(s.beta >= 0, f"{where}.beta", f"must be >= 0, got {s.beta}")
+        _require(not s.enabled or s.sparse_dim is not None and s.sparse_dim >= 1, f"{where}.sparse_dim",
+                 f"must be >= 1 when beta > 0, got {s.sparse_dim}")
+        _require(s.seed >= 0, f"{where}.seed", f"must be >= 0, got {s.seed}")
+        _require(s.dtype in DTYPES, f"{where}.dtype", f"{s.dtype!r} is not one of {DTYPES}")
+        _require(s.max_token_len_per_gpu >= 1, f"{where}.max_token_len_per_gpu", "must be >= 1")
+        return s
 
 
 _BONUS_FIELDS = {f.name for f in dataclasses.fields(BonusConfig)}

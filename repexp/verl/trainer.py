@@ -9,15 +9,12 @@ What it changes, each through an overridable method of verl's `PPOTrainer`:
   ``token_level_rewards`` the shaped reward, so ``critic/score`` stays comparable with plain GRPO and
   ``critic/rewards`` shows what was optimised. beta = 0 (the GRPO baseline) leaves verl's computation
   untouched. Both log the group metrics and ``rollout/distinct_frac`` (padding rows left out).
-- `_val_metrics_update`: adds unbiased ``dev/pass_at_k`` and records it in ``best_dev.json``
-  (`repexp.checkpoints.BestDevTracker`, as TRL).
-- `_save_checkpoint` / `_load_checkpoint`: the persistent covariance goes into ``global_step_N/repexp_state.pt``,
-  the training time used into ``budget.json``; a checkpoint is marked complete only after verl's save
-  returns; old ones are pruned to ``max_checkpoints_to_keep`` (the best-dev one kept without optimizer
-  state); ``trainer.resume_mode=auto`` restores covariance and training time with the weights and data order.
-- `on_train_begin` / `on_step_end`: walltime chunks (``repexp_run.chunk_deadline``; `repexp.walltime`): when
-  another step and a save would not end before the deadline, the step just trained is saved, made the last
-  of this process, and ``CHUNK_END`` written; `repexp.verl.train` then skips `DONE`.
+- `_val_metrics_update`: adds unbiased ``dev/pass_at_k`` and records it in ``best_dev.json`` (as TRL).
+- `_save_checkpoint` / `_load_checkpoint`: also the persistent covariance (``repexp_state.pt``) and the
+  training time (``budget.json``); a checkpoint is marked complete after verl's save returns, then old ones
+  are pruned (`repexp.checkpoints.prune_checkpoints`); resuming restores covariance and training time too.
+- `on_train_begin` / `on_step_end`: walltime chunks (`repexp.walltime`): the step just trained is saved and
+  made the last of this process when another one would not fit; `repexp.verl.train` then skips `DONE`.
 - Every logged step is also appended to ``<run_dir>/metrics.jsonl`` (`{"step": N, <metric>: value}`).
 """
 
@@ -194,8 +191,7 @@ class RepExpTrainer(PPOTrainerSync):
         self.clock.save_took(time.monotonic() - started)
         self.training_time.save(step_dir)
         mark_complete(step_dir)
-        self.best_dev.write()
-        best = self.best_dev.best()
+        best = self.best_dev.write()
         prune_checkpoints(self.run_dir, self.run_settings.max_checkpoints_to_keep, best["step"] if best else None,
                           RESUME_ONLY)
 
