@@ -128,7 +128,12 @@ def testtime(job) -> dict:
     started = time.perf_counter()
     per_problem = shard_features(store, problems, plan, settings, out, meta["generation"])
     feature_seconds = time.perf_counter() - started
-    entries = [per_problem[pid] for pid in problems.problem_ids]  # complete: eval.json's assembly checked them
+    # eval.json's assembly checked the samples, but shards may have changed since: name the problem, not a KeyError
+    broken = [pid for pid in problems.problem_ids
+              if pid not in per_problem or per_problem[pid]["index"] != list(range(len(per_problem[pid]["index"])))]
+    if broken:
+        raise ValueError(f"{store.dir}: samples of problem {broken[0]!r} are missing or incomplete")
+    entries = [per_problem[pid] for pid in problems.problem_ids]
 
     started = time.perf_counter()
     padded, sizes = pad_pools([e["features"] for e in entries], device=device)
