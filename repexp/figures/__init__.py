@@ -179,9 +179,8 @@ def run_job(job) -> int:
             if target is None:
                 raise ValueError("--curves-from mlflow needs --experiment (or a node run)")
             curves, curves_source = training_curves_from_mlflow(target, specs), "MLflow"
-        keff_path = Path(job.k_efficiency) if job.k_efficiency else None
-        if keff_path is None and (table_path.parent / layout.K_EFFICIENCY_BY_K_CSV).is_file():
-            keff_path = table_path.parent / layout.K_EFFICIENCY_BY_K_CSV
+        beside = table_path.parent / layout.K_EFFICIENCY_BY_K_CSV  # the default
+        keff_path = Path(job.k_efficiency) if job.k_efficiency else beside if beside.is_file() else None
         keff = tables.read_k_efficiency(keff_path) if keff_path is not None else None
         lines = MAX_REPEXP_LINES if job.max_repexp_lines is None else job.max_repexp_lines
         index = make_figures(table, out_dir, expected=expected, curves=curves, curves_source=curves_source,

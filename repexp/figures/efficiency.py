@@ -93,15 +93,12 @@ def plot_k_efficiency(keff, table, *, tasks: Sequence[str] | None = None, expect
         for series, rows in per_task[task].items():
             label = styles[series]["label"]
             shown = _shown(rows)
-            by_status: dict[str, list[int]] = {}
-            for r in shown:
-                by_status.setdefault(str(r.status), []).append(int(r.reference_k))
             for status, text in ((A.STATUS_NOT_REACHED, "does not reach GRPO's pass@k within k ≤ the reference k "
                                                         "(▽ on the bottom edge)"),
                                  (A.STATUS_UNDEFINED, "GRPO solves nothing: undefined (not drawn)"),
                                  (A.STATUS_REACHED_FIRST, "reached at the smallest k (△: a lower bound)")):
-                if status in by_status:
-                    notes.append(f"{title}: {label} at k = {', '.join(map(str, by_status[status]))}: {text}")
+                if at := [str(int(r.reference_k)) for r in shown if str(r.status) == status]:
+                    notes.append(f"{title}: {label} at k = {', '.join(at)}: {text}")
             why = sorted({part for r in shown for part in str(r.note).split("; ")
                           if part.startswith(A.NO_INTERVAL_NOTE)})
             if why:
