@@ -180,9 +180,8 @@ class BestDevTracker:
 
 def write_done(run_dir: str | Path, *, backend: str, final_step: int, tracker: BestDevTracker,
                wall_time_s: float, **extra) -> dict:
-    """A training run's `DONE` marker (its Snakemake output), written last by either trainer:
-    final step, best dev step and value (the tracker's JSON is written first), the training time
-    over all attempts (from the final checkpoint's time record), wall time of this attempt."""
+    """A training run's `DONE` marker (its Snakemake output), written last by either trainer, after the
+    tracker's JSON; `train_hours` is over all attempts (the final checkpoint's time record)."""
     best = tracker.write()
     budget = read_budget(checkpoint_dir(run_dir, final_step))
     done = {
