@@ -34,32 +34,29 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--backup", type=Path, help="this backup file instead of the newest healthy one")
 
     p = sub.add_parser("parents", help="create every parent run of a config (the workflow does it at its start)")
-    p.add_argument("--config", type=Path, help="pipeline config (default: $REPEXP_CONFIG)")
 
     v = sub.add_parser("serve", help="run the MLflow tracking server of a results directory on this host")
-    v.add_argument("--config", type=Path, help="pipeline config (default: $REPEXP_CONFIG)")
     action = v.add_mutually_exclusive_group()
     action.add_argument("--background", action="store_true", help="start, wait until healthy, print the URI, return")
     action.add_argument("--stop", action="store_true", help="stop the server recorded in <results>/mlflow/server.json")
-    v.add_argument("--host", help="interface to bind (default: tracking.server_host)")
-    v.add_argument("--port", type=int, help="port (default: tracking.server_port; 0 = a free port)")
     v.add_argument("--store", help="backend store URI (default: tracking.server_store, else SQLite on this host's "
                                    "local disk); e.g. the embedded store of a local run, to browse it")
-    v.add_argument("--workers", type=int, default=2, help="uvicorn workers (default 2)")
 
     b = sub.add_parser("ui", help="print (and with --open, open) the link to the MLflow UI's runs table of the eval "
                                   "runs, sorted by the headline pass@k with task, method, beta, sparse_dim and seed "
                                   "shown; starts the results directory's server unless one runs")
-    b.add_argument("--config", type=Path, help="pipeline config (default: $REPEXP_CONFIG)")
     b.add_argument("--open", action="store_true", help="also open the link in this host's web browser")
-    b.add_argument("--host", help="interface to bind, if a server is started (default: tracking.server_host)")
-    b.add_argument("--port", type=int, help="port, if a server is started (default: tracking.server_port; 0 = free)")
     b.add_argument("--store", help="backend store URI, if a server is started (default: the results directory's "
                                    "SQLite store if it exists, else the one `repexp mlflow serve` opens)")
-    b.add_argument("--workers", type=int, default=1, help="uvicorn workers, if a server is started (default 1)")
+    for serving, started, workers in ((v, "", 2), (b, ", if a server is started", 1)):
+        serving.add_argument("--host", help=f"interface to bind{started} (default: tracking.server_host)")
+        serving.add_argument("--port", type=int, help=f"port{started} (default: tracking.server_port; 0 = a free port)")
+        serving.add_argument("--workers", type=int, default=workers,
+                             help=f"uvicorn workers{started} (default {workers})")
 
     u = sub.add_parser("uri", help="print the tracking URI of a config (for `mlflow ui --backend-store-uri`)")
-    u.add_argument("--config", type=Path, help="pipeline config (default: $REPEXP_CONFIG)")
+    for takes_config in (p, v, b, u):
+        takes_config.add_argument("--config", type=Path, help="pipeline config (default: $REPEXP_CONFIG)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -187,10 +184,9 @@ def _serve(args: argparse.Namespace) -> int:
         stopped = server.stop(cfg.results_dir)
         print("mlflow serve: stopped" if stopped else "mlflow serve: no server of this host to stop", file=sys.stderr)
         return 0
-    options = dict(host=args.host, port=args.port, store=args.store, workers=args.workers)
+    info = server.start(cfg, owner="user", host=args.host, port=args.port, store=args.store, workers=args.workers)
     if not args.background:
-        return server.serve_foreground(cfg, **options)
-    info = server.start(cfg, owner="user", **options)
+        return server.serve_foreground(cfg, info)
     print(info["uri"])
     login = f"; its login is in {info['credentials']}" if info.get("credentials") else ""
     print(f"mlflow serve: {'already running' if info.get('reused') else 'started'} (pid {info['pid']}, store "

@@ -85,13 +85,15 @@ def _may_still_run(record: Record) -> bool:
     return pid_alive(int(pid))
 
 
-def sync_record(directory: Path, tracking_uri: Optional[str] = None,
-                unreachable: Optional[dict[str, Optional[str]]] = None, finished: bool = False) -> str:
+def sync_record(directory: Path, tracking_uri: Optional[str], unreachable: dict[str, Optional[str]],
+                finished: bool = False) -> str:
     """Replay one outbox record into MLflow; idempotent. Returns the run id.
 
     `unreachable` caches the store check per URI within one sync (a dead server costs one timeout).
     `finished`: no node of this results directory runs any more (a RUNNING record is a dead one).
     """
+    from repexp.tracking.node import open_child, open_parent
+
     record = Record.load(directory)
     started_only = record.status == "RUNNING"
     if started_only:
@@ -106,40 +108,32 @@ def sync_record(directory: Path, tracking_uri: Optional[str] = None,
     record.artifact_location = artifact_location(uri)  # where the target store keeps artifacts (a SQLite store)
     # a sync by hand (no MLflow variables): the results directory's own server takes its credentials file
     with client_credentials(uri, record.results_dir):
-        return _replay(directory, record, scope, uri, started_only, unreachable)
-
-
-def _replay(directory: Path, record: Record, scope: Scope, uri: str, started_only: bool,
-            unreachable: Optional[dict[str, Optional[str]]]) -> str:
-    from repexp.tracking.node import log_on_parent, open_child, open_parent
-
-    checked = unreachable if unreachable is not None else {}
-    if uri not in checked:
-        checked[uri] = reachable(uri, results_dir=record.results_dir)
-    if checked[uri]:
-        raise ConnectionError(checked[uri])
-    store = Store(uri)
-    experiment_id, parent_id, created = open_parent(store, record, scope)
-    if record.run_id is None or not store.run_exists(record.run_id):
-        record.parent_run_id = parent_id
-        record.run_id = store.find_record_run(experiment_id, record.record_id) or open_child(
-            store, experiment_id, record, end_stale=False)  # an old record never ends a newer execution
-    else:
-        record.parent_run_id = record.parent_run_id or parent_id
-    store.set_tags(record.run_id, record.tags)
-    store.log_params(record.run_id, record.params)
-    store.log_metrics(record.run_id, record.metrics)
-    store.log_metrics(record.run_id, store.missing_rows(record.run_id, record.fill_metrics))
-    store.log_inputs(record.run_id, record.inputs)
-    for artifact_file, data in record.tables:
-        store.log_table(record.run_id, artifact_file, data)
-    for path, artifact_path in record.artifacts:
-        if Path(path).exists():
-            store.log_artifact(record.run_id, path, artifact_path)
-    for entry in record.parent_metrics:
-        log_on_parent(store, experiment_id, record, Scope(**entry["scope"]), entry["metrics"])
-    store.set_tags(record.run_id, {"repexp.synced_from_outbox": "true"})
-    store.finish(record, created, experiment_id, scope, parent_status=not started_only)
+        if uri not in unreachable:
+            unreachable[uri] = reachable(uri, results_dir=record.results_dir)
+        if unreachable[uri]:
+            raise ConnectionError(unreachable[uri])
+        store = Store(uri)
+        experiment_id, parent_id, created = open_parent(store, record, scope)
+        if record.run_id is None or not store.run_exists(record.run_id):
+            record.parent_run_id = parent_id
+            record.run_id = store.find_record_run(experiment_id, record.record_id) or open_child(
+                store, experiment_id, record, end_stale=False)  # an old record never ends a newer execution
+        else:
+            record.parent_run_id = record.parent_run_id or parent_id
+        store.set_tags(record.run_id, record.tags)
+        store.log_params(record.run_id, record.params)
+        store.log_metrics(record.run_id, record.metrics)
+        store.log_metrics(record.run_id, store.missing_rows(record.run_id, record.fill_metrics))
+        store.log_inputs(record.run_id, record.inputs)
+        for artifact_file, data in record.tables:
+            store.log_table(record.run_id, artifact_file, data)
+        for path, artifact_path in record.artifacts:
+            if Path(path).exists():
+                store.log_artifact(record.run_id, path, artifact_path)
+        for entry in record.parent_metrics:
+            store.log_metrics(open_parent(store, record, Scope(**entry["scope"]))[1], entry["metrics"])
+        store.set_tags(record.run_id, {"repexp.synced_from_outbox": "true"})
+        store.finish(record, created, experiment_id, scope, parent_status=not started_only)
     write_text_atomic(directory / SYNCED_FILE, record.run_id + "\n")
     return record.run_id
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from repexp import layout as L
 from repexp.tracking.gitinfo import REPO_ROOT
-from repexp.tracking.names import ENV_MLFLOW_URI, PARENTS_LOG, mlflow_dir
+from repexp.tracking.names import ENV_MLFLOW_PASSWORD, ENV_MLFLOW_URI, ENV_MLFLOW_USERNAME, PARENTS_LOG, mlflow_dir
 from repexp.tracking.node import load_config, tracking_enabled
 from repexp.tracking.outbox import pending_records
 from repexp.tracking.store import is_sqlite, resolve_tracking_uri, sqlite_path
@@ -101,8 +101,9 @@ def on_start(config_path: str | Path, non_local_exec: bool) -> None:
                   "`repexp mlflow sync` later", file=sys.stderr)
         if info.get("uri"):
             os.environ[ENV_MLFLOW_URI] = info["uri"]  # local jobs inherit it; sbatch --export=ALL passes it on
-            if cfg.tracking.server_auth:  # the same way: MLflow's MLFLOW_TRACKING_USERNAME/PASSWORD
-                os.environ.update(server.auth.client_env(cfg.results_dir))
+            login = server.auth.load_credentials(cfg.results_dir) if cfg.tracking.server_auth else None
+            if login:  # the same way: MLflow's MLFLOW_TRACKING_USERNAME/PASSWORD
+                os.environ.update({ENV_MLFLOW_USERNAME: login["username"], ENV_MLFLOW_PASSWORD: login["password"]})
     create_parents(cfg, config_path)
 
 
@@ -149,11 +150,11 @@ def where_lines(cfg, results: Path, aggregate: Path, figures: Path, config: Path
         lines.append(f"  figures: {figures}/  ({len(list(figures.glob('*.png')))} PNG, each also as PDF)")
     if tracking_enabled():
         store = _server_store or resolve_tracking_uri(results, cfg.tracking.tracking_uri)
-        from repexp.tracking.auth import credentials_file, served_at
+        from repexp.tracking.auth import credentials_file, own_credentials
 
         served = store.startswith(("http://", "https://"))
         # the results directory's own server (the one `repexp mlflow ui` starts, or this run's) asks for its login
-        own = served_at(results, store) if served else cfg.tracking.server_auth
+        own = own_credentials(store, results) is not None if served else cfg.tracking.server_auth
         login = f"  (its login is in {credentials_file(results)})" if own else ""
         if config is not None:
             lines.append(f"  MLflow:  {ui_command(config)}   # the eval runs by pass@k, in the MLflow UI")
