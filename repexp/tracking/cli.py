@@ -6,9 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from repexp.tracking import server
+from repexp.tracking import health, server, ui
+from repexp.tracking.names import RESULTS_ID_FILE, mlflow_dir
 from repexp.tracking.node import load_config
-from repexp.tracking.outbox import sync, sync_one
+from repexp.tracking.outbox import pending_records, sync, sync_one
+from repexp.tracking.record import Record
 from repexp.tracking.store import is_sqlite, resolve_tracking_uri, sqlite_path
 
 
@@ -86,9 +88,6 @@ def _parents(args: argparse.Namespace) -> int:
 
 
 def _sync(args: argparse.Namespace) -> int:
-    from repexp.tracking import health
-    from repexp.tracking.names import mlflow_dir
-
     if args.record:
         results_dir = Path(args.record).resolve().parent.parent.parent  # <results>/mlflow/outbox/<id>
     else:
@@ -125,9 +124,6 @@ def _sync(args: argparse.Namespace) -> int:
 
 def sync_targets(results_dir, record, tracking_uri) -> list[str]:
     """The store URIs the pending records go to (each record names its own unless --tracking-uri)."""
-    from repexp.tracking.outbox import pending_records
-    from repexp.tracking.record import Record
-
     if tracking_uri:
         return [tracking_uri]
     uris = []
@@ -157,8 +153,6 @@ def sync_fix(errors: list[str], uris: list[str], mlflow_root: Path) -> str:
 
 
 def _restore(args: argparse.Namespace) -> int:
-    from repexp.tracking import health
-
     results_dir = None
     if args.store:
         uri = args.store
@@ -197,9 +191,6 @@ def _serve(args: argparse.Namespace) -> int:
 def _ui(args: argparse.Namespace) -> int:
     """The link to the eval runs compared (repexp.tracking.ui), on the config's tracking server or
     on the results directory's own (reused when it runs, else started in the background)."""
-    from repexp.tracking import ui
-    from repexp.tracking.names import RESULTS_ID_FILE, mlflow_dir
-
     cfg = load_config(args.config)
     records = mlflow_dir(cfg.results_dir)
     if not records.is_dir():

@@ -336,19 +336,21 @@ def open_child(store: Store, experiment_id: str, record: Record, *, end_stale: b
         record.run_name = f"{record.run_name} #{execution}"
     run_id = store.create_child(experiment_id, record)
     if end_stale:
-        store.supersede([r for r in earlier if r.info.status == "RUNNING" and not _alive_here(r)], run_id, execution)
+        # Snakemake never runs two executions of one job at once, so a RUNNING one on another host (or
+        # without a pid) is taken for dead; on this host a live pid means a concurrent caller of the same
+        # node (not the pipeline's case), whose run must not be ended under it.
+        store.supersede([r for r in earlier if r.info.status == "RUNNING" and not process_alive(r.data.tags)],
+                        run_id, execution)
     return run_id
 
 
-def _alive_here(run) -> bool:
-    """Whether a RUNNING execution's process still runs on this host. Snakemake never runs two
-    executions of one job at once, so on another host (or without a pid) it is taken for dead; on
-    this host a live pid means a concurrent caller of the same node (not the pipeline's case), whose
-    run must not be ended under it."""
-    tags = run.data.tags
-    if tags.get("host") != socket.gethostname() or not tags.get(PID_TAG, "").isdigit():
-        return False
-    return pid_alive(int(tags[PID_TAG]))
+def process_alive(tags: Mapping[str, str]) -> Optional[bool]:
+    """Whether the process that opened a run (its `host` and pid tags) still runs; None where this
+    host cannot tell (another host, or no pid)."""
+    pid = tags.get(PID_TAG, "")
+    if tags.get("host") != socket.gethostname() or not pid.isdigit() or int(pid) <= 0:
+        return None
+    return pid_alive(int(pid))
 
 
 def load_config(config: Any):

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -28,9 +27,9 @@ from pathlib import Path
 from typing import Optional
 
 from repexp.io import write_text_atomic
-from repexp.processes import pid_alive
 from repexp.tracking.auth import client_credentials
-from repexp.tracking.names import ERROR_TAG, PID_TAG, RECORD_FILE, SYNC_LOCK_FILE, SYNC_LOG, SYNCED_FILE, outbox_dir
+from repexp.tracking.names import ERROR_TAG, RECORD_FILE, SYNC_LOCK_FILE, SYNC_LOG, SYNCED_FILE, outbox_dir
+from repexp.tracking.node import open_child, open_parent, process_alive
 from repexp.tracking.record import Record
 from repexp.tracking.scopes import Scope
 from repexp.tracking.store import Store, artifact_location, reachable
@@ -54,12 +53,9 @@ def pending_records(results_dir: str | os.PathLike) -> list[Path]:
 
 
 def unreadable_records(results_dir: str | os.PathLike) -> list[str]:
-    """Outbox directories that hold no readable record (each with why), for sync to report."""
-    root = outbox_dir(results_dir)
-    if not root.exists():
-        return []
+    """Outbox directories that hold no readable record (each with why), for `sync` to report."""
     found = []
-    for directory in sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")):
+    for directory in sorted(d for d in outbox_dir(results_dir).iterdir() if d.is_dir() and not d.name.startswith(".")):
         if (directory / SYNCED_FILE).exists() or time.time() - directory.stat().st_mtime < WRITE_GRACE_S:
             continue  # uploaded, or a node may be writing its record into it right now
         if not (directory / RECORD_FILE).exists():
@@ -74,17 +70,6 @@ def unreadable_records(results_dir: str | os.PathLike) -> list[str]:
     return found
 
 
-def _may_still_run(record: Record) -> bool:
-    """Whether the node that wrote a RUNNING record may still be running: its process is alive on
-    this host, or it ran on another host (which this process cannot ask)."""
-    if record.tags.get("host") != socket.gethostname():
-        return True
-    pid = record.tags.get(PID_TAG, "")
-    if not pid.isdigit() or int(pid) <= 0:
-        return True  # nothing says which process: assume it may
-    return pid_alive(int(pid))
-
-
 def sync_record(directory: Path, tracking_uri: Optional[str], unreachable: dict[str, Optional[str]],
                 finished: bool = False) -> str:
     """Replay one outbox record into MLflow; idempotent. Returns the run id.
@@ -92,12 +77,11 @@ def sync_record(directory: Path, tracking_uri: Optional[str], unreachable: dict[
     `unreachable` caches the store check per URI within one sync (a dead server costs one timeout).
     `finished`: no node of this results directory runs any more (a RUNNING record is a dead one).
     """
-    from repexp.tracking.node import open_child, open_parent
-
     record = Record.load(directory)
     started_only = record.status == "RUNNING"
     if started_only:
-        if not finished and _may_still_run(record):
+        # its node may still run: its process is alive here, or nothing says (another host, no pid)
+        if not finished and process_alive(record.tags) is not False:
             raise StillRunning(directory.name)
         record.status = "KILLED"
         record.end_ms = int((directory / RECORD_FILE).stat().st_mtime * 1000)

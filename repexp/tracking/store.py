@@ -21,6 +21,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
+from repexp.tracking.auth import refused
+from repexp.tracking.health import problem
 from repexp.tracking.names import (
     ARTIFACTS_DIR,
     ENV_MLFLOW_URI,
@@ -92,8 +94,6 @@ def reachable(tracking_uri: str, timeout_s: float = HEALTH_TIMEOUT_S,
         except (urllib.error.URLError, OSError, ValueError) as err:
             return f"{url}: {getattr(err, 'reason', err)}"
         if login:
-            from repexp.tracking.auth import refused
-
             return refused(tracking_uri, results_dir, timeout_s=timeout_s)
     elif is_sqlite(tracking_uri):
         db_dir = sqlite_path(tracking_uri).parent
@@ -104,8 +104,6 @@ def reachable(tracking_uri: str, timeout_s: float = HEALTH_TIMEOUT_S,
         if not os.access(db_dir, os.W_OK):
             return f"{db_dir} is not writable"
         if results_dir is not None:
-            from repexp.tracking.health import problem
-
             found = problem(sqlite_path(tracking_uri), results_dir, thorough=False)
             if found is not None:
                 return (f"the store {found.path} is {found.kind} ({found.detail}) and this results directory "
