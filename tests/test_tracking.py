@@ -92,7 +92,8 @@ def test_node_runs_nest_under_their_parents_with_tags_params_metrics_artifacts(s
         node.log_metrics({"reward/verifier/mean": 0.25}, step=1)
         node.log_metrics({"reward/verifier/mean": 0.5}, step=2)
         node.log_artifact(artifact)
-        node.log_dict({"a": 1}, "extra/summary.json")
+        (tmp_path / "summary.json").write_text(json.dumps({"a": 1}))
+        node.log_artifact(tmp_path / "summary.json", "extra")
     train_id = node.run_id
     with T.node_run("eval", "gsm8k", SPEC, config=cfg) as node:
         eval_id = node.run_id
@@ -408,7 +409,7 @@ KILLED_NODE = """
 import os, signal, sys
 from repexp import tracking as T
 
-node = T.start_node("train", "gsm8k", sys.argv[2], config=sys.argv[1], attempt=1)
+node = T.prepare_node("train", "gsm8k", sys.argv[2], config=sys.argv[1], attempt=1).start()
 assert node.online, node.offline_reason
 print(node.run_id, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer or a lost node does: no handler runs

@@ -32,9 +32,8 @@ from __future__ import annotations
 
 from repexp.metrics import metric_name
 from repexp.tracking.cli import configure_parser, run
-from repexp.tracking.gitinfo import REPO_ROOT, git_commit
+from repexp.tracking.gitinfo import REPO_ROOT
 from repexp.tracking.names import (
-    ENV_CONFIG,
     ENV_RUN_FILE,
     ENV_SNAKEMAKE_EXEC,
     ENV_TRACKING,
@@ -43,19 +42,15 @@ from repexp.tracking.names import (
     RECORD_FILE,
     RESULTS_ID_TAG,
     SCOPE_KEY_TAG,
-    SCOPE_TAG,
-    SNAKEMAKE_JOBID_HELP,
     SUPERSEDED_TAG,
     SWEEP_POINT_TAG,
     SYNCED_FILE,
     default_tracking_uri,
-    outbox_dir,
     results_id,
 )
 from repexp.tracking.node import (
     NodeFailed,
     NodeInterrupted,
-    NodeRun,
     await_node_run,
     current_node,
     flatten,
@@ -63,25 +58,20 @@ from repexp.tracking.node import (
     node_scope,
     open_in_background,
     prepare_node,
-    start_node,
-    tracking_enabled,
 )
-from repexp.tracking.outbox import pending_records, sync, sync_one, sync_record, upload_in_background
+from repexp.tracking.outbox import pending_records, sync, sync_one
 from repexp.tracking.outputs import log_artifacts, log_result, run_stage
 from repexp.tracking.record import Record
-from repexp.tracking.scopes import Scope, scope_for, scope_for_rule
-from repexp.tracking.store import Store, artifact_location, reachable, resolve_tracking_uri
+from repexp.tracking.scopes import scope_for
+from repexp.tracking.store import resolve_tracking_uri
 from repexp.tracking.targets import MlflowTarget, log_point_metrics, mlflow_store, mlflow_target, node_for_target
 
 __all__ = [
-    "ENV_CONFIG", "ENV_RUN_FILE", "ENV_SNAKEMAKE_EXEC", "ENV_TRACKING", "EXECUTION_TAG", "PARENT_KEY_TAG",
-    "RECORD_FILE", "REPO_ROOT", "RESULTS_ID_TAG", "SCOPE_KEY_TAG", "SCOPE_TAG", "SNAKEMAKE_JOBID_HELP",
-    "SUPERSEDED_TAG", "SWEEP_POINT_TAG", "SYNCED_FILE", "NodeFailed", "NodeInterrupted", "NodeRun", "Record",
-    "Scope", "Store", "MlflowTarget", "log_point_metrics", "mlflow_store", "mlflow_target",
-    "node_for_target",
-    "artifact_location", "await_node_run", "configure_parser", "current_node", "default_tracking_uri",
-    "flatten", "git_commit", "log_artifacts", "log_result", "metric_name", "node_run", "node_scope",
-    "open_in_background", "outbox_dir", "pending_records", "prepare_node", "reachable", "resolve_tracking_uri",
-    "results_id", "run", "run_stage", "scope_for", "scope_for_rule", "start_node", "sync", "sync_one",
-    "sync_record", "tracking_enabled", "upload_in_background",
+    "ENV_RUN_FILE", "ENV_SNAKEMAKE_EXEC", "ENV_TRACKING", "EXECUTION_TAG", "PARENT_KEY_TAG", "RECORD_FILE",
+    "REPO_ROOT", "RESULTS_ID_TAG", "SCOPE_KEY_TAG", "SUPERSEDED_TAG", "SWEEP_POINT_TAG", "SYNCED_FILE", "NodeFailed",
+    "NodeInterrupted", "Record", "MlflowTarget", "await_node_run", "configure_parser", "current_node",
+    "default_tracking_uri", "flatten", "log_artifacts", "log_point_metrics", "log_result", "metric_name",
+    "mlflow_store", "mlflow_target", "node_for_target", "node_run", "node_scope", "open_in_background",
+    "pending_records", "prepare_node", "resolve_tracking_uri", "results_id", "run", "run_stage", "scope_for", "sync",
+    "sync_one",
 ]

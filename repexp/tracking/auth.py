@@ -27,7 +27,6 @@ import secrets
 import sys
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Optional
@@ -39,6 +38,7 @@ from repexp.tracking.names import (
     CREDENTIALS_FILE,
     ENV_MLFLOW_PASSWORD,
     ENV_MLFLOW_USERNAME,
+    create_once,
     mlflow_dir,
 )
 
@@ -123,15 +123,7 @@ def ensure_credentials(results_dir: str | os.PathLike) -> tuple[dict, bool]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fresh = {"username": getpass.getuser(), "password": secrets.token_urlsafe(32),
              "secret_key": secrets.token_urlsafe(32), "uris": []}
-    tmp = path.with_name(f".{CREDENTIALS_FILE}.{uuid.uuid4().hex}")
-    _write_private(tmp, json.dumps(fresh, indent=2) + "\n")
-    try:
-        os.link(tmp, path)
-        created = True
-    except FileExistsError:
-        created = False
-    finally:
-        tmp.unlink(missing_ok=True)
+    created = create_once(path, lambda tmp: _write_private(tmp, json.dumps(fresh, indent=2) + "\n"))
     return load_credentials(results_dir), created
 
 
@@ -161,13 +153,7 @@ def server_env(results_dir: str | os.PathLike, private_dir: Path, created: bool)
             "MLFLOW_AUTH_ADMIN_PASSWORD": found["password"], "MLFLOW_FLASK_SERVER_SECRET_KEY": found["secret_key"]}
 
 
-def client_env(results_dir: str | os.PathLike) -> dict[str, str]:
-    """MLflow's client variables for this results directory's server ({} without credentials)."""
-    found = load_credentials(results_dir)
-    return {} if found is None else {ENV_MLFLOW_USERNAME: found["username"], ENV_MLFLOW_PASSWORD: found["password"]}
-
-
-def _own_credentials(uri: str, results_dir: Optional[str | os.PathLike]) -> Optional[dict]:
+def own_credentials(uri: str, results_dir: Optional[str | os.PathLike]) -> Optional[dict]:
     """The results directory's credentials where its own server was started at `uri`, else None."""
     try:
         found = load_credentials(results_dir) if results_dir is not None else None
@@ -177,17 +163,12 @@ def _own_credentials(uri: str, results_dir: Optional[str | os.PathLike]) -> Opti
     return found if uri.rstrip("/") in served else None
 
 
-def served_at(results_dir: str | os.PathLike, uri: str) -> bool:
-    """Whether this results directory's own server was started at `uri` (its login applies there)."""
-    return _own_credentials(uri, results_dir) is not None
-
-
 def credentials_for(uri: str, results_dir: Optional[str | os.PathLike]) -> Optional[tuple[str, str]]:
     """The login a client sends to `uri`: MLflow's variables where set, else the results
     directory's own credentials for a URI its server was started at."""
     if os.environ.get(ENV_MLFLOW_USERNAME):
         return os.environ[ENV_MLFLOW_USERNAME], os.environ.get(ENV_MLFLOW_PASSWORD, "")
-    found = _own_credentials(uri, results_dir)
+    found = own_credentials(uri, results_dir)
     return (found["username"], found["password"]) if found else None
 
 

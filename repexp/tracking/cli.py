@@ -6,9 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from repexp.tracking import server
+from repexp.tracking import health, server, ui
+from repexp.tracking.names import RESULTS_ID_FILE, mlflow_dir
 from repexp.tracking.node import load_config
-from repexp.tracking.outbox import sync, sync_one
+from repexp.tracking.outbox import pending_records, sync, sync_one
+from repexp.tracking.record import Record
 from repexp.tracking.store import is_sqlite, resolve_tracking_uri, sqlite_path
 
 
@@ -34,32 +36,29 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--backup", type=Path, help="this backup file instead of the newest healthy one")
 
     p = sub.add_parser("parents", help="create every parent run of a config (the workflow does it at its start)")
-    p.add_argument("--config", type=Path, help="pipeline config (default: $REPEXP_CONFIG)")
 
     v = sub.add_parser("serve", help="run the MLflow tracking server of a results directory on this host")
-    v.add_argument("--config", type=Path, help="pipeline config (default: $REPEXP_CONFIG)")
     action = v.add_mutually_exclusive_group()
     action.add_argument("--background", action="store_true", help="start, wait until healthy, print the URI, return")
     action.add_argument("--stop", action="store_true", help="stop the server recorded in <results>/mlflow/server.json")
-    v.add_argument("--host", help="interface to bind (default: tracking.server_host)")
-    v.add_argument("--port", type=int, help="port (default: tracking.server_port; 0 = a free port)")
     v.add_argument("--store", help="backend store URI (default: tracking.server_store, else SQLite on this host's "
                                    "local disk); e.g. the embedded store of a local run, to browse it")
-    v.add_argument("--workers", type=int, default=2, help="uvicorn workers (default 2)")
 
     b = sub.add_parser("ui", help="print (and with --open, open) the link to the MLflow UI's runs table of the eval "
                                   "runs, sorted by the headline pass@k with task, method, beta, sparse_dim and seed "
                                   "shown; starts the results directory's server unless one runs")
-    b.add_argument("--config", type=Path, help="pipeline config (default: $REPEXP_CONFIG)")
     b.add_argument("--open", action="store_true", help="also open the link in this host's web browser")
-    b.add_argument("--host", help="interface to bind, if a server is started (default: tracking.server_host)")
-    b.add_argument("--port", type=int, help="port, if a server is started (default: tracking.server_port; 0 = free)")
     b.add_argument("--store", help="backend store URI, if a server is started (default: the results directory's "
                                    "SQLite store if it exists, else the one `repexp mlflow serve` opens)")
-    b.add_argument("--workers", type=int, default=1, help="uvicorn workers, if a server is started (default 1)")
+    for serving, started, workers in ((v, "", 2), (b, ", if a server is started", 1)):
+        serving.add_argument("--host", help=f"interface to bind{started} (default: tracking.server_host)")
+        serving.add_argument("--port", type=int, help=f"port{started} (default: tracking.server_port; 0 = a free port)")
+        serving.add_argument("--workers", type=int, default=workers,
+                             help=f"uvicorn workers{started} (default {workers})")
 
     u = sub.add_parser("uri", help="print the tracking URI of a config (for `mlflow ui --backend-store-uri`)")
-    u.add_argument("--config", type=Path, help="pipeline config (default: $REPEXP_CONFIG)")
+    for takes_config in (p, v, b, u):
+        takes_config.add_argument("--config", type=Path, help="pipeline config (default: $REPEXP_CONFIG)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,9 +88,6 @@ def _parents(args: argparse.Namespace) -> int:
 
 
 def _sync(args: argparse.Namespace) -> int:
-    from repexp.tracking import health
-    from repexp.tracking.names import mlflow_dir
-
     if args.record:
         results_dir = Path(args.record).resolve().parent.parent.parent  # <results>/mlflow/outbox/<id>
     else:
@@ -128,9 +124,6 @@ def _sync(args: argparse.Namespace) -> int:
 
 def sync_targets(results_dir, record, tracking_uri) -> list[str]:
     """The store URIs the pending records go to (each record names its own unless --tracking-uri)."""
-    from repexp.tracking.outbox import pending_records
-    from repexp.tracking.record import Record
-
     if tracking_uri:
         return [tracking_uri]
     uris = []
@@ -160,8 +153,6 @@ def sync_fix(errors: list[str], uris: list[str], mlflow_root: Path) -> str:
 
 
 def _restore(args: argparse.Namespace) -> int:
-    from repexp.tracking import health
-
     results_dir = None
     if args.store:
         uri = args.store
@@ -187,10 +178,9 @@ def _serve(args: argparse.Namespace) -> int:
         stopped = server.stop(cfg.results_dir)
         print("mlflow serve: stopped" if stopped else "mlflow serve: no server of this host to stop", file=sys.stderr)
         return 0
-    options = dict(host=args.host, port=args.port, store=args.store, workers=args.workers)
+    info = server.start(cfg, owner="user", host=args.host, port=args.port, store=args.store, workers=args.workers)
     if not args.background:
-        return server.serve_foreground(cfg, **options)
-    info = server.start(cfg, owner="user", **options)
+        return server.serve_foreground(cfg, info)
     print(info["uri"])
     login = f"; its login is in {info['credentials']}" if info.get("credentials") else ""
     print(f"mlflow serve: {'already running' if info.get('reused') else 'started'} (pid {info['pid']}, store "
@@ -201,9 +191,6 @@ def _serve(args: argparse.Namespace) -> int:
 def _ui(args: argparse.Namespace) -> int:
     """The link to the eval runs compared (repexp.tracking.ui), on the config's tracking server or
     on the results directory's own (reused when it runs, else started in the background)."""
-    from repexp.tracking import ui
-    from repexp.tracking.names import RESULTS_ID_FILE, mlflow_dir
-
     cfg = load_config(args.config)
     records = mlflow_dir(cfg.results_dir)
     if not records.is_dir():

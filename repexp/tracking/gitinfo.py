@@ -10,8 +10,6 @@ import subprocess
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-GIT_COMMIT_TAG = "git.commit"
-GIT_BRANCH_TAG = "git.branch"
 
 
 @functools.lru_cache(maxsize=1)
@@ -28,11 +26,7 @@ def git_tags() -> dict[str, str]:
     lines = out.stdout.split()
     if out.returncode != 0 or not lines:
         return {}
-    tags = {GIT_COMMIT_TAG: lines[0], "mlflow.source.git.commit": lines[0]}
+    tags = {"git.commit": lines[0], "mlflow.source.git.commit": lines[0]}
     if len(lines) > 1 and lines[1] != "HEAD":  # detached HEAD has no branch
-        tags.update({GIT_BRANCH_TAG: lines[1], "mlflow.source.git.branch": lines[1]})
+        tags.update({"git.branch": lines[1], "mlflow.source.git.branch": lines[1]})
     return tags
-
-
-def git_commit() -> str | None:
-    return git_tags().get(GIT_COMMIT_TAG)

@@ -65,16 +65,22 @@ def inspect(path: Path, thorough: bool = True) -> tuple[Optional[str], int]:
     try:
         with open(path, "rb") as handle:
             header = handle.read(100)
-        size = os.path.getsize(path)
+        seen = _truncated(path)
     except OSError as err:
         return f"cannot read it ({err.strerror})", 0
     if header[: len(SQLITE_MAGIC)] != SQLITE_MAGIC:
         return "it is empty" if not header else "it is not an SQLite database (bad header)", 0
-    expected = _header_size(header)
-    if expected is not None and size < expected:
+    if seen is not None:
         # A writer may be mid-commit (page 1, with the new size, can reach the disk before the pages
         # that grow the file): look again inside a read transaction, which waits for the commit.
-        short = _short_under_read_lock(path, f"it is truncated ({size} bytes; its header says {expected})")
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=60)) as con:
+                con.execute("BEGIN")
+                con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+                short = _truncated(path)
+                con.rollback()
+        except sqlite3.Error as err:
+            return f"{seen}, and SQLite cannot read it ({type(err).__name__}: {err})", 0
         if short is not None:
             return short, 0
     try:
@@ -91,34 +97,16 @@ def inspect(path: Path, thorough: bool = True) -> tuple[Optional[str], int]:
         return f"{type(err).__name__}: {err}", 0
 
 
-def _header_size(header: bytes) -> Optional[int]:
-    """The file size SQLite's header records (page size × page count), when that count is valid
-    (its version-valid-for number equals the change counter), else None."""
-    if len(header) < 100:
-        return None
+def _truncated(path: Path) -> Optional[str]:
+    """Whether the file is shorter than SQLite's header says (page size × page count, when that count
+    is valid: its version-valid-for number equals the change counter)."""
+    with open(path, "rb") as handle:
+        header = handle.read(100)
+    size = os.path.getsize(path)
     page_size = int.from_bytes(header[16:18], "big")
-    page_size = 65536 if page_size == 1 else page_size
-    pages = int.from_bytes(header[28:32], "big")
-    valid = header[24:28] == header[92:96]
-    return page_size * pages if valid and pages else None
-
-
-def _short_under_read_lock(path: Path, seen: str) -> Optional[str]:
-    """Why the file is truncated (`seen`: what a look without the lock found), confirmed while
-    holding SQLite's shared lock; None if it is not."""
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=60)) as con:
-            con.execute("BEGIN")
-            con.execute("SELECT count(*) FROM sqlite_master").fetchone()
-            with open(path, "rb") as handle:
-                expected = _header_size(handle.read(100))
-            size = os.path.getsize(path)
-            con.rollback()
-    except sqlite3.Error as err:
-        return f"{seen}, and SQLite cannot read it ({type(err).__name__}: {err})"
-    if expected is not None and size < expected:
-        return f"it is truncated ({size} bytes; its header says {expected})"
-    return None
+    pages = int.from_bytes(header[28:32], "big") if len(header) == 100 and header[24:28] == header[92:96] else 0
+    expected = (65536 if page_size == 1 else page_size) * pages
+    return f"it is truncated ({size} bytes; its header says {expected})" if size < expected else None
 
 
 @dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from repexp.layout import mlflow_dir  # noqa: F401  (`<results>/mlflow`, for the modules of this package)
@@ -54,7 +55,6 @@ PARENT_RUN_TAG = "mlflow.parentRunId"  # MLflow's own nesting tag
 DB_FILE = "mlflow.db"  # the embedded SQLite store (local runs)
 ARTIFACTS_DIR = "artifacts"  # the server's artifact root; in an outbox record: its copied artifacts
 OUTBOX_DIR = "outbox"
-OUTBOX_STAGING_DIR = ".staging"  # <outbox>/.staging/<record id>/: log_dict files until the run ends
 RECORD_FILE = "record.json"  # <outbox>/<record id>/record.json
 SYNCED_FILE = "SYNCED"  # next to an uploaded record
 SYNC_LOG = "sync.log"  # <outbox>/<record id>/sync.log: the detached upload's output
@@ -90,15 +90,22 @@ def results_id(results_dir: str | os.PathLike) -> str:
     with contextlib.suppress(FileNotFoundError):
         return path.read_text().strip()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{RESULTS_ID_FILE}.{uuid.uuid4().hex}")
-    tmp.write_text(uuid.uuid4().hex[:16] + "\n")
+    create_once(path, lambda tmp: tmp.write_text(uuid.uuid4().hex[:16] + "\n"))
+    return path.read_text().strip()
+
+
+def create_once(path: Path, write: Callable[[Path], object]) -> bool:
+    """Create `path` from a temporary file that `write` fills, by `os.link`: it fails if another process
+    created the file first, and theirs wins. True if created here."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+    write(tmp)
     try:
-        os.link(tmp, path)  # fails if another process created it first: theirs wins
+        os.link(tmp, path)
+        return True
     except FileExistsError:
-        pass
+        return False
     finally:
         tmp.unlink(missing_ok=True)
-    return path.read_text().strip()
 
 
 # --------------------------------------------------------------------------- MLflow features per node

@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from repexp.io import read_json, write_json_atomic, write_text_atomic
+from repexp.io import read_json, write_json_atomic
 from repexp.metrics import metric_name
 from repexp.processes import pid_alive
 from repexp.tracking.auth import use_results_login
@@ -38,7 +38,6 @@ from repexp.tracking.names import (
     ENV_TRACKING,
     ERROR_TAG,
     EXECUTION_TAG,
-    OUTBOX_STAGING_DIR,
     PARENTS_FILE,
     PID_TAG,
     RECORD_FILE,
@@ -103,9 +102,8 @@ class NodeRun:
         self._parent_created = False
         self._monitor = None
         self.offline_reason: Optional[str] = None
-        self._staging = outbox / OUTBOX_STAGING_DIR / record.record_id  # log_dict files until the run ends
         self._gate = threading.Lock()  # `start` (maybe on another thread) vs `defer`
-        self._deferred = False
+        self.deferred = False
         self._checked = False
 
     # ---- state
@@ -146,7 +144,7 @@ class NodeRun:
         try:
             store = Store(self.record.tracking_uri)
             with self._gate:
-                if self._deferred:
+                if self.deferred:
                     return self
                 self._store = store
                 self._experiment_id, self.record.parent_run_id, self._parent_created = open_parent(store, self.record,
@@ -201,13 +199,9 @@ class NodeRun:
         with self._gate:
             if not self.enabled or self._store is not None or self.offline_reason is not None:
                 return False
-            self._deferred = True
+            self.deferred = True
             self.offline_reason = "deferred to a background upload"
             return True
-
-    @property
-    def deferred(self) -> bool:
-        return self._deferred
 
     @property
     def outbox_record(self) -> Path:
@@ -232,25 +226,13 @@ class NodeRun:
                       "written when the node started stays there, and sync uploads it as KILLED", file=sys.stderr)
         else:
             shutil.rmtree(self.outbox_record, ignore_errors=True)  # all in the store: the started record goes
-        shutil.rmtree(self._staging, ignore_errors=True)
-
-    def write_started_record(self) -> None:
-        """Before the node's work: its record in the outbox, so an attempt whose end cannot be written
-        (a full disk, SIGKILL) is not lost (issue 27, item 2). Removed when the run ends in the store."""
-        if not self.enabled:
-            return
-        try:
-            self.record.write_started(self.outbox_record)
-        except OSError as err:
-            print(f"[repexp.tracking] could not write {self.outbox_record / RECORD_FILE} ({err})", file=sys.stderr)
 
     # ---- logging
     def log_params(self, params: Mapping[str, Any]) -> None:
-        if not self.enabled or not params:
-            return
-        clean = param_values(params)
-        self.record.params.update(clean)
-        self._try("log_params", lambda: self._store.log_params(self.run_id, clean))
+        if self.enabled and params:
+            clean = param_values(params)
+            self.record.params.update(clean)
+            self._try("log_params", lambda: self._store.log_params(self.run_id, clean))
 
     def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
         ts = now_ms()
@@ -258,11 +240,10 @@ class NodeRun:
 
     def log_metric_rows(self, rows: Sequence[Sequence]) -> None:
         """[[key, value, step, timestamp_ms], ...]: whole curves in a few batched calls."""
-        if not self.enabled or not rows:
-            return
-        rows = _metric_rows(rows)
-        self.record.metrics.extend(rows)
-        self._try("log_metrics", lambda: self._store.log_metrics(self.run_id, rows))
+        if self.enabled and rows:
+            rows = _metric_rows(rows)
+            self.record.metrics.extend(rows)
+            self._try("log_metrics", lambda: self._store.log_metrics(self.run_id, rows))
 
     def fill_metric_rows(self, rows: Sequence[Sequence]) -> int:
         """Log the rows whose (key, step) the run lacks; offline, keep them for sync to check the
@@ -282,85 +263,61 @@ class NodeRun:
         return len(rows)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        if not self.enabled or not tags:
-            return
-        clean = {str(k): str(v) for k, v in tags.items()}
-        self.record.tags.update(clean)
-        self._try("set_tags", lambda: self._store.set_tags(self.run_id, clean))
+        if self.enabled and tags:
+            clean = {str(k): str(v) for k, v in tags.items()}
+            self.record.tags.update(clean)
+            self._try("set_tags", lambda: self._store.set_tags(self.run_id, clean))
 
     def log_artifact(self, path: str | os.PathLike, artifact_path: Optional[str] = None) -> None:
-        if not self.enabled:
-            return
-        path = str(Path(path).resolve())
-        self.record.artifacts.append([path, artifact_path])
-        self._try("log_artifact", lambda: self._store.log_artifact(self.run_id, path, artifact_path))
-
-    def log_dict(self, obj: Any, name: str) -> None:
-        """A small JSON/YAML artifact from memory (kept as a file in the outbox if offline)."""
-        if not self.enabled:
-            return
-        if name.endswith(".json"):
-            text = json.dumps(obj, indent=2, sort_keys=True, default=str)
-        else:
-            import yaml
-
-            text = yaml.safe_dump(obj, sort_keys=False, default_flow_style=False)
-        path = write_text_atomic(self._staging / name, text)
-        self.log_artifact(path, str(Path(name).parent) if Path(name).parent != Path(".") else None)
+        if self.enabled:
+            path = str(Path(path).resolve())
+            self.record.artifacts.append([path, artifact_path])
+            self._try("log_artifact", lambda: self._store.log_artifact(self.run_id, path, artifact_path))
 
     def log_inputs(self, datasets: Sequence[Mapping[str, Any]]) -> None:
         """Datasets as MLflow inputs (`repexp.tracking.outputs.dataset`); before `start` they are
         logged when the run opens."""
-        if not self.enabled or not datasets:
-            return
-        datasets = [dict(d) for d in datasets]
-        self.record.inputs.extend(datasets)
-        self._try("log_inputs", lambda: self._store.log_inputs(self.run_id, datasets))
+        if self.enabled and datasets:
+            datasets = [dict(d) for d in datasets]
+            self.record.inputs.extend(datasets)
+            self._try("log_inputs", lambda: self._store.log_inputs(self.run_id, datasets))
 
     def log_table(self, artifact_file: str, data: Mapping[str, list]) -> None:
         """A table artifact (MLflow's `log_table`, shown by the UI's artifact viewer)."""
-        if not self.enabled:
-            return
-        data = {k: list(v) for k, v in data.items()}
-        self.record.tables.append([artifact_file, data])
-        self._try("log_table", lambda: self._store.log_table(self.run_id, artifact_file, data))
+        if self.enabled:
+            data = {k: list(v) for k, v in data.items()}
+            self.record.tables.append([artifact_file, data])
+            self._try("log_table", lambda: self._store.log_table(self.run_id, artifact_file, data))
 
     def log_parent_metrics(self, scope: Scope, rows: Sequence[Sequence]) -> None:
         """Metrics on another scope's parent run (of this node's results directory), e.g. test
         pass@k on every sweep point's parent; kept for sync like everything else when offline."""
-        if not self.enabled or not rows:
-            return
-        scope = scope.with_results(self.scope.results_id)
-        rows = _metric_rows(rows)
-        self.record.parent_metrics.append({"scope": dataclasses.asdict(scope), "metrics": rows})
-        self._try("log_parent_metrics", lambda: log_on_parent(self._store, self._experiment_id, self.record, scope,
-                                                              rows))
+        if self.enabled and rows:
+            scope = dataclasses.replace(scope, results_id=self.scope.results_id)
+            rows = _metric_rows(rows)
+            self.record.parent_metrics.append({"scope": dataclasses.asdict(scope), "metrics": rows})
+            self._try("log_parent_metrics",
+                      lambda: self._store.log_metrics(open_parent(self._store, self.record, scope)[1], rows))
 
 
 def open_parent(store: Store, record: Record, scope: Scope) -> tuple[str, str, bool]:
-    """(experiment id, parent run id, created here): the ids the workflow recorded at its start
-    (`repexp mlflow parents`), else found or created under the store's lock."""
+    """(experiment id, parent run id, created here) of `scope`'s parent: the ids the workflow recorded at
+    its start (`repexp mlflow parents`), else found or created under the store's lock."""
     known = known_parents(record)
     if known and scope.key in known["parents"] and store.run_exists(known["parents"][scope.key]):
         return known["experiment_id"], known["parents"][scope.key], False
     with store.lock():
         experiment_id = store.experiment_id(record.experiment, record.artifact_location)
-        parent_id, created = store.parent(experiment_id, scope, parent_tags(record))
+        parent_id, created = store.parent(experiment_id, scope,
+                                          {k: v for k, v in record.tags.items() if k == RESULTS_DIR_TAG})
     return experiment_id, parent_id, created
-
-
-def parent_tags(record: Record) -> dict[str, str]:
-    return {k: v for k, v in record.tags.items() if k == RESULTS_DIR_TAG}
 
 
 def known_parents(record: Record) -> Optional[dict]:
     """parents.json of the record's results directory, if it was written for the same store,
     experiment and results id."""
-    if not record.results_dir:
-        return None
-    path = mlflow_dir(record.results_dir) / PARENTS_FILE
     try:
-        known = read_json(path)
+        known = read_json(mlflow_dir(record.results_dir) / PARENTS_FILE) if record.results_dir else {}
     except (OSError, ValueError):
         return None
     same = (known.get("tracking_uri"), known.get("experiment"), known.get("results_id")) == (
@@ -379,28 +336,21 @@ def open_child(store: Store, experiment_id: str, record: Record, *, end_stale: b
         record.run_name = f"{record.run_name} #{execution}"
     run_id = store.create_child(experiment_id, record)
     if end_stale:
-        store.supersede([r for r in earlier if r.info.status == "RUNNING" and not _alive_here(r)], run_id, execution)
+        # Snakemake never runs two executions of one job at once, so a RUNNING one on another host (or
+        # without a pid) is taken for dead; on this host a live pid means a concurrent caller of the same
+        # node (not the pipeline's case), whose run must not be ended under it.
+        store.supersede([r for r in earlier if r.info.status == "RUNNING" and not process_alive(r.data.tags)],
+                        run_id, execution)
     return run_id
 
 
-def _alive_here(run) -> bool:
-    """Whether a RUNNING execution's process still runs on this host. Snakemake never runs two
-    executions of one job at once, so on another host (or without a pid) it is taken for dead; on
-    this host a live pid means a concurrent caller of the same node (not the pipeline's case), whose
-    run must not be ended under it."""
-    tags = run.data.tags
-    if tags.get("host") != socket.gethostname() or not tags.get(PID_TAG, "").isdigit():
-        return False
-    return pid_alive(int(tags[PID_TAG]))
-
-
-def log_on_parent(store: Store, experiment_id: str, record: Record, scope: Scope, rows: Sequence[Sequence]) -> None:
-    known = known_parents(record)
-    parent_id = (known or {}).get("parents", {}).get(scope.key)
-    if parent_id is None:
-        with store.lock():
-            parent_id, _ = store.parent(experiment_id, scope, parent_tags(record))
-    store.log_metrics(parent_id, rows)
+def process_alive(tags: Mapping[str, str]) -> Optional[bool]:
+    """Whether the process that opened a run (its `host` and pid tags) still runs; None where this
+    host cannot tell (another host, or no pid)."""
+    pid = tags.get(PID_TAG, "")
+    if tags.get("host") != socket.gethostname() or not pid.isdigit() or int(pid) <= 0:
+        return None
+    return pid_alive(int(pid))
 
 
 def load_config(config: Any):
@@ -410,11 +360,6 @@ def load_config(config: Any):
     if not config:
         raise ValueError(f"no pipeline config: pass config= or set ${ENV_CONFIG}")
     return config if isinstance(config, C.PipelineConfig) else C.load(config)
-
-
-def start_node(rule: str, task: Optional[str] = None, run: Any = None, **kwargs: Any) -> NodeRun:
-    """Start a node run (`prepare_node`'s arguments; see `node_run`); the caller must call `.end(status)`."""
-    return prepare_node(rule, task, run, **kwargs).start()
 
 
 def prepare_node(
@@ -486,7 +431,13 @@ def prepare_node(
     record.params.update(param_values({**(params or {}), **scope.params}))
     node = NodeRun(record, scope, outbox_dir(cfg.results_dir), enabled=enabled,
                    system_metrics=system_metrics_enabled(rule))
-    node.write_started_record()
+    # Before the node's work: its record in the outbox, so an attempt whose end cannot be written (a full
+    # disk, SIGKILL) is not lost (issue 27, item 2). Removed when the run ends in the store.
+    try:
+        if enabled:
+            write_json_atomic(node.outbox_record / RECORD_FILE, dataclasses.asdict(record))
+    except OSError as err:
+        print(f"[repexp.tracking] could not write {node.outbox_record / RECORD_FILE} ({err})", file=sys.stderr)
     return node
 
 
@@ -494,7 +445,7 @@ def node_run(rule: str, task: Optional[str] = None, run: Any = None, **kwargs: A
              ) -> contextlib.AbstractContextManager[NodeRun]:
     """Track one node: ``with node_run("eval", "gsm8k", "base", config=cfg) as t: ...``; `config` is
     a PipelineConfig or a config path (default: $REPEXP_CONFIG); ends as `node_scope` says."""
-    return node_scope(start_node(rule, task, run, **kwargs))
+    return node_scope(prepare_node(rule, task, run, **kwargs).start())
 
 
 class _NodeExit(SystemExit):

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -28,9 +27,9 @@ from pathlib import Path
 from typing import Optional
 
 from repexp.io import write_text_atomic
-from repexp.processes import pid_alive
 from repexp.tracking.auth import client_credentials
-from repexp.tracking.names import ERROR_TAG, PID_TAG, RECORD_FILE, SYNC_LOCK_FILE, SYNC_LOG, SYNCED_FILE, outbox_dir
+from repexp.tracking.names import ERROR_TAG, RECORD_FILE, SYNC_LOCK_FILE, SYNC_LOG, SYNCED_FILE, outbox_dir
+from repexp.tracking.node import open_child, open_parent, process_alive
 from repexp.tracking.record import Record
 from repexp.tracking.scopes import Scope
 from repexp.tracking.store import Store, artifact_location, reachable
@@ -54,12 +53,9 @@ def pending_records(results_dir: str | os.PathLike) -> list[Path]:
 
 
 def unreadable_records(results_dir: str | os.PathLike) -> list[str]:
-    """Outbox directories that hold no readable record (each with why), for sync to report."""
-    root = outbox_dir(results_dir)
-    if not root.exists():
-        return []
+    """Outbox directories that hold no readable record (each with why), for `sync` to report."""
     found = []
-    for directory in sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")):
+    for directory in sorted(d for d in outbox_dir(results_dir).iterdir() if d.is_dir() and not d.name.startswith(".")):
         if (directory / SYNCED_FILE).exists() or time.time() - directory.stat().st_mtime < WRITE_GRACE_S:
             continue  # uploaded, or a node may be writing its record into it right now
         if not (directory / RECORD_FILE).exists():
@@ -74,19 +70,8 @@ def unreadable_records(results_dir: str | os.PathLike) -> list[str]:
     return found
 
 
-def _may_still_run(record: Record) -> bool:
-    """Whether the node that wrote a RUNNING record may still be running: its process is alive on
-    this host, or it ran on another host (which this process cannot ask)."""
-    if record.tags.get("host") != socket.gethostname():
-        return True
-    pid = record.tags.get(PID_TAG, "")
-    if not pid.isdigit() or int(pid) <= 0:
-        return True  # nothing says which process: assume it may
-    return pid_alive(int(pid))
-
-
-def sync_record(directory: Path, tracking_uri: Optional[str] = None,
-                unreachable: Optional[dict[str, Optional[str]]] = None, finished: bool = False) -> str:
+def sync_record(directory: Path, tracking_uri: Optional[str], unreachable: dict[str, Optional[str]],
+                finished: bool = False) -> str:
     """Replay one outbox record into MLflow; idempotent. Returns the run id.
 
     `unreachable` caches the store check per URI within one sync (a dead server costs one timeout).
@@ -95,7 +80,8 @@ def sync_record(directory: Path, tracking_uri: Optional[str] = None,
     record = Record.load(directory)
     started_only = record.status == "RUNNING"
     if started_only:
-        if not finished and _may_still_run(record):
+        # its node may still run: its process is alive here, or nothing says (another host, no pid)
+        if not finished and process_alive(record.tags) is not False:
             raise StillRunning(directory.name)
         record.status = "KILLED"
         record.end_ms = int((directory / RECORD_FILE).stat().st_mtime * 1000)
@@ -106,40 +92,32 @@ def sync_record(directory: Path, tracking_uri: Optional[str] = None,
     record.artifact_location = artifact_location(uri)  # where the target store keeps artifacts (a SQLite store)
     # a sync by hand (no MLflow variables): the results directory's own server takes its credentials file
     with client_credentials(uri, record.results_dir):
-        return _replay(directory, record, scope, uri, started_only, unreachable)
-
-
-def _replay(directory: Path, record: Record, scope: Scope, uri: str, started_only: bool,
-            unreachable: Optional[dict[str, Optional[str]]]) -> str:
-    from repexp.tracking.node import log_on_parent, open_child, open_parent
-
-    checked = unreachable if unreachable is not None else {}
-    if uri not in checked:
-        checked[uri] = reachable(uri, results_dir=record.results_dir)
-    if checked[uri]:
-        raise ConnectionError(checked[uri])
-    store = Store(uri)
-    experiment_id, parent_id, created = open_parent(store, record, scope)
-    if record.run_id is None or not store.run_exists(record.run_id):
-        record.parent_run_id = parent_id
-        record.run_id = store.find_record_run(experiment_id, record.record_id) or open_child(
-            store, experiment_id, record, end_stale=False)  # an old record never ends a newer execution
-    else:
-        record.parent_run_id = record.parent_run_id or parent_id
-    store.set_tags(record.run_id, record.tags)
-    store.log_params(record.run_id, record.params)
-    store.log_metrics(record.run_id, record.metrics)
-    store.log_metrics(record.run_id, store.missing_rows(record.run_id, record.fill_metrics))
-    store.log_inputs(record.run_id, record.inputs)
-    for artifact_file, data in record.tables:
-        store.log_table(record.run_id, artifact_file, data)
-    for path, artifact_path in record.artifacts:
-        if Path(path).exists():
-            store.log_artifact(record.run_id, path, artifact_path)
-    for entry in record.parent_metrics:
-        log_on_parent(store, experiment_id, record, Scope(**entry["scope"]), entry["metrics"])
-    store.set_tags(record.run_id, {"repexp.synced_from_outbox": "true"})
-    store.finish(record, created, experiment_id, scope, parent_status=not started_only)
+        if uri not in unreachable:
+            unreachable[uri] = reachable(uri, results_dir=record.results_dir)
+        if unreachable[uri]:
+            raise ConnectionError(unreachable[uri])
+        store = Store(uri)
+        experiment_id, parent_id, created = open_parent(store, record, scope)
+        if record.run_id is None or not store.run_exists(record.run_id):
+            record.parent_run_id = parent_id
+            record.run_id = store.find_record_run(experiment_id, record.record_id) or open_child(
+                store, experiment_id, record, end_stale=False)  # an old record never ends a newer execution
+        else:
+            record.parent_run_id = record.parent_run_id or parent_id
+        store.set_tags(record.run_id, record.tags)
+        store.log_params(record.run_id, record.params)
+        store.log_metrics(record.run_id, record.metrics)
+        store.log_metrics(record.run_id, store.missing_rows(record.run_id, record.fill_metrics))
+        store.log_inputs(record.run_id, record.inputs)
+        for artifact_file, data in record.tables:
+            store.log_table(record.run_id, artifact_file, data)
+        for path, artifact_path in record.artifacts:
+            if Path(path).exists():
+                store.log_artifact(record.run_id, path, artifact_path)
+        for entry in record.parent_metrics:
+            store.log_metrics(open_parent(store, record, Scope(**entry["scope"]))[1], entry["metrics"])
+        store.set_tags(record.run_id, {"repexp.synced_from_outbox": "true"})
+        store.finish(record, created, experiment_id, scope, parent_status=not started_only)
     write_text_atomic(directory / SYNCED_FILE, record.run_id + "\n")
     return record.run_id
 

@@ -80,8 +80,3 @@ class Record:
             return
         payload["artifacts"] = kept
         write_json_atomic(directory / RECORD_FILE, payload)
-
-    def write_started(self, directory: Path) -> None:
-        """A node's record as it starts (status RUNNING, nothing logged yet): if its end can never be
-        written (a full disk, a killed process), sync still finds the attempt (repexp.tracking.outbox)."""
-        write_json_atomic(Path(directory) / RECORD_FILE, dataclasses.asdict(self))

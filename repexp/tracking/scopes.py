@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Optional
 
-from repexp.tracking.names import RESULTS_ID_TAG, SWEEP_POINT_TAG
+from repexp.tracking.names import PARENT_KEY_TAG, RESULTS_ID_TAG, SWEEP_POINT_TAG
 
 if TYPE_CHECKING:
     from repexp.config import RunSpec
@@ -36,14 +36,9 @@ class Scope:
     tags: Mapping[str, str] = dataclasses.field(default_factory=dict)  # on the parent and its node runs
     results_id: Optional[str] = None  # None only for standalone use without a results directory
 
-    def with_results(self, results_id: Optional[str]) -> Scope:
-        return dataclasses.replace(self, results_id=results_id)
-
     @property
     def lookup_tags(self) -> dict[str, str]:
         """The tags that identify this scope's parent run."""
-        from repexp.tracking.names import PARENT_KEY_TAG
-
         return {PARENT_KEY_TAG: self.key, **({RESULTS_ID_TAG: self.results_id} if self.results_id else {})}
 
 

@@ -236,8 +236,8 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
-def serve_foreground(cfg, **kwargs) -> int:
-    info = start(cfg, owner="user", **kwargs)
+def serve_foreground(cfg, info: dict) -> int:
+    """Watch the server `start` gave (`info`) until Ctrl-C, then stop it."""
     if info.get("reused"):
         print(f"mlflow serve: already running at {info['uri']} (pid {info['pid']} on {info['host']})")
         return 0

@@ -7,7 +7,7 @@
   batched logging calls (`log_batch`, `log_inputs`, `log_table`). MLflow lacks two things the
   pipeline needs, and only those are added here: a lock that makes parent creation unique on a
   SQLite store shared by many processes, and a rule that lets racing nodes on a server agree on
-  one parent (`converge`).
+  one parent (`Store.finish`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
+from repexp.tracking.auth import refused
+from repexp.tracking.health import problem
 from repexp.tracking.names import (
     ARTIFACTS_DIR,
     ENV_MLFLOW_URI,
@@ -92,8 +94,6 @@ def reachable(tracking_uri: str, timeout_s: float = HEALTH_TIMEOUT_S,
         except (urllib.error.URLError, OSError, ValueError) as err:
             return f"{url}: {getattr(err, 'reason', err)}"
         if login:
-            from repexp.tracking.auth import refused
-
             return refused(tracking_uri, results_dir, timeout_s=timeout_s)
     elif is_sqlite(tracking_uri):
         db_dir = sqlite_path(tracking_uri).parent
@@ -104,8 +104,6 @@ def reachable(tracking_uri: str, timeout_s: float = HEALTH_TIMEOUT_S,
         if not os.access(db_dir, os.W_OK):
             return f"{db_dir} is not writable"
         if results_dir is not None:
-            from repexp.tracking.health import problem
-
             found = problem(sqlite_path(tracking_uri), results_dir, thorough=False)
             if found is not None:
                 return (f"the store {found.path} is {found.kind} ({found.detail}) and this results directory "
@@ -162,10 +160,8 @@ class Store:
             self.client.restore_experiment(exp.experiment_id)
         return exp.experiment_id
 
-    def search(self, experiment_id: str, tags: Mapping[str, str], extra: str = "") -> list:
+    def search(self, experiment_id: str, tags: Mapping[str, str]) -> list:
         clauses = [f"tags.`{key}` = {_quoted(value)}" for key, value in tags.items()]
-        if extra:
-            clauses.append(extra)
         return self.client.search_runs([experiment_id], filter_string=" and ".join(clauses), max_results=SEARCH_LIMIT)
 
     def find_parents(self, experiment_id: str, scope: Scope) -> list:
@@ -285,22 +281,16 @@ class Store:
     def finish(self, record, parent_created: bool, experiment_id: str, scope: Scope,
                parent_status: bool = True) -> None:
         self.client.set_terminated(record.run_id, record.status, end_time=record.end_ms)
-        if not is_sqlite(self.uri):
-            self.converge(experiment_id, scope, record, parent_created)
+        # Without a lock (a server) two nodes may both create a parent; all agree on the earliest one.
+        found = [] if is_sqlite(self.uri) else self.find_parents(experiment_id, scope)
+        if found and found[0].info.run_id != record.parent_run_id:
+            duplicate, record.parent_run_id = record.parent_run_id, found[0].info.run_id
+            self.client.set_tag(record.run_id, PARENT_RUN_TAG, record.parent_run_id)
+            if parent_created:
+                self.client.delete_run(duplicate)
         # A parent shows the outcome of its latest node (not of an old attempt uploaded late).
         if parent_status:
             self.client.set_terminated(record.parent_run_id, "FAILED" if record.status == "FAILED" else "FINISHED")
-
-    def converge(self, experiment_id: str, scope: Scope, record, parent_created: bool) -> None:
-        """Without a lock two nodes may both create a parent; all agree on the earliest one."""
-        found = self.find_parents(experiment_id, scope)
-        if not found or found[0].info.run_id == record.parent_run_id:
-            return
-        duplicate = record.parent_run_id
-        record.parent_run_id = found[0].info.run_id
-        self.client.set_tag(record.run_id, PARENT_RUN_TAG, record.parent_run_id)
-        if parent_created:
-            self.client.delete_run(duplicate)
 
 
 def execution_number(earlier: Sequence) -> str:

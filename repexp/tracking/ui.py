@@ -65,20 +65,6 @@ def view_state(metric: str, results: Optional[str] = None) -> dict[str, Any]:
     }
 
 
-def saved_view(name: str, state: dict[str, Any], now_ms: Optional[int] = None) -> str:
-    """The tag value the UI's "Save view" writes (uncompressed state: the UI reads either)."""
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    return json.dumps({"name": name, "createdAt": now_ms, "updatedAt": now_ms,
-                       "state": json.dumps(state, separators=(",", ":"))}, separators=(",", ":"))
-
-
-def view_url(server_uri: str, experiment_id: str, view_id: str) -> str:
-    """No search facets in the link: the UI applies a saved view only to a link without any
-    (searchFilter, orderByKey, ... in the URL would win over it)."""
-    query = urllib.parse.urlencode({VIEW_KEY_PARAM: view_id, WORKFLOW_PARAM[0]: WORKFLOW_PARAM[1]})
-    return f"{server_uri.rstrip('/')}/#/experiments/{experiment_id}/runs?{query}"
-
-
 def publish_view(server_uri: str, experiment: str, metric: str, results: Optional[str]) -> str:
     """Save the eval-runs view on `experiment` of the server and return the link that opens it."""
     from mlflow import MlflowClient
@@ -89,6 +75,13 @@ def publish_view(server_uri: str, experiment: str, metric: str, results: Optiona
         raise ValueError(f"no experiment {experiment!r} at {server_uri}: no run of this config was logged there "
                          "(run the workflow first, or pass --store)")
     view_id = f"{VIEW_PREFIX}{results or 'all'}"
+    now_ms = int(time.time() * 1000)
+    # the tag value the UI's "Save view" writes (uncompressed state: the UI reads either)
+    view = {"name": f"repexp: eval runs by {metric}", "createdAt": now_ms, "updatedAt": now_ms,
+            "state": json.dumps(view_state(metric, results), separators=(",", ":"))}
     client.set_experiment_tag(found.experiment_id, SAVED_VIEW_TAG_PREFIX + view_id,
-                              saved_view(f"repexp: eval runs by {metric}", view_state(metric, results)))
-    return view_url(server_uri, found.experiment_id, view_id)
+                              json.dumps(view, separators=(",", ":")))
+    # No search facets in the link: the UI applies a saved view only to a link without any
+    # (searchFilter, orderByKey, ... in the URL would win over it).
+    query = urllib.parse.urlencode({VIEW_KEY_PARAM: view_id, WORKFLOW_PARAM[0]: WORKFLOW_PARAM[1]})
+    return f"{server_uri.rstrip('/')}/#/experiments/{found.experiment_id}/runs?{query}"

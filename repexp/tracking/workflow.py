@@ -20,8 +20,9 @@ import sys
 from pathlib import Path
 
 from repexp import layout as L
+from repexp.tracking import auth, health, server
 from repexp.tracking.gitinfo import REPO_ROOT
-from repexp.tracking.names import ENV_MLFLOW_URI, PARENTS_LOG, mlflow_dir
+from repexp.tracking.names import ENV_MLFLOW_PASSWORD, ENV_MLFLOW_URI, ENV_MLFLOW_USERNAME, PARENTS_LOG, mlflow_dir
 from repexp.tracking.node import load_config, tracking_enabled
 from repexp.tracking.outbox import pending_records
 from repexp.tracking.store import is_sqlite, resolve_tracking_uri, sqlite_path
@@ -42,9 +43,7 @@ def sqlite_store(cfg, non_local_exec: bool) -> Path | None:
     """The SQLite file this workflow's runs land in: the server's backend when the workflow runs a
     server, else the resolved tracking URI; None for a server it does not run, or PostgreSQL etc."""
     if wants_server(cfg, non_local_exec):
-        from repexp.tracking.server import default_store
-
-        uri = cfg.tracking.server_store or default_store(cfg)
+        uri = cfg.tracking.server_store or server.default_store(cfg)
     else:
         uri = resolve_tracking_uri(cfg.results_dir, cfg.tracking.tracking_uri)
     return sqlite_path(uri) if is_sqlite(uri) else None
@@ -53,8 +52,6 @@ def sqlite_store(cfg, non_local_exec: bool) -> Path | None:
 def guard_store(cfg, db: Path) -> None:
     """Before any job: stop on a damaged or vanished store (SystemExit: Snakemake starts nothing),
     unless `tracking.new_store` asks for a new one; back a healthy store up."""
-    from repexp.tracking import health
-
     found = health.problem(db, cfg.results_dir)
     if found is not None:
         if not cfg.tracking.new_store:
@@ -82,8 +79,6 @@ def on_start(config_path: str | Path, non_local_exec: bool) -> None:
     if _sqlite_store is not None:
         guard_store(cfg, _sqlite_store)
     if wants_server(cfg, non_local_exec):
-        from repexp.tracking import server
-
         try:
             info = server.start(cfg, owner="workflow")
             _started_server = not info.get("reused")
@@ -91,7 +86,7 @@ def on_start(config_path: str | Path, non_local_exec: bool) -> None:
             what = "reusing" if info.get("reused") else "started"
             print(f"repexp: MLflow server {what}: {info['uri']} (store {info['backend_store_uri']}); "
                   f"jobs log there", file=sys.stderr)
-        except server.auth.AuthError as err:  # access control asked for and impossible: no job logs unprotected
+        except auth.AuthError as err:  # access control asked for and impossible: no job logs unprotected
             print(f"repexp: {err}\n  No job was started.", file=sys.stderr)
             raise SystemExit(1) from None
         except (server.ServerStartError, OSError) as err:
@@ -101,8 +96,9 @@ def on_start(config_path: str | Path, non_local_exec: bool) -> None:
                   "`repexp mlflow sync` later", file=sys.stderr)
         if info.get("uri"):
             os.environ[ENV_MLFLOW_URI] = info["uri"]  # local jobs inherit it; sbatch --export=ALL passes it on
-            if cfg.tracking.server_auth:  # the same way: MLflow's MLFLOW_TRACKING_USERNAME/PASSWORD
-                os.environ.update(server.auth.client_env(cfg.results_dir))
+            login = auth.load_credentials(cfg.results_dir) if cfg.tracking.server_auth else None
+            if login:  # the same way: MLflow's MLFLOW_TRACKING_USERNAME/PASSWORD
+                os.environ.update({ENV_MLFLOW_USERNAME: login["username"], ENV_MLFLOW_PASSWORD: login["password"]})
     create_parents(cfg, config_path)
 
 
@@ -128,13 +124,9 @@ def on_end(config_path: str | Path, results_dir: str | Path) -> None:
         subprocess.run([sys.executable, "-m", "repexp", "mlflow", "sync", "--config", str(config_path), "--finished"],
                        check=False)
     if _started_server:
-        from repexp.tracking import server
-
         server.stop(results_dir, owner="workflow")
     if _sqlite_store is not None:
-        from repexp.tracking.health import record_healthy
-
-        record_healthy(_sqlite_store, results_dir)  # the ledger: a store created by this run's jobs
+        health.record_healthy(_sqlite_store, results_dir)  # the ledger: a store created by this run's jobs
 
 
 def where_lines(cfg, results: Path, aggregate: Path, figures: Path, config: Path | None = None) -> list[str]:
@@ -149,12 +141,11 @@ def where_lines(cfg, results: Path, aggregate: Path, figures: Path, config: Path
         lines.append(f"  figures: {figures}/  ({len(list(figures.glob('*.png')))} PNG, each also as PDF)")
     if tracking_enabled():
         store = _server_store or resolve_tracking_uri(results, cfg.tracking.tracking_uri)
-        from repexp.tracking.auth import credentials_file, served_at
 
         served = store.startswith(("http://", "https://"))
         # the results directory's own server (the one `repexp mlflow ui` starts, or this run's) asks for its login
-        own = served_at(results, store) if served else cfg.tracking.server_auth
-        login = f"  (its login is in {credentials_file(results)})" if own else ""
+        own = auth.own_credentials(store, results) is not None if served else cfg.tracking.server_auth
+        login = f"  (its login is in {auth.credentials_file(results)})" if own else ""
         if config is not None:
             lines.append(f"  MLflow:  {ui_command(config)}   # the eval runs by pass@k, in the MLflow UI")
             lines.append(f"           (store {store}){login}")
