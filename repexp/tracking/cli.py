@@ -10,6 +10,7 @@ from repexp.tracking import health, server, ui
 from repexp.tracking.names import RESULTS_ID_FILE, mlflow_dir
 from repexp.tracking.node import load_config
 from repexp.tracking.outbox import pending_records, sync, sync_one
+from repexp.tracking.parents import run_parents
 from repexp.tracking.record import Record
 from repexp.tracking.store import is_sqlite, resolve_tracking_uri, sqlite_path
 
@@ -82,8 +83,6 @@ def _uri(args: argparse.Namespace) -> int:
 
 
 def _parents(args: argparse.Namespace) -> int:
-    from repexp.tracking.parents import run_parents
-
     return run_parents(load_config(args.config))
 
 

@@ -6,15 +6,10 @@ or `tracking.server_store`, e.g. PostgreSQL). SQLite on the shared filesystem th
 node sees is never the cluster default: its POSIX locks and WAL are unreliable on NFS/Lustre
 (docs/tracking.md). Artifacts go to `<results>/mlflow/artifacts` through the server.
 
-The server requires a login (`tracking.server_auth`, default true; issue 27, item 5): MLflow's own
-basic-auth app with one admin per results directory, its password in `<results>/mlflow/credentials.json`
-(0600; repexp.tracking.auth). It binds the address this host's name resolves to, the one jobs are
-given (`tracking.server_host: auto`), not every interface.
-
-`<results>/mlflow/server.json` records the running server (URI, pid, host, store). A workflow
-with `tracking.server: auto` (a cluster executor, no tracking URI set) or `on` starts one at its
-start unless one is already running, points its jobs at it (`MLFLOW_TRACKING_URI`, exported to
-SLURM jobs by sbatch), and stops at its end the server it started.
+The server requires a login (`tracking.server_auth`, default true; repexp.tracking.auth) and binds the
+address this host's name resolves to, the one jobs are given (`tracking.server_host: auto`), not every
+interface. `<results>/mlflow/server.json` records the running server (URI, pid, host, store); the
+workflow starts and stops one as repexp.tracking.workflow says.
 """
 
 from __future__ import annotations
