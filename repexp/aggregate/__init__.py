@@ -40,10 +40,13 @@ from repexp.aggregate.load import (
 )
 from repexp.aggregate.render import render_html, render_markdown
 from repexp.aggregate.tables import (
+    BOOTSTRAP_LEVEL,
     BOOTSTRAP_REPLICATES,
+    BOOTSTRAP_SEED,
     K_EFFICIENCY_COLUMNS,
     bootstrap_k_efficiency,
     crossing_k,
+    crossing_k_batch,
     k_efficiency,
     k_efficiency_headline,
     read_k_efficiency,
@@ -55,10 +58,11 @@ from repexp.config import load as load_config
 from repexp.io import read_json, write_text_atomic
 from repexp.verify.routing import GRADERS
 
-__all__ = [  # the names tests and docs use (each defined in its submodule only)
-    "BOOTSTRAP_REPLICATES", "K_EFFICIENCY_COLUMNS", "EvalRun", "aggregate", "bootstrap_k_efficiency",
-    "configure_parser", "crossing_k", "find_eval_files", "k_efficiency", "load_eval", "load_evals",
-    "log_sweep_point_metrics", "read_k_efficiency", "read_table", "run", "run_job", "sweep_point_metrics",
+__all__ = [  # the names docs use (each defined in its submodule only; tests import the rest from there)
+    "BOOTSTRAP_LEVEL", "BOOTSTRAP_REPLICATES", "BOOTSTRAP_SEED", "K_EFFICIENCY_COLUMNS", "EvalRun", "aggregate",
+    "bootstrap_k_efficiency", "configure_parser", "crossing_k", "crossing_k_batch", "find_eval_files", "k_efficiency",
+    "load_eval", "load_evals", "log_sweep_point_metrics", "read_k_efficiency", "read_table", "run", "run_job",
+    "sweep_point_metrics",
 ]
 
 # ks logged on every sweep point's MLflow parent run (plus the largest evaluated k)
