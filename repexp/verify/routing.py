@@ -25,8 +25,6 @@ NUMERIC_FAMILIES = (GSM8K, ARITH, FINAL_NUMBER)  # golds and answers are exact r
 GSM8K_STRICT = "gsm8k_strict"
 HENDRYCKS = "hendrycks"
 MATH_VERIFY = "math_verify"
-LAST_NUMBER = "last_number"  # arith under either grader
-FINAL_NUMBER_SCORER = "final_number"  # arith-hard, arith-mid under either grader
 
 ARITH_DATA_SOURCE = "repexp/arith"
 ARITH_HARD_DATA_SOURCE = "repexp/arith-hard"
@@ -77,15 +75,14 @@ def paper_scorer(data_source: str) -> str:
     The recipe's own table: `openai/gsm8k` → strict `####`; `lighteval/MATH`,
     `DigitalLearningGmbH/MATH-lighteval`, `HuggingFaceH4/MATH-500` → Hendrycks; `math_dapo`,
     `math`, `math_dapo_reasoning`, `aime*` → Math-Verify. The other names repexp accepts are
-    aliases of one of these datasets and follow it (`amc*` is scored like `aime*`).
+    aliases of one of these datasets and follow it (`amc*` is scored like `aime*`). The built-in
+    arithmetic tasks have no paper scorer (ValueError): both graders use the repexp rule there.
     """
     fam = family(data_source)  # raises for unknown sources
     if fam == GSM8K:
         return GSM8K_STRICT
-    if fam == ARITH:
-        return LAST_NUMBER
-    if fam == FINAL_NUMBER:
-        return FINAL_NUMBER_SCORER
+    if fam in (ARITH, FINAL_NUMBER):
+        raise ValueError(f"{data_source}: a built-in arithmetic task has no paper scorer (the repexp rule grades it)")
     if data_source in _HENDRYCKS_SOURCES:
         return HENDRYCKS
     return MATH_VERIFY
