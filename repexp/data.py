@@ -50,6 +50,8 @@ AIME_DATA_SOURCE = "aime24"
 DAPO_DATA_SOURCE = "math_dapo"
 
 DAPO_HF_ID = "ftajwar/deduplicated_dapo_dataset"
+MISSING_DAPO = (f"missing DAPO source: the dapo training set ({DAPO_HF_ID}) is not available offline; pass "
+                "--dapo-source PATH (a JSONL/parquet file with prompt/problem and answer fields) or --dapo-source hf")
 HF = "hf"
 
 
@@ -363,9 +365,7 @@ def build(task: str, tables: dict[str, RawTable], options: Options) -> Prepared:
         dev, test = list(aime), list(aime)
         wants_dapo = task == "dapo-with-aime24" or options.aime_train == "dapo"
         if wants_dapo and "dapo" not in tables:
-            raise DataError(f"missing DAPO source: the dapo training set ({DAPO_HF_ID}) is not available offline; "
-                            "pass --dapo-source PATH (a JSONL/parquet file with prompt/problem and answer fields) or "
-                            "--dapo-source hf")
+            raise DataError(MISSING_DAPO)
         train = dapo_problems(tables["dapo"]) if wants_dapo else math_problems(tables["math_train"], "train")
     else:  # a built-in task (the CLI's choices and the config allow no other)
         train, dev, test = ([generated_problem(task, q) for q in questions]
@@ -482,9 +482,11 @@ def prepare(task: str, out_dir: str | Path, *, source: str, options: Options, da
 
     if tables is None:  # the task and --aime-train are the CLI's choices, or from a checked config
         names = tables_needed(task, options)
+        if "dapo" in names and not dapo_source:
+            raise DataError(MISSING_DAPO)  # before any other table is read or downloaded
         local = [n for n in names if n != "dapo"]
         tables = {} if not local else load_hf(local) if source == HF else load_local(local, Path(source))
-        if "dapo" in names and dapo_source:  # without one, `build` says what is missing
+        if "dapo" in names:
             tables.update(load_hf(["dapo"]) if dapo_source == HF else {"dapo": load_dapo_file(Path(dapo_source))})
     prepared = build(task, tables, options)  # everything is checked before anything is written
 
