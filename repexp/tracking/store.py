@@ -216,7 +216,7 @@ class Store:
 
     def supersede(self, stale: Sequence, run_id: str, execution: str) -> None:
         """End runs left RUNNING by a killed process (SIGKILL, OOM, node failure): KILLED, with the
-        run of the execution that found them (node._alive_here says which are dead)."""
+        run of the execution that found them (node.open_child decides which are dead, by node.process_alive)."""
         for run in stale:
             self.set_tags(run.info.run_id, {
                 SUPERSEDED_TAG: run_id,
