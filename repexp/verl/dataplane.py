@@ -49,9 +49,31 @@ def non_tensor_list(data: TensorDict, name: str) -> list:
     return list(value.tolist()) if hasattr(value, "tolist") else list(value)
 
 
+def dense_rows(field: torch.Tensor) -> torch.Tensor:
+    """A jagged (B, j=H) field of equal-length rows as a dense (B, H) tensor."""
+    return field.to_padded_tensor(0.0) if field.is_nested else field
+
+
 def row_sums(field: torch.Tensor) -> torch.Tensor:
-    """Per-row sums of a (B, j) field, jagged or dense (the verifier score of ``rm_scores``)."""
-    return torch.stack([row.sum() for row in field.unbind()])
+    """Per-row sums of a jagged (B, j) field (the verifier score of ``rm_scores``), in one vectorised call."""
+    if not field.is_nested:
+        return field.sum(dim=-1)
+    offsets = field.offsets()
+    rows = torch.repeat_interleave(torch.arange(offsets.numel() - 1), offsets.diff())
+    return torch.zeros(offsets.numel() - 1, dtype=field.dtype).index_add_(0, rows, field.values())
+
+
+def row_lengths(field: torch.Tensor) -> torch.Tensor:
+    return field.offsets().diff() if field.is_nested else torch.full((field.shape[0],), field.shape[1])
+
+
+def token_rows(field: torch.Tensor) -> list[list[int]]:
+    """Each row of a jagged (B, j) token-id field as a list (``responses``: a row is exactly one response's
+    tokens, no padding). A dense field's rows are taken whole."""
+    if not field.is_nested:
+        return field.tolist()
+    offsets, values = field.offsets().tolist(), field.values().tolist()
+    return [values[start:end] for start, end in zip(offsets[:-1], offsets[1:])]
 
 
 def add_at_last_token(field: torch.Tensor, scale: float, addend: torch.Tensor) -> torch.Tensor:

@@ -126,8 +126,7 @@ class RepExpTrainer(PPOTrainerSync):
         output = self.actor_rollout_wg.compute_repexp_hidden_mean(request)
         if len(output) != len(batch):
             raise RuntimeError(f"representation forward returned {len(output)} rows for {len(batch)} keys")
-        hidden = dataplane.read_fields(batch, [OUTPUT_KEY])[OUTPUT_KEY]  # jagged (B, j=H): equal-length rows
-        return hidden.to_padded_tensor(0.0) if hidden.is_nested else hidden
+        return dataplane.dense_rows(dataplane.read_fields(batch, [OUTPUT_KEY])[OUTPUT_KEY])
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         if not self.repexp.enabled:
@@ -143,7 +142,7 @@ class RepExpTrainer(PPOTrainerSync):
             names = ["uid", "rm_scores", "responses"] + (["extra_info"] if self.repexp.persist_covariance else [])
             data = dataplane.read_fields(batch, names)
             rm_scores = data["rm_scores"]
-            excluded = dataplane.padding_rows(batch) | torch.tensor([len(row) == 0 for row in rm_scores.unbind()])
+            excluded = dataplane.padding_rows(batch) | (dataplane.row_lengths(rm_scores) == 0)
             result = compute_step_bonus(
                 hidden, dataplane.non_tensor_list(data, "uid"), dataplane.row_sums(rm_scores).double(), self.repexp,
                 beta=self.repexp.beta, step=self.global_steps, state=self.bonus_state, excluded=excluded,
@@ -257,7 +256,7 @@ class RepExpTrainer(PPOTrainerSync):
 def _distinct_fraction(batch: KVBatchMeta, data) -> dict[str, float]:
     """`rollout/distinct_frac` of the step from the rows' ``responses`` per uid, without verl's padding rows."""
     padding = dataplane.padding_rows(batch).tolist()
-    rows = zip(dataplane.non_tensor_list(data, "uid"), (row.tolist() for row in data["responses"].unbind()), padding)
+    rows = zip(dataplane.non_tensor_list(data, "uid"), dataplane.token_rows(data["responses"]), padding)
     kept = [(uid, tokens) for uid, tokens, is_padding in rows if not is_padding]
     return metric_names.distinct_fraction([uid for uid, _ in kept], [tokens for _, tokens in kept])
 
