@@ -47,29 +47,31 @@ def validate(model: Any, step: int, *, rows: Sequence[dict], prompt_ids: Sequenc
     if checkpointing:
         model.gradient_checkpointing_disable()
     model.eval()
-    with torch.random.fork_rng(devices=devices), torch.no_grad():
-        torch.manual_seed(validation_seed(cfg.seed, step))
-        for start in range(0, len(rows), prompts_per_call):
-            chunk = prompt_ids[start : start + prompts_per_call]
-            width = max(map(len, chunk))
-            input_ids = torch.full((len(chunk), width), pad_token_id, dtype=torch.long)
-            attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for i, ids in enumerate(chunk):  # left padding for generation
-                input_ids[i, width - len(ids):] = torch.tensor(ids)
-                attention_mask[i, width - len(ids):] = 1
-            output = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                                    generation_config=config)
-            new_tokens = output[:, width:]
-            is_eos = torch.isin(new_tokens, eos)
-            ends = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1), new_tokens.shape[1]).tolist()
-            texts = tokenizer.batch_decode(
-                [new_tokens[i, : ends[i]].tolist() for i in range(new_tokens.shape[0])], skip_special_tokens=True
-            )
-            for i, text in enumerate(texts):  # num_return_sequences rows per prompt, prompt-major
-                row = rows[start + i // n]
-                truth = str(row["reward_model"]["ground_truth"])
-                correct[start + i // n] += int(verify.score(row["data_source"], text, truth, grader=cfg.grader) > 0)
-    if checkpointing:
-        model.gradient_checkpointing_enable()
-    model.train(was_training)
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            torch.manual_seed(validation_seed(cfg.seed, step))
+            for start in range(0, len(rows), prompts_per_call):
+                chunk = prompt_ids[start : start + prompts_per_call]
+                width = max(map(len, chunk))
+                input_ids = torch.full((len(chunk), width), pad_token_id, dtype=torch.long)
+                attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
+                for i, ids in enumerate(chunk):  # left padding for generation
+                    input_ids[i, width - len(ids):] = torch.tensor(ids)
+                    attention_mask[i, width - len(ids):] = 1
+                output = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                                        generation_config=config)
+                new_tokens = output[:, width:]
+                is_eos = torch.isin(new_tokens, eos)
+                ends = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1), new_tokens.shape[1]).tolist()
+                texts = tokenizer.batch_decode(
+                    [new_tokens[i, : ends[i]].tolist() for i in range(new_tokens.shape[0])], skip_special_tokens=True
+                )
+                for i, text in enumerate(texts):  # num_return_sequences rows per prompt, prompt-major
+                    row = rows[start + i // n]
+                    truth = str(row["reward_model"]["ground_truth"])
+                    correct[start + i // n] += int(verify.score(row["data_source"], text, truth, grader=cfg.grader) > 0)
+    finally:
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        model.train(was_training)
     return dev_metrics(n, correct)
