@@ -246,10 +246,9 @@ def _callback_class():
             })
             self.training_time.save(target)
             mark_complete(target)
-            best = self.tracker.best()
+            best = self.tracker.write()  # as the verl trainer: best_dev.json first, then pruning keeps that step
             prune_checkpoints(self.run_dir, self.cfg.train.max_checkpoints_to_keep,
                               best["step"] if best else None, RESUME_ONLY)
-            self.tracker.write()
             self.clock.save_took(time.perf_counter() - self.save_requested)
 
     return RunCallback
