@@ -37,7 +37,8 @@ class SamplingSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        # n is checked by repexp.evaluate before any settings are built
+        if self.n < 1:  # `repexp eval` says it first, naming --n-samples; direct callers (benchmarks) get this
+            raise ValueError(f"n_samples must be >= 1, got {self.n}")
         for name, ok, rule in (("temperature", self.temperature >= 0, "be >= 0"),
                                ("top_p", 0 < self.top_p <= 1, "lie in (0, 1]"),
                                ("top_k", self.top_k >= 0, "be 0 (disabled) or positive"),

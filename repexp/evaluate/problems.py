@@ -67,7 +67,9 @@ def load_problems(path: str | Path, *, limit: int | None = None) -> Problems:
         sources.append(str(_field(row, "data_source", where)))
         prompts.append([{"role": m["role"], "content": m["content"]} for m in prompt])
         truths.append(str(_field(row, "reward_model.ground_truth", where)))
-    if len(set(ids)) < len(ids):
-        duplicate = next(pid for i, pid in enumerate(ids) if pid in ids[:i])  # the first repeated id
-        raise ValueError(f"{path}: duplicate problem_id {duplicate!r}")
+    seen: set[str] = set()
+    for pid in ids:  # one pass: the first repeated id
+        if pid in seen:
+            raise ValueError(f"{path}: duplicate problem_id {pid!r}")
+        seen.add(pid)
     return Problems(problem_ids=ids, data_sources=sources, prompts=prompts, ground_truths=truths)
