@@ -185,11 +185,11 @@ GRADER_NOTE = (
 )
 
 
-def _sections(table, keff, testtime) -> list[tuple[str, Any, str | None]]:
-    """(heading, table, note) of every table of both views, in order."""
+def _sections(table, keff, testtime, mean: str = "Mean") -> list[tuple[str, Any, str | None]]:
+    """(heading, table, note) of every table of both views, in order (`mean` opens the seed-mean headings)."""
     grader, other = _graders(table)
-    sections = [(f"Mean over seeds ({grader} grader)", summary_wide(table), None),
-                (f"Mean over seeds ({other} grader, same samples)", summary_wide(table, f"pass_at_k_{other}"), None),
+    sections = [(f"{mean} over seeds ({grader} grader)", summary_wide(table), None),
+                (f"{mean} over seeds ({other} grader, same samples)", summary_wide(table, f"pass_at_k_{other}"), None),
                 ("k-efficiency (RepExp vs GRPO)", k_efficiency_display(keff), K_EFFICIENCY_NOTE)]
     if testtime:
         sections.append(("Test-time RepExp (verifier efficiency)", testtime_display(testtime), TESTTIME_NOTE))
@@ -237,8 +237,7 @@ def render_html(table, keff, *, missing: Sequence[str], ignored: Sequence[str],
     if ignored:
         intro += f"<p>Ignored (not part of the config): {html.escape(', '.join(ignored))}</p>"
     body = ""
-    for i, (heading, df, note) in enumerate(_sections(table, keff, testtime)):
-        heading = f"pass@k: m{heading[1:]}" if i < 2 else heading  # "pass@k: mean over seeds (...)"
+    for i, (heading, df, note) in enumerate(_sections(table, keff, testtime, mean="pass@k: mean")):
         body += (f"<h2>{heading}</h2>" + (intro if i == 0 else "") + frame(df)
                  + (f"<p class='note'>{html.escape(note)}</p>" if note else ""))
     return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>pass@k</title>"
