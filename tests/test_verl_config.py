@@ -248,7 +248,11 @@ def test_the_verl_entry_logs_into_the_node_run_or_drops_its_mlflow_logger(run_co
     rc = next(r for r in run_configs if r.method == "repexp")
     run_file = tmp_path / "mlflow_run.json"
     monkeypatch.setenv(tracking.ENV_RUN_FILE, str(run_file))
-    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    # use_node_run writes os.environ itself: recorded here, both variables are put back after the test (else
+    # MLFLOW_TRACKING_URI=sqlite:///x.db leaks into later tests, which then create x.db in the working directory)
+    for name in ("MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
 
     run_file.write_text(json.dumps({"run_id": "abc123", "tracking_uri": "sqlite:///x.db", "experiment": "e",
                                     "offline_reason": None}))
