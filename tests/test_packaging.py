@@ -59,3 +59,32 @@ def test_readme_has_exactly_two_commands_and_ci_runs_the_test_one():
 def test_tests_directory_is_not_a_package():
     # verl and TransferQueue ship a top-level `tests` package; ours must not shadow it.
     assert not (ROOT / "tests" / "__init__.py").exists()
+
+
+def test_setup_refuses_a_full_disk_before_installing_anything(tmp_path):
+    """A disk without room for `.venv` gets setup.sh's own message and exit 1 before a venv is
+    created, not pip's `OSError: [Errno 28]` half-way through an install (a CI machine once had
+    under 3 GB free). `df` is the machine's, faked here to report 1,200 MiB free."""
+    import shutil
+    import stat
+    import subprocess
+
+    root = tmp_path / "repo"
+    (root / "workflow" / "scripts").mkdir(parents=True)
+    (root / "constraints").mkdir()
+    shutil.copy(ROOT / "workflow" / "scripts" / "setup.sh", root / "workflow" / "scripts" / "setup.sh")
+    shutil.copy(ROOT / "pyproject.toml", root / "pyproject.toml")
+    shutil.copy(ROOT / "constraints" / "cpu.txt", root / "constraints" / "cpu.txt")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    df = bin_dir / "df"
+    df.write_text("#!/bin/sh\necho 'Filesystem 1048576-blocks Used Available Capacity Mounted on'\n"
+                  "echo '/dev/x 100000 98800 1200 99% /'\n")
+    df.chmod(df.stat().st_mode | stat.S_IEXEC)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    proc = subprocess.run(["bash", "workflow/scripts/setup.sh", "setup"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert f"setting up {root}/.venv needs about 4000 MiB free on the disk of {root}; 1200 MiB are free" \
+        in proc.stderr, proc.stderr
+    assert not (root / ".venv").exists()

