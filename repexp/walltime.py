@@ -72,13 +72,24 @@ def restart_count(env: Mapping[str, str] = os.environ) -> Optional[int]:
     return int(found.group(1)) if found else None
 
 
+SLURM_QUERY_TRIES = 3  # a busy slurmctld refuses a client now and then ("Socket timed out"): ask again
+SLURM_QUERY_PAUSE_S = 2.0
+
+
 def _slurm_output(command: list[str]) -> Optional[str]:
-    """A SLURM client's stdout; None when it is missing, hangs or fails."""
-    try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout if proc.returncode == 0 else None
+    """A SLURM client's stdout; None when it is missing, or still hangs or fails after SLURM_QUERY_TRIES."""
+    for attempt in range(SLURM_QUERY_TRIES):
+        if attempt:
+            time.sleep(SLURM_QUERY_PAUSE_S)
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=30)
+        except FileNotFoundError:
+            return None  # no SLURM client on this host: asking again changes nothing
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if proc.returncode == 0:
+            return proc.stdout
+    return None
 
 
 def parse_slurm_time(text: str) -> Optional[float]:

@@ -441,3 +441,26 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path, uninterrupted, tiny
     want_weights = load_file(checkpoint_dir(reference_cfg.run_dir, 4) / "model.safetensors")
     for name, tensor in want_weights.items():
         torch.testing.assert_close(got_weights[name], tensor, rtol=1e-5, atol=1e-6)
+
+
+def test_restart_count_asks_a_busy_controller_again(tmp_path, monkeypatch):
+    """`slurm.restart_count` tells a job's allocations apart in MLflow; a slurmctld too busy to
+    answer once (exit 1, "Socket timed out") must not leave an allocation untagged. The SLURM
+    client is a stand-in script here (the real cluster runs in tests/test_slurm.py)."""
+    from repexp import walltime
+
+    calls = tmp_path / "calls"
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text("#!/bin/sh\necho x >> " + str(calls) + "\n"
+                        "[ $(wc -l < " + str(calls) + ") -ge 2 ] || { echo 'Socket timed out' >&2; exit 1; }\n"
+                        "echo 'JobId=7 JobName=train Restarts=3 BatchFlag=1'\n")
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setattr(walltime, "SLURM_QUERY_PAUSE_S", 0.0)
+    assert walltime.restart_count({"SLURM_JOB_ID": "7"}) == 3
+    assert calls.read_text().count("x") == 2
+    calls.unlink()
+    scontrol.write_text("#!/bin/sh\necho x >> " + str(calls) + "\nexit 1\n")
+    assert walltime.restart_count({"SLURM_JOB_ID": "7"}) is None  # still refusing: untagged, no error
+    assert calls.read_text().count("x") == walltime.SLURM_QUERY_TRIES
+    assert walltime.restart_count({}) is None  # outside SLURM: nothing is asked
