@@ -412,7 +412,9 @@ class SlurmCluster:
             "DefMemPerCPU=1000",
             "SlurmdTimeout=60",
             "InactiveLimit=0",
-            "KillWait=5",
+            # SLURM's default grace between SIGTERM and SIGKILL: a preempted train job opens its node run
+            # while its trainer starts (MLflow's import takes seconds on a loaded 2-core machine)
+            "KillWait=30",
             *self._node_lines(),
             f"PartitionName={PARTITION} Nodes={','.join(self.node_names)} Default=YES MaxTime=INFINITE State=UP",
         ]
