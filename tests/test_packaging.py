@@ -63,8 +63,8 @@ def test_tests_directory_is_not_a_package():
 
 def test_setup_refuses_a_full_disk_before_installing_anything(tmp_path):
     """A disk without room for `.venv` gets setup.sh's own message and exit 1 before a venv is
-    created, not pip's `OSError: [Errno 28]` half-way through an install (a CI machine once had
-    under 3 GB free). `df` is the machine's, faked here to report 1,200 MiB free."""
+    created, not pip's `OSError: [Errno 28]` half-way through an install (how CI ended on
+    2026-12-04). `df` is the machine's, faked here to report 1,200 MiB free."""
     import shutil
     import stat
     import subprocess
