@@ -324,7 +324,9 @@ def test_beta_zero_leaves_verls_advantage_unchanged(runtime, transfer_queue_sess
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
     tq = transfer_queue_session
-    cfg = compose_config(runtime["model"], runtime["root"] / "run_grpo", "actor_rollout_ref.repexp.beta=0")
+    # what the DAG's GRPO run sends (repexp/verl/overrides.py): beta 0 and no sparse_dim
+    cfg = compose_config(runtime["model"], runtime["root"] / "run_grpo", "actor_rollout_ref.repexp.beta=0",
+                         "actor_rollout_ref.repexp.sparse_dim=null")
     uids, prompts, responses, scores = _rollout_data(5, "g")
     responses[1] = responses[2] = responses[0].clone()  # group g u0: 2 distinct responses of 4
     responses[5] = responses[4][:2].clone()  # group g u1: a prefix is another response (4 of 4)

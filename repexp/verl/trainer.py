@@ -102,7 +102,9 @@ class RepExpTrainer(PPOTrainerSync):
         super().__init__(config)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.best_dev = BestDevTracker.load(self.run_dir)
-        self.bonus_state = BonusState(self.repexp, sparse_dim=self.repexp.sparse_dim, seed=self.repexp.seed)
+        # the GRPO baseline (beta = 0, sparse_dim null) projects nothing, so it has no bonus state
+        self.bonus_state = (BonusState(self.repexp, sparse_dim=self.repexp.sparse_dim, seed=self.repexp.seed)
+                            if self.repexp.enabled else None)
         self.metrics_logger = JsonlMetricsLogger(self.run_dir / layout.METRICS)
         self.training_time = TrainingTime()  # resumed in _load_checkpoint
         self.clock = ChunkClock(self.run_settings.chunk_deadline)
