@@ -10,7 +10,8 @@
 #   eval_engine  repexp eval --engine vllm vs --engine hf on the DAG's SmolLM2, same problems and n
 #   testtime     benchmarks/testtime_order.py on the GPU; test-time RepExp of SmolLM2 on arith (n = 256)
 #   smoke        after a refactor: one TRL RepExp run of configs/pilot.yaml through train (4 steps) →
-#                select → eval (vLLM) → testtime, then one verl RepExp step of configs/gpu.yaml on arith-mid
+#                select → eval (vLLM) → testtime, then one verl step of configs/gpu.yaml on arith-mid for
+#                RepExp and for GRPO (beta 0, sparse_dim null: a path of its own in the verl trainer)
 # OUT_DIR/progress.log says which stage runs (one line per start and end, with exit codes);
 # OUT_DIR/<stage>.log holds each stage's output; results go to OUT_DIR/<stage>/.
 set -uo pipefail
@@ -80,11 +81,12 @@ stage_smoke() {
     cp -r results/pilot/train/$point/metrics.jsonl results/pilot/eval/$point/eval.json \
         results/pilot/testtime/$point/testtime.json results/pilot/mlflow/mlflow.db "$OUT/smoke/" 2>/dev/null
     started=$SECONDS
-    snakemake results/gpu/train/arith-mid/verl_repexp_k32_b0.01_s42/DONE --configfile configs/gpu.yaml "${GPU_ARGS[@]}" \
-        --config set="sweep.tasks=[arith-mid] train.total_steps=1 train.test_freq=1 train.save_freq=1"
+    snakemake results/gpu/train/arith-mid/{verl_repexp_k32_b0.01_s42,verl_grpo_s42}/DONE --configfile configs/gpu.yaml \
+        "${GPU_ARGS[@]}" --keep-going --config set="sweep.tasks=[arith-mid] train.total_steps=1 train.test_freq=1 train.save_freq=1"
     local verl=$?
-    echo "verl step exit $verl after $((SECONDS - started)) s"
+    echo "verl steps exit $verl after $((SECONDS - started)) s"
     cp results/gpu/train/arith-mid/verl_repexp_k32_b0.01_s42/metrics.jsonl "$OUT/smoke/verl_metrics.jsonl" 2>/dev/null
+    cp results/gpu/train/arith-mid/verl_grpo_s42/metrics.jsonl "$OUT/smoke/verl_grpo_metrics.jsonl" 2>/dev/null
     return $((code || verl))
 }
 
