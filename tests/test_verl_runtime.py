@@ -178,6 +178,28 @@ def test_trainer_construction_roles_and_mode(runtime, tmp_path):
     assert trainer.role_worker_mapping[Role.ActorRollout].__ray_actor_class__ is RepExpActorRolloutRefWorker
 
 
+def test_every_training_run_of_the_gpu_config_constructs_the_trainer(runtime, tmp_path):
+    """The overrides the DAG sends, not hand-written ones: RepExp and the GRPO baseline (beta 0, sparse_dim null)
+    of configs/gpu.yaml each build a RepExpTrainer; only RepExp carries a bonus state."""
+    import yaml
+
+    from repexp import config as C
+    from repexp.verl.overrides import build_overrides
+    from repexp.verl.trainer import RepExpTrainer
+
+    raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "gpu.yaml").read_text())
+    raw.update(model=runtime["model"], results_dir=str(tmp_path))
+    cfg = C.load(raw)
+    runs = [C.compose(cfg, spec) for spec in C.sweep_runs(cfg) if spec.trains]
+    assert sorted(rc.method for rc in runs) == ["grpo", "repexp", "repexp"]
+    for rc in runs:
+        with initialize_config_module(config_module="repexp.verl.config", version_base="1.3"):
+            composed = compose(config_name="repexp_trainer", overrides=build_overrides(rc))
+        trainer = RepExpTrainer(composed)
+        assert trainer.repexp.enabled == (rc.method == "repexp")
+        assert (trainer.bonus_state is None) == (rc.method == "grpo"), rc.name
+
+
 # --------------------------------------------------------------------------- bonus injection through verl + TQ
 
 
