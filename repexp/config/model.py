@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from repexp import arith
 from repexp import bonus_defaults as B
+from repexp.fields import param as _f  # noqa: F401  (re-exported: the config's field helper)
 from repexp.verify.routing import DEFAULT_GRADER, GRADERS
 
 GENERATED_TASKS = arith.TASKS  # built in (repexp.arith): read no data.source
@@ -57,17 +58,6 @@ DEAD_VERL_KEY_PREFIXES = ("custom_reward_function.", "reward_model.", "data.rewa
 
 class ConfigError(ValueError):
     """An invalid pipeline config; the message starts with the offending key (or file)."""
-
-
-def _f(default: Any = dataclasses.MISSING, *, help: str = "", **constraints: Any) -> Any:
-    """A dataclass field with a help string and JSON-schema constraints (minimum, enum, ...).
-
-    `runtime=True` marks a setting that changes how fast or where a job runs, never what a
-    training run computes: it is left out of `training_hash`, so changing it reruns nothing."""
-    meta = {"help": help, **constraints}
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: copy.deepcopy(d), metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 @dataclass
