@@ -55,7 +55,7 @@ def main() -> int:
         },
         "trl": {"device": "cpu", "num_threads": args.threads, "eval_batch_size": 8},
     }
-    cfg = C.compose(C.load(raw), C.RunSpec("gsm8k", "repexp", "trl", 32, 0.01, 42))
+    cfg = C.compose(C.load(raw), C.RunSpec.of("gsm8k", "repexp", "trl", 42, sparse_dim=32, beta=0.01))
     cfg.data_dir = str(data)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -57,7 +57,7 @@ def test_shipped_configs_are_the_documented_ones():
     assert {p.name for p in SHIPPED} == {"paper.yaml", "local.yaml", "test.yaml", "gpu.yaml", "pilot.yaml"}
     paper = C.load(REPO / "configs" / "paper.yaml")
     assert paper.model == "Qwen/Qwen2.5-7B-Instruct" and paper.sweep.backends == ["verl"]
-    assert paper.sweep.seeds == [41, 42, 43] and paper.sweep.betas == [0.01]
+    assert paper.sweep.seeds == [41, 42, 43] and paper.sweep.methods.repexp.beta == [0.01]
     assert paper.eval.n_samples == 256 and paper.eval.engine == "vllm"
     runs = {s.path for s in C.sweep_runs(paper)}
     assert "dapo-with-aime24/verl_repexp_k128_b0.01_s41" in runs and "math/verl_repexp_k32_b0.01_s43" in runs
@@ -81,14 +81,14 @@ def test_paper_task_settings_follow_the_upstream_recipe():
         assert (train.train_batch_size, train.ppo_mini_batch_size, train.micro_batch_size_per_gpu) == (1024, 256, 16)
         lengths = (train.max_prompt_length, train.max_response_length, train.test_freq, train.save_freq)
         assert lengths == (1024, 1024, 20, 20)
-        assert C.task_sweep(paper, task)[0] == [32]
+        assert C.task_sweep(paper, task)["repexp"].sparse_dim == [32]
     dapo = C.task_section(paper, "dapo-with-aime24", "train")
     assert (dapo.train_batch_size, dapo.ppo_mini_batch_size, dapo.micro_batch_size_per_gpu) == (512, 128, 8)
     assert (dapo.max_prompt_length, dapo.max_response_length, dapo.test_freq, dapo.save_freq) == (2048, 8192, 10, 10)
     verl = C.task_section(paper, "dapo-with-aime24", "verl")
     memory = (verl.max_num_batched_tokens, verl.gpu_memory_utilization, verl.repexp_micro_batch_size_per_gpu)
     assert memory == (10240, 0.5, 16)
-    assert C.task_sweep(paper, "dapo-with-aime24")[0] == [128]
+    assert C.task_sweep(paper, "dapo-with-aime24")["repexp"].sparse_dim == [128]
     assert paper.data.dapo_source == "hf"
 
 
@@ -101,9 +101,18 @@ BROKEN = {
     "unknown nested key": ({"train": {"lrr": 1e-6}}, "train.lrr", True),
     "wrong type": ({"train": {"lr": "fast"}}, "train.lr", True),
     "float seed": ({"sweep": {"seeds": [1.5]}}, "sweep.seeds[0]", True),
-    "negative beta": ({"sweep": {"betas": [-0.1]}}, "sweep.betas[0]", True),
-    "zero beta (GRPO is the baseline flag)": ({"sweep": {"betas": [0]}}, "sweep.betas[0]", True),
-    "sparse_dim below 1": ({"sweep": {"sparse_dims": [0]}}, "sweep.sparse_dims[0]", True),
+    "negative beta": ({"sweep": {"methods": {"repexp": {"beta": [-0.1]}}}}, "sweep.methods.repexp.beta[0]", True),
+    "zero beta (GRPO is its own method)": ({"sweep": {"methods": {"repexp": {"beta": [0]}}}},
+                                           "sweep.methods.repexp.beta[0]", True),
+    "legacy sweep.betas, negative": ({"sweep": {"betas": [-0.1]}}, "sweep.methods.repexp.beta[0]", False),
+    "pass@k k above n_rollouts": ({"sweep": {"methods": {"passk": {"passk_k": [3]}}}}, "sweep.methods.passk.passk_k", False),
+    "unknown method": ({"sweep": {"methods": {"ppo": {}}}}, "sweep.methods.ppo", True),
+    "unknown method parameter": ({"sweep": {"methods": {"passk": {"k": [2]}}}}, "sweep.methods.passk.k", True),
+    "bad outcome mode": ({"sweep": {"methods": {"outcome": {"outcome_mode": ["hist"]}}}},
+                         "sweep.methods.outcome.outcome_mode[0]", True),
+    "two values of a parameter outside the run name": ({"sweep": {"methods": {"cov": {"cov_kl_coef": [1.0, 2.0]}}}},
+                                                      "sweep.methods.cov.cov_kl_coef", False),
+    "sparse_dim below 1": ({"sweep": {"methods": {"repexp": {"sparse_dim": [0]}}}}, "sweep.methods.repexp.sparse_dim[0]", True),
     "unknown task": ({"sweep": {"tasks": ["gsm8k", "mathh"]}}, "sweep.tasks[1]", True),
     "unknown backend": ({"sweep": {"backends": ["deepspeed"]}}, "sweep.backends[0]", True),
     "top_p above 1": ({"eval": {"top_p": 1.5}}, "eval.top_p", True),
@@ -112,7 +121,7 @@ BROKEN = {
     "inconsistent batch sizes": ({"train": {"train_batch_size": 6, "ppo_mini_batch_size": 4}},
                                  "train.ppo_mini_batch_size", False),
     "save_freq does not divide test_freq": ({"train": {"test_freq": 4, "save_freq": 3}}, "train.save_freq", False),
-    "duplicate betas": ({"sweep": {"betas": [0.01, 0.010]}}, "sweep.betas", False),
+    "duplicate betas": ({"sweep": {"methods": {"repexp": {"beta": [0.01, 0.010]}}}}, "sweep.methods.repexp.beta", False),
     "duplicate seeds": ({"sweep": {"seeds": [1, 1]}}, "sweep.seeds", False),
     "empty tasks": ({"sweep": {"tasks": []}}, "sweep.tasks", False),
     "override of an unknown task": ({"task_overrides": {"gsm9k": {}}}, "task_overrides.gsm9k", False),
@@ -205,10 +214,10 @@ def test_broken_config_fails_naming_the_key(case):
 def test_numbers_as_yaml_and_snakemake_pass_them_are_numbers(tmp_path):
     # PyYAML reads `1e-5` (no dot) as a string; Snakemake's --config passes nested values as strings
     raw = _patched({"train": {"lr": "1e-5", "total_steps": "3", "walltime_margin_minutes": "0.5"},
-                    "sweep": {"betas": ["0.01", "0.02"], "seeds": ["1"]}, "trl": {"gradient_checkpointing": "true"}})
+                    "sweep": {"methods": {"repexp": {"beta": ["0.01", "0.02"]}}, "seeds": ["1"]}, "trl": {"gradient_checkpointing": "true"}})
     cfg = C.load(raw)
     assert (cfg.train.lr, cfg.train.total_steps, cfg.train.walltime_margin_minutes) == (1e-5, 3, 0.5)
-    assert cfg.sweep.betas == [0.01, 0.02] and cfg.sweep.seeds == [1] and cfg.trl.gradient_checkpointing is True
+    assert cfg.sweep.methods.repexp.beta == [0.01, 0.02] and cfg.sweep.seeds == [1] and cfg.trl.gradient_checkpointing is True
     path = tmp_path / "cfg.yaml"
     path.write_text("train:\n  lr: 1e-5\n  val_n: 2\n")
     assert C.read_yaml(path)["train"]["lr"] == 1e-5 and C.load(path).train.lr == 1e-5
@@ -227,7 +236,7 @@ def test_dotlist_overrides(tmp_path):
     assert C.split_overrides("sweep.betas=[0.01, 0.02]  train.lr=2e-6 'name=a b'") == [
         "sweep.betas=[0.01, 0.02]", "train.lr=2e-6", "'name=a b'"]
     cfg = C.load({**_patched({}), "set": "sweep.betas=[0.03,0.04] train.lr=2e-6 eval.max_new_tokens=null"})
-    assert cfg.sweep.betas == [0.03, 0.04] and cfg.train.lr == 2e-6 and cfg.eval.max_new_tokens is None
+    assert cfg.sweep.methods.repexp.beta == [0.03, 0.04] and cfg.train.lr == 2e-6 and cfg.eval.max_new_tokens is None
     cfg = C.load(_patched({}), overrides=["task_overrides.gsm8k.train.lr=3e-6", "resources.train.gpu=2"])
     assert C.task_section(cfg, "gsm8k", "train").lr == 3e-6 and C.rule_resources(cfg, "train").gpu == 2
     for bad, key in (("sweep.betaz=[1]", "sweep.betaz"), ("train.lr=fast", "train.lr"), ("lr", "set")):
@@ -290,13 +299,14 @@ def test_canonical_is_the_shortest_round_trip(value, text):
     seed=st.integers(0, 10**6),
 )
 def test_run_names_round_trip(task, backend, k, beta, seed):
-    repexp = C.RunSpec(task, "repexp", backend, k, beta, seed)
-    for spec in (repexp, C.RunSpec(task, "grpo", backend, None, 0.0, seed), C.RunSpec(task, "base")):
+    repexp = C.RunSpec.of(task, "repexp", backend, seed, sparse_dim=k, beta=beta)
+    others = [C.RunSpec.of(task, m, backend, seed) for m in C.METHODS if m not in ("repexp", "base")]
+    for spec in (repexp, *others, C.RunSpec(task, "base")):
         assert C.parse_run(task, spec.name) == spec  # results directories named by hand (repexp aggregate)
         assert re.fullmatch(C.run_pattern([spec]), spec.name)  # the Snakemake wildcard accepts it
     assert C.parse_run(task, repexp.name).beta == beta  # exact float round trip
     # numpy scalars (e.g. from a Paramspace) name the same run
-    assert C.RunSpec(task, "repexp", backend, np.int64(k), np.float64(beta), np.int64(seed)).name == repexp.name
+    assert C.RunSpec.of(task, "repexp", backend, np.int64(seed), sparse_dim=np.int64(k), beta=np.float64(beta)).name == repexp.name
 
 
 @pytest.mark.parametrize("name", [
@@ -309,7 +319,7 @@ def test_parse_run_rejects_non_canonical_or_unknown_names(name):
 
 
 def test_runs_are_looked_up_among_the_configs_runs_and_the_wildcard_matches_exactly_them():
-    cfg = C.load(_patched({"sweep": {"betas": [0.01, 0.5]}}))
+    cfg = C.load(_patched({"sweep": {"methods": {"repexp": {"beta": [0.01, 0.5]}}}}))
     runs = C.sweep_runs(cfg)
     assert [C.find_run(cfg, spec.task, spec.name) for spec in runs] == runs
     for name in ("trl_repexp_k8_b0.010_s42", "trl_repexp_k8_b0.2_s42", "trl_grpo_s7", "base2"):
@@ -324,7 +334,7 @@ def test_runs_are_looked_up_among_the_configs_runs_and_the_wildcard_matches_exac
 
 
 def test_duplicate_spellings_collapse_to_one_run():
-    raw = _patched({"sweep": {"betas": [0.01, 0.1]}})
+    raw = _patched({"sweep": {"methods": {"repexp": {"beta": [0.01, 0.1]}}}})
     runs = [s.name for s in C.sweep_runs(C.load(raw))]
     assert len(runs) == len(set(runs))
     assert "trl_repexp_k8_b0.01_s42" in runs and "trl_repexp_k8_b0.1_s42" in runs

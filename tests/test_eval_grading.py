@@ -182,7 +182,7 @@ def test_trl_reward_scores_under_the_run_grader():
     assert tokenizer.batch_decode(ids, skip_special_tokens=True) == texts
     verifier_mean = {}
     for grader in ("repexp", "paper"):
-        cfg = C.compose(C.load({**raw, "grader": grader}), C.RunSpec("gsm8k", "grpo", "trl", None, 0.0, 1))
+        cfg = C.compose(C.load({**raw, "grader": grader}), C.RunSpec.of("gsm8k", "grpo", "trl", 1))
         reward = RepExpReward(cfg, tokenizer, optimizer_steps_per_step=1, device=torch.device("cpu"))
         reward(prompts, [[{"role": "assistant", "content": t}] for t in texts], ids, data_source=["openai/gsm8k"] * 2,
                reward_model=[{"ground_truth": "42"}] * 2)

@@ -465,7 +465,7 @@ def test_32_concurrent_jobs_lose_nothing_in_sqlite_or_server(tmp_path, mlflow_se
     from repexp.config import RunSpec
     from repexp.tracking import scope_for
 
-    point_params = len(scope_for("gsm8k", RunSpec("gsm8k", "grpo", "trl", None, 0.0, 0)).params)
+    point_params = len(scope_for("gsm8k", RunSpec.of("gsm8k", "grpo", "trl", 0)).params)
     for name, counts, results in (
         ("sqlite", sqlite_counts(sqlite_results / "mlflow" / "mlflow.db", "concurrency"), sqlite_results),
         ("server", server_counts(mlflow_server, "concurrency"), server_results),

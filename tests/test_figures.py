@@ -192,8 +192,8 @@ def test_figures_take_a_runs_fields_from_the_table_never_from_its_name(tmp_path)
     aggregate.aggregate(aggregate.find_eval_files(tmp_path / "eval"), tmp_path / "agg")
     table = aggregate.read_table(tmp_path / "agg" / "pass_at_k.csv")
     table["run"] = "renamed"  # not read
-    assert figures.table_specs(table) == [RunSpec("aime24", "repexp", "trl", 8, 0.1, 7),
-                                          RunSpec("aime24", "grpo", "trl", None, 0.0, 7), RunSpec("aime24", "base")]
+    assert figures.table_specs(table) == [RunSpec.of("aime24", "repexp", "trl", 7, sparse_dim=8, beta=0.1),
+                                          RunSpec.of("aime24", "grpo", "trl", 7), RunSpec("aime24", "base")]
 
 
 def test_many_sweep_points_keep_the_paper_setting_in_the_curves(tmp_path):

@@ -62,7 +62,7 @@ def test_both_aime_tasks_evaluate_with_the_aime_response_length():
     for task in ("aime24", "dapo-with-aime24"):
         rc = C.compose(paper, C.parse_run(task, "verl_repexp_k128_b0.01_s41"))
         assert rc.train.max_response_length == rc.eval.max_new_tokens == 8192, task
-        assert rc.train.max_prompt_length == 2048 and C.task_sweep(paper, task)[0] == [128]
+        assert rc.train.max_prompt_length == 2048 and C.task_sweep(paper, task)["repexp"].sparse_dim == [128]
     assert paper.task_overrides["aime24"] == paper.task_overrides["dapo-with-aime24"]
     for task in ("math", "gsm8k"):
         assert C.compose(paper, C.parse_run(task, "verl_grpo_s41")).eval.max_new_tokens == 1024

@@ -79,7 +79,7 @@ def run_config(root: Path, model: Path, data: Path, *, beta: float = 0.01, train
         "train": train_section,
         "trl": {"device": "cpu", "eval_batch_size": 2, "num_threads": 1, "bonus_micro_batch_size": 4, **(trl or {})},
     }
-    spec = C.RunSpec("gsm8k", "repexp" if beta else "grpo", "trl", 8 if beta else None, beta, 3)
+    spec = C.RunSpec.of("gsm8k", "repexp", "trl", 3, sparse_dim=8, beta=beta) if beta else C.RunSpec.of("gsm8k", "grpo", "trl", 3)
     cfg = C.compose(C.load(raw), spec)
     return dataclasses.replace(cfg, data_dir=str(data), run_dir=str(root / "run"))
 

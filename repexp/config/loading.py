@@ -18,7 +18,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from repexp.config.model import OVERRIDES_KEY, REMOVED_KEYS, SECTIONS, TASKS, ConfigError, PipelineConfig
+from repexp.config.model import (
+    LEGACY_SWEEP_KEYS,
+    METHOD_GRIDS,
+    OVERRIDES_KEY,
+    REMOVED_KEYS,
+    SECTIONS,
+    TASKS,
+    ConfigError,
+    PipelineConfig,
+)
 
 # --------------------------------------------------------------------------- reading YAML
 
@@ -136,8 +145,8 @@ def parse(raw: Mapping, *, overrides: Sequence[str] = ()) -> PipelineConfig:
 
     if not isinstance(raw, Mapping):
         raise ConfigError("<root>: the config must be a mapping")
-    raw = dict(raw)
-    dotlist = [*split_overrides(raw.pop(OVERRIDES_KEY, None)), *overrides]
+    raw = _legacy_sweep(dict(raw))
+    dotlist = [_legacy_override(item) for item in (*split_overrides(raw.pop(OVERRIDES_KEY, None)), *overrides)]
     _check_sections(PipelineConfig, raw)
     try:
         node = OmegaConf.merge(OmegaConf.structured(PipelineConfig), raw)
@@ -155,11 +164,72 @@ def parse(raw: Mapping, *, overrides: Sequence[str] = ()) -> PipelineConfig:
     return cfg
 
 
+def _legacy_sweep(raw: dict) -> dict:
+    """Earlier configs' `sweep.sparse_dims`, `sweep.betas`, `sweep.grpo_baseline` (also under a task
+    override's `sweep`) read as the `sweep.methods` entries they meant (`LEGACY_SWEEP_KEYS`); beside a
+    `methods` mapping they patch its `repexp` and `grpo` entries."""
+
+    def rewrite(sweep: Any, where: str) -> Any:
+        if not isinstance(sweep, Mapping) or not set(sweep) & set(LEGACY_SWEEP_KEYS):
+            return sweep
+        sweep = dict(sweep)
+        # given beside `methods` (Snakemake's --config merges keys into the file's), they patch its entries
+        methods = {name: (dict(value) if isinstance(value, Mapping) else value)
+                   for name, value in (sweep.get("methods") or {}).items()}
+        given = "methods" in sweep
+        for old, (method, name) in LEGACY_SWEEP_KEYS.items():
+            if old not in sweep:
+                continue
+            value = sweep.pop(old)
+            if name is None:  # grpo_baseline: the method on ({}) or off (null)
+                methods[method] = (methods.get(method) or {}) if value else None
+            else:
+                methods[method] = {**(methods.get(method) or {}), name: value}
+        if where == "sweep" and not given:
+            methods.setdefault("grpo", {})  # sweep.grpo_baseline's default was true
+        sweep["methods"] = methods
+        return sweep
+
+    if "sweep" in raw:
+        raw["sweep"] = rewrite(raw["sweep"], "sweep")
+        methods = raw["sweep"].get("methods") if isinstance(raw["sweep"], Mapping) else None
+        if isinstance(methods, Mapping):  # the methods a config lists are the sweep's, not added to the defaults
+            raw["sweep"] = {**raw["sweep"], "methods": {**dict.fromkeys(METHOD_GRIDS), **methods}}
+    overrides = raw.get("task_overrides")
+    if isinstance(overrides, Mapping):
+        raw["task_overrides"] = {task: ({**o, "sweep": rewrite(o["sweep"], f"task_overrides.{task}.sweep")}
+                                        if isinstance(o, Mapping) and "sweep" in o else o)
+                                 for task, o in overrides.items()}
+    return raw
+
+
+def _legacy_override(item: str) -> str:
+    """A dotlist override of an earlier sweep key, e.g. `sweep.betas=[0.01]` -> `sweep.methods.repexp.beta=[0.01]`."""
+    key, sep, value = item.partition("=")
+    head, _, old = key.rpartition(".")
+    if not sep or not head.endswith("sweep") or old not in LEGACY_SWEEP_KEYS:
+        return item
+    method, name = LEGACY_SWEEP_KEYS[old]
+    if name is None:
+        return f"{head}.methods.{method}=" + ("null" if value.strip().lower() in ("false", "0", "no") else "{}")
+    return f"{head}.methods.{method}.{name}={value}"
+
+
 def _merge_task_overrides(cfg: PipelineConfig) -> None:
     """Check every task override against its section's dataclass; keep the converted values."""
     for task, override in cfg.task_overrides.items():
         if task not in TASKS:
             raise ConfigError(f"task_overrides.{task}: unknown task (known: {', '.join(TASKS)})")
+        methods = {}
+        for name, patch in override.sweep.methods.items():
+            where = f"task_overrides.{task}.sweep.methods.{name}"
+            if name not in METHOD_GRIDS:
+                raise ConfigError(f"{where}: unknown method (known: {', '.join(METHOD_GRIDS)})")
+            if patch is not None and not isinstance(patch, Mapping):
+                raise ConfigError(f"{where}: expected a mapping of parameter lists or null, got {patch!r}")
+            grid = None if patch is None else to_dataclass(METHOD_GRIDS[name], patch, prefix=f"{where}.")
+            methods[name] = None if grid is None else {key: getattr(grid, key) for key in patch}
+        override.sweep.methods = methods
         for section in SECTIONS:
             patch = getattr(override, section)
             if patch:

@@ -7,20 +7,21 @@ Pure: no imports beyond the standard library and the repexp modules the defaults
 
 from __future__ import annotations
 
-import copy
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from repexp import arith
 from repexp import bonus_defaults as B
+from repexp import methods as M
 from repexp.fields import param as _f  # noqa: F401  (re-exported: the config's field helper)
 from repexp.verify.routing import DEFAULT_GRADER, GRADERS
 
 GENERATED_TASKS = arith.TASKS  # built in (repexp.arith): read no data.source
 TASKS = ("math", "gsm8k", "aime24", "dapo-with-aime24", *GENERATED_TASKS)
 BACKENDS = ("trl", "verl")
-METHODS = ("repexp", "grpo", "base")
+METHODS = M.ARMS  # a run's `method`: a training method of repexp.methods.METHODS, or "base"
 REWARD_TYPES = B.REWARD_TYPES
 NORMALIZATIONS = B.NORMALIZATIONS
 ENGINES = ("auto", "hf", "vllm")
@@ -71,16 +72,43 @@ class DataConfig:
     dapo_source: Optional[str] = _f(None, help="DAPO training set: JSONL path or 'hf' (dapo-with-aime24 only)")
 
 
+def _grid_class(method: M.Method) -> type:
+    """`sweep.methods.<name>`: each field of the method's `Params` as a list of values (its grid), with the
+    field's help and its bounds on every item; the default is the one-point grid of the field's default."""
+    hints = typing.get_type_hints(method.params)
+    fields = []
+    for f in dataclasses.fields(method.params):
+        meta = {"help": f.metadata.get("help", ""),
+                **{f"items_{key}": value for key, value in f.metadata.items() if key != "help"}}
+        fields.append((f.name, list[hints[f.name]], field(default_factory=lambda d=f.default: [d], metadata=meta)))
+    return dataclasses.make_dataclass(f"{method.name.capitalize()}Grid", fields)
+
+
+# One grid dataclass per method (its parameters as lists): the typed form of `sweep.methods.<name>`.
+METHOD_GRIDS = {name: _grid_class(method) for name, method in M.METHODS.items()}
+DEFAULT_METHODS = ("repexp", "grpo")  # the sweep's methods when the config names none
+MethodsConfig = dataclasses.make_dataclass("MethodsConfig", [
+    (name, Optional[grid], field(default_factory=grid, metadata={"help": M.METHODS[name].label})
+     if name in DEFAULT_METHODS else field(default=None, metadata={"help": M.METHODS[name].label}))
+    for name, grid in METHOD_GRIDS.items()])
+MethodsConfig.__doc__ = ("sweep.methods: each training method to run, with its parameter grid (null or absent: not run; "
+                         "{}: its defaults)")
+
+
 @dataclass
 class SweepConfig:
     tasks: list[str] = _f(["math"], help="tasks to run", items_enum=TASKS)
     backends: list[str] = _f(["trl"], help="trainer backends", items_enum=BACKENDS)
-    sparse_dims: list[int] = _f([B.SPARSE_DIM], help="projection dimensions (RepExp runs)", items_minimum=1)
-    betas: list[float] = _f([B.BETA], help="bonus weights β > 0 (RepExp runs; GRPO is the β = 0 baseline)",
-                            items_exclusiveMinimum=0)
+    methods: MethodsConfig = field(default_factory=MethodsConfig, metadata={
+        "help": "training methods and their parameter grids (docs/methods.md): every combination of a method's "
+                "listed values is one run per task × backend × seed; null leaves a method out"})
     seeds: list[int] = _f([42], help="training and sampling seeds", items_minimum=0)
-    grpo_baseline: bool = _f(True, help="also train GRPO (β = 0) for every task × backend × seed")
     base_baseline: bool = _f(True, help="also evaluate the untrained base model per task")
+
+
+# The sweep keys of earlier configs, still read: `repexp.config.loading` rewrites them onto `sweep.methods`.
+LEGACY_SWEEP_KEYS = {"sparse_dims": ("repexp", "sparse_dim"), "betas": ("repexp", "beta"),
+                     "grpo_baseline": ("grpo", None)}
 
 
 @dataclass
@@ -260,8 +288,8 @@ class RuleResources:
 
 @dataclass
 class TaskSweepOverride:
-    sparse_dims: Optional[list[int]] = _f(None, help="replaces sweep.sparse_dims for this task", items_minimum=1)
-    betas: Optional[list[float]] = _f(None, help="replaces sweep.betas for this task", items_exclusiveMinimum=0)
+    methods: dict[str, Any] = _f({}, help="per method, the parameter lists that replace sweep.methods.<method>'s for "
+                                 "this task (a method set to null: not run for this task)", section=MethodsConfig)
 
 
 @dataclass

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from repexp.config.loading import parse, read_yaml
+from repexp.config.loading import parse, read_yaml, to_dataclass
 from repexp.config.model import (
     DEAD_VERL_KEY_PREFIXES,
     GENERATED_TASKS,
@@ -33,7 +33,8 @@ from repexp.config.model import (
     PipelineConfig,
     TrainConfig,
 )
-from repexp.config.runs import RunConfig, canonical, rule_resources, task_section, task_sweep
+from repexp.config.runs import RunConfig, canonical, grid_points, rule_resources, task_section, task_sweep
+from repexp.methods import METHODS as METHODS_TABLE
 
 # --------------------------------------------------------------------------- rules
 
@@ -97,7 +98,7 @@ def check(cfg: PipelineConfig) -> None:
     _check_sweep(cfg)
     if cfg.data.dapo_source is None and "dapo-with-aime24" in cfg.sweep.tasks:
         raise ConfigError("data.dapo_source: required when sweep.tasks contains dapo-with-aime24")
-    if any(task_sweep(cfg, task)[1] for task in cfg.sweep.tasks):
+    if any("repexp" in task_sweep(cfg, task) for task in cfg.sweep.tasks):
         check_bonus(cfg.bonus)
     check_tracking_uri(cfg.tracking.tracking_uri)
     for task in cfg.sweep.tasks:
@@ -113,14 +114,50 @@ def check(cfg: PipelineConfig) -> None:
 
 
 def _check_sweep(cfg: PipelineConfig) -> None:
-    for name in ("tasks", "backends", "sparse_dims", "betas", "seeds"):
+    for name in ("tasks", "backends", "seeds"):
         values = getattr(cfg.sweep, name)
         if len(set(map(canonical, values))) != len(values):
             raise ConfigError(f"sweep.{name}: duplicate values {values}")
         if name in ("tasks", "seeds") and not values:
             raise ConfigError(f"sweep.{name}: must not be empty")
-    if not cfg.sweep.backends and (cfg.sweep.betas or cfg.sweep.grpo_baseline):
-        raise ConfigError("sweep.backends: must not be empty when training runs are requested")
+    for task in cfg.sweep.tasks:
+        grids = task_sweep(cfg, task)
+        train = task_section(cfg, task, "train")
+        for method, grid in grids.items():
+            _check_grid(cfg, task, method, grid, train)
+        if not cfg.sweep.backends and any(grid_points(m, g) for m, g in grids.items()):
+            raise ConfigError("sweep.backends: must not be empty when training runs are requested")
+
+
+def _grid_key(cfg: PipelineConfig, task: str, method: str, name: str) -> str:
+    """Where a task's grid of `method.name` comes from: its task override, else sweep.methods."""
+    override = cfg.task_overrides.get(task)
+    patch = override.sweep.methods.get(method) if override is not None else None
+    if patch and name in patch:
+        return f"task_overrides.{task}.sweep.methods.{method}.{name}"
+    return f"sweep.methods.{method}.{name}"
+
+
+def _check_grid(cfg: PipelineConfig, task: str, method: str, grid: Any, train: TrainConfig) -> None:
+    """A method's grid: per-item bounds (task overrides too), no duplicates, several values only for the
+    parameters in its run name, and the method's own rules against the task's `train` section."""
+    entry = METHODS_TABLE[method]
+    named = entry.named_fields()
+    for f in dataclasses.fields(grid):
+        values, key = getattr(grid, f.name), _grid_key(cfg, task, method, f.name)
+        item_meta = {k[len("items_"):]: v for k, v in f.metadata.items() if k.startswith("items_")}
+        for i, item in enumerate(values):
+            _check_constraints(f"{key}[{i}]", item, item_meta)
+        if len(set(map(canonical, values))) != len(values):
+            raise ConfigError(f"{key}: duplicate values {values}")
+        if f.name not in named and len(values) != 1:
+            raise ConfigError(f"{key}: one value only ({f.name} is not part of the run name, so runs that differ "
+                              f"in it would share one; it has {len(values)})")
+    for point in grid_points(method, grid):
+        message = entry.check(entry.make(dict(point)), train) if entry.check else None
+        if message:
+            name = message.split(":", 1)[0]
+            raise ConfigError(f"{_grid_key(cfg, task, method, name)}:{message.split(':', 1)[1]} (task {task})")
 
 
 def check_bonus(bonus: BonusConfig, where: str = "bonus") -> None:
@@ -149,14 +186,14 @@ def _check_training(cfg: PipelineConfig, task: str) -> None:
     if train.walltime_margin_minutes >= runtime:
         raise ConfigError(f"{key('walltime_margin_minutes')}: {canonical(train.walltime_margin_minutes)} min leaves "
                           f"nothing of resources.train.runtime {runtime} min to train in; lower it")
-    sparse_dims, betas = task_sweep(cfg, task)
+    repexp_runs = "repexp" in task_sweep(cfg, task)
     if "trl" in cfg.sweep.backends:
         check_trl_loss(train, key)
         trl_micro_batch(train, key)
         if task_section(cfg, task, "trl").device != "cpu":
             _check_share(cfg, task, "train", "trl", "gpu_memory_fraction")
     if "verl" in cfg.sweep.backends:
-        _check_verl(cfg, task, train, repexp_runs=bool(betas))
+        _check_verl(cfg, task, train, repexp_runs=repexp_runs)
         _check_share(cfg, task, "train", "verl", "gpu_memory_utilization")
 
 
@@ -204,15 +241,27 @@ def check_trains(rc: RunConfig, backend: str) -> None:
     """A job the `backend` trainer can train: its own backend, and a sweep point that trains."""
     if rc.backend != backend:
         raise ConfigError(f"backend: run {rc.run} is a {rc.backend!r} run, not a {backend} run")
-    if rc.method not in ("repexp", "grpo"):
-        raise ConfigError(f"method: {rc.method!r} runs do not train ('base' runs evaluate the initial model)")
-    if rc.method == "grpo" and rc.beta != 0:
-        raise ConfigError(f"beta: a 'grpo' run must have beta 0, got {rc.beta}")
-    if rc.method == "repexp" and not rc.beta > 0:
-        raise ConfigError(f"beta: a 'repexp' run needs beta > 0, got {rc.beta}")
-    if rc.method == "repexp" and (rc.sparse_dim is None or rc.sparse_dim < 1):
-        raise ConfigError(f"sparse_dim: a positive projection dimension is required when beta > 0, "
-                          f"got {rc.sparse_dim}")
+    if rc.method not in METHODS_TABLE:
+        raise ConfigError(f"method: {rc.method!r} runs do not train (training methods: {', '.join(METHODS_TABLE)}; "
+                          "'base' runs evaluate the initial model)")
+    check_method_params(rc.method, rc.params, rc.train, "params")
+
+
+def check_method_params(method: str, params: Mapping[str, Any], train: TrainConfig, where: str) -> Any:
+    """A method's parameters read outside a checked config (a job.yaml, a trainer's node): known fields of
+    its `Params`, each within its bounds, and the method's rules against `train`. Returns the `Params`."""
+    entry = METHODS_TABLE[method]
+    known = {f.name: f for f in entry.fields()}
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}: unknown parameter of {method} (known: {', '.join(known) or 'none'})")
+    settings = to_dataclass(entry.params, dict(params), prefix=f"{where}.")
+    for name, f in known.items():
+        _check_constraints(f"{where}.{name}", getattr(settings, name), f.metadata)
+    message = entry.check(settings, train) if entry.check else None
+    if message:
+        raise ConfigError(f"{where}.{message}")
+    return settings
 
 
 def check_train_batches(train: TrainConfig, key: typing.Callable[[str], str] = _in_section("train")) -> None:

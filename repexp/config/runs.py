@@ -16,9 +16,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import itertools
 import json
 import re
-from collections.abc import Iterable, Mapping
+import typing
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -28,6 +30,7 @@ from repexp import layout
 from repexp.config.loading import read_yaml, to_dataclass
 from repexp.config.model import (
     BACKENDS,
+    METHOD_GRIDS,
     MODEL_ALIASES,
     RULES,
     TASKS,
@@ -36,13 +39,14 @@ from repexp.config.model import (
     EvalConfig,
     PipelineConfig,
     RuleResources,
-    TaskSweepOverride,
     TrackingConfig,
     TrainConfig,
     TrlConfig,
     VerlConfig,
     _f,
 )
+from repexp.methods import BASE, params_dict
+from repexp.methods import METHODS as METHODS_TABLE
 from repexp.verify.routing import DEFAULT_GRADER, GRADERS
 
 # --------------------------------------------------------------------------- a task's sections, a rule's requests
@@ -62,12 +66,27 @@ def task_section(cfg: PipelineConfig, task: str, section: str) -> Any:
     return dataclasses.replace(base, **patch)
 
 
-def task_sweep(cfg: PipelineConfig, task: str) -> tuple[list[int], list[float]]:
+def task_sweep(cfg: PipelineConfig, task: str) -> dict[str, Any]:
+    """The task's method grids, `{method: grid dataclass}` in table order (methods not run left out):
+    `sweep.methods` with `task_overrides.<task>.sweep.methods` applied (its lists replace the sweep's)."""
     override = cfg.task_overrides.get(task)
-    sweep = override.sweep if override is not None else TaskSweepOverride()
-    sparse_dims = sweep.sparse_dims if sweep.sparse_dims is not None else cfg.sweep.sparse_dims
-    betas = sweep.betas if sweep.betas is not None else cfg.sweep.betas
-    return [int(k) for k in sparse_dims], [float(b) for b in betas]
+    patches = override.sweep.methods if override is not None else {}
+    grids = {}
+    for name in METHOD_GRIDS:
+        grid = getattr(cfg.sweep.methods, name)
+        if name in patches:
+            patch = patches[name]
+            grid = None if patch is None else dataclasses.replace(grid or METHOD_GRIDS[name](), **patch)
+        if grid is not None:
+            grids[name] = grid
+    return grids
+
+
+def grid_points(method: str, grid: Any) -> list[tuple[tuple[str, Any], ...]]:
+    """Every combination of a method's grid values, in the grid's field order (the last field varies fastest)."""
+    names = [f.name for f in dataclasses.fields(grid)]
+    return [tuple(zip(names, values)) for values in itertools.product(*(getattr(grid, n) for n in names))]
+
 
 # --------------------------------------------------------------------------- run naming
 
@@ -82,37 +101,82 @@ def canonical(value: Any) -> str:
     return str(value)
 
 
-# Each method's run name, written once: `RunSpec.name` prints it. The pipeline never reads a name back
-# (it looks the run up among the config's runs, `find_run`); only `parse_run` does, for results
+# Each method's run name, written once in its `repexp.methods` entry: `RunSpec.name` prints it. The pipeline never
+# reads a name back (it looks the run up among the config's runs, `find_run`); only `parse_run` does, for results
 # directories named by hand without a config (repexp aggregate, the tracking scopes).
-RUN_NAMES = {
-    "repexp": "{backend}_repexp_k{sparse_dim}_b{beta}_s{seed}",
-    "grpo": "{backend}_grpo_s{seed}",
-    "base": "base",
-}
-_FIELDS = {"backend": ("|".join(BACKENDS), str), "sparse_dim": (r"\d+", int), "beta": (r"[0-9.]+", float),
-           "seed": (r"\d+", int)}  # each field's regex and type
-# One regex per method: group names repeat across methods, which one alternation cannot hold.
-_RUN_RES = {method: re.compile("".join(re.escape(part) if i % 2 == 0 else f"(?P<{part}>{_FIELDS[part][0]})"
-                                       for i, part in enumerate(re.split(r"\{(\w+)\}", template))))
-            for method, template in RUN_NAMES.items()}
+RUN_NAMES = {**{name: m.run_name for name, m in METHODS_TABLE.items()}, BASE: "base"}
+
+
+def _field_regex(tp: Any, meta: Mapping) -> tuple[str, Callable[[str], Any]]:
+    if "enum" in meta:
+        return "|".join(re.escape(str(v)) for v in meta["enum"]), str
+    return {int: (r"\d+", int), float: (r"[0-9.]+", float)}.get(tp, (r"[A-Za-z0-9.]+", str))
+
+
+def _name_regex(method: str) -> tuple[re.Pattern, dict[str, Callable[[str], Any]]]:
+    """One regex per method (group names repeat across methods, which one alternation cannot hold)."""
+    fields = {"backend": ("|".join(BACKENDS), str), "seed": (r"\d+", int)}
+    if method != BASE:
+        params = METHODS_TABLE[method].params
+        hints = typing.get_type_hints(params)
+        fields |= {f.name: _field_regex(hints[f.name], f.metadata) for f in dataclasses.fields(params)}
+    parts = re.split(r"\{(\w+)\}", RUN_NAMES[method])
+    regex = "".join(re.escape(part) if i % 2 == 0 else f"(?P<{part}>{fields[part][0]})" for i, part in enumerate(parts))
+    return re.compile(regex), {name: conv for name, (_, conv) in fields.items()}
+
+
+_RUN_RES = {method: _name_regex(method) for method in RUN_NAMES}
 
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One sweep point. `name` is its stable path component under results/<stage>/<task>/."""
+    """One sweep point. `name` is its stable path component under results/<stage>/<task>/.
+
+    `params`: the method's settings as (field, value) pairs in its `Params` order, every field (defaults
+    included); empty for GRPO and the base model. `RunSpec.of` builds one from keyword parameters."""
 
     task: str
-    method: str  # repexp | grpo | base
+    method: str  # a key of repexp.methods.METHODS, or "base"
     backend: Optional[str] = None
-    sparse_dim: Optional[int] = None
-    beta: float = 0.0
+    params: tuple[tuple[str, Any], ...] = ()
     seed: Optional[int] = None
+
+    @classmethod
+    def of(cls, task: str, method: str, backend: Optional[str] = None, seed: Optional[int] = None,
+           **params: Any) -> RunSpec:
+        """A run with its method's defaults for the parameters not given (values converted to the fields' types)."""
+        if method == BASE:
+            return cls(task, method, backend, (), None if seed is None else int(seed))
+        settings = METHODS_TABLE[method].make({k: _plain(v) for k, v in params.items()})
+        return cls(task, method, backend, tuple(params_dict(settings).items()), None if seed is None else int(seed))
+
+    @property
+    def settings(self) -> Any:
+        """The method's `Params` of this run (None for the base model)."""
+        return None if self.method == BASE else METHODS_TABLE[self.method].make(dict(self.params))
+
+    @property
+    def param_dict(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    @property
+    def sparse_dim(self) -> Optional[int]:
+        return self.param_dict.get("sparse_dim")
+
+    @property
+    def beta(self) -> float:
+        """RepExp's β; 0 for every other method (no elliptical bonus)."""
+        return float(self.param_dict.get("beta", 0.0))
 
     @property
     def name(self) -> str:
-        return RUN_NAMES[self.method].format(backend=self.backend, sparse_dim=self.sparse_dim,
-                                             beta=canonical(self.beta), seed=self.seed)
+        values = {name: canonical(value) for name, value in self.params}
+        return RUN_NAMES[self.method].format(backend=self.backend, seed=self.seed, **values)
+
+    @property
+    def point(self) -> str:
+        """The run's parameter point without backend and seed, e.g. ``repexp_k32_b0.01`` (seeds of one point share it)."""
+        return _point_name(self.method, {name: canonical(v) for name, v in self.params})
 
     @property
     def path(self) -> str:
@@ -120,33 +184,51 @@ class RunSpec:
 
     @property
     def trains(self) -> bool:
-        return self.method != "base"
+        return self.method != BASE
+
+
+def _point_name(method: str, values: Mapping[str, str]) -> str:
+    template = RUN_NAMES[method]
+    for prefix in ("{backend}_",):
+        template = template.removeprefix(prefix)
+    return template.removesuffix("_s{seed}").format(**values)
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars as Python values (names and hashes must not depend on where a value came from)."""
+    return value.item() if hasattr(value, "item") else value
 
 
 def parse_run(task: str, name: str) -> RunSpec:
     """A results directory's run (`RunSpec.name` read back); rejects non-canonical spellings such as b0.010."""
-    match = next(((method, m) for method, regex in _RUN_RES.items() if (m := regex.fullmatch(name))), None)
-    if match is None or task not in TASKS:
-        raise ConfigError(f"run: {task}/{name} is not a valid run name")
-    method, m = match
-    spec = RunSpec(task, method, **{name: _FIELDS[name][1](value) for name, value in m.groupdict().items()})
-    if spec.name != name:
-        raise ConfigError(f"run: {name} is not canonical (expected {spec.name})")
-    return spec
+    for method, (regex, convert) in _RUN_RES.items():
+        m = regex.fullmatch(name)
+        if m is None or task not in TASKS:
+            continue
+        values = {key: convert[key](value) for key, value in m.groupdict().items()}
+        try:
+            spec = RunSpec.of(task, method, values.pop("backend", None), values.pop("seed", None), **values)
+        except (TypeError, ValueError):
+            continue
+        if spec.name != name:
+            raise ConfigError(f"run: {name} is not canonical (expected {spec.name})")
+        return spec
+    raise ConfigError(f"run: {task}/{name} is not a valid run name")
 
 
 def sweep_runs(cfg: PipelineConfig) -> list[RunSpec]:
-    """Every run of the sweep, in a stable order: RepExp points, then GRPO, then base."""
+    """Every run of the sweep, in a stable order: per task, backend and seed the methods in table order
+    (each method's grid points in its field order), then the base model per task."""
     runs: list[RunSpec] = []
     for task in cfg.sweep.tasks:
-        sparse_dims, betas = task_sweep(cfg, task)
+        grids = task_sweep(cfg, task)
         for backend in cfg.sweep.backends:
             for seed in cfg.sweep.seeds:
-                runs += [RunSpec(task, "repexp", backend, k, beta, int(seed)) for k in sparse_dims for beta in betas]
-                if cfg.sweep.grpo_baseline:
-                    runs.append(RunSpec(task, "grpo", backend, None, 0.0, int(seed)))
+                for method, grid in grids.items():
+                    runs += [RunSpec.of(task, method, backend, int(seed), **dict(point))
+                             for point in grid_points(method, grid)]
         if cfg.sweep.base_baseline:
-            runs.append(RunSpec(task, "base", seed=int(cfg.sweep.seeds[0])))
+            runs.append(RunSpec(task, BASE, seed=int(cfg.sweep.seeds[0])))
     return runs
 
 
@@ -182,8 +264,7 @@ class RunConfig:
     method: str
     backend: Optional[str]
     seed: int
-    sparse_dim: Optional[int]
-    beta: float
+    params: dict[str, Any]  # the method's `Params` as a mapping (RunSpec.params); {} for GRPO and the base model
     model: str
     data_dir: str
     run_dir: str
@@ -196,6 +277,20 @@ class RunConfig:
     config_name: str
     config_hash: str
     grader: str = _f(DEFAULT_GRADER, help="answer grader (repexp | paper)", enum=GRADERS)
+
+    @property
+    def settings(self) -> Any:
+        """The method's `Params` (None for the base model)."""
+        return None if self.method == BASE else METHODS_TABLE[self.method].make(self.params)
+
+    @property
+    def sparse_dim(self) -> Optional[int]:
+        return self.params.get("sparse_dim")
+
+    @property
+    def beta(self) -> float:
+        """RepExp's β; 0 for every other method (no elliptical bonus)."""
+        return float(self.params.get("beta", 0.0))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -228,6 +323,8 @@ def training_hash(run_config: RunConfig) -> str:
     rc = run_config
     identity = {
         **{name: getattr(rc, name) for name in ("task", "method", "backend", "seed", "sparse_dim", "beta", "model")},
+        # RepExp's and GRPO's identities predate the method table: theirs is the (sparse_dim, beta) above
+        **({"params": rc.params} if rc.method not in ("repexp", "grpo") else {}),
         "grader": rc.grader,  # the verifier reward and dev selection
         "train": _training_fields(rc.train),
         rc.backend or "backend": _training_fields(getattr(rc, rc.backend)) if rc.backend else None,
@@ -261,7 +358,7 @@ def compose(cfg: PipelineConfig, spec: RunSpec, *, cfg_hash: Optional[str] = Non
     eval_cfg.max_new_tokens = max_new_tokens(eval_cfg, train)
     return RunConfig(
         run=spec.name, task=spec.task, method=spec.method, backend=spec.backend, seed=int(seed),
-        sparse_dim=spec.sparse_dim, beta=float(spec.beta), model=resolve_model(cfg),
+        params=dict(spec.params), model=resolve_model(cfg),
         data_dir=str(layout.data_dir(cfg.results_dir, spec.task)),
         run_dir=str(layout.train_run_dir(cfg.results_dir, spec.task, spec.name)),
         bonus=copy.deepcopy(cfg.bonus), train=train, eval=eval_cfg, verl=task_section(cfg, spec.task, "verl"),

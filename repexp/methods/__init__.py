@@ -21,7 +21,6 @@ from repexp.fields import param
 from repexp.methods import cov, grpo, outcome, passk, repexp
 from repexp.methods.base import Method, params_dict
 
-
 # --------------------------------------------------------------------------- the table
 
 # The explicit table: config key -> method. Order is the order of tables, legends and sweeps.

@@ -1,7 +1,7 @@
 """Which parent run a node hangs under (no MLflow import).
 
-- one parent per sweep point (``point:<task>/<run>``) with its params (task, method, backend,
-  sparse_dim, beta, seed): train, select, merge, eval;
+- one parent per sweep point (``point:<task>/<run>``) with its params (task, method, backend, seed and
+  the method's own parameters, e.g. RepExp's sparse_dim and beta): train, select, merge, eval;
 - one per task (``task:<task>``): preprocess;
 - one per experiment (``experiment``): model, aggregate, figures.
 
@@ -50,8 +50,10 @@ def scope_for(task: Optional[str] = None, run: Optional[RunSpec] = None, *,
         from repexp.config import canonical
 
         # the base model has no training seed (its eval samples with the sweep's first one: a job param)
-        params = {k: canonical(v) for k, v in dataclasses.asdict(run).items()
-                  if v is not None and (run.trains or k != "seed")}
+        # and a method logs its own parameters only: those of other methods are absent (the UI shows "-")
+        fields = {"task": run.task, "method": run.method, "backend": run.backend,
+                  "seed": run.seed if run.trains else None, **dict(run.params)}
+        params = {k: canonical(v) for k, v in fields.items() if v is not None}
         tags = {SWEEP_POINT_TAG: run.path, "repexp.task": run.task, "repexp.run": run.name, "repexp.method": run.method}
         return Scope("point", f"point:{run.task}/{run.name}", run.path, params, tags, results_id)
     if task is not None:
