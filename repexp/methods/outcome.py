@@ -229,5 +229,5 @@ def outcome_bonus(params: Params, *, groups: Sequence[Hashable], question_keys: 
 
 
 METHOD = Method(name="outcome", params=Params, run_name="{backend}_outcome_{outcome_mode}_c{outcome_c}_s{seed}",
-                label="Outcome exploration", color="#8172b3", marker="D", hooks=("reward",),
+                label="Outcome exploration", color="#8172b3", marker="D", hooks=("advantage",),
                 point_text=lambda p: f"{p.outcome_mode}, c={p.outcome_c:g}")
