@@ -101,6 +101,7 @@ VERL_HF_DIR = ("actor", "huggingface")  # verl: config and tokenizer beside the 
 VERL_MERGED_MODEL = ("actor", "hf")  # verl: the merged Hugging Face model (repexp merge)
 VERL_HYDRA_DIR = "hydra"  # verl: Hydra's run directory
 TRL_COVARIANCE = "repexp_covariance.pt"  # TRL: the persistent covariance
+TRL_OUTCOME_COUNTS = "repexp_outcome_counts.json"  # TRL: outcome exploration's historical answer counts
 TRL_CHECKPOINT_INFO = "repexp_checkpoint.json"  # TRL: step, optimizer steps, run, config hash
 TRL_STAGING_DIR = "trl_staging"  # TRL saves here first, then the checkpoint is renamed into place
 TRL_SETTINGS = "trl_settings.json"

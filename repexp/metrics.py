@@ -272,3 +272,24 @@ OUTCOME_QUESTIONS_SEEN = "outcome/questions_seen"  # historical mode: questions 
 POLICY_CLIPFRAC = "actor/pg_clipfrac"  # Clip-Cov: fraction of valid tokens whose loss the covariance rule removed
 POLICY_PPO_KL = "actor/ppo_kl"  # Clip-Cov: mean log π_old − log π; KL-Cov: mean |log π − log π_old|
 COV_SELECTED_FRAC = "actor/cov_selected_frac"  # both modes: fraction of valid tokens the covariance rule selected
+
+# pass@k training (repexp.methods.passk), per training step:
+PASSK_ADVANTAGE = "passk/advantage"  # the analytic pass@k advantage of every rollout: {mean, std, min, max}
+PASSK_GROUP_PASS_AT_K = "passk/group_pass_at_k"  # the k of the objective: unbiased pass@k of a group, mean over groups
+
+
+def passk_metrics(groups: Sequence[Hashable], scores: Any, advantages: Any, k: int) -> dict[str, float]:
+    """The pass@k training statistics of one step ({} for no rows): the advantage's summary and the
+    groups' own pass@k at the objective's k (a rollout is correct when its score is > 0.5)."""
+    from repexp.passk import pass_at_k as estimate
+
+    correct = np.asarray(scores, dtype=np.float64).reshape(-1) > 0.5
+    if correct.size == 0:
+        return {}
+    members: dict[Hashable, list[int]] = {}
+    for i, group in enumerate(groups):
+        members.setdefault(group, []).append(i)
+    n = np.array([len(rows) for rows in members.values()], dtype=np.int64)
+    c = np.array([int(correct[rows].sum()) for rows in members.values()], dtype=np.int64)
+    return {**summary(PASSK_ADVANTAGE, advantages),
+            PASSK_GROUP_PASS_AT_K: float(estimate(n, c, [int(k)]).mean())}

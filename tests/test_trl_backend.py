@@ -37,7 +37,9 @@ def tiny_model(tmp_path_factory) -> Path:
     return build_tiny_qwen2(tmp_path_factory.mktemp("model") / "tiny", seed=0)
 
 
-def write_rows(path: Path, count: int, split: str, offset: int = 0) -> None:
+def write_rows(path: Path, count: int, split: str, offset: int = 0, *, data_source: str = "openai/gsm8k",
+               ground_truths: dict[str, str] | None = None) -> None:
+    """`count` addition questions; `ground_truths` (question -> answer) replaces the true sums it names."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -46,10 +48,10 @@ def write_rows(path: Path, count: int, split: str, offset: int = 0) -> None:
         a, b = (i * 3 + offset) % 9 + 1, (i * 5 + offset) % 7 + 1
         question = f"What is {a} + {b}? Let's think step by step and output the final answer after \"####\"."
         rows.append({
-            "data_source": "openai/gsm8k",
+            "data_source": data_source,
             "prompt": [{"role": "user", "content": question}],
             "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+            "reward_model": {"style": "rule", "ground_truth": (ground_truths or {}).get(question, str(a + b))},
             "extra_info": {"split": split, "index": i, "problem_id": f"gsm8k/{split}/{i}"},
         })
     pq.write_table(pa.Table.from_pylist(rows), path)
@@ -64,8 +66,10 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 def run_config(root: Path, model: Path, data: Path, *, beta: float = 0.01, train: dict | None = None,
-               bonus: dict | None = None, trl: dict | None = None) -> C.RunConfig:
-    """A resolved job config through the real schema (load + compose), pointed at test paths."""
+               bonus: dict | None = None, trl: dict | None = None, method: str | None = None,
+               params: dict | None = None) -> C.RunConfig:
+    """A resolved job config through the real schema (load + compose), pointed at test paths: RepExp with
+    `beta` (GRPO for β = 0), or `method` with its `params` (the method's defaults for the rest)."""
     train_section = {
         "n_rollouts": N_ROLLOUTS, "lr": 1e-4, "train_batch_size": 2, "ppo_mini_batch_size": 2,
         "micro_batch_size_per_gpu": 8, "max_prompt_length": 96, "max_response_length": 12,
@@ -79,7 +83,12 @@ def run_config(root: Path, model: Path, data: Path, *, beta: float = 0.01, train
         "train": train_section,
         "trl": {"device": "cpu", "eval_batch_size": 2, "num_threads": 1, "bonus_micro_batch_size": 4, **(trl or {})},
     }
-    spec = C.RunSpec.of("gsm8k", "repexp", "trl", 3, sparse_dim=8, beta=beta) if beta else C.RunSpec.of("gsm8k", "grpo", "trl", 3)
+    if method is not None:
+        spec = C.RunSpec.of("gsm8k", method, "trl", 3, **(params or {}))
+    elif beta:
+        spec = C.RunSpec.of("gsm8k", "repexp", "trl", 3, sparse_dim=8, beta=beta)
+    else:
+        spec = C.RunSpec.of("gsm8k", "grpo", "trl", 3)
     cfg = C.compose(C.load(raw), spec)
     return dataclasses.replace(cfg, data_dir=str(data), run_dir=str(root / "run"))
 
@@ -381,6 +390,151 @@ def test_walltime_chunks_resume_to_the_uninterrupted_run(tmp_path, uninterrupted
                for n, t in want_weights.items()), "the weights never changed: the comparison would be empty"
     for name, tensor in want_weights.items():
         torch.testing.assert_close(got_weights[name], tensor, rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- methods beside RepExp
+
+# The tiny random model rarely writes a number. On `repexp/arith` rows (a response's last number is its
+# answer) some completions have one: outcome exploration sees distinct answers, and ground truths taken
+# from a first run's completions give pass@k training groups with correct and wrong rollouts.
+ARITH = "repexp/arith"
+ONE_STEP = {"total_steps": 1, "test_freq": 1, "save_freq": 1, "val_before_train": False}
+
+
+def arith_data(root: Path, train_rows: int, ground_truths: dict[str, str] | None = None) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    write_rows(root / "train.parquet", train_rows, "train", data_source=ARITH, ground_truths=ground_truths)
+    write_rows(root / "dev.parquet", 2, "test", offset=4, data_source=ARITH)
+    return root
+
+
+def step_rollouts(trainer) -> tuple[list[str], list[str]]:
+    """The question and completion text of every rollout of the last step, as TRL logged them."""
+    return ([prompt[-1]["content"] for prompt in trainer._logs["prompt"]],
+            [completion[-1]["content"] for completion in trainer._logs["completion"]])
+
+
+def trl_advantages(trainer) -> torch.Tensor:
+    """The advantages TRL's loss used in the last step (after its own group-mean subtraction)."""
+    return torch.tensor(list(trainer._logs["advantages"]), dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def known_answers(tmp_path_factory, tiny_model) -> tuple[Path, list[str], list[str], dict[str, str]]:
+    """Arith data whose ground truths are answers the tiny model gives: a first GRPO step's rollouts, and
+    per question of that step, the first number one of its completions ended on. Returns the data
+    directory with those ground truths, the step's questions and completions, and the truths."""
+    from repexp.methods.outcome import final_answer
+    from repexp.trl.train import train
+
+    root = tmp_path_factory.mktemp("known_answers")
+    first = train(run_config(root / "first", tiny_model, arith_data(root / "d1", 4), method="grpo",
+                             train=ONE_STEP)).trainer
+    questions, completions = step_rollouts(first)
+    truths: dict[str, str] = {}
+    for question, completion in zip(questions, completions):
+        answer = final_answer(ARITH, completion, "repexp")
+        if answer is not None:
+            truths.setdefault(question, answer)
+    assert truths, "no completion of the first step gave a number"
+    return arith_data(root / "d2", 4, truths), questions, completions, truths
+
+
+def test_passk_training_uses_the_passk_advantage(tmp_path, tiny_model, known_answers):
+    from repexp.methods.passk import passk_advantages
+    from repexp.trl.train import train
+    from repexp.verify import score
+
+    data, questions, completions, truths = known_answers
+    cfg = run_config(tmp_path, tiny_model, data, method="passk", params={"passk_k": 2}, train=ONE_STEP)
+    result = train(cfg)
+    assert step_rollouts(result.trainer) == (questions, completions)  # same seed: only the ground truths moved
+    scores = [score(ARITH, completion, truths.get(question, "-1")) for question, completion in
+              zip(questions, completions)]
+    expected = passk_advantages(scores, [i // N_ROLLOUTS for i in range(len(scores))], 2).float()
+    assert expected.abs().max() > 0, "no group with correct and wrong rollouts: the check would be empty"
+    torch.testing.assert_close(result.reward.last_advantages, expected)  # what the reward returned
+    torch.testing.assert_close(trl_advantages(result.trainer), expected)  # what the step trained on
+    (record,) = read_metrics(Path(cfg.run_dir))
+    assert record["reward/verifier/mean"] == pytest.approx(sum(scores) / len(scores))
+    assert record["passk/advantage/mean"] == pytest.approx(0.0, abs=1e-6) and 0 < record["passk/group_pass_at_k"] <= 1
+
+
+def test_outcome_exploration_shapes_the_reward_and_resumes_its_counts(tmp_path, tiny_model):
+    """Two questions, one step an epoch: step 2 asks step 1's questions again, so its bonus depends on the
+    counts step 1 left; a run stopped after step 1 and resumed must reach the same numbers."""
+    from repexp import layout
+    from repexp.trl.reward import group_normalized
+    from repexp.trl.train import train
+
+    data = arith_data(tmp_path / "data", 2)
+    two_steps = {"total_steps": 2, "test_freq": 2, "save_freq": 1, "val_before_train": False}
+    straight_cfg = run_config(tmp_path / "straight", tiny_model, data, method="outcome", train=two_steps)
+    straight = train(straight_cfg)
+    run_dir = Path(straight_cfg.run_dir)
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records] == [1, 2]
+    for record in records:  # the bonus goes into the advantage, not the reward
+        assert record["reward/shaped/mean"] == record["reward/verifier/mean"]
+        assert record["outcome/questions_seen"] == 2 and record["outcome/distinct_answers"] >= 1
+        assert 1 / N_ROLLOUTS <= record["rollout/distinct_frac"] <= 1
+    assert records[0]["outcome/bonus/mean"] == pytest.approx(0.5)  # nothing seen yet: min{1, 1/√0} − b0
+    assert records[1]["outcome/bonus/mean"] < 0.5  # step 2 repeats answers step 1 counted
+    # the step trains on GRPO's advantage + c·bonus, the bonus's group mean (b0 and the counts) kept
+    reward = straight.reward
+    bonus = reward.last_advantages.double() - group_normalized(reward.last_shaped, N_ROLLOUTS).double()
+    assert bonus.mean().item() == pytest.approx(records[1]["outcome/bonus/mean"], abs=1e-6) and bonus.abs().max() > 0
+    torch.testing.assert_close(trl_advantages(straight.trainer), reward.last_advantages)
+    counts = [json.loads((checkpoint_dir(run_dir, step) / layout.TRL_OUTCOME_COUNTS).read_text())
+              for step in (1, 2)]
+    for step, state in zip((1, 2), counts):  # every rollout counted once, under its question's problem_id
+        assert sorted(state["counts"]) == ["gsm8k/train/0", "gsm8k/train/1"]
+        assert sum(n for pairs in state["counts"].values() for _, n in pairs) == step * 2 * N_ROLLOUTS
+
+    cfg = run_config(tmp_path / "resumed", tiny_model, data, method="outcome", train=two_steps)
+    assert train(cfg, deadline=time.time() - 1).done is None  # a walltime chunk: step 1 saved, then stop
+    result = train(cfg)
+    assert result.done["resumed_from_step"] == 1
+    resumed_dir = Path(cfg.run_dir)
+    assert json.loads((checkpoint_dir(resumed_dir, 2) / layout.TRL_OUTCOME_COUNTS).read_text()) == counts[1]
+    resumed = [without_timings(r) for r in read_metrics(resumed_dir)]
+    reference = [without_timings(r) for r in records]
+    for got, want in zip(resumed, reference, strict=True):
+        assert set(got) == set(want) and got == pytest.approx(want, rel=1e-5, abs=1e-7)
+
+
+def test_cov_losses_replace_trls_policy_loss(tmp_path, tiny_model, known_answers):
+    """Two PPO mini-batches per step, so the second is off-policy (log π ≠ log π_old) and the KL-Cov
+    penalty acts; rollouts with known answers, so the advantages (and the covariances) are not all 0.
+    GRPO and KL-Cov train on the same rollouts; only the policy loss differs."""
+    from safetensors.torch import load_file
+
+    from repexp.trl.train import train
+
+    two_mini_batches = {**ONE_STEP, "ppo_mini_batch_size": 1}
+    # the random model is almost uniform (entropy ≈ log V), so covariances are far below the paper's Clip-Cov
+    # window (1, 5): the window here starts at 0
+    clip_cov = {"loss_mode": "clip_cov", "cov_ratio": 0.2, "cov_clip_lb": 0.0}
+    runs = {}
+    for name, method, params in (("grpo", "grpo", {}), ("kl_cov", "cov", {"loss_mode": "kl_cov", "cov_ratio": 0.2}),
+                                 ("clip_cov", "cov", clip_cov)):
+        cfg = run_config(tmp_path / name, tiny_model, known_answers[0], method=method, params=params,
+                         train=two_mini_batches)
+        result = train(cfg)
+        (record,) = read_metrics(Path(cfg.run_dir))
+        runs[name] = (result, record, load_file(checkpoint_dir(cfg.run_dir, 1) / "model.safetensors"))
+    (grpo, grpo_record, grpo_weights), (kl, kl_record, kl_weights) = runs["grpo"], runs["kl_cov"]
+    assert grpo.trainer.cov_loss is None and kl.trainer.cov_loss.params.loss_mode == "kl_cov"
+    assert step_rollouts(kl.trainer) == step_rollouts(grpo.trainer)  # the same batch
+    torch.testing.assert_close(trl_advantages(kl.trainer), trl_advantages(grpo.trainer))
+    assert trl_advantages(grpo.trainer).abs().max() > 0
+    assert kl_record["actor/ppo_kl"] > 0 and kl_record["actor/cov_selected_frac"] > 0  # the cov loss ran
+    assert "actor/ppo_kl" not in grpo_record and kl_record["actor/entropy"] > 0
+    assert kl_record["actor/pg_loss"] != grpo_record["actor/pg_loss"]
+    assert any(not torch.equal(kl_weights[n], grpo_weights[n]) for n in grpo_weights), "the KL-Cov update is GRPO's"
+    clip_record = runs["clip_cov"][1]
+    assert {"actor/pg_clipfrac", "actor/ppo_kl", "actor/cov_selected_frac", "actor/entropy"} <= set(clip_record)
+    assert 0 < clip_record["actor/cov_selected_frac"] <= 0.2  # tokens whose loss the covariance rule removed
 
 
 def test_chunk_clock_decides_from_the_longest_step_and_save():

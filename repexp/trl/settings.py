@@ -45,10 +45,12 @@ def check_run_config(cfg: RunConfig) -> None:
     """Reject jobs this backend cannot run as configured (messages start with the key).
 
     A job.yaml need not come from a checked pipeline config (``python -m repexp.trl.train --config``
-    reads any), so the pipeline's own rules are applied again here: the same functions, not copies."""
+    reads any), so the pipeline's own rules are applied again here: the same functions, not copies.
+    `check_trains` checks the method's parameters (`check_method_params`: known fields, bounds, the
+    method's rules against `train`); the bonus section only matters to RepExp."""
     C.check_trains(cfg, "trl")
     C.check_trl_loss(cfg.train)
-    if cfg.beta > 0:
+    if cfg.method == "repexp":
         C.check_bonus(cfg.bonus)
     C.check_train_batches(cfg.train)
 

@@ -1,11 +1,12 @@
-"""``python -m repexp.trl.train --config job.yaml [--resume auto|never]``: one RepExp/GRPO run on TRL.
+"""``python -m repexp.trl.train --config job.yaml [--resume auto|never]``: one training run on TRL.
 
 Reads the job's resolved `RunConfig` (the same schema the verl backend reads) and writes the
 training-run contract of docs/architecture.md under `run_dir`:
 
 - `checkpoints/global_step_<N>/`: a Hugging Face model directory (weights, config, tokenizer)
   that also holds TRL/transformers' resume state (optimizer, scheduler, RNG, trainer_state.json)
-  and, with `bonus.persist_covariance`, the covariance state; `COMPLETE` is written last.
+  and the reward's training state (`bonus.persist_covariance`: the covariance; historical outcome
+  exploration: the answer counts); `COMPLETE` is written last.
   TRL saves into `trl_staging/checkpoint-<optimizer step>/`, which is then renamed into place.
 - `best_dev.json` via `repexp.checkpoints.BestDevTracker` after every validation and save.
 - `metrics.jsonl`: one record per logged step (and step 0 for the initial validation).
@@ -49,6 +50,7 @@ from repexp.checkpoints import (
 from repexp.config import ConfigError, RunConfig, load_run_config
 from repexp.elliptical import projection_seed
 from repexp.io import read_json, write_json_atomic
+from repexp.methods import method
 from repexp.trl import settings as trl_settings
 from repexp.trl.runlog import MetricsLog, MlflowSink
 from repexp.walltime import ChunkClock, write_chunk_end
@@ -115,15 +117,36 @@ def prepare_run_dir(run_dir: Path, resume: str) -> Optional[int]:
 
 
 # Files of a TRL checkpoint that only resuming reads (the kept best-dev checkpoint drops them).
-RESUME_ONLY = ("optimizer.pt", "scheduler.pt", "rng_state*.pth", "repexp_state*")
+RESUME_ONLY = ("optimizer.pt", "scheduler.pt", "rng_state*.pth", "repexp_state*", layout.TRL_OUTCOME_COUNTS)
+
+
+@dataclasses.dataclass(frozen=True)
+class CovLoss:
+    """A `loss`-hook run's policy loss (KL-Cov / Clip-Cov, `repexp.methods.cov`) and what it takes from `train`."""
+
+    params: Any  # repexp.methods.cov.Params
+    seed: int  # Clip-Cov's random draw is seeded by (seed, optimizer step)
+    clip_ratio: float
+    loss_agg_mode: str
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> Optional[CovLoss]:
+        if "loss" not in method(cfg.method).hooks:
+            return None
+        if cfg.method != "cov":
+            raise NotImplementedError(f"method {cfg.method!r}: its loss hook has no TRL adapter")
+        return cls(cfg.settings, cfg.seed, cfg.train.clip_ratio, cfg.train.loss_agg_mode)
 
 
 # --------------------------------------------------------------------------- TRL pieces (imported lazily)
 
 
 def _trainer_class():
+    import torch
     from trl import GRPOTrainer
     from trl.trainer.utils import RepeatSampler
+
+    from repexp.methods.cov import cov_policy_loss
 
     class EpochSeededRepeatSampler(RepeatSampler):
         """TRL's sampler with the permutation seeded by (seed, epoch) instead of a running generator,
@@ -142,6 +165,24 @@ def _trainer_class():
             return super().__iter__()
 
     class RepExpGRPOTrainer(GRPOTrainer):
+        """TRL's GRPOTrainer with the epoch-seeded sampler; for an `advantage`-hook method
+        (`advantage_source`: the reward function), the advantages the reward function computed in place
+        of TRL's group-mean-subtracted copy; for a `loss`-hook method (`cov_loss`), its policy loss in
+        place of TRL's PPO loss."""
+
+        def __init__(self, *args: Any, advantage_source: Any = None, cov_loss: Optional[CovLoss] = None,
+                     **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            self.advantage_source = advantage_source
+            self.cov_loss = cov_loss
+            if cov_loss is not None and (self.beta != 0.0 or self.use_vllm or self.top_entropy_quantile < 1.0
+                                         or self.off_policy_mask_threshold is not None or self.aux_loss_enabled
+                                         or self.use_adaptive_entropy
+                                         or self.importance_sampling_level != "token"):
+                raise ValueError("the KL-Cov / Clip-Cov loss covers the GRPOConfig of repexp.trl.settings only")
+            self._draws: Optional[torch.Generator] = None
+            self._draws_step = -1
+
         def _get_train_sampler(self, dataset=None):
             return EpochSeededRepeatSampler(
                 data_source=self.train_dataset if dataset is None else dataset,
@@ -151,6 +192,79 @@ def _trainer_class():
                 shuffle=self.shuffle_dataset,
                 seed=self.args.seed,
             )
+
+        def _generate_and_score_completions(self, inputs):
+            """TRL subtracts each group's mean from the reward function's output. An advantage hook's
+            advantage is final (outcome exploration's bonus keeps its group mean: UCB-Con's b0 acts
+            through it), so the step trains on it as the reward function computed it in this call."""
+            output = super()._generate_and_score_completions(inputs)
+            if self.advantage_source is not None:
+                own = self.advantage_source.last_advantages
+                if own is None or own.shape != output["advantages"].shape:
+                    raise RuntimeError("the reward function's advantages do not match the step's completions")
+                output["advantages"] = own.to(output["advantages"].device, output["advantages"].dtype)
+                # TRL's record of the step's advantages (`_logs`) names what the loss uses
+                for _ in range(own.numel()):
+                    self._logs["advantages"].pop()
+                self._logs["advantages"].extend(own.tolist())
+            return output
+
+        def _compute_loss(self, model, inputs):
+            if self.cov_loss is None:
+                return super()._compute_loss(model, inputs)
+            return self._cov_loss(model, inputs)
+
+        def _cov_loss(self, model, inputs):
+            """KL-Cov / Clip-Cov on TRL, which has no such loss: `GRPOTrainer._compute_loss` as this
+            backend configures it (no KL term, no vLLM, token-level ratios, no entropy or off-policy
+            masks: checked in __init__), with its per-token PPO term and aggregation replaced by
+            `cov_policy_loss` (verl's KL-Cov / Clip-Cov) on the same log-probs, old log-probs, advantages
+            and completion mask. The rest (scaling for gradient accumulation, entropy bonus, logged
+            entropy) is TRL's, so a cov run differs from a GRPO run on TRL by its policy loss only."""
+            completion_ids, mask = inputs["completion_ids"], inputs["completion_mask"]
+            per_token_logps, entropies, _ = self._get_per_token_logps_and_entropies(
+                model, torch.cat([inputs["prompt_ids"], completion_ids], dim=1),
+                torch.cat([inputs["prompt_mask"], mask], dim=1), completion_ids.size(1), compute_entropy=True)
+            # TRL computes old log-probs only when a generation batch spans several optimizer steps; otherwise
+            # the policy has not moved since generation and the old log-probs are the current ones, detached
+            old_per_token_logps = inputs.get("old_per_token_logps")
+            old_per_token_logps = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
+            advantages = inputs["advantages"]
+            advantages = (advantages.unsqueeze(1) if advantages.dim() == 1 else advantages).expand_as(per_token_logps)
+            loss, metrics = cov_policy_loss(per_token_logps, old_per_token_logps, advantages, mask,
+                                            self.cov_loss.params, clip_ratio=self.cov_loss.clip_ratio,
+                                            loss_agg_mode=self.cov_loss.loss_agg_mode, generator=self._clip_cov_draws())
+            mode = "train" if self.model.training else "eval"
+            accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+            policy_loss = loss.detach()
+            if self.loss_type == "dapo":  # token-mean: TRL divides the token sum by the accumulation window's tokens
+                normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+                if mode == "train":
+                    normalizer = normalizer * accumulation / self.args.steps_per_generation
+                loss = loss * mask.sum() / normalizer
+            else:  # seq-mean-token-mean ("grpo"): the micro-batch's mean over the accumulated micro-batches
+                loss = loss / accumulation
+            token_count = mask.sum().clamp(min=1.0)
+            entropy = (entropies * mask).sum() / token_count
+            if self._entropy_bonus_enabled:
+                loss = loss - self.entropy_coef * entropy / accumulation
+                self._metrics[mode]["policy_loss"].append(policy_loss.item())
+                if mode == "train" and self.accelerator.sync_gradients:
+                    self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
+            self._metrics[mode]["entropy"].append(entropy.item())  # one process (train() checks WORLD_SIZE)
+            for name, value in metrics.items():
+                self._metrics[mode][name].append(value)
+            return loss
+
+        def _clip_cov_draws(self) -> Optional[torch.Generator]:
+            """Clip-Cov's random draw, seeded by (seed, TRL optimizer step) at the first micro-batch of each
+            optimizer step, so a resumed run draws the tokens an uninterrupted one draws."""
+            if self.cov_loss.params.loss_mode != "clip_cov":
+                return None
+            if self._draws is None or self._draws_step != self.state.global_step:
+                self._draws = torch.Generator().manual_seed(projection_seed(self.cov_loss.seed, self.state.global_step))
+                self._draws_step = self.state.global_step
+            return self._draws
 
     return RepExpGRPOTrainer
 
@@ -333,7 +447,9 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
 
         policy = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)  # fp32 master weights
         trainer = _trainer_class()(model=policy, reward_funcs=[reward], args=GRPOConfig(**kwargs),
-                                   train_dataset=Dataset.from_list(train_rows), processing_class=tokenizer)
+                                   train_dataset=Dataset.from_list(train_rows), processing_class=tokenizer,
+                                   advantage_source=reward if "advantage" in method(cfg.method).hooks else None,
+                                   cov_loss=CovLoss.of(cfg))
         run_validation = functools.partial(validate, rows=dev_rows, prompt_ids=dev_ids, cfg=cfg, tokenizer=tokenizer,
                                            eos_token_ids=list(trainer.eos_token_ids))
         callback = _callback_class()(
