@@ -259,3 +259,16 @@ def dev_metrics(num_samples: Any, num_correct: Any) -> dict[str, float]:
     values = estimate(n, np.asarray(num_correct, dtype=np.int64), ks).mean(axis=0)
     return {**{pass_at_k(DEV, k): float(v) for k, v in zip(ks, values, strict=True)},
             DEV_NUM_PROBLEMS: float(n.size), DEV_SAMPLES_PER_PROBLEM: float(n.min())}
+
+
+# --------------------------------------------------------------------------- method cores (repexp.methods)
+
+# Outcome-based exploration (repexp.methods.outcome), per training step:
+OUTCOME_BONUS = "outcome/bonus"  # c × the bonus added per rollout: {mean, std, min, max} (`summary`)
+OUTCOME_DISTINCT_ANSWERS = "outcome/distinct_answers"  # distinct final answers per prompt group, mean over groups
+OUTCOME_NO_ANSWER_FRAC = "outcome/no_answer_frac"  # rollouts without an extracted final answer
+OUTCOME_QUESTIONS_SEEN = "outcome/questions_seen"  # historical mode: questions with answer counts so far
+# KL-Cov / Clip-Cov (repexp.methods.cov): verl's own names for what its policy losses return
+POLICY_CLIPFRAC = "actor/pg_clipfrac"  # Clip-Cov: fraction of valid tokens whose loss the covariance rule removed
+POLICY_PPO_KL = "actor/ppo_kl"  # Clip-Cov: mean log π_old − log π; KL-Cov: mean |log π − log π_old|
+COV_SELECTED_FRAC = "actor/cov_selected_frac"  # both modes: fraction of valid tokens the covariance rule selected
