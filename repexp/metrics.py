@@ -272,3 +272,6 @@ OUTCOME_QUESTIONS_SEEN = "outcome/questions_seen"  # historical mode: questions 
 POLICY_CLIPFRAC = "actor/pg_clipfrac"  # Clip-Cov: fraction of valid tokens whose loss the covariance rule removed
 POLICY_PPO_KL = "actor/ppo_kl"  # Clip-Cov: mean log π_old − log π; KL-Cov: mean |log π − log π_old|
 COV_SELECTED_FRAC = "actor/cov_selected_frac"  # both modes: fraction of valid tokens the covariance rule selected
+
+# The verl adapters of the methods (repexp.verl.trainer, repexp.verl.methods):
+TIMER_OUTCOME_BONUS = "outcome_bonus"  # verl timing_raw key (logged as timing_s/outcome_bonus): answers and term
