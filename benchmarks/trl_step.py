@@ -75,7 +75,8 @@ def job(model: Path, data: Path, run_root: Path, *, beta: float, steps: int, thr
         },
         "trl": {"device": "cpu", "num_threads": threads, "eval_batch_size": 2},
     }
-    spec = C.RunSpec.of("gsm8k", "repexp", "trl", 0, sparse_dim=32, beta=beta) if beta else C.RunSpec.of("gsm8k", "grpo", "trl", 0)
+    spec = (C.RunSpec.of("gsm8k", "repexp", "trl", 0, sparse_dim=32, beta=beta) if beta
+            else C.RunSpec.of("gsm8k", "grpo", "trl", 0))
     cfg = C.compose(C.load(raw), spec)
     return dataclasses.replace(cfg, data_dir=str(data))
 

@@ -60,7 +60,8 @@ def _trl_config(beta: float, bonus: dict) -> C.RunConfig:
         "train": {"n_rollouts": N, "train_batch_size": 2, "ppo_mini_batch_size": 2},
         "trl": {"device": "cpu", "bonus_micro_batch_size": 3},
     }
-    spec = C.RunSpec.of("gsm8k", "repexp", "trl", 3, sparse_dim=4, beta=beta) if beta else C.RunSpec.of("gsm8k", "grpo", "trl", 3)
+    spec = (C.RunSpec.of("gsm8k", "repexp", "trl", 3, sparse_dim=4, beta=beta) if beta
+            else C.RunSpec.of("gsm8k", "grpo", "trl", 3))
     return C.compose(C.load(raw), spec)
 
 

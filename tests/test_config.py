@@ -105,14 +105,16 @@ BROKEN = {
     "zero beta (GRPO is its own method)": ({"sweep": {"methods": {"repexp": {"beta": [0]}}}},
                                            "sweep.methods.repexp.beta[0]", True),
     "legacy sweep.betas, negative": ({"sweep": {"betas": [-0.1]}}, "sweep.methods.repexp.beta[0]", False),
-    "pass@k k above n_rollouts": ({"sweep": {"methods": {"passk": {"passk_k": [3]}}}}, "sweep.methods.passk.passk_k", False),
+    "pass@k k above n_rollouts": ({"sweep": {"methods": {"passk": {"passk_k": [3]}}}}, "sweep.methods.passk.passk_k",
+                                  False),
     "unknown method": ({"sweep": {"methods": {"ppo": {}}}}, "sweep.methods.ppo", True),
     "unknown method parameter": ({"sweep": {"methods": {"passk": {"k": [2]}}}}, "sweep.methods.passk.k", True),
     "bad outcome mode": ({"sweep": {"methods": {"outcome": {"outcome_mode": ["hist"]}}}},
                          "sweep.methods.outcome.outcome_mode[0]", True),
     "two values of a parameter outside the run name": ({"sweep": {"methods": {"cov": {"cov_kl_coef": [1.0, 2.0]}}}},
                                                       "sweep.methods.cov.cov_kl_coef", False),
-    "sparse_dim below 1": ({"sweep": {"methods": {"repexp": {"sparse_dim": [0]}}}}, "sweep.methods.repexp.sparse_dim[0]", True),
+    "sparse_dim below 1": ({"sweep": {"methods": {"repexp": {"sparse_dim": [0]}}}},
+                           "sweep.methods.repexp.sparse_dim[0]", True),
     "unknown task": ({"sweep": {"tasks": ["gsm8k", "mathh"]}}, "sweep.tasks[1]", True),
     "unknown backend": ({"sweep": {"backends": ["deepspeed"]}}, "sweep.backends[0]", True),
     "top_p above 1": ({"eval": {"top_p": 1.5}}, "eval.top_p", True),
@@ -121,7 +123,8 @@ BROKEN = {
     "inconsistent batch sizes": ({"train": {"train_batch_size": 6, "ppo_mini_batch_size": 4}},
                                  "train.ppo_mini_batch_size", False),
     "save_freq does not divide test_freq": ({"train": {"test_freq": 4, "save_freq": 3}}, "train.save_freq", False),
-    "duplicate betas": ({"sweep": {"methods": {"repexp": {"beta": [0.01, 0.010]}}}}, "sweep.methods.repexp.beta", False),
+    "duplicate betas": ({"sweep": {"methods": {"repexp": {"beta": [0.01, 0.010]}}}}, "sweep.methods.repexp.beta",
+                        False),
     "duplicate seeds": ({"sweep": {"seeds": [1, 1]}}, "sweep.seeds", False),
     "empty tasks": ({"sweep": {"tasks": []}}, "sweep.tasks", False),
     "override of an unknown task": ({"task_overrides": {"gsm9k": {}}}, "task_overrides.gsm9k", False),
@@ -214,10 +217,12 @@ def test_broken_config_fails_naming_the_key(case):
 def test_numbers_as_yaml_and_snakemake_pass_them_are_numbers(tmp_path):
     # PyYAML reads `1e-5` (no dot) as a string; Snakemake's --config passes nested values as strings
     raw = _patched({"train": {"lr": "1e-5", "total_steps": "3", "walltime_margin_minutes": "0.5"},
-                    "sweep": {"methods": {"repexp": {"beta": ["0.01", "0.02"]}}, "seeds": ["1"]}, "trl": {"gradient_checkpointing": "true"}})
+                    "sweep": {"methods": {"repexp": {"beta": ["0.01", "0.02"]}}, "seeds": ["1"]},
+                    "trl": {"gradient_checkpointing": "true"}})
     cfg = C.load(raw)
     assert (cfg.train.lr, cfg.train.total_steps, cfg.train.walltime_margin_minutes) == (1e-5, 3, 0.5)
-    assert cfg.sweep.methods.repexp.beta == [0.01, 0.02] and cfg.sweep.seeds == [1] and cfg.trl.gradient_checkpointing is True
+    assert cfg.sweep.methods.repexp.beta == [0.01, 0.02] and cfg.sweep.seeds == [1]
+    assert cfg.trl.gradient_checkpointing is True
     path = tmp_path / "cfg.yaml"
     path.write_text("train:\n  lr: 1e-5\n  val_n: 2\n")
     assert C.read_yaml(path)["train"]["lr"] == 1e-5 and C.load(path).train.lr == 1e-5
@@ -306,7 +311,8 @@ def test_run_names_round_trip(task, backend, k, beta, seed):
         assert re.fullmatch(C.run_pattern([spec]), spec.name)  # the Snakemake wildcard accepts it
     assert C.parse_run(task, repexp.name).beta == beta  # exact float round trip
     # numpy scalars (e.g. from a Paramspace) name the same run
-    assert C.RunSpec.of(task, "repexp", backend, np.int64(seed), sparse_dim=np.int64(k), beta=np.float64(beta)).name == repexp.name
+    numpy_spec = C.RunSpec.of(task, "repexp", backend, np.int64(seed), sparse_dim=np.int64(k), beta=np.float64(beta))
+    assert numpy_spec.name == repexp.name
 
 
 @pytest.mark.parametrize("name", [

@@ -146,7 +146,8 @@ def test_bonus_defaults_agree_across_config_and_maths_and_the_verl_node_has_none
     bonus = C.BonusConfig()
     for name in [f.name for f in dataclasses.fields(C.BonusConfig) if f.name != "representation_model"]:
         assert getattr(bonus, name) == _bonus_default_of(name), name
-    assert C.SweepConfig().methods.repexp.beta == [B.BETA] and C.SweepConfig().methods.repexp.sparse_dim == [B.SPARSE_DIM]
+    repexp_grid = C.SweepConfig().methods.repexp
+    assert repexp_grid.beta == [B.BETA] and repexp_grid.sparse_dim == [B.SPARSE_DIM]
     # verl's node: the bonus settings are BonusConfig's own fields (inherited, not restated), and the sweep
     # point has no default there
     assert issubclass(RepExpSettings, C.BonusConfig)

@@ -91,8 +91,8 @@ MethodsConfig = dataclasses.make_dataclass("MethodsConfig", [
     (name, Optional[grid], field(default_factory=grid, metadata={"help": M.METHODS[name].label})
      if name in DEFAULT_METHODS else field(default=None, metadata={"help": M.METHODS[name].label}))
     for name, grid in METHOD_GRIDS.items()])
-MethodsConfig.__doc__ = ("sweep.methods: each training method to run, with its parameter grid (null or absent: not run; "
-                         "{}: its defaults)")
+MethodsConfig.__doc__ = ("sweep.methods: each training method to run, with its parameter grid "
+                         "(null or absent: not run; {}: its defaults)")
 
 
 @dataclass

@@ -175,7 +175,7 @@ class RunSpec:
 
     @property
     def point(self) -> str:
-        """The run's parameter point without backend and seed, e.g. ``repexp_k32_b0.01`` (seeds of one point share it)."""
+        """The run's parameter point without backend and seed, e.g. ``repexp_k32_b0.01`` (its seeds share it)."""
         return _point_name(self.method, {name: canonical(v) for name, v in self.params})
 
     @property

@@ -1,4 +1,4 @@
-# train(task, backend, sparse_dim, β, seed) and the GRPO (β = 0) baselines.
+# train(task, method with its parameters, backend, seed): every run of sweep.methods (repexp.methods.METHODS).
 # `repexp run train` composes the job's config, writes job.yaml, opens the MLflow node run and runs
 # the backend trainer, which resumes from its latest complete checkpoint on a retry (repexp.train).
 
