@@ -97,6 +97,7 @@ COMPLETE = "COMPLETE"  # written last: {"files": {relative path: size}}
 SLIM_MARKER = "RESUME_STATE_REMOVED"  # a kept best-dev checkpoint without its resume state
 BUDGET = "budget.json"  # {"train_seconds"}: training time over all attempts up to this step
 VERL_STATE = "repexp_state.pt"  # verl: the persistent covariance
+VERL_OUTCOME_STATE = "outcome_counts.json"  # verl: outcome exploration's historical answer counts
 VERL_HF_DIR = ("actor", "huggingface")  # verl: config and tokenizer beside the FSDP shards
 VERL_MERGED_MODEL = ("actor", "hf")  # verl: the merged Hugging Face model (repexp merge)
 VERL_HYDRA_DIR = "hydra"  # verl: Hydra's run directory

@@ -293,3 +293,6 @@ def passk_metrics(groups: Sequence[Hashable], scores: Any, advantages: Any, k: i
     c = np.array([int(correct[rows].sum()) for rows in members.values()], dtype=np.int64)
     return {**summary(PASSK_ADVANTAGE, advantages),
             PASSK_GROUP_PASS_AT_K: float(estimate(n, c, [int(k)]).mean())}
+
+# The verl adapters of the methods (repexp.verl.trainer, repexp.verl.methods):
+TIMER_OUTCOME_BONUS = "outcome_bonus"  # verl timing_raw key (logged as timing_s/outcome_bonus): answers and term

@@ -348,3 +348,76 @@ def test_the_attention_choice_is_logged_once_and_becomes_mlflow_params(run_confi
     params = train.train_params(rc, attention)
     assert params["verl.attn_implementation"] == "auto"  # what the config says ...
     assert (params["verl.attention.resolved"], params["verl.attention.packing"]) == ("sdpa", False)  # ... and got
+
+
+# --------------------------------------------------------------------------- the methods beside RepExp
+
+
+@pytest.fixture(scope="module")
+def method_runs(tiny_model, tmp_path_factory) -> dict[str, C.RunConfig]:
+    """One verl run per point of pass@k, outcome exploration (both modes) and KL-Cov / Clip-Cov, as the DAG
+    composes them (a sweep.methods grid), keyed by run name."""
+    raw = paper_like_pipeline(tiny_model, str(tmp_path_factory.mktemp("results")))
+    raw.pop("task_overrides")
+    raw["sweep"] = {"tasks": ["gsm8k"], "backends": ["verl"], "seeds": [42], "methods": {
+        "passk": {"passk_k": [4]}, "outcome": {"outcome_mode": ["historical", "batch"], "outcome_c": [0.5]},
+        "cov": {"loss_mode": ["kl_cov", "clip_cov"], "cov_ratio": [0.002]}}}
+    cfg = C.load(raw)
+    return {spec.name: C.compose(cfg, spec) for spec in C.sweep_runs(cfg) if spec.trains}
+
+
+def test_each_method_reaches_verl_as_its_own_settings(method_runs):
+    """method -> verl keys and values, through verl's own validation and dataclasses: pass@k's estimator,
+    outcome exploration's plain GRPO, KL-Cov's and Clip-Cov's policy loss; every one without RepExp's bonus."""
+    from repexp.verl.overrides import PASSK_ESTIMATOR
+
+    assert sorted(method_runs) == ["verl_clip_cov_r0.002_s42", "verl_kl_cov_r0.002_s42", "verl_outcome_batch_c0.5_s42",
+                                   "verl_outcome_historical_c0.5_s42", "verl_passk_k4_s42"]
+    for name, rc in method_runs.items():
+        cfg = _compose(build_overrides(rc))
+        settings = check_config(cfg)
+        assert settings.method == rc.method and settings.params == rc.settings, name
+        assert settings.enabled is False and settings.beta == 0.0 and settings.sparse_dim is None, name
+        assert dict(cfg.actor_rollout_ref.repexp.params) == rc.params, name
+        algorithm = omega_conf_to_dataclass(cfg.algorithm)  # verl's AlgoConfig takes the composed section
+        loss = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor).policy_loss
+        assert need_reference_policy(cfg) is False and need_critic(cfg) is False, name
+        assert algorithm.adv_estimator == (PASSK_ESTIMATOR if rc.method == "passk" else "grpo"), name
+        p = rc.settings
+        if rc.method == "cov":
+            assert loss.loss_mode == p.loss_mode, name
+            if p.loss_mode == "kl_cov":
+                assert (loss.kl_cov_ratio, loss.ppo_kl_coef) == (p.cov_ratio, p.cov_kl_coef)
+            else:
+                assert (loss.clip_cov_ratio, loss.clip_cov_lb, loss.clip_cov_ub) == (
+                    p.cov_ratio, p.cov_clip_lb, p.cov_clip_ub)
+        else:
+            assert loss.loss_mode == "vanilla", name
+
+
+def _with_params(overrides: list[str], params: str) -> list[str]:
+    """The run's overrides with its ``actor_rollout_ref.repexp.params`` mapping replaced (a hand-written one)."""
+    key = "actor_rollout_ref.repexp.params="
+    return [f"{key}{params}" if o.startswith(key) else o for o in overrides]
+
+
+def test_a_bad_method_param_fails_naming_its_key(method_runs):
+    passk = build_overrides(method_runs["verl_passk_k4_s42"])
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.repexp\.params\.passk_k: 16 exceeds train\.n_rollouts 8"):
+        check_config(_compose(_with_params(passk, "{passk_k:16}")))
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.repexp\.params\.passk_kk: unknown parameter of passk"):
+        check_config(_compose(_with_params(passk, "{passk_kk:2}")))
+    cov = build_overrides(method_runs["verl_kl_cov_r0.002_s42"])
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.repexp\.params\.loss_mode"):
+        check_config(_compose(_with_params(cov, "{loss_mode:kl_covv}")))
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.repexp\.params\.cov_ratio"):
+        check_config(_compose(_with_params(cov, "{cov_ratio:0.0}")))
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.repexp\.method: 'pass_k' is not a training method"):
+        check_config(_compose(passk + ["actor_rollout_ref.repexp.method=pass_k"]))
+    # the method's verl settings must be what it runs with (a hand-written override contradicting them)
+    with pytest.raises(ValueError, match=r"^algorithm\.adv_estimator: method passk runs with 'repexp_passk'"):
+        check_config(_compose(passk + ["algorithm.adv_estimator=grpo_passk"]))
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.policy_loss\.kl_cov_ratio: method cov"):
+        check_config(_compose(cov + ["actor_rollout_ref.actor.policy_loss.kl_cov_ratio=0.5"]))
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.repexp\.beta: must be 0 for method passk"):
+        check_config(_compose(passk + ["actor_rollout_ref.repexp.beta=0.1", "actor_rollout_ref.repexp.sparse_dim=4"]))

@@ -398,6 +398,14 @@ def _actor_worker(cfg):
         cfg.actor_rollout_ref.actor.optim.total_training_steps = 10
     actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
     model = omega_conf_to_dataclass(cfg.actor_rollout_ref.model)
+    # the engine settings ActorRolloutRefWorker.init_model assigns (micro-batching of log-prob and update calls)
+    rollout = cfg.actor_rollout_ref.rollout
+    actor.engine.use_dynamic_bsz = actor.use_dynamic_bsz
+    actor.engine.infer_max_token_len_per_gpu = rollout.log_prob_max_token_len_per_gpu
+    actor.engine.infer_micro_batch_size_per_gpu = rollout.log_prob_micro_batch_size_per_gpu
+    actor.engine.max_token_len_per_gpu = actor.ppo_max_token_len_per_gpu
+    actor.engine.micro_batch_size_per_gpu = actor.ppo_micro_batch_size_per_gpu
+    actor.engine.use_remove_padding = model.use_remove_padding
     saved = os.environ.get("VERL_ENGINE_DEVICE")
     os.environ["VERL_ENGINE_DEVICE"] = "cuda"  # verl registers its FSDP LM engine for accelerators only
     try:
@@ -577,3 +585,215 @@ def test_walltime_chunk_ends_fit_at_a_saved_step_without_done(runtime, tmp_path)
     resumed.clock.start()
     resumed._end_chunk_if_out_of_time()
     assert resumed.total_training_steps == 10 and not is_complete(checkpoint_dir(run_dir, 4))
+
+
+# --------------------------------------------------------------------------- the methods beside RepExp, one step each
+
+
+def _method_config(runtime, run_dir: Path, method: str, params: str, *extra: str):
+    """The tiny config of a run of `method` (no RepExp bonus: beta 0, no sparse_dim), with its verl settings as
+    repexp.verl.overrides.method_settings gives them (checked by check_config, as the entry point does)."""
+    from repexp.verl.overrides import BASE_METHOD_SETTINGS, hydra_value, method_settings
+    from repexp.verl.settings import RepExpSettings
+    from repexp.verl.train import check_config
+
+    node = f"actor_rollout_ref.repexp.method={method}", f"actor_rollout_ref.repexp.params={params}"
+    base = compose_config(runtime["model"], run_dir, "actor_rollout_ref.repexp.beta=0",
+                          "actor_rollout_ref.repexp.sparse_dim=null", *node)
+    settings = RepExpSettings.from_mapping(dict(base.actor_rollout_ref.repexp), n_rollouts=4)
+    verl = {**BASE_METHOD_SETTINGS, **method_settings(method, settings.params)}
+    cfg = compose_config(runtime["model"], run_dir, "actor_rollout_ref.repexp.beta=0",
+                         "actor_rollout_ref.repexp.sparse_dim=null", *node,
+                         *(f"{key}={hydra_value(value)}" for key, value in verl.items()), *extra)
+    assert check_config(cfg).method == method
+    return cfg
+
+
+def test_passk_advantages_verl_used_equal_the_core(runtime, transfer_queue_session):
+    """pass@k: verl's own _compute_advantage runs the registered `repexp_passk` estimator; the advantage of every
+    token is `passk_advantages` of its group's 0/1 scores (k from the repexp node); verl's padding rows get 0."""
+    from repexp.methods.passk import passk_advantages
+
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+    from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
+
+    tq = transfer_queue_session
+    cfg = _method_config(runtime, runtime["root"] / "run_passk", "passk", "{passk_k:2}")
+    assert cfg.algorithm.adv_estimator == "repexp_passk"
+    uids, prompts, responses, _ = _rollout_data(7, "k")
+    scores = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0]  # c = 2 and c = 1 of n = 4
+    batch = upsample_batch_to_divisible_size(_put_rollouts(tq, "k", uids, prompts, responses, scores), 12,
+                                             eos_token_id=2)
+    trainer = _trainer(cfg, object(), step=1)  # no worker call: the advantage is the driver's
+    assert get_adv_estimator_fn("repexp_passk").__module__ == "repexp.verl.methods", "registered by the trainer"
+    metrics = {}
+    batch = trainer._compute_advantage(batch, metrics)
+
+    expected = passk_advantages(torch.tensor(scores), uids, 2)
+    assert expected[0] > 0 > expected[1] and expected[5] > 0, "the hand check: pass@2 advantages, not GRPO's"
+    advantages = tq.kv_batch_get(keys=batch.keys, partition_id="train",
+                                 select_fields=["advantages"])["advantages"].to_padded_tensor(float("nan"))
+    for i in range(8):
+        row = advantages[i, : len(responses[i])].double()
+        torch.testing.assert_close(row, torch.full_like(row, float(expected[i])), atol=1e-6, rtol=1e-6)
+    assert torch.all(advantages[8:].nan_to_num(0.0) == 0), "padding rows: no advantage"
+    assert metrics["reward/verifier/mean"] == metrics["reward/shaped/mean"] == 0.375
+    tq.kv_clear(keys=batch.keys, partition_id="train")
+
+
+OUTCOME_TEXTS = ["so #### 4", "it is #### 5", "#### 4", "no idea", "#### 7", "#### 7", "#### 7", "#### 8"]
+
+
+def _put_answers(tq, tokenizer, tag: str, step: int):
+    """Rollouts whose responses are real text with final answers, and the dataset columns outcome reads."""
+    uids = [f"{tag}{step}u0"] * 4 + [f"{tag}{step}u1"] * 4
+    prompts = _sequences(step, [5] * 8, [1] * 8)[0]
+    responses = [torch.tensor(tokenizer.encode(text, add_special_tokens=False)) for text in OUTCOME_TEXTS]
+    scores = [1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 0.0]
+    batch = _put_rollouts(tq, f"{tag}{step}_", uids, prompts, responses, scores)
+    extra = {"data_source": np.array(["openai/gsm8k"] * 8, dtype=object),
+             "extra_info": np.array([{"problem_id": "q0", "index": 0}] * 4 + [{"problem_id": "q1", "index": 1}] * 4,
+                                    dtype=object)}
+    from verl.utils import tensordict_utils as tu
+
+    tq.kv_batch_put(keys=list(batch.keys), partition_id="train", fields=tu.get_tensordict(extra))
+    return batch, uids, responses, scores
+
+
+@pytest.fixture(scope="module")
+def actor_group(runtime):
+    """The actor's TrainingWorker (FSDP2 on CPU), shared by the checkpoint and policy-loss steps below."""
+    cfg = compose_config(runtime["model"], runtime["root"] / "run_actor")
+    return _actor_worker(cfg)
+
+
+def test_outcome_bonus_enters_the_reward_and_its_counts_resume(runtime, transfer_queue_session, actor_group, tmp_path):
+    """Outcome exploration (historical, UCB-Con): answers of the decoded responses, `outcome_bonus` added to the
+    verifier score at the last token before verl's GRPO advantage; rm_scores restored; the answer counts saved
+    in each checkpoint and restored on resume, so the resumed run's next bonus is the uninterrupted run's."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from transformers import AutoTokenizer
+
+    from repexp import layout
+    from repexp.checkpoints import checkpoint_dir, is_complete
+    from repexp.methods.outcome import AnswerCounts, final_answer, outcome_bonus
+
+    tq = transfer_queue_session
+    tokenizer = AutoTokenizer.from_pretrained(runtime["model"])
+    run_dir = tmp_path / "run"
+    cfg = _method_config(runtime, run_dir, "outcome", "{outcome_mode:historical,outcome_c:0.5}")
+    params = _trainer(cfg, object(), step=0).repexp.params
+
+    def fresh(step):
+        trainer = _trainer(cfg, ActorWorkerGroup(actor_group), step=step)
+        trainer.tokenizer = tokenizer
+        trainer.train_dataloader = StatefulDataLoader(list(range(8)), batch_size=4)
+        return trainer
+
+    answers = [final_answer("openai/gsm8k", text, "repexp") for text in OUTCOME_TEXTS]
+    assert answers[:4] == ["4", "5", "4", None] and answers[4:] == ["7", "7", "7", "8"]
+    counts = AnswerCounts()
+    trainer = fresh(1)
+    for step in (1, 2):
+        trainer.global_steps = step
+        batch, uids, responses, scores = _put_answers(tq, tokenizer, "o", step)
+        metrics = {}
+        batch = trainer._compute_advantage(batch, metrics)
+        expected, _ = outcome_bonus(params, groups=uids, question_keys=["q0"] * 4 + ["q1"] * 4, answers=answers,
+                                    scores=torch.tensor(scores), state=counts)
+        data = tq.kv_batch_get(keys=batch.keys, partition_id="train",
+                               select_fields=["rm_scores", "token_level_rewards", "advantages"])
+        shaped = data["token_level_rewards"].to_padded_tensor(0.0).sum(1).double()
+        torch.testing.assert_close(shaped, torch.tensor(scores, dtype=torch.float64) + expected, atol=1e-6, rtol=0)
+        rewards = data["token_level_rewards"].to_padded_tensor(0.0)
+        for i, response in enumerate(responses):  # the term sits on the last response token only
+            assert torch.all(rewards[i, : len(response) - 1] == 0)
+        np.testing.assert_allclose(data["rm_scores"].to_padded_tensor(0.0).sum(1).numpy(), scores)
+        np.testing.assert_allclose(_hand_grpo(shaped.numpy(), uids),
+                                   data["advantages"].to_padded_tensor(0.0)[:, 0].numpy(), atol=2e-4)
+        assert metrics["outcome/bonus/mean"] == pytest.approx(float(expected.mean()))
+        assert metrics["outcome/questions_seen"] == 2.0 and "timing_s/outcome_bonus" not in metrics
+        assert "outcome_bonus" in trainer.timing_raw
+        if step == 1:
+            assert float(expected[0]) == pytest.approx(0.25), "a new answer: 0.5 * (1 - b0)"
+            trainer._save_checkpoint()
+            saved = checkpoint_dir(run_dir, 1) / layout.VERL_OUTCOME_STATE
+            assert is_complete(checkpoint_dir(run_dir, 1)) and saved.exists()
+            assert json.loads(saved.read_text()) == counts.state_dict()
+        else:
+            uninterrupted = shaped
+        tq.kv_clear(keys=batch.keys, partition_id="train")
+
+    resumed = fresh(0)
+    resumed._load_checkpoint()
+    assert resumed.global_steps == 1 and resumed.outcome.counts.state_dict() != AnswerCounts().state_dict()
+    batch = _put_answers(tq, tokenizer, "r", 2)[0]
+    batch = resumed._compute_advantage(batch, {})
+    again = tq.kv_batch_get(keys=batch.keys, partition_id="train", select_fields=["token_level_rewards"])
+    torch.testing.assert_close(again["token_level_rewards"].to_padded_tensor(0.0).sum(1).double(), uninterrupted)
+    tq.kv_clear(keys=batch.keys, partition_id="train")
+
+
+class ActorUpdateGroup:
+    """verl's RayWorkerGroup minus Ray for the actor's log-prob and update calls: they go to a real
+    ActorRolloutRefWorker holding the actor TrainingWorker with verl's ppo_loss (as init_model sets it),
+    through verl's register/tqbridge wrappers (reading and writing TransferQueue)."""
+
+    def __init__(self, cfg, actor):
+        from functools import partial
+
+        from repexp.verl.worker import RepExpActorRolloutRefWorker
+
+        from verl.single_controller.base.worker import Worker
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.workers.utils.losses import ppo_loss
+
+        self.actor_config = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+        worker = RepExpActorRolloutRefWorker.__new__(RepExpActorRolloutRefWorker)
+        Worker.__init__(worker)
+        worker.enable_routing_replay = False
+        worker.actor = actor
+        actor.set_loss_fn(partial(ppo_loss, config=self.actor_config))
+        worker.set_dispatch_collect(mesh_name="actor", **actor.get_dispatch_collect())
+        self.worker = worker
+
+    def compute_log_prob(self, batch):
+        return self.worker.compute_log_prob(batch)
+
+    def update_actor(self, batch):
+        return self.worker.update_actor(batch)
+
+
+def test_clip_cov_step_runs_verls_policy_loss(runtime, transfer_queue_session, actor_group):
+    """KL-Cov / Clip-Cov: verl's config carries the loss mode and its settings, and one actor update (verl's
+    _compute_old_log_prob, _compute_advantage and _update_actor, FSDP2 on CPU) runs with it: on-policy, PPO's
+    vanilla loss clips nothing, while Clip-Cov detaches cov_ratio of the tokens (a window holding every token)."""
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+    tq = transfer_queue_session
+    cfg = _method_config(runtime, runtime["root"] / "run_cov", "cov",
+                         "{loss_mode:clip_cov,cov_ratio:0.25,cov_clip_lb:-1000.0,cov_clip_ub:1000.0}",
+                         # no vLLM here: the rows carry no rollout log-probs to compare with
+                         "actor_rollout_ref.rollout.calculate_log_probs=false")
+    group = ActorUpdateGroup(cfg, actor_group)
+    loss = group.actor_config.policy_loss
+    assert (loss.loss_mode, loss.clip_cov_ratio, loss.clip_cov_lb, loss.clip_cov_ub) == ("clip_cov", 0.25, -1000, 1000)
+    assert get_policy_loss_fn(loss.loss_mode).__name__ == "compute_policy_loss_clip_cov"
+
+    uids, prompts, responses, _ = _rollout_data(11, "c")
+    scores = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+    batch = _put_rollouts(tq, "c", uids, prompts, responses, scores)
+    trainer = _trainer(cfg, group, step=1)
+    before = _full_state(actor_group.engine.module)
+    metrics = {}
+    batch = trainer._compute_old_log_prob(batch, metrics)
+    batch = trainer._compute_advantage(batch, metrics)
+    trainer._update_actor(batch, metrics)
+    tokens = sum(len(r) for r in responses)
+    # each micro-batch of 2 rows detaches max(int(0.25 * its tokens), 1) of its tokens; vanilla would give 0
+    assert metrics["actor/pg_clipfrac"] > 0.1, metrics
+    assert metrics["actor/pg_clipfrac"] <= 0.5 and tokens == 29
+    assert "actor/pg_clipfrac_lower" not in metrics, "PPO's vanilla loss reports it; Clip-Cov's does not"
+    after = _full_state(actor_group.engine.module)
+    assert any(not torch.equal(before[name], after[name]) for name in before), "the step updated the actor"
+    tq.kv_clear(keys=batch.keys, partition_id="train")

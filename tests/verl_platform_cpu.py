@@ -56,6 +56,10 @@ class _NoCudaDeviceModule:
         return None
 
     @staticmethod
+    def get_device_name(*args: Any, **kwargs: Any) -> str:  # verl's MFU estimate after an actor update
+        return "CPU"
+
+    @staticmethod
     def reset_peak_memory_stats(*args: Any, **kwargs: Any) -> None:
         return None
 

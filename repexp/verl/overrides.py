@@ -21,6 +21,13 @@ from repexp.verl import reward
 from repexp.verl.attention import Attention, flash_attn_error, resolve
 
 REWARD_FUNCTION = "pkg://repexp.verl.reward"
+# the analytic pass@k advantage (repexp.methods.passk), registered in verl's estimator registry by
+# repexp.verl.methods; verl's own `grpo_passk` is a different estimator (arXiv 2503.19595)
+PASSK_ESTIMATOR = "repexp_passk"
+ADV_ESTIMATOR_KEY = "algorithm.adv_estimator"
+POLICY_LOSS = "actor_rollout_ref.actor.policy_loss"
+# what verl runs for every method unless `method_settings` says otherwise: GRPO's advantage, PPO's loss
+BASE_METHOD_SETTINGS = {ADV_ESTIMATOR_KEY: "grpo", f"{POLICY_LOSS}.loss_mode": "vanilla"}
 
 _BARE = re.compile(r"^[A-Za-z0-9_./:-]+$")
 
@@ -56,6 +63,24 @@ def _model_path(model: str) -> str:
     """Local directories become absolute (Ray workers have their own cwd); Hub ids stay as they are."""
     path = Path(model)
     return str(path.resolve()) if path.exists() else model
+
+
+def method_settings(method: str, params: Any) -> dict[str, Any]:
+    """The verl keys a training method sets (its `Params` -> verl 0.9.1's own settings), on top of
+    `BASE_METHOD_SETTINGS`. pass@k: the `repexp_passk` estimator (k travels in ``actor_rollout_ref.repexp.params``:
+    verl's AlgoConfig takes no extra keys). KL-Cov / Clip-Cov: verl's ``policy_loss.loss_mode`` and its
+    ratio, coefficient and window. RepExp, GRPO and outcome exploration change the reward only (the trainer)."""
+    if method == "passk":
+        return {ADV_ESTIMATOR_KEY: PASSK_ESTIMATOR}
+    if method == "cov":
+        mode = params.loss_mode
+        if mode == "kl_cov":
+            own = {"kl_cov_ratio": params.cov_ratio, "ppo_kl_coef": params.cov_kl_coef}
+        else:
+            own = {"clip_cov_ratio": params.cov_ratio, "clip_cov_lb": params.cov_clip_lb,
+                   "clip_cov_ub": params.cov_clip_ub}
+        return {f"{POLICY_LOSS}.loss_mode": mode, **{f"{POLICY_LOSS}.{key}": value for key, value in own.items()}}
+    return {}
 
 
 def build_overrides(run_config: RunConfig, attention: Optional[Attention] = None, *,
@@ -130,6 +155,11 @@ def build_overrides(run_config: RunConfig, attention: Optional[Attention] = None
         ("actor_rollout_ref.repexp.beta", float(rc.beta)),
         ("actor_rollout_ref.repexp.sparse_dim", rc.sparse_dim),
         ("actor_rollout_ref.repexp.seed", rc.seed),
+        # the run's method and its parameters (checked again by RepExpSettings.from_mapping), then the verl
+        # settings it maps to (advantage estimator, policy loss)
+        ("actor_rollout_ref.repexp.method", rc.method),
+        ("actor_rollout_ref.repexp.params", dict(rc.params)),
+        *{**BASE_METHOD_SETTINGS, **method_settings(rc.method, rc.settings)}.items(),
         ("actor_rollout_ref.repexp.bonus", dataclasses.asdict(dataclasses.replace(
             bonus, representation_model=bonus.representation_model and _model_path(bonus.representation_model)))),
         ("actor_rollout_ref.repexp.micro_batch_size_per_gpu", verl.repexp_micro_batch_size_per_gpu),

@@ -15,10 +15,21 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from repexp import layout
-from repexp.config import BonusConfig, VerlConfig, check_bonus, check_fields, check_value, to_dataclass
+from repexp.config import (
+    BonusConfig,
+    TrainConfig,
+    VerlConfig,
+    check_bonus,
+    check_fields,
+    check_method_params,
+    check_value,
+    to_dataclass,
+)
+from repexp.methods import METHODS, Method
 
 NODE = "actor_rollout_ref.repexp"
 BONUS_KEY = "bonus"  # NODE's sub-node holding the pipeline's BonusConfig (config/repexp_trainer.yaml)
+PARAMS_KEY = "params"  # NODE's sub-node holding the run method's Params (repexp.methods) as a mapping
 RUN_NODE = "repexp_run"
 TRAINER_MODE = "repexp"  # trainer.v1.trainer_mode under which repexp.verl.trainer registers RepExpTrainer
 DTYPES = ("bf16", "fp16", "fp32")
@@ -44,6 +55,15 @@ class RepExpSettings(BonusConfig):
     use_dynamic_bsz: bool = False
     micro_batch_size_per_gpu: int = VerlConfig.repexp_micro_batch_size_per_gpu
     max_token_len_per_gpu: int = 32768
+    # the run's training method (a key of repexp.methods.METHODS); null: repexp when beta > 0, else grpo
+    method: Optional[str] = None
+    # the method's `Params` (from the node's ``params`` mapping, checked by the pipeline's check_method_params)
+    params: Any = None
+
+    @property
+    def entry(self) -> Method:
+        """The method's entry of `repexp.methods.METHODS` (its hooks say where the trainer applies it)."""
+        return METHODS[self.method]
 
     @property
     def bonus(self) -> BonusConfig:
@@ -56,14 +76,20 @@ class RepExpSettings(BonusConfig):
         return self.beta > 0
 
     @classmethod
-    def from_mapping(cls, raw: Mapping[str, Any], where: str = NODE) -> RepExpSettings:
+    def from_mapping(cls, raw: Mapping[str, Any], where: str = NODE, *,
+                     n_rollouts: Optional[int] = None) -> RepExpSettings:
+        """`n_rollouts`: the run's group size (``actor_rollout_ref.rollout.n``), for the method's rules
+        against the train section (pass@k's k <= n); None checks them against the pipeline's default."""
         raw = dict(raw)
+        params = raw.pop(PARAMS_KEY, None) or {}
+        if not isinstance(params, Mapping):
+            raise ValueError(f"{where}.{PARAMS_KEY}: expected a mapping of the method's parameters, got {params!r}")
         # the bonus node -> the pipeline's dataclass in one call: its keys, types and defaults, unknown keys
         # refused with their full name; then its per-field and cross-field rules, the pipeline config's own
         bonus = to_dataclass(BonusConfig, raw.pop(BONUS_KEY, {}), prefix=f"{where}.{BONUS_KEY}.")
         check_fields(bonus, f"{where}.{BONUS_KEY}.")
         check_bonus(bonus, f"{where}.{BONUS_KEY}")
-        own = [f for f in dataclasses.fields(cls) if f.name not in _BONUS_FIELDS]
+        own = [f for f in dataclasses.fields(cls) if f.name not in _BONUS_FIELDS and f.name != PARAMS_KEY]
         s = cls(**vars(bonus), **_strict_fields(own, raw, where))
         # the pipeline config's per-field rules for the settings it shares (hand-written overrides reach here unchecked)
         check_value(f"{where}.strategy", s.strategy, VerlConfig, "strategy")
@@ -76,10 +102,33 @@ class RepExpSettings(BonusConfig):
         _require(s.seed >= 0, f"{where}.seed", f"must be >= 0, got {s.seed}")
         _require(s.dtype in DTYPES, f"{where}.dtype", f"{s.dtype!r} is not one of {DTYPES}")
         _require(s.max_token_len_per_gpu >= 1, f"{where}.max_token_len_per_gpu", "must be >= 1")
-        return s
+        return _with_method(s, dict(params), where, n_rollouts)
 
 
 _BONUS_FIELDS = {f.name for f in dataclasses.fields(BonusConfig)}
+_REPEXP_POINT = ("sparse_dim", "beta")  # RepExp's Params, which the node also carries as its own keys
+
+
+def _with_method(s: RepExpSettings, params: dict, where: str, n_rollouts: Optional[int]) -> RepExpSettings:
+    """The node's method and its parameters, checked by the pipeline's own rules (`check_method_params`,
+    errors naming ``<where>.params.<field>``). RepExp's point stays in ``beta``/``sparse_dim`` (the
+    representation worker reads them there); its ``params``, when given, must agree with them. Every other
+    method runs without the elliptical bonus (beta = 0)."""
+    method = s.method if s.method is not None else ("repexp" if s.enabled else "grpo")
+    _require(method in METHODS, f"{where}.method", f"{method!r} is not a training method (known: {', '.join(METHODS)})")
+    train = TrainConfig() if n_rollouts is None else dataclasses.replace(TrainConfig(), n_rollouts=int(n_rollouts))
+    if method == "repexp":
+        _require(s.enabled, f"{where}.beta", "must be > 0 for method repexp")
+        given = dict(params)
+        params = {**{name: getattr(s, name) for name in _REPEXP_POINT}, **given}
+    settings = check_method_params(method, params, train, f"{where}.{PARAMS_KEY}")
+    if method == "repexp":
+        for name in given:
+            _require(getattr(settings, name) == getattr(s, name), f"{where}.{PARAMS_KEY}.{name}",
+                     f"{getattr(settings, name)!r} disagrees with {where}.{name} {getattr(s, name)!r}")
+    else:
+        _require(not s.enabled, f"{where}.beta", f"must be 0 for method {method} (beta is RepExp's bonus weight)")
+    return dataclasses.replace(s, method=method, params=settings)
 
 
 @dataclass(frozen=True)
@@ -106,7 +155,8 @@ def repexp_settings(actor_rollout_ref: DictConfig) -> RepExpSettings:
     node = actor_rollout_ref.get("repexp")
     if node is None:
         raise ValueError("actor_rollout_ref.repexp: missing; launch through python -m repexp.verl.train")
-    return RepExpSettings.from_mapping(OmegaConf.to_container(node, resolve=True))
+    rollout = actor_rollout_ref.get("rollout") or {}
+    return RepExpSettings.from_mapping(OmegaConf.to_container(node, resolve=True), n_rollouts=rollout.get("n"))
 
 
 def run_dir_of(config: DictConfig) -> Path:

@@ -14,12 +14,13 @@ from pathlib import Path
 
 import hydra
 import ray
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from repexp import checkpoints, layout, tracking
 from repexp.checkpoints import BestDevTracker, complete_steps
 from repexp.config import check_repexp_micro_batch, check_save_freq
 from repexp.verl import config as _schemas  # noqa: F401  stores the bonus node's schema before Hydra composes
+from repexp.verl.overrides import BASE_METHOD_SETTINGS, method_settings
 from repexp.verl.settings import TRAINER_MODE, RepExpSettings, RunSettings, repexp_settings, run_dir_of
 from repexp.walltime import read_chunk_end
 
@@ -37,9 +38,11 @@ def check_config(config: DictConfig) -> RepExpSettings:
         raise ValueError(f"trainer.v1.trainer_mode: must be {TRAINER_MODE!r}, got {config.trainer.v1.trainer_mode!r}")
     if not config.trainer.use_v1:
         raise ValueError("trainer.use_v1: RepExp plugs into verl's V1 trainer; must be true")
-    if config.algorithm.adv_estimator != "grpo":
-        raise ValueError("algorithm.adv_estimator: RepExp shapes GRPO's outcome reward; "
-                         f"got {config.algorithm.adv_estimator!r}")
+    # the verl settings of the run's method (advantage estimator, policy loss), as build_overrides sets them
+    for key, value in {**BASE_METHOD_SETTINGS, **method_settings(settings.method, settings.params)}.items():
+        found = OmegaConf.select(config, key)
+        if found != value:
+            raise ValueError(f"{key}: method {settings.method} runs with {value!r}, got {found!r}")
     # The pipeline config's own rules (repexp.config), under verl's key names: this entry point also
     # runs on hand-written overrides that no pipeline config checked.
     check_save_freq(config.trainer.save_freq, config.trainer.test_freq, "trainer.save_freq", "trainer.test_freq")

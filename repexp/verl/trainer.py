@@ -46,6 +46,8 @@ from repexp.checkpoints import (
 from repexp.io import atomic_path, write_text_atomic
 from repexp.verl import dataplane
 from repexp.verl.engine import OUTPUT_KEY
+from repexp.verl.methods import PASSK_K_KEY, OutcomeReward
+from repexp.verl.reward import FUNCTION_NAMES
 from repexp.verl.settings import TRAINER_MODE, RunSettings, repexp_settings, run_dir_of
 from repexp.verl.validation import dev_pass_at_k
 from repexp.verl.worker import WORKER_FIELDS, RepExpActorRolloutRefWorker
@@ -60,7 +62,8 @@ logger = logging.getLogger(__name__)
 
 # Files of a verl checkpoint that only resuming reads (the kept best-dev checkpoint drops them;
 # `repexp merge` needs the model shards, fsdp_config.json and huggingface/ only).
-RESUME_ONLY = ("actor/optim_world_size_*", "actor/extra_state_world_size_*", "data.pt", layout.VERL_STATE)
+RESUME_ONLY = ("actor/optim_world_size_*", "actor/extra_state_world_size_*", "data.pt", layout.VERL_STATE,
+               layout.VERL_OUTCOME_STATE)
 ACTOR_ROLES = (Role.ActorRolloutRef, Role.ActorRollout, Role.Actor)
 
 
@@ -99,12 +102,19 @@ class RepExpTrainer(PPOTrainerSync):
         # any mode other than "sync" switches verl to its async code paths
         with open_dict(config):
             config.trainer.v1.trainer_mode = "sync"
+            if self.repexp.method == "passk":  # for verl's call of the registered estimator (repexp.verl.methods)
+                config.algorithm[PASSK_K_KEY] = self.repexp.params.passk_k
         super().__init__(config)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.best_dev = BestDevTracker.load(self.run_dir)
         # the GRPO baseline (beta = 0, sparse_dim null) projects nothing, so it has no bonus state
         self.bonus_state = (BonusState(self.repexp, sparse_dim=self.repexp.sparse_dim, seed=self.repexp.seed)
                             if self.repexp.enabled else None)
+        # outcome exploration's term and its answer counts (None for every other method)
+        self.outcome = (OutcomeReward(self.repexp.params, _grader(config))
+                        if self.repexp.method == "outcome" else None)
+        # the "reward" hook: a per-rollout term added to the verifier score before verl's advantage
+        self._reward_terms = {"repexp": self._repexp_term, "outcome": self._outcome_term}
         self.metrics_logger = JsonlMetricsLogger(self.run_dir / layout.METRICS)
         self.training_time = TrainingTime()  # resumed in _load_checkpoint
         self.clock = ChunkClock(self.run_settings.chunk_deadline)
@@ -131,13 +141,37 @@ class RepExpTrainer(PPOTrainerSync):
         return dataplane.dense_rows(dataplane.read_fields(batch, [OUTPUT_KEY])[OUTPUT_KEY])
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        if not self.repexp.enabled:
-            data = dataplane.read_fields(batch, ["uid", "rm_scores", "responses"])
-            scores = dataplane.row_sums(data["rm_scores"]).double()
-            metrics.update(group_metrics(dataplane.non_tensor_list(data, "uid"), scores, dataplane.padding_rows(batch)))
-            metrics.update(_distinct_fraction(batch, data))
-            return super()._compute_advantage(batch, metrics)
+        """The one dispatch on the method's hooks (repexp.methods): "reward" methods add their term to
+        ``rm_scores`` before verl's advantage; the others run verl's computation unchanged: pass@k through the
+        estimator the config names (``advantage`` hook, repexp.verl.methods), KL-Cov / Clip-Cov through verl's
+        policy loss on the workers (``loss`` hook), GRPO as it is."""
+        if "reward" in self.repexp.entry.hooks:
+            return self._advantage_of_shaped_reward(batch, metrics, self._reward_terms[self.repexp.method])
+        data = dataplane.read_fields(batch, ["uid", "rm_scores", "responses"])
+        scores = dataplane.row_sums(data["rm_scores"]).double()
+        metrics.update(group_metrics(dataplane.non_tensor_list(data, "uid"), scores, dataplane.padding_rows(batch)))
+        metrics.update(_distinct_fraction(batch, data))
+        return super()._compute_advantage(batch, metrics)
 
+    def _advantage_of_shaped_reward(self, batch: KVBatchMeta, metrics: dict, term) -> KVBatchMeta:
+        """verl's advantage on ``alpha * score + term`` (the term on each row's last token); afterwards
+        ``rm_scores`` is the verifier score again and ``token_level_rewards`` the shaped reward."""
+        rm_scores, shaped, data, term_metrics = term(batch)
+        metrics.update(_distinct_fraction(batch, data))
+        batch = super()._compute_advantage(batch, metrics)
+        # verifier scores back for verl's critic/score; the shaped reward for critic/rewards (with a KL
+        # reward verl wrote its own token_level_rewards = shaped - KL)
+        restore = {"rm_scores": rm_scores}
+        if not self.config.algorithm.use_kl_in_reward:
+            restore["token_level_rewards"] = shaped
+        batch = dataplane.write_fields(batch, restore)
+        metrics.update(term_metrics)
+        return batch
+
+    def _repexp_term(self, batch: KVBatchMeta):
+        """RepExp: hidden-state forward on the workers, ``beta * bonus`` on the driver (repexp.bonus_step)."""
+        if not self.repexp.enabled:
+            raise RuntimeError("method repexp with beta = 0: the settings check lets no such run through")
         with marked_timer(metric_names.TIMER_REPEXP_FORWARD, self.timing_raw, color="purple"):
             hidden = self._hidden_means(batch)
         with marked_timer(metric_names.TIMER_REPEXP_BONUS, self.timing_raw, color="purple"):
@@ -151,16 +185,24 @@ class RepExpTrainer(PPOTrainerSync):
                 prompt_keys=_prompt_keys(data) if self.repexp.persist_covariance else None)
             shaped = dataplane.add_at_last_token(rm_scores, self.repexp.alpha, result.bonus_scaled.float())
             dataplane.write_fields(batch, {"rm_scores": shaped})
-        metrics.update(_distinct_fraction(batch, data))
-        batch = super()._compute_advantage(batch, metrics)
-        # verifier scores back for verl's critic/score; the shaped reward for critic/rewards (with a KL
-        # reward verl wrote its own token_level_rewards = shaped - KL)
-        restore = {"rm_scores": rm_scores}
-        if not self.config.algorithm.use_kl_in_reward:
-            restore["token_level_rewards"] = shaped
-        batch = dataplane.write_fields(batch, restore)
-        metrics.update(result.metrics)
-        return batch
+        return rm_scores, shaped, data, result.metrics
+
+    def _outcome_term(self, batch: KVBatchMeta):
+        """Outcome exploration: final answers of the decoded responses, c * bonus (repexp.methods.outcome)."""
+        with marked_timer(metric_names.TIMER_OUTCOME_BONUS, self.timing_raw, color="purple"):
+            data = dataplane.read_fields(batch, ["uid", "rm_scores", "responses", "data_source", "extra_info"])
+            rm_scores = data["rm_scores"]
+            uids = dataplane.non_tensor_list(data, "uid")
+            scores = dataplane.row_sums(rm_scores).double()
+            excluded = dataplane.padding_rows(batch) | (dataplane.row_lengths(rm_scores) == 0)
+            term, term_metrics = self.outcome(
+                tokenizer=self.tokenizer, groups=uids, question_keys=_question_keys(data, excluded),
+                data_sources=[str(source) for source in dataplane.non_tensor_list(data, "data_source")],
+                responses=dataplane.token_rows(data["responses"]), scores=scores, excluded=excluded)
+            shaped = dataplane.add_at_last_token(rm_scores, 1.0, term.float())
+            dataplane.write_fields(batch, {"rm_scores": shaped})
+        term_metrics.update(group_metrics(uids, scores, excluded, shaped=scores + term))
+        return rm_scores, shaped, data, term_metrics
 
     # ------------------------------------------------------------------ validation
 
@@ -184,6 +226,9 @@ class RepExpTrainer(PPOTrainerSync):
             step_dir.mkdir(parents=True, exist_ok=True)
             with atomic_path(step_dir / layout.VERL_STATE) as tmp:
                 torch.save(self.bonus_state.state_dict(), tmp)
+        if self.outcome is not None:
+            step_dir.mkdir(parents=True, exist_ok=True)
+            self.outcome.save(step_dir / layout.VERL_OUTCOME_STATE)
         started = time.monotonic()
         super()._save_checkpoint()
         if self.config.actor_rollout_ref.actor.get("checkpoint", {}).get("async_save", False):
@@ -237,6 +282,8 @@ class RepExpTrainer(PPOTrainerSync):
             if not state_path.exists():
                 raise FileNotFoundError(f"{state_path}: missing; cannot resume the persistent covariance")
             self.bonus_state.load_state_dict(torch.load(state_path, weights_only=False))
+        if self.outcome is not None:
+            self.outcome.load(step_dir / layout.VERL_OUTCOME_STATE)
 
     # ------------------------------------------------------------------ metrics.jsonl
 
@@ -263,13 +310,28 @@ def _distinct_fraction(batch: KVBatchMeta, data) -> dict[str, float]:
     return metric_names.distinct_fraction([uid for uid, _ in kept], [tokens for _, tokens in kept])
 
 
-def _prompt_keys(data) -> list[str]:
-    """Stable per-prompt keys for the persistent covariance: the dataset's problem_id, else its index."""
+def _prompt_keys(data, excluded=None, needed_by: str = "persist_covariance") -> list[str]:
+    """Stable per-prompt keys (persistent covariance, outcome exploration's answer counts): the dataset's
+    problem_id, else its index. Excluded rows (verl's padding rows, which carry no extra_info) get ""."""
     keys = []
-    for info in dataplane.non_tensor_list(data, "extra_info"):
+    skip = [False] * len(data["rm_scores"]) if excluded is None else excluded.tolist()
+    for info, skipped in zip(dataplane.non_tensor_list(data, "extra_info"), skip):
         info = info or {}
         key = info.get("problem_id", info.get("index"))
-        if key is None:
-            raise ValueError("persist_covariance needs extra_info.problem_id or extra_info.index in the dataset rows")
-        keys.append(str(key))
+        if key is None and not skipped:
+            raise ValueError(f"{needed_by} needs extra_info.problem_id or extra_info.index in the dataset rows")
+        keys.append("" if key is None else str(key))
     return keys
+
+
+def _question_keys(data, excluded) -> list[str]:
+    return _prompt_keys(data, excluded, needed_by="outcome exploration")
+
+
+def _grader(config: DictConfig) -> str:
+    """The run's grader, from the reward function verl calls (repexp.verl.reward.FUNCTION_NAMES)."""
+    name = config.reward.custom_reward_function.get("name")
+    graders = {function: grader for grader, function in FUNCTION_NAMES.items()}
+    if name not in graders:
+        raise ValueError(f"reward.custom_reward_function.name: {name!r} is not one of {sorted(graders)}")
+    return graders[name]
