@@ -667,10 +667,12 @@ def actor_group(runtime):
     return _actor_worker(cfg)
 
 
-def test_outcome_bonus_enters_the_reward_and_its_counts_resume(runtime, transfer_queue_session, actor_group, tmp_path):
-    """Outcome exploration (historical, UCB-Con): answers of the decoded responses, `outcome_bonus` added to the
-    verifier score at the last token before verl's GRPO advantage; rm_scores restored; the answer counts saved
-    in each checkpoint and restored on resume, so the resumed run's next bonus is the uninterrupted run's."""
+def test_outcome_bonus_enters_the_advantage_and_its_counts_resume(runtime, transfer_queue_session, actor_group,
+                                                                  tmp_path):
+    """Outcome exploration (historical, UCB-Con): answers of the decoded responses, `outcome_bonus` added to
+    every response token's advantage after verl's GRPO normalisation of the verifier score (the reward stays
+    the verifier's); the answer counts saved in each checkpoint and restored on resume, so the resumed run's
+    next bonus is the uninterrupted run's."""
     from torchdata.stateful_dataloader import StatefulDataLoader
     from transformers import AutoTokenizer
 
@@ -702,15 +704,13 @@ def test_outcome_bonus_enters_the_reward_and_its_counts_resume(runtime, transfer
         expected, _ = outcome_bonus(params, groups=uids, question_keys=["q0"] * 4 + ["q1"] * 4, answers=answers,
                                     scores=torch.tensor(scores), state=counts)
         data = tq.kv_batch_get(keys=batch.keys, partition_id="train",
-                               select_fields=["rm_scores", "token_level_rewards", "advantages"])
-        shaped = data["token_level_rewards"].to_padded_tensor(0.0).sum(1).double()
-        torch.testing.assert_close(shaped, torch.tensor(scores, dtype=torch.float64) + expected, atol=1e-6, rtol=0)
-        rewards = data["token_level_rewards"].to_padded_tensor(0.0)
-        for i, response in enumerate(responses):  # the term sits on the last response token only
-            assert torch.all(rewards[i, : len(response) - 1] == 0)
+                               select_fields=["rm_scores", "advantages"])
         np.testing.assert_allclose(data["rm_scores"].to_padded_tensor(0.0).sum(1).numpy(), scores)
-        np.testing.assert_allclose(_hand_grpo(shaped.numpy(), uids),
-                                   data["advantages"].to_padded_tensor(0.0)[:, 0].numpy(), atol=2e-4)
+        wanted = _hand_grpo(np.array(scores), uids) + expected.numpy()  # GRPO's advantage, then c * bonus
+        advantages = data["advantages"].to_padded_tensor(0.0)
+        for i, response in enumerate(responses):  # the term on every response token
+            np.testing.assert_allclose(advantages[i, : len(response)].numpy(), wanted[i], atol=2e-4)
+        shaped = advantages[:, 0].double()
         assert metrics["outcome/bonus/mean"] == pytest.approx(float(expected.mean()))
         assert metrics["outcome/questions_seen"] == 2.0 and "timing_s/outcome_bonus" not in metrics
         assert "outcome_bonus" in trainer.timing_raw
@@ -729,8 +729,8 @@ def test_outcome_bonus_enters_the_reward_and_its_counts_resume(runtime, transfer
     assert resumed.global_steps == 1 and resumed.outcome.counts.state_dict() != AnswerCounts().state_dict()
     batch = _put_answers(tq, tokenizer, "r", 2)[0]
     batch = resumed._compute_advantage(batch, {})
-    again = tq.kv_batch_get(keys=batch.keys, partition_id="train", select_fields=["token_level_rewards"])
-    torch.testing.assert_close(again["token_level_rewards"].to_padded_tensor(0.0).sum(1).double(), uninterrupted)
+    again = tq.kv_batch_get(keys=batch.keys, partition_id="train", select_fields=["advantages"])
+    torch.testing.assert_close(again["advantages"].to_padded_tensor(0.0)[:, 0].double(), uninterrupted)
     tq.kv_clear(keys=batch.keys, partition_id="train")
 
 

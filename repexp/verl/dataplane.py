@@ -76,6 +76,14 @@ def token_rows(field: torch.Tensor) -> list[list[int]]:
     return [values[start:end] for start, end in zip(offsets[:-1], offsets[1:])]
 
 
+def add_per_row(field: torch.Tensor, addend: torch.Tensor) -> torch.Tensor:
+    """``row + addend[i]`` at every position of row i (an advantage term spread over a response's tokens:
+    verl's nested fields hold the response tokens only). Returns a new jagged tensor with the same offsets."""
+    offsets = field.offsets()
+    values = field.values() + addend.to(field.values().dtype).repeat_interleave(offsets.diff())
+    return torch.nested.nested_tensor_from_jagged(values, offsets)
+
+
 def add_at_last_token(field: torch.Tensor, scale: float, addend: torch.Tensor) -> torch.Tensor:
     """``scale * row`` with ``addend[i]`` added at the last position of row i (rows must be non-empty
     where addend is non-zero). Returns a new jagged tensor with the same offsets."""

@@ -7,9 +7,9 @@ extension points; the pure cores are the methods' own (shared with TRL), never r
   then calls it for ``algorithm.adv_estimator=repexp_passk`` with the rows' rewards, masks and uids. k comes
   from ``actor_rollout_ref.repexp.params.passk_k``: verl's `AlgoConfig` takes no extra key, so the trainer
   hands k to verl's call through its own (driver-side) algorithm node, under `PASSK_K_KEY`.
-- ``reward`` hook (outcome exploration): `OutcomeReward`, the per-rollout term the trainer adds to
-  ``rm_scores`` at the last token before verl's GRPO advantage (as RepExp's bonus); its answer counts are
-  training state saved beside each checkpoint (`layout.VERL_OUTCOME_STATE`).
+- ``advantage`` hook (outcome exploration): `OutcomeReward`, the per-rollout term the trainer adds to every
+  response token's advantage after verl's GRPO normalisation; its answer counts are training state saved
+  beside each checkpoint (`layout.VERL_OUTCOME_STATE`).
 - ``loss`` hook (KL-Cov / Clip-Cov): verl's own ``policy_loss.loss_mode``, set by
   `repexp.verl.overrides.method_settings`; nothing runs on the driver.
 """

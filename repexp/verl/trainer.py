@@ -113,8 +113,10 @@ class RepExpTrainer(PPOTrainerSync):
         # outcome exploration's term and its answer counts (None for every other method)
         self.outcome = (OutcomeReward(self.repexp.params, _grader(config))
                         if self.repexp.method == "outcome" else None)
-        # the "reward" hook: a per-rollout term added to the verifier score before verl's advantage
-        self._reward_terms = {"repexp": self._repexp_term, "outcome": self._outcome_term}
+        # the "reward" hook: a per-rollout term added to the verifier score before verl's advantage;
+        # the "advantage" hook's terms added to verl's advantage (pass@k's is verl's registered estimator itself)
+        self._reward_terms = {"repexp": self._repexp_term}
+        self._advantage_terms = {"outcome": self._outcome_term}
         self.metrics_logger = JsonlMetricsLogger(self.run_dir / layout.METRICS)
         self.training_time = TrainingTime()  # resumed in _load_checkpoint
         self.clock = ChunkClock(self.run_settings.chunk_deadline)
@@ -141,17 +143,20 @@ class RepExpTrainer(PPOTrainerSync):
         return dataplane.dense_rows(dataplane.read_fields(batch, [OUTPUT_KEY])[OUTPUT_KEY])
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        """The one dispatch on the method's hooks (repexp.methods): "reward" methods add their term to
-        ``rm_scores`` before verl's advantage; the others run verl's computation unchanged: pass@k through the
-        estimator the config names (``advantage`` hook, repexp.verl.methods), KL-Cov / Clip-Cov through verl's
-        policy loss on the workers (``loss`` hook), GRPO as it is."""
+        """The one dispatch on the method's hooks (repexp.methods): "reward" methods (RepExp) add their term to
+        ``rm_scores`` before verl's advantage; "advantage" methods change verl's advantage: pass@k through the
+        estimator the config names (repexp.verl.methods), outcome exploration by adding its term to it after the
+        group normalisation; KL-Cov / Clip-Cov act in verl's policy loss on the workers (``loss`` hook); GRPO
+        runs verl's computation unchanged."""
         if "reward" in self.repexp.entry.hooks:
             return self._advantage_of_shaped_reward(batch, metrics, self._reward_terms[self.repexp.method])
         data = dataplane.read_fields(batch, ["uid", "rm_scores", "responses"])
         scores = dataplane.row_sums(data["rm_scores"]).double()
         metrics.update(group_metrics(dataplane.non_tensor_list(data, "uid"), scores, dataplane.padding_rows(batch)))
         metrics.update(_distinct_fraction(batch, data))
-        return super()._compute_advantage(batch, metrics)
+        batch = super()._compute_advantage(batch, metrics)
+        term = self._advantage_terms.get(self.repexp.method)
+        return batch if term is None else term(batch, metrics)
 
     def _advantage_of_shaped_reward(self, batch: KVBatchMeta, metrics: dict, term) -> KVBatchMeta:
         """verl's advantage on ``alpha * score + term`` (the term on each row's last token); afterwards
@@ -187,22 +192,24 @@ class RepExpTrainer(PPOTrainerSync):
             dataplane.write_fields(batch, {"rm_scores": shaped})
         return rm_scores, shaped, data, result.metrics
 
-    def _outcome_term(self, batch: KVBatchMeta):
-        """Outcome exploration: final answers of the decoded responses, c * bonus (repexp.methods.outcome)."""
+    def _outcome_term(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        """Outcome exploration: c * bonus of the final answers of the decoded responses
+        (repexp.methods.outcome), added to every response token's advantage after verl's GRPO normalisation,
+        as the paper's objective adds it (a per-group constant such as UCB-Con's b0 survives)."""
         with marked_timer(metric_names.TIMER_OUTCOME_BONUS, self.timing_raw, color="purple"):
-            data = dataplane.read_fields(batch, ["uid", "rm_scores", "responses", "data_source", "extra_info"])
-            rm_scores = data["rm_scores"]
+            data = dataplane.read_fields(batch, ["uid", "rm_scores", "responses", "data_source", "extra_info",
+                                                 "advantages"])
             uids = dataplane.non_tensor_list(data, "uid")
-            scores = dataplane.row_sums(rm_scores).double()
-            excluded = dataplane.padding_rows(batch) | (dataplane.row_lengths(rm_scores) == 0)
+            scores = dataplane.row_sums(data["rm_scores"]).double()
+            excluded = dataplane.padding_rows(batch) | (dataplane.row_lengths(data["rm_scores"]) == 0)
             term, term_metrics = self.outcome(
                 tokenizer=self.tokenizer, groups=uids, question_keys=_question_keys(data, excluded),
                 data_sources=[str(source) for source in dataplane.non_tensor_list(data, "data_source")],
                 responses=dataplane.token_rows(data["responses"]), scores=scores, excluded=excluded)
-            shaped = dataplane.add_at_last_token(rm_scores, 1.0, term.float())
-            dataplane.write_fields(batch, {"rm_scores": shaped})
-        term_metrics.update(group_metrics(uids, scores, excluded, shaped=scores + term))
-        return rm_scores, shaped, data, term_metrics
+            batch = dataplane.write_fields(batch, {"advantages": dataplane.add_per_row(data["advantages"],
+                                                                                        term.float())})
+        metrics.update(term_metrics)
+        return batch
 
     # ------------------------------------------------------------------ validation
 
