@@ -98,7 +98,8 @@ def plot_pass_at_k(table, *, tasks: Sequence[str] | None = None, expected: Seque
             lows += curve["mean"]
             highs += curve["mean"]
             k_max = max(k_max, max(curve["k"]))
-            data_series.append({**series.to_dict(), "label": style["label"], **curve, "band": band})
+            data_series.append({**series.to_dict(), "label": style["label"], "color": style["color"],
+                                "marker": style["marker"], **curve, "band": band})
         ylim = S._finish_curve_panel(ax, plotted=bool(data_series), empty_message=f"no evaluated runs for {task}",
                                      k_max=k_max, lows=lows, highs=highs, xlabel="k", first=j == 0)
         return {"ylim": list(ylim) if ylim else None, "series": data_series}

@@ -199,7 +199,8 @@ def _draw_panel(ax, rows_by_series: dict[Series, list], styles: dict, handles: d
         if style["label"] not in handles:  # every point of the series is on the edge: still in the legend
             handles[style["label"]] = ax.plot([], [], linestyle="none", marker=style["marker"],
                                               color=style["color"])[0]
-        series_records.append({**series.to_dict(), "label": style["label"],
+        series_records.append({**series.to_dict(), "label": style["label"], "color": style["color"],
+                               "marker": style["marker"],
                                "n_method_seeds": int(rows[0].n_method_seeds), "n_grpo_seeds": int(rows[0].n_grpo_seeds),
                                **{key: [c[key] for c in columns] for key in columns[0]}})
     ax.set_xscale("log", base=2)

@@ -83,7 +83,8 @@ def plot_testtime(table, *, tasks: Sequence[str] | None = None, expected: Sequen
                 lows += curve["mean"]
                 highs += curve["mean"]
                 k_max = max(k_max, max(curve["k"]))
-                plotted.append({**series.to_dict(), "label": style["label"], "order": order_name, **curve})
+                plotted.append({**series.to_dict(), "label": style["label"], "color": style["color"],
+                                "marker": style["marker"], "order": order_name, **curve})
         ylim = S._finish_curve_panel(ax, plotted=bool(plotted), empty_message=f"no test-time results for {task}",
                                      k_max=k_max, lows=lows, highs=highs, xlabel="k (verifier calls)", first=j == 0)
         return {"ylim": list(ylim) if ylim else None, "series": plotted}
