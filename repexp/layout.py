@@ -226,8 +226,9 @@ K_EFFICIENCY_FIGURE = "k_efficiency"
 FIGURE_KINDS = ("pass_at_k", "testtime", "k_efficiency", "heatmaps", "training", "dynamics")
 
 
-def heatmap_figure(task: str, backend: str) -> str:
-    return f"heatmap_{task}_{backend}"
+def heatmap_figure(task: str, backend: str, method: str) -> str:
+    """One method's sweep heatmap for a task and backend (`heatmap_grids` says which are drawn)."""
+    return f"heatmap_{task}_{backend}_{method}"
 
 
 def training_figure(task: str, backend: str) -> str:
@@ -255,25 +256,46 @@ def figure_pairs(specs: Sequence) -> list[tuple[str, str]]:
     return list(dict.fromkeys((s.task, s.backend) for s in specs if s.trains))
 
 
-def heatmap_pairs(specs: Sequence) -> list[tuple[str, str]]:
-    """The figure pairs whose RepExp sweep has more than one (sparse_dim, β) point: a heatmap of one
-    cell is a near-white square with a meaningless colour bar; that point's numbers are rows of the
-    aggregate tables (pass@k, k-efficiency) instead."""
-    points: dict[tuple[str, str], set] = {}
+def heatmap_params(specs: Sequence) -> Optional[tuple[str, str]]:
+    """The (row, column) parameters of a heatmap of these runs (one method's, of one task and backend): the
+    method's two named parameters (`Method.named_fields`, e.g. RepExp's sparse_dim × β) when it has exactly
+    two and the runs hold more than one of its points; None otherwise. A heatmap of one cell is a near-white
+    square with a meaningless colour bar, and a method of one swept parameter is a line in the pass@k figure:
+    their numbers are rows of the aggregate tables (pass@k, k-efficiency) instead. Read from the method
+    table only: a new method of two named parameters gets its heatmap without a change here."""
+    from repexp.methods import METHODS  # lazily: layout stays importable without the method table
+
+    trained = [s for s in specs if s.trains]
+    methods = {s.method for s in trained}
+    if len(methods) != 1:
+        return None
+    named = METHODS[methods.pop()].named_fields()
+    if len(named) != 2 or len({s.point for s in trained}) < 2:
+        return None
+    return named[0], named[1]
+
+
+def heatmap_grids(specs: Sequence) -> list[tuple[str, str, str]]:
+    """(task, backend, method) of every sweep heatmap (`heatmap_params`), per figure pair in sweep order,
+    the methods in the method table's order."""
+    from repexp.methods import METHODS
+
+    groups: dict[tuple[str, str, str], list] = {}
     for s in specs:
-        if s.method == "repexp":
-            points.setdefault((s.task, s.backend), set()).add((s.sparse_dim, s.beta))
-    return [pair for pair in figure_pairs(specs) if len(points.get(pair, ())) > 1]
+        if s.trains:
+            groups.setdefault((s.task, s.backend, s.method), []).append(s)
+    return [(task, backend, method) for task, backend in figure_pairs(specs) for method in METHODS
+            if heatmap_params(groups.get((task, backend, method), ()))]
 
 
 def figure_stems(specs: Sequence, *, training: bool = True) -> list[str]:
     """Every figure `repexp figures` draws for these runs: pass@k, test-time, k-efficiency, and per
-    (task, backend) with trained runs a heatmap (when its sweep has more than one point) and (with
-    training curves) a training and a training-dynamics figure."""
+    (task, backend) with trained runs a heatmap per method whose sweep is a grid of two parameters
+    (`heatmap_grids`) and (with training curves) a training and a training-dynamics figure."""
     stems = [PASS_AT_K_FIGURE, TESTTIME_FIGURE, K_EFFICIENCY_FIGURE]
-    heatmaps = heatmap_pairs(specs)
+    heatmaps = heatmap_grids(specs)
     for task, backend in figure_pairs(specs):
-        stems += [heatmap_figure(task, backend)] if (task, backend) in heatmaps else []
+        stems += [heatmap_figure(*grid) for grid in heatmaps if grid[:2] == (task, backend)]
         stems += [training_figure(task, backend), dynamics_figure(task, backend)] if training else []
     return stems
 

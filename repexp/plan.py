@@ -10,6 +10,7 @@
                               └──── cost ∝ parameters × tokens ─────────┘
                                             │
     per rule: jobs, GPUs per job, hours per job, GPU-hours; per run: allocations (train chunks);
+    per method (repexp.methods, and the base model): runs and GPU-hours of their train, eval and test-time jobs;
     totals: GPU-hours, peak disk, wall time on N GPUs (a lower bound: no queue waits)
 
 Every cost scales linearly with parameters × tokens from one measured point, at the configured
@@ -118,6 +119,7 @@ class JobCost:
     unit_hours: float  # the smallest unit that must fit one allocation (see the module docstring)
     allocations: int = 1
     disk_bytes: float = 0.0
+    method: str = ""  # the run's method (a key of repexp.methods.METHODS, or "base")
 
 
 def _gpus(res) -> int:
@@ -143,7 +145,7 @@ def train_cost(cfg, spec, params: float, sizes: dict[str, int]) -> JobCost:
     kept = train.max_checkpoints_to_keep
     full = params * FULL_CHECKPOINT_BYTES * (kept if kept else steps // train.save_freq)
     disk = full + params * (SLIM_CHECKPOINT_BYTES if kept else 0) + params * MERGED_BYTES
-    return JobCost("train", spec.task, spec.name, gpus, hours, unit, allocations, disk)
+    return JobCost("train", spec.task, spec.name, gpus, hours, unit, allocations, disk, spec.method)
 
 
 def eval_cost(cfg, spec, params: float, sizes: dict[str, int]) -> JobCost:
@@ -155,7 +157,7 @@ def eval_cost(cfg, spec, params: float, sizes: dict[str, int]) -> JobCost:
     sampling_s = samples * new_tokens * params / (GENERATE_TOKENS_PER_S * GENERATE_PARAMS) / engines
     hours = (EVAL_STARTUP_S + sampling_s) / 3600
     return JobCost("eval", spec.task, spec.name, gpus, hours, hours,
-                   disk_bytes=samples * new_tokens * SAMPLE_BYTES_PER_TOKEN)
+                   disk_bytes=samples * new_tokens * SAMPLE_BYTES_PER_TOKEN, method=spec.method)
 
 
 def testtime_cost(cfg, spec, params: float, sizes: dict[str, int]) -> JobCost:
@@ -164,7 +166,7 @@ def testtime_cost(cfg, spec, params: float, sizes: dict[str, int]) -> JobCost:
     gpus = _gpus(rule_resources(cfg, "testtime"))
     samples = sizes["test"] * ev.n_samples  # one feature model on one GPU, whatever the job holds
     hours = (TESTTIME_STARTUP_S + samples * tokens * params / (FORWARD_TOKENS_PER_S * FORWARD_PARAMS)) / 3600
-    return JobCost("testtime", spec.task, spec.name, gpus, hours, hours)
+    return JobCost("testtime", spec.task, spec.name, gpus, hours, hours, method=spec.method)
 
 
 def job_costs(cfg, params: float) -> list[JobCost]:
@@ -213,6 +215,35 @@ def check_runtimes(cfg) -> None:
 # --------------------------------------------------------------------------- the report
 
 
+def method_gpu_hours(jobs: list[JobCost]) -> dict[str, dict[str, float]]:
+    """{method: {rule: GPU-hours}} of the GPU jobs, the methods in the method table's order (the base model
+    last); only methods with jobs."""
+    from repexp.methods import ARMS
+
+    out: dict[str, dict[str, float]] = {}
+    for method in ARMS:
+        mine = [j for j in jobs if j.method == method]
+        if mine:
+            out[method] = {rule: sum(j.hours * j.gpus for j in mine if j.rule == rule)
+                           for rule in dict.fromkeys(j.rule for j in mine)}
+    return out
+
+
+def method_table(jobs: list[JobCost], runs) -> list[str]:
+    """The report's per-method lines: runs and GPU-hours per GPU rule and in all, from the same job costs."""
+    from repexp.methods import label
+
+    per_method = method_gpu_hours(jobs)
+    rules = list(dict.fromkeys(j.rule for j in jobs))
+    lines = ["| method | runs | " + " | ".join(f"{rule} GPU-hours" for rule in rules) + " | GPU-hours |",
+             "|---|---|" + "---|" * len(rules) + "---|"]
+    for method, by_rule in per_method.items():
+        count = sum(1 for s in runs if s.method == method)
+        lines.append(f"| {label(method)} | {count} | " + " | ".join(f"{by_rule.get(rule, 0.0):,.0f}" for rule in rules)
+                     + f" | {sum(by_rule.values()):,.0f} |")
+    return lines
+
+
 def report(cfg, *, gpus: int, params: Optional[float] = None) -> str:
     params = params or model_params(cfg.model)
     if params is None:
@@ -233,6 +264,7 @@ def report(cfg, *, gpus: int, params: Optional[float] = None) -> str:
         span = lambda xs, f: f(min(xs)) if min(xs) == max(xs) else f"{f(min(xs))}–{f(max(xs))}"  # noqa: E731
         lines.append(f"| {rule} | {count} | {mine[0].gpus} | {span([j.hours for j in mine], lambda h: f'{h:.1f}')} | "
                      f"{span([j.allocations for j in mine], str)} | {res.runtime} | {gpu_h:,.0f} |")
+    lines += ["", *method_table(jobs, runs)]
     disk = sum(j.disk_bytes for j in jobs)
     # a run's chain: train, then eval, then test-time
     chain = max((sum(j.hours for j in jobs if (j.task, j.run) == (s.task, s.name)) for s in runs), default=0.0)

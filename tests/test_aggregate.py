@@ -53,11 +53,16 @@ def sweep(tmp_path):
 def test_tidy_table_has_config_columns_and_values(sweep, tmp_path):
     result = aggregate.aggregate(aggregate.find_eval_files(sweep), tmp_path / "out")
     table = pd.read_csv(tmp_path / "out" / "pass_at_k.csv")
-    assert list(table.columns) == list(tables.TIDY_COLUMNS)
+    # the fixed columns with the parameters of the methods present (RepExp's) before the seed
+    assert list(table.columns) == tables.tidy_columns(["repexp", "grpo"])
+    assert list(table.columns)[:9] == ["task", "run", "method", "point", "label", "backend", "sparse_dim", "beta",
+                                       "seed"]
     assert len(table) == 7 * len(KS)
     row = table[(table.run == "verl_repexp_k32_b0.01_s42") & (table.k == 16)].iloc[0]
-    point = (row.task, row.method, row.backend, row.sparse_dim, row.beta, row.seed)
-    assert point == ("math", "repexp", "verl", 32, 0.01, 42)
+    point = (row.task, row.method, row.point, row.label, row.backend, row.sparse_dim, row.beta, row.seed)
+    assert point == ("math", "repexp", "repexp_k32_b0.01", "RepExp (dim=32, β=0.01)", "verl", 32, 0.01, 42)
+    grpo = table[table.run == "verl_grpo_s41"].iloc[0]
+    assert (grpo.point, grpo.label) == ("grpo", "GRPO") and pd.isna(grpo.sparse_dim) and pd.isna(grpo.beta)
     assert row.pass_at_k == pytest.approx(0.60 + 0.05 * 4)
     assert (row["sem"], row.n_samples, row.num_problems, row.checkpoint_step, row.split) == (0.01, 256, 50, 40, "test")
     base = table[table.run == "base"].iloc[0]
@@ -74,12 +79,13 @@ def test_k_efficiency_interpolates_on_log2_k_over_seed_means(sweep, tmp_path):
     assert reached.reference_k == 256 and reached.grpo_pass_at_ref == pytest.approx(0.9)
     assert reached.k_star == pytest.approx(2 ** 6.5) and reached.k_star_evaluated == 128
     assert reached.k_grpo == pytest.approx(256) and reached.efficiency == pytest.approx(256 / 2 ** 6.5)
-    assert (reached.n_repexp_seeds, reached.n_grpo_seeds, reached.status) == (2, 2, tables.STATUS_REACHED)
+    assert (reached.n_method_seeds, reached.n_grpo_seeds, reached.status) == (2, 2, tables.STATUS_REACHED)
+    assert (reached.method, reached.point, reached.label) == ("repexp", "repexp_k32_b0.01", "RepExp (dim=32, β=0.01)")
     missed = keff[keff.beta == 0.1].iloc[0]
     assert missed.status == tables.STATUS_NOT_REACHED
     assert math.isnan(missed.k_star) and math.isnan(missed.efficiency) and pd.isna(missed.k_star_evaluated)
     on_disk = pd.read_csv(tmp_path / "out" / "k_efficiency.csv")
-    assert list(on_disk.columns) == list(aggregate.K_EFFICIENCY_COLUMNS)
+    assert list(on_disk.columns) == tables.k_efficiency_columns(["repexp"])
     assert on_disk.loc[on_disk.beta == 0.1, "k_star"].isna().all()
 
 
@@ -130,7 +136,9 @@ def test_cli_inputs_config_and_renderings(sweep, tmp_path, capsys):
         assert f"missing run (no eval.json): {missing}" in err
     md = (out / "pass_at_k.md").read_text()
     assert "math/verl_grpo_s43" in md and "not reached" in md and "k-efficiency" in md
-    assert "| math | GRPO | verl | – | – | 41, 42 | 2 | 0.500 ± 0.000 |" in md  # seed means ± SEM over seeds
+    assert "| math | GRPO | verl | 41, 42 | 2 | 0.500 ± 0.000 |" in md  # seed means ± SEM over seeds
+    assert "| math | RepExp (dim=32, β=0.1) | verl | 41, 42 | 2 |" in md  # a method point's label names its params
+    assert "## k-efficiency (each method vs GRPO)" in md
     html = (out / "pass_at_k.html").read_text()
     assert html.startswith("<!DOCTYPE html>") and "verl_repexp_k32_b0.1_s42" in html
     # --eval-dir with a config ignores runs outside it
@@ -390,7 +398,7 @@ def test_k_efficiency_tables_carry_the_bootstrap(tmp_path):
     result = aggregate.aggregate(aggregate.find_eval_files(root), tmp_path / "out")
     keff = pd.read_csv(tmp_path / "out" / "k_efficiency.csv")
     by_k = aggregate.read_k_efficiency(tmp_path / "out" / "k_efficiency_by_k.csv")
-    assert list(by_k.columns) == list(aggregate.K_EFFICIENCY_COLUMNS)
+    assert list(by_k.columns) == tables.k_efficiency_columns(["repexp"])
     row = keff[keff.beta == 0.01].iloc[0]
     assert row.reference_k == 16 and row.bootstrap_replicates == aggregate.BOOTSTRAP_REPLICATES
     assert row.bootstrap_resampled == "problems, RepExp seeds, GRPO seeds"

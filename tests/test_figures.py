@@ -215,10 +215,11 @@ def test_heatmaps_cover_the_configured_grid(rendered, table, expected):
     _, index = rendered
     # MATH's sweep is one point: no heatmap is drawn (its numbers are rows of the aggregate tables); the
     # cell values plot_heatmap would show are still checked here
-    assert not any(f["id"] == "heatmap_math_verl" for f in index["figures"])
-    assert not (rendered[0] / "heatmap_math_verl.png").exists()
-    _, math_map = figures.plot_heatmap(table, "math", "verl", expected=expected)
-    assert math_map["sparse_dims"] == [32] and math_map["betas"] == [0.01]
+    assert not any(f["id"] == "heatmap_math_verl_repexp" for f in index["figures"])
+    assert not (rendered[0] / "heatmap_math_verl_repexp.png").exists()
+    _, math_map = figures.plot_heatmap(table, "math", "verl", "repexp", expected=expected)
+    assert (math_map["rows"], math_map["columns"]) == ("sparse_dim", "beta")
+    assert math_map["row_values"] == [32] and math_map["column_values"] == [0.01]
     pass1, pass256, efficiency = math_map["panels"]
     mean, _ = seed_stats(MATH["verl_repexp_k32_b0.01_s{}"])
     assert pass1["cells"][0]["value"] == pytest.approx(mean[0]) and pass1["cells"][0]["n_seeds"] == 3
@@ -227,8 +228,8 @@ def test_heatmaps_cover_the_configured_grid(rendered, table, expected):
     # RepExp's mean curve is GRPO's + 0.06 → it reaches GRPO's pass@256 at log2 k = 8 − 0.06/0.05
     assert efficiency["cells"][0]["k_star"] == pytest.approx(2 ** (8 - 1.2))
     assert efficiency["cells"][0]["value"] == pytest.approx(2 ** 1.2)
-    gsm8k_map = by_id(index, "heatmap_gsm8k_verl")
-    assert gsm8k_map["sparse_dims"] == [32, 64]
+    gsm8k_map = by_id(index, "heatmap_gsm8k_verl_repexp")
+    assert gsm8k_map["row_values"] == [32, 64] and gsm8k_map["method"] == "repexp"
     cells = {(c["sparse_dim"], c["beta"]): c for c in gsm8k_map["panels"][0]["cells"]}
     assert cells[(32, 0.01)]["n_seeds"] == 2 and cells[(64, 0.01)]["value"] is None
     assert any("no seed 43" in n or "verl_repexp_k32_b0.01_s43" in n for n in gsm8k_map["notes"])
@@ -363,7 +364,7 @@ def test_k_efficiency_figure_draws_the_bootstrap_intervals(tmp_path):
     lines = {line["beta"]: line for line in panel["series"]}
     good, bad = lines[0.01], lines[0.1]
     rows = by_k[by_k.beta == 0.01].set_index("reference_k")
-    assert good["reference_k"] == [2, 4, 8, 16] and good["n_repexp_seeds"] == 3
+    assert good["reference_k"] == [2, 4, 8, 16] and good["n_method_seeds"] == 3
     for i, k in enumerate(good["reference_k"]):
         row = rows.loc[k]
         assert good["efficiency"][i] == pytest.approx(row.efficiency)

@@ -576,7 +576,11 @@ def test_repexp_mlflow_ui_opens_the_eval_runs_by_pass_at_n_with_their_params(tmp
                 "--window-size=2400,1000"):
         options.add_argument(arg)
     driver = None
-    columns = {name: ui.column("params", name) for name in ui.COLUMNS} | {metric: ui.column("metrics", metric)}
+    from repexp import config as C
+
+    params = ui.columns(C.load(config))  # task, method, seed, then the sweep's methods' parameters
+    assert params == ("task", "method", "seed", "sparse_dim", "beta")
+    columns = {name: ui.column("params", name) for name in params} | {metric: ui.column("metrics", metric)}
     # the server requires the results directory's login (issue 27, item 5): the browser sends it on every request,
     # as a user's browser does once the login prompt was answered
     login = json.loads((results / "mlflow" / "credentials.json").read_text())
@@ -604,12 +608,12 @@ def test_repexp_mlflow_ui_opens_the_eval_runs_by_pass_at_n_with_their_params(tmp
         if driver is not None:
             driver.quit()
         subprocess.run([REPEXP, "mlflow", "serve", "--config", config, "--stop"], timeout=120)
-    wanted = ["attributes.`Run Name`", columns[metric], *(columns[name] for name in ui.COLUMNS)]
+    wanted = ["attributes.`Run Name`", columns[metric], *(columns[name] for name in params)]
     assert [col for col in order if col in wanted] == wanted, order  # the view's order, left to right
     by_name = {row["name"]: row for row in table}
     assert sorted(by_name) == ["eval gsm8k/base", "eval gsm8k/trl_grpo_s42", "eval gsm8k/trl_repexp_k8_b0.01_s42"]
-    expected = {"trl_repexp_k8_b0.01_s42": ("repexp", "0.01", "8", "42"), "trl_grpo_s42": ("grpo", "0", "-", "42"),
-                "base": ("base", "0", "-", "-")}  # GRPO has no sparse_dim, the base model no training seed
+    expected = {"trl_repexp_k8_b0.01_s42": ("repexp", "0.01", "8", "42"), "trl_grpo_s42": ("grpo", "-", "-", "42"),
+                "base": ("base", "-", "-", "-")}  # a method logs its own parameters only; base: no training seed
     for run, (method, beta, sparse_dim, seed) in expected.items():
         row = by_name[f"eval gsm8k/{run}"]
         assert (row["task"], row["method"], row["beta"], row["sparse_dim"], row["seed"]) == (

@@ -5,15 +5,16 @@ the config columns. The table's `pass_at_k` uses one grader for every run: `--gr
 `grader`, else the files' own (which must then agree); `pass_at_k_repexp`/`_paper` hold both (docs/evaluation.md).
 
 Outputs in `--out-dir`, each written atomically: `pass_at_k.csv` (tidy, one row per (run, k)),
-`k_efficiency.csv` (one row per RepExp point, defined in `tables`), `k_efficiency_by_k.csv` (the same per
+`k_efficiency.csv` (one row per point of every method
+but GRPO, each vs GRPO, defined in `tables`), `k_efficiency_by_k.csv` (the same per
 reference k), and `pass_at_k.md` / `.html` for people (the HTML is what the Snakemake report embeds).
-With `--testtime`, `testtime_pass_at_k` holds pass@k in RepExp order and the per-run tables gain the
+With `--testtime`, `testtime_pass_at_k` holds pass@k in test-time RepExp order and the per-run tables gain the
 test-time verifier efficiency.
 
 | module | what it holds |
 |---|---|
 | `load` | `EvalRun`, `TesttimeRun`: the input files, checked |
-| `tables` | the tidy table, k-efficiency and its bootstrap; `HEADLINE_K`, `METHOD_NAMES` |
+| `tables` | the tidy table (method, point, label, parameters), k-efficiency (each method vs GRPO), bootstrap |
 | `render` | the Markdown and HTML views (seed summaries) |
 | this module | the command: what it writes, the sweep points' MLflow metrics (logged by `repexp.tracking.targets`) |
 
@@ -83,7 +84,7 @@ def log_sweep_point_metrics(runs: Sequence[EvalRun], target, testtime: dict[tupl
                             ) -> dict[str, str | None]:
     """Log `sweep_point_metrics` (plus test-time metrics) on every sweep point's MLflow parent run (of this
     results directory), so the MLflow compare view of the parent runs shows pass@1/16/256 next to their
-    sparse_dim/β/seed params (`repexp.tracking.log_point_metrics`). Returns {'<task>/<run>': parent run id or None}.
+    method/parameter/seed params (`repexp.tracking.log_point_metrics`). Returns {'<task>/<run>': parent run id or None}.
     """
     from repexp import tracking
 

@@ -238,6 +238,7 @@ def load_evals(paths: Iterable[str | Path], grader: str | None = None) -> list[E
 
 
 def run_sort_key(spec: RunSpec) -> tuple:
-    """Tasks in TASKS order, then RepExp points, GRPO, base; then backend, sparse_dim, β, seed."""
+    """Tasks in TASKS order, then the methods in `repexp.methods.METHODS` order (the base model last); then
+    backend, the method's parameters (in its `Params` order) and seed."""
     return (TASKS.index(spec.task), METHODS.index(spec.method), spec.backend or "",
-            spec.sparse_dim or 0, spec.beta, -1 if spec.seed is None else spec.seed)
+            tuple(value for _, value in spec.params), -1 if spec.seed is None else spec.seed)

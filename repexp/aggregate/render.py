@@ -13,25 +13,25 @@ from repexp.aggregate.tables import (
     BOOTSTRAP_REPLICATES,
     BOOTSTRAP_SEED,
     HEADLINE_K,
-    METHOD_NAMES,
-    POINT_COLUMNS,
+    POINT_KEYS,
+    point_label,
 )
-from repexp.config import canonical
 from repexp.verify.routing import DEFAULT_GRADER, GRADERS
 
 K_EFFICIENCY_NOTE = (
-    "k-efficiency: per task, backend, sparse_dim and β, on pass@k curves averaged over seeds. "
-    "The k grid holds the ks evaluated by every seed of the RepExp point and of GRPO; the reference k "
+    "k-efficiency: each method point (every method but GRPO, with its parameters) vs GRPO of the same task and "
+    "backend, on pass@k curves averaged over seeds. "
+    "The k grid holds the ks evaluated by every seed of the method point and of GRPO; the reference k "
     f"is the largest grid k ≤ {HEADLINE_K}. Target = GRPO's mean pass@reference_k. "
-    "k*_evaluated = the smallest grid k at which RepExp's mean pass@k ≥ target; k* interpolates linearly "
+    "k*_evaluated = the smallest grid k at which the method's mean pass@k ≥ target; k* interpolates linearly "
     "in log2 k between that grid point and the previous one (an upper bound when it is the first grid "
     "point). k_grpo = the same crossing on GRPO's own curve (the reference k unless GRPO saturates earlier). "
     "efficiency = k_grpo / k* (the paper's reference_k / k* when GRPO is not saturated). "
-    "\"not reached\": RepExp's mean pass@reference_k < target; \"undefined\": the target is 0. "
+    "\"not reached\": the method's mean pass@reference_k < target; \"undefined\": the target is 0. "
     f"[lo, hi]: {BOOTSTRAP_LEVEL:.0%} percentile interval of a paired bootstrap ({BOOTSTRAP_REPLICATES} replicates, "
     f"seed {BOOTSTRAP_SEED}) that resamples the test problems (the same ones for both methods) and, per method "
-    "with ≥ 2 seeds, the seeds; a replicate in which RepExp misses the target counts as efficiency 0 (its share is "
-    "\"missed\"). Δpass@k = RepExp − GRPO (seed means) with the same bootstrap's interval."
+    "with ≥ 2 seeds, the seeds; a replicate in which the method misses the target counts as efficiency 0 (its share "
+    "is \"missed\"). Δpass@k = method − GRPO (seed means) with the same bootstrap's interval."
 )
 SEM_NOTE = (
     "pass@k: the unbiased estimator over n samples per problem, averaged over problems. "
@@ -54,19 +54,16 @@ def _fmt(value: Any, digits: int = 3) -> str:
 
 
 def summary_wide(table, value: str = "pass_at_k"):
-    """One row per point: the mean over seeds of `value` per k as 'mean ± sem' strings (sem: the standard
-    error over seeds, ddof 1, only with ≥ 2 seeds)."""
+    """One row per method point (its label names the method and its parameters): the mean over seeds of
+    `value` per k as 'mean ± sem' strings (sem: the standard error over seeds, ddof 1, only with ≥ 2 seeds)."""
     import pandas as pd
 
     ks = sorted(table["k"].unique())
     rows = []
-    for key, group in table.groupby(list(POINT_COLUMNS), dropna=False, sort=False):
-        point = dict(zip(POINT_COLUMNS, key))
+    for key, group in table.groupby(list(POINT_KEYS), dropna=False, sort=False):
+        point = dict(zip(POINT_KEYS, key))
         seeds = sorted({int(s) for s in group["seed"].dropna()})
-        is_repexp = point["method"] == "repexp"
-        row = {"task": point["task"], "method": METHOD_NAMES[point["method"]], "backend": point["backend"] or "–",
-               "sparse_dim": int(point["sparse_dim"]) if is_repexp else "–",
-               "β": canonical(float(point["beta"])) if is_repexp else "–",
+        row = {"task": point["task"], "method": group["label"].iloc[0], "backend": point["backend"] or "–",
                "seeds": ", ".join(map(str, seeds)) or "–", "#seeds": int(group.groupby("k").size().max())}
         for k in ks:
             values = group.loc[group["k"] == k, value].to_numpy(dtype=float)
@@ -93,7 +90,8 @@ def per_run_wide(table, testtime: dict[tuple[str, str], TesttimeRun] | None = No
     rows = []
     for run_key, group in table.groupby(["task", "run"], sort=False):
         first = group.iloc[0]
-        row = {"task": run_key[0], "run": run_key[1], "checkpoint": _fmt(first["checkpoint_step"]),
+        row = {"task": run_key[0], "run": run_key[1], "method": first["label"],
+               "checkpoint": _fmt(first["checkpoint_step"]),
                "n": int(first["n_samples"]), "problems": int(first["num_problems"])}
         if testtime:
             row["test-time efficiency"] = _stc_text(testtime.get(tuple(run_key)))
@@ -106,10 +104,10 @@ def k_efficiency_display(keff):
     import pandas as pd
 
     return pd.DataFrame([{
-            "task": r.task, "backend": r.backend, "sparse_dim": r.sparse_dim, "β": canonical(float(r.beta)),
-            "seeds (RepExp/GRPO)": f"{r.n_repexp_seeds}/{r.n_grpo_seeds}",
+            "task": r.task, "backend": r.backend, "method": r.label,
+            "seeds (method/GRPO)": f"{r.n_method_seeds}/{r.n_grpo_seeds}",
             "reference k": _fmt(r.reference_k), "GRPO pass@ref": _fmt(r.grpo_pass_at_ref),
-            "RepExp pass@ref": _fmt(r.repexp_pass_at_ref), "k GRPO": _fmt(r.k_grpo, 1), "k*": _fmt(r.k_star, 1),
+            "method pass@ref": _fmt(r.method_pass_at_ref), "k GRPO": _fmt(r.k_grpo, 1), "k*": _fmt(r.k_star, 1),
             "k* (evaluated)": _fmt(r.k_star_evaluated),
             f"efficiency [{BOOTSTRAP_LEVEL:.0%} CI]": _efficiency_text(r),
             f"Δpass@1 [{BOOTSTRAP_LEVEL:.0%} CI]": _interval_text(r.diff_pass_at_1, r.diff_pass_at_1_lo,
@@ -128,7 +126,7 @@ def _interval_text(value, lo, hi) -> str:
 
 
 def _efficiency_text(r) -> str:
-    """'2.26 [1.80, 2.90]', with the share of bootstrap replicates in which RepExp misses the target."""
+    """'2.26 [1.80, 2.90]', with the share of bootstrap replicates in which the method misses the target."""
     text = "–" if _isna(r.efficiency) else f"{r.efficiency:.2f}"
     if not (_isna(r.efficiency_lo) or _isna(r.efficiency_hi)):
         text += f" [{r.efficiency_lo:.2f}, {r.efficiency_hi:.2f}]"
@@ -152,7 +150,8 @@ def testtime_display(testtime: dict[tuple[str, str], TesttimeRun]):
 
     rows = []
     for (task, run), tt in sorted(testtime.items(), key=lambda kv: run_sort_key(kv[1].spec)):
-        row = {"task": task, "run": run, "solved": tt.stc.get("num_solved"),
+        row = {"task": task, "run": run, "method": point_label(tt.spec.method, tt.spec.param_dict),
+               "solved": tt.stc.get("num_solved"),
                "samples-to-correct random": _fmt(tt.stc.get("random"), 2),
                "samples-to-correct RepExp": _fmt(tt.stc.get("repexp"), 2), "ratio [95% CI]": _stc_text(tt)}
         for k, ratio in tt.efficiency.items():
@@ -190,7 +189,7 @@ def _sections(table, keff, testtime, mean: str = "Mean") -> list[tuple[str, Any,
     grader, other = _graders(table)
     sections = [(f"{mean} over seeds ({grader} grader)", summary_wide(table), None),
                 (f"{mean} over seeds ({other} grader, same samples)", summary_wide(table, f"pass_at_k_{other}"), None),
-                ("k-efficiency (RepExp vs GRPO)", k_efficiency_display(keff), K_EFFICIENCY_NOTE)]
+                ("k-efficiency (each method vs GRPO)", k_efficiency_display(keff), K_EFFICIENCY_NOTE)]
     if testtime:
         sections.append(("Test-time RepExp (verifier efficiency)", testtime_display(testtime), TESTTIME_NOTE))
     return sections + [("Per run", per_run_wide(table, testtime), None)]

@@ -1,38 +1,57 @@
 """The tables of `repexp aggregate`: the tidy pass@k table and the k-efficiency with its bootstrap
 (pandas/numpy; their Markdown/HTML views are `repexp.aggregate.render`'s).
 
-k-efficiency (the paper's "RepExp reaches GRPO's pass@256 at pass@80"; docs/figures.md defines it in full), per
-task, backend, sparse_dim and β, on seed-mean curves over the ks every seed of the point and of GRPO evaluated:
-target = GRPO's pass@reference_k (the largest grid k ≤ 256); k* = where RepExp's curve first reaches it
-(interpolated in log2 k), k_grpo = the same on GRPO's own curve; efficiency = k_grpo / k*.
+The method axis (`repexp.methods.METHODS`) is read from the table only: every run carries its `method`, its
+`point` (`RunSpec.point`, shared by the seeds of one parameter point), its `label` (`Method.point_label`) and
+one column per parameter of the methods present (NA where a parameter is not the run's method's), so a new
+method needs no change here.
+
+k-efficiency (the paper's "RepExp reaches GRPO's pass@256 at pass@80"; docs/figures.md defines it in full), for
+each method point other than GRPO's (and the base model's) against GRPO of the same task and backend, on
+seed-mean curves over the ks every seed of the point and of GRPO evaluated: target = GRPO's pass@reference_k
+(the largest grid k ≤ 256); k* = where the method's curve first reaches it (interpolated in log2 k), k_grpo =
+the same on GRPO's own curve; efficiency = k_grpo / k*.
 
 `bootstrap_k_efficiency`: a paired percentile bootstrap over the problems (the same draw for both methods)
-and, for a method with ≥ 2 seeds, its seeds; a replicate in which RepExp misses the target counts as
+and, for a method with ≥ 2 seeds, its seeds; a replicate in which the method misses the target counts as
 efficiency 0. `k_efficiency_by_k.csv` holds a point's row for every grid k as the reference k.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import typing
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from repexp.aggregate.load import EvalRun, TesttimeRun
+from repexp.methods import BASE, METHODS, label
 from repexp.verify.routing import GRADERS
 
 HEADLINE_K = 256  # the largest reference k of k-efficiency; the figures' heatmap uses the same k
 GRADER_COLUMNS = tuple(f"pass_at_k_{g}" for g in GRADERS)  # pass@k under each grader (NaN if not evaluated)
-TIDY_COLUMNS = (
-    "task", "run", "method", "backend", "sparse_dim", "beta", "seed", "k", "pass_at_k", "sem",
+BASELINE = "grpo"  # the method every other one is compared with (k-efficiency, Δpass@k, heatmap colour centres)
+# the type of every parameter of every method (table order; a name shared by two methods is one column)
+PARAM_TYPES: dict[str, type] = {}
+for _method in METHODS.values():
+    for _name, _type in typing.get_type_hints(_method.params).items():
+        PARAM_TYPES.setdefault(_name, _type)
+PARAM_COLUMNS = tuple(PARAM_TYPES)
+# a run's identity: its method point, then (between `backend` and `seed`) the parameter columns of the methods
+# present (`param_columns`), then its seed
+RUN_COLUMNS = ("task", "run", "method", "point", "label", "backend")
+TIDY_COLUMNS = (  # the fixed columns of pass_at_k.csv; `tidy_columns` places the parameter columns
+    *RUN_COLUMNS, "seed", "k", "pass_at_k", "sem",
     "n_samples", "num_problems", "mean_at_n", "checkpoint_step", "split", "engine", "eval_seed",
     "data_hash", "model_path", "source", "grader", *GRADER_COLUMNS, "testtime_pass_at_k",
 )
-K_EFFICIENCY_COLUMNS = (
-    "task", "backend", "sparse_dim", "beta", "n_repexp_seeds", "n_grpo_seeds", "reference_k",
-    "grpo_pass_at_ref", "repexp_pass_at_ref", "k_grpo", "k_star", "k_star_evaluated", "efficiency", "status", "note",
+POINT_KEYS = ("task", "backend", "method", "point")  # one k-efficiency point (its seeds pooled)
+K_EFFICIENCY_COLUMNS = (  # the fixed columns of k_efficiency.csv; `k_efficiency_columns` adds the parameters
+    *POINT_KEYS, "label", "n_method_seeds", "n_grpo_seeds", "reference_k",
+    "grpo_pass_at_ref", "method_pass_at_ref", "k_grpo", "k_star", "k_star_evaluated", "efficiency", "status", "note",
     # the paired bootstrap (module docstring): percentile interval of the efficiency, the fraction of replicates
-    # in which RepExp misses the target, and the pass@k difference RepExp − GRPO at k = 1 and at reference_k
+    # in which the method misses the target, and the pass@k difference method − GRPO at k = 1 and at reference_k
     "efficiency_lo", "efficiency_hi", "bootstrap_not_reached",
     "diff_pass_at_1", "diff_pass_at_1_lo", "diff_pass_at_1_hi",
     "diff_pass_at_ref", "diff_pass_at_ref_lo", "diff_pass_at_ref_hi",
@@ -42,20 +61,92 @@ BOOTSTRAP_REPLICATES = 1000
 BOOTSTRAP_SEED = 0
 BOOTSTRAP_LEVEL = 0.95
 NO_INTERVAL_NOTE = "no bootstrap interval"  # starts a k-efficiency row's note that says why it has none
-METHOD_NAMES = {"repexp": "RepExp", "grpo": "GRPO", "base": "Base model"}  # tables, notes and figure legends
+METHOD_NAMES = {name: label(name) for name in (*METHODS, BASE)}  # repexp.methods' labels, base included
 STATUS_REACHED = "reached"
 STATUS_REACHED_FIRST = "reached at the smallest k"
 STATUS_NOT_REACHED = "not reached"
 STATUS_NO_GRPO = "no GRPO baseline"
 STATUS_UNDEFINED = "undefined: GRPO solves nothing"
-STATUS_NO_COMMON_K = "no common k"  # RepExp and GRPO seeds share no evaluated k ≤ 256
+STATUS_NO_COMMON_K = "no common k"  # the point's and GRPO's seeds share no evaluated k ≤ 256
 
 
 # --------------------------------------------------------------------------- tables
 
 
+def param_columns(methods: Iterable[str]) -> list[str]:
+    """The parameter columns of these methods: every field of each, in the method table's order (the base
+    model has none)."""
+    present = set(methods)
+    names = [f.name for name, m in METHODS.items() if name in present for f in m.fields()]
+    return list(dict.fromkeys(names))
+
+
+def _methods_in(table) -> list[str]:
+    return [m for m in METHODS if m in set(table["method"].dropna())] if len(table) else []
+
+
+def tidy_columns(methods: Iterable[str]) -> list[str]:
+    """pass_at_k.csv's columns for runs of these methods: `TIDY_COLUMNS` with their parameters before `seed`."""
+    at = TIDY_COLUMNS.index("seed")
+    return [*TIDY_COLUMNS[:at], *param_columns(methods), *TIDY_COLUMNS[at:]]
+
+
+def k_efficiency_columns(methods: Iterable[str]) -> list[str]:
+    """k_efficiency.csv's columns for points of these methods: `K_EFFICIENCY_COLUMNS` with their parameters
+    after `label`."""
+    at = K_EFFICIENCY_COLUMNS.index("label") + 1
+    return [*K_EFFICIENCY_COLUMNS[:at], *param_columns(methods), *K_EFFICIENCY_COLUMNS[at:]]
+
+
+def point_label(method: str, params: Mapping[str, Any] | None = None, *, with_point: bool = True) -> str:
+    """A method point's label in tables and legends (`Method.point_label`), e.g. ``RepExp (dim=32, β=0.01)``;
+    `params` may hold only some fields (the others: the method's defaults)."""
+    if method == BASE:
+        return label(BASE)
+    entry = METHODS[method]
+    known = {f.name for f in entry.fields()}
+    settings = entry.make({k: _plain(v) for k, v in (params or {}).items() if k in known and not _isna(v)})
+    return entry.point_label(settings, with_point=with_point)
+
+
+def row_params(row: Mapping[str, Any], method: str) -> dict[str, Any]:
+    """The method's parameters read from a table row (its parameter columns; NA ones left out)."""
+    if method == BASE:
+        return {}
+    return {f.name: _plain(row[f.name]) for f in METHODS[method].fields()
+            if f.name in row and not _isna(row[f.name])}
+
+
+def _plain(value: Any) -> Any:
+    """numpy/pandas scalars as Python values (labels, names and record JSON must not depend on the dtype)."""
+    return value.item() if hasattr(value, "item") else value
+
+
+def _isna(value: Any) -> bool:
+    import pandas as pd
+
+    try:
+        return value is None or bool(pd.isna(value))
+    except (TypeError, ValueError):  # not a scalar
+        return False
+
+
+def _param_dtypes(table) -> None:
+    """Parameter columns typed by their fields: int → nullable Int64, float → float (NaN where NA),
+    text → object with None where NA."""
+    for column in (c for c in PARAM_COLUMNS if c in table.columns):
+        kind = PARAM_TYPES[column]
+        if kind is int:
+            table[column] = table[column].astype("Int64")
+        elif kind is float:
+            table[column] = table[column].astype(float)
+        else:
+            table[column] = table[column].astype(object).where(table[column].notna(), None)
+
+
 def tidy_table(runs: Sequence[EvalRun], testtime: dict[tuple[str, str], TesttimeRun] | None = None):
-    """One row per (run, k), columns `TIDY_COLUMNS` (`testtime_pass_at_k` empty without a test-time result)."""
+    """One row per (run, k), columns `tidy_columns` of the runs' methods (`testtime_pass_at_k` empty without a
+    test-time result; a parameter column NA where the run's method does not have it)."""
     import pandas as pd
 
     rows = []
@@ -64,9 +155,9 @@ def tidy_table(runs: Sequence[EvalRun], testtime: dict[tuple[str, str], Testtime
         tt = (testtime or {}).get((s.task, s.name))
         for k, value in run.pass_at_k.items():
             rows.append({
-                "task": s.task, "run": s.name, "method": s.method, "backend": s.backend,
-                "sparse_dim": s.sparse_dim, "beta": s.beta, "seed": s.seed, "k": k,
-                "pass_at_k": value, "sem": run.pass_at_k_sem.get(k, math.nan),
+                "task": s.task, "run": s.name, "method": s.method, "point": s.point,
+                "label": point_label(s.method, s.param_dict), "backend": s.backend, **s.param_dict,
+                "seed": s.seed, "k": k, "pass_at_k": value, "sem": run.pass_at_k_sem.get(k, math.nan),
                 "n_samples": run.n_samples, "num_problems": run.num_problems,
                 "mean_at_n": run.meta["mean_at_n"], "checkpoint_step": run.meta["checkpoint_step"],
                 "split": run.meta["split"], "engine": run.meta["engine"], "eval_seed": run.meta["seed"],
@@ -75,9 +166,11 @@ def tidy_table(runs: Sequence[EvalRun], testtime: dict[tuple[str, str], Testtime
                 **{f"pass_at_k_{g}": run.by_grader.get(g, {}).get(k, math.nan) for g in GRADERS},
                 "testtime_pass_at_k": tt.pass_at_k_repexp.get(k, math.nan) if tt else math.nan,
             })
-    table = pd.DataFrame(rows, columns=list(TIDY_COLUMNS))
-    for column in ("sparse_dim", "seed", "checkpoint_step", "eval_seed"):
-        table[column] = table[column].astype("Int64")  # nullable: base has no seed, GRPO no sparse_dim
+    methods = [m for m in METHODS if any(r.spec.method == m for r in runs)]
+    table = pd.DataFrame(rows, columns=tidy_columns(methods))
+    for column in ("seed", "checkpoint_step", "eval_seed"):
+        table[column] = table[column].astype("Int64")  # nullable: the base model has no seed
+    _param_dtypes(table)
     return table
 
 
@@ -88,10 +181,12 @@ def _read_csv(path: str | Path, what: str, columns: Sequence[str], strings: Sequ
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: {what} table not found (run `repexp aggregate` first)")
-    table = pd.read_csv(path, dtype=dict.fromkeys(strings, "string"))
+    text_params = [c for c in PARAM_COLUMNS if PARAM_TYPES[c] is str]
+    table = pd.read_csv(path, dtype=dict.fromkeys([*strings, *text_params], "string"))
     missing = [c for c in columns if c not in table.columns]
     if missing:
         raise ValueError(f"{path}: missing columns {missing}{hint}")
+    _param_dtypes(table)
     return table
 
 
@@ -102,15 +197,13 @@ def _none_for_na(table, columns: Sequence[str]) -> None:
 
 def read_table(path: str | Path):
     """Read `pass_at_k.csv` back with the dtypes `tidy_table` gives."""
-    table = _read_csv(path, "pass@k", TIDY_COLUMNS, ("backend", "run", "task", "method", "split", "engine",
-                                                     "data_hash", "model_path", "source", "grader"))
-    for column in ("sparse_dim", "seed", "checkpoint_step", "eval_seed"):
+    table = _read_csv(path, "pass@k", TIDY_COLUMNS, ("backend", "run", "task", "method", "point", "label", "split",
+                                                     "engine", "data_hash", "model_path", "source", "grader"),
+                      " (written by an older `repexp aggregate`? rerun it)")
+    for column in ("seed", "checkpoint_step", "eval_seed"):
         table[column] = table[column].astype("Int64")
-    _none_for_na(table, ("backend", "task", "run", "method"))
+    _none_for_na(table, ("backend", "task", "run", "method", "point", "label"))
     return table
-
-
-POINT_COLUMNS = ("task", "method", "backend", "sparse_dim", "beta")
 
 
 def _mean_curve(table, mask) -> dict[int, float] | None:
@@ -202,23 +295,24 @@ def _interval(values, level: float) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def bootstrap_k_efficiency(repexp_n, repexp_c, grpo_n, grpo_c, ks: Sequence[int], *,
+def bootstrap_k_efficiency(method_n, method_c, grpo_n, grpo_c, ks: Sequence[int], *,
                            reference_ks: Sequence[int] | None = None, diff_ks: Sequence[int] = (),
                            replicates: int = BOOTSTRAP_REPLICATES, seed: int = BOOTSTRAP_SEED,
-                           level: float = BOOTSTRAP_LEVEL) -> dict[str, Any]:
-    """RepExp-vs-GRPO k-efficiency and pass@k differences with paired percentile-bootstrap intervals.
+                           level: float = BOOTSTRAP_LEVEL, method: str = "repexp") -> dict[str, Any]:
+    """A method's k-efficiency over GRPO and its pass@k differences, with paired percentile-bootstrap intervals.
 
-    `repexp_n`, `repexp_c`: [seeds, problems] sample and correct counts of RepExp's seeds (a 1-D array is
-    one seed); `grpo_n`, `grpo_c`: GRPO's, over the same problems in the same order. `ks`: the increasing
-    k grid; the efficiency is computed at every k of `reference_ks` (default: the largest) on the grid up
-    to it, the difference RepExp − GRPO of the seed-mean pass@k at every k of `diff_ks`.
+    `method_n`, `method_c`: [seeds, problems] sample and correct counts of the method point's seeds (a 1-D
+    array is one seed); `grpo_n`, `grpo_c`: GRPO's, over the same problems in the same order. `ks`: the
+    increasing k grid; the efficiency is computed at every k of `reference_ks` (default: the largest) on the
+    grid up to it, the difference method − GRPO of the seed-mean pass@k at every k of `diff_ks`. `method`:
+    its name in `repexp.methods` (it only names the resampled seeds).
 
     Every replicate draws the problems with replacement (one draw for both methods), then, for a method
-    with ≥ 2 seeds, its seeds (RepExp's, then GRPO's), from `numpy.random.default_rng(seed)`.
+    with ≥ 2 seeds, its seeds (the method's, then GRPO's), from `numpy.random.default_rng(seed)`.
 
     Returns {"efficiency": {ref: {"estimate", "k_star", "lo", "hi", "not_reached", "undefined"}},
     "difference": {k: {"estimate", "lo", "hi"}}, "replicates", "level", "seed", "num_problems",
-    "seeds": (RepExp, GRPO), "resampled"}. `estimate` is the full-data value (NaN when not reached or
+    "seeds": (method, GRPO), "resampled"}. `estimate` is the full-data value (NaN when not reached or
     undefined); `not_reached`/`undefined` are fractions of the replicates; lo/hi the percentile interval.
     """
     import numpy as np
@@ -232,10 +326,13 @@ def bootstrap_k_efficiency(repexp_n, repexp_c, grpo_n, grpo_c, ks: Sequence[int]
         raise ValueError(f"reference and difference ks {unknown} are not on the grid {ks}")
     if replicates < 1 or not 0 < level < 1:
         raise ValueError(f"need replicates ≥ 1 and 0 < level < 1, got {replicates}, {level}")
-    values = {"repexp": _per_seed_pass(repexp_n, repexp_c, ks), "grpo": _per_seed_pass(grpo_n, grpo_c, ks)}
-    num_problems = values["repexp"].shape[1]
+    # keyed "method" and "grpo" (not by name: GRPO could be compared with itself)
+    values = {"method": _per_seed_pass(method_n, method_c, ks), "grpo": _per_seed_pass(grpo_n, grpo_c, ks)}
+    names = {"method": label(method), "grpo": label(BASELINE)}
+    num_problems = values["method"].shape[1]
     if values["grpo"].shape[1] != num_problems:
-        raise ValueError(f"paired bootstrap: RepExp has {num_problems} problems, GRPO {values['grpo'].shape[1]}")
+        raise ValueError(f"paired bootstrap: {names['method']} has {num_problems} problems, GRPO "
+                         f"{values['grpo'].shape[1]}")
 
     rng = np.random.default_rng(seed)
     problem_weights = _counts_to_weights(rng.integers(0, num_problems, size=(replicates, num_problems)),
@@ -248,7 +345,7 @@ def bootstrap_k_efficiency(repexp_n, repexp_c, grpo_n, grpo_c, ks: Sequence[int]
             replicates, seeds, len(ks))
         if seeds >= 2:
             seed_weights = _counts_to_weights(rng.integers(0, seeds, size=(replicates, seeds)), seeds)
-            resampled.append(f"{METHOD_NAMES[name]} seeds")
+            resampled.append(f"{names[name]} seeds")
         else:
             seed_weights = np.ones((replicates, 1))
         boot[name] = np.einsum("bs,bsk->bk", seed_weights, curves)
@@ -264,12 +361,12 @@ def bootstrap_k_efficiency(repexp_n, repexp_c, grpo_n, grpo_c, ks: Sequence[int]
 
     result: dict[str, Any] = {"efficiency": {}, "difference": {}, "replicates": replicates, "level": level,
                               "seed": seed, "num_problems": num_problems,
-                              "seeds": (values["repexp"].shape[0], values["grpo"].shape[0]),
+                              "seeds": (values["method"].shape[0], values["grpo"].shape[0]),
                               "resampled": ", ".join(resampled)}
     for ref in reference_ks:
         j = ks.index(ref)
-        draws, _ = efficiency(boot["repexp"], boot["grpo"], j)
-        point, k_star = efficiency(full["repexp"], full["grpo"], j)
+        draws, _ = efficiency(boot["method"], boot["grpo"], j)
+        point, k_star = efficiency(full["method"], full["grpo"], j)
         lo, hi = _interval(draws, level)
         defined = np.isfinite(draws)
         result["efficiency"][ref] = {
@@ -279,8 +376,8 @@ def bootstrap_k_efficiency(repexp_n, repexp_c, grpo_n, grpo_c, ks: Sequence[int]
         }
     for k in diff_ks:
         j = ks.index(k)
-        lo, hi = _interval(boot["repexp"][:, j] - boot["grpo"][:, j], level)
-        result["difference"][k] = {"estimate": float(full["repexp"][0, j] - full["grpo"][0, j]), "lo": lo, "hi": hi}
+        lo, hi = _interval(boot["method"][:, j] - boot["grpo"][:, j], level)
+        result["difference"][k] = {"estimate": float(full["method"][0, j] - full["grpo"][0, j]), "lo": lo, "hi": hi}
     return result
 
 
@@ -303,18 +400,18 @@ def _counts_matrix(runs: Sequence[EvalRun]) -> tuple[list[str], Any, Any]:
     return ids, n, c
 
 
-def _efficiency_at(repexp_curve: dict[int, float], grpo_curve: dict[int, float], grid: list[int]) -> dict[str, Any]:
+def _efficiency_at(method_curve: dict[int, float], grpo_curve: dict[int, float], grid: list[int]) -> dict[str, Any]:
     """A k-efficiency row (module docstring) with the last grid k as the reference k."""
     ref = grid[-1]
     target = grpo_curve[ref]
-    row: dict[str, Any] = {"reference_k": ref, "grpo_pass_at_ref": target, "repexp_pass_at_ref": repexp_curve[ref]}
+    row: dict[str, Any] = {"reference_k": ref, "grpo_pass_at_ref": target, "method_pass_at_ref": method_curve[ref]}
     if target <= 0.0:  # every curve "reaches" 0 at k = 1: no ratio to report
         return {**row, "status": STATUS_UNDEFINED}
     k_grpo, k_grpo_evaluated = crossing_k({k: grpo_curve[k] for k in grid}, target)  # reaches by construction
     row["k_grpo"] = k_grpo
     if k_grpo_evaluated < ref:
         row["note"] = f"GRPO saturates: its pass@k is flat from k={k_grpo_evaluated}"
-    found = crossing_k({k: repexp_curve[k] for k in grid}, target)
+    found = crossing_k({k: method_curve[k] for k in grid}, target)
     if found is None:
         return {**row, "status": STATUS_NOT_REACHED}
     k_star, k_eval = found
@@ -323,24 +420,26 @@ def _efficiency_at(repexp_curve: dict[int, float], grpo_curve: dict[int, float],
 
 
 def _k_efficiency_rows(table, runs: Sequence[EvalRun] | None) -> list[dict[str, Any]]:
-    """Every row of `k_efficiency_by_k.csv`."""
+    """Every row of `k_efficiency_by_k.csv`: each point of every method but GRPO (and the base model), against
+    GRPO of its task and backend, in the table's order."""
     by_name = {(r.spec.task, r.spec.name): r for r in runs or ()}
     rows = []
-    points = table.loc[table["method"] == "repexp", ["task", "backend", "sparse_dim", "beta"]].drop_duplicates()
-    for point in points.itertuples(index=False):
-        point_mask = ((table["method"] == "repexp") & (table["task"] == point.task)
-                      & (table["backend"] == point.backend) & (table["sparse_dim"] == point.sparse_dim)
-                      & (table["beta"] == point.beta))
-        grpo_mask = (table["method"] == "grpo") & (table["task"] == point.task) & (table["backend"] == point.backend)
+    compared = table[table["method"].isin([m for m in METHODS if m != BASELINE])]
+    for point in compared[list(POINT_KEYS)].drop_duplicates().itertuples(index=False):
+        point_mask = ((table["task"] == point.task) & (table["backend"] == point.backend)
+                      & (table["method"] == point.method) & (table["point"] == point.point))
+        grpo_mask = ((table["method"] == BASELINE) & (table["task"] == point.task)
+                     & (table["backend"] == point.backend))
+        params = row_params(table.loc[point_mask].iloc[0], point.method)
         base: dict[str, Any] = {
-            **dict.fromkeys(K_EFFICIENCY_COLUMNS, math.nan), "task": point.task, "backend": point.backend,
-            "sparse_dim": int(point.sparse_dim), "beta": float(point.beta),
-            "n_repexp_seeds": int(table.loc[point_mask, "run"].nunique()),
+            **dict.fromkeys(K_EFFICIENCY_COLUMNS, math.nan), **point._asdict(), **params,
+            "label": point_label(point.method, params),
+            "n_method_seeds": int(table.loc[point_mask, "run"].nunique()),
             "n_grpo_seeds": int(table.loc[grpo_mask, "run"].nunique()),
             "note": "", "bootstrap_replicates": 0, "bootstrap_resampled": "",
         }
-        repexp_curve, grpo_curve = _mean_curve(table, point_mask), _mean_curve(table, grpo_mask)
-        grid = sorted(k for k in set(repexp_curve) & set(grpo_curve) if k <= HEADLINE_K) if grpo_curve else []
+        method_curve, grpo_curve = _mean_curve(table, point_mask), _mean_curve(table, grpo_mask)
+        grid = sorted(k for k in set(method_curve) & set(grpo_curve) if k <= HEADLINE_K) if grpo_curve else []
         if not grid:
             rows.append({**base, "status": STATUS_NO_GRPO if not grpo_curve else STATUS_NO_COMMON_K})
             continue
@@ -355,14 +454,14 @@ def _k_efficiency_rows(table, runs: Sequence[EvalRun] | None) -> list[dict[str, 
                 _, n, c = _counts_matrix(point_runs + grpo_runs)
                 split = len(point_runs)
                 boot = bootstrap_k_efficiency(n[:split], c[:split], n[split:], c[split:], grid, reference_ks=grid,
-                                              diff_ks=grid)
+                                              diff_ks=grid, method=point.method)
             except ValueError as err:
                 why_not = f"{NO_INTERVAL_NOTE}: {err}"
         for ref in grid:
-            row = {**base, **_efficiency_at(repexp_curve, grpo_curve, [k for k in grid if k <= ref])}
-            row["diff_pass_at_ref"] = repexp_curve[ref] - grpo_curve[ref]
+            row = {**base, **_efficiency_at(method_curve, grpo_curve, [k for k in grid if k <= ref])}
+            row["diff_pass_at_ref"] = method_curve[ref] - grpo_curve[ref]
             if 1 in grid:
-                row["diff_pass_at_1"] = repexp_curve[1] - grpo_curve[1]
+                row["diff_pass_at_1"] = method_curve[1] - grpo_curve[1]
             row["note"] = "; ".join(p for p in (row["note"], why_not) if p)
             if boot is not None:
                 eff = boot["efficiency"][ref]
@@ -377,39 +476,41 @@ def _k_efficiency_rows(table, runs: Sequence[EvalRun] | None) -> list[dict[str, 
 
 
 def k_efficiency(table, runs: Sequence[EvalRun] | None = None, *, by_reference_k: bool = False):
-    """The k-efficiency table (one row per RepExp point; definition in the module docstring).
+    """The k-efficiency table: one row per method point vs GRPO (definition in the module docstring).
 
     With `runs` (the loaded evaluations of the table), the interval columns hold the paired bootstrap of
     their per-problem counts (`bootstrap_k_efficiency`); without, they are empty. `by_reference_k`: one row
-    per RepExp point and grid k taken as the reference k (`k_efficiency_by_k.csv`) instead.
+    per point and grid k taken as the reference k (`k_efficiency_by_k.csv`) instead.
     """
     import pandas as pd
 
-    by_k = _k_efficiency_frame(pd.DataFrame(_k_efficiency_rows(table, runs), columns=list(K_EFFICIENCY_COLUMNS)))
+    columns = k_efficiency_columns(m for m in _methods_in(table) if m != BASELINE)
+    by_k = _k_efficiency_frame(pd.DataFrame(_k_efficiency_rows(table, runs), columns=columns))
     return by_k if by_reference_k else k_efficiency_headline(by_k)
 
 
 def k_efficiency_headline(by_k):
-    """The rows of `k_efficiency.csv` from those of `k_efficiency_by_k.csv`: per RepExp point, its largest
+    """The rows of `k_efficiency.csv` from those of `k_efficiency_by_k.csv`: per method point, its largest
     reference k (or its one row without a grid): a point's bootstrap draws do not depend on the reference k."""
-    keys = ["task", "backend", "sparse_dim", "beta"]
+    keys = list(POINT_KEYS)
     order = by_k.assign(_ref=by_k["reference_k"].astype("Float64").fillna(-1.0))
     last = order.groupby(keys, dropna=False, sort=False)["_ref"].transform("max")
     return by_k[(order["_ref"] == last).to_numpy()].reset_index(drop=True)
 
 
 def _k_efficiency_frame(out):
-    for column in ("reference_k", "k_star_evaluated", "sparse_dim", "bootstrap_replicates"):
+    for column in ("reference_k", "k_star_evaluated", "n_method_seeds", "n_grpo_seeds", "bootstrap_replicates"):
         out[column] = out[column].astype("Int64")
     for column in ("note", "bootstrap_resampled"):
         out[column] = out[column].fillna("").astype(str)
+    _param_dtypes(out)
     return out
 
 
 def read_k_efficiency(path: str | Path):
     """Read `k_efficiency.csv` or `k_efficiency_by_k.csv` back with the dtypes `k_efficiency` gives."""
     out = _read_csv(path, "k-efficiency", K_EFFICIENCY_COLUMNS,
-                    ("task", "backend", "status", "note", "bootstrap_resampled"),
+                    ("task", "backend", "method", "point", "label", "status", "note", "bootstrap_resampled"),
                     " (written by an older `repexp aggregate`? rerun it)")
-    _none_for_na(out, ("task", "backend", "status"))
+    _none_for_na(out, ("task", "backend", "method", "point", "label", "status"))
     return _k_efficiency_frame(out)

@@ -8,6 +8,9 @@ Outputs in `--out-dir` (`.pdf` and `.png`, named by repexp.layout), each written
 every figure's files, caption, notes, pixel size and plotted data, so tests and readers can check numbers
 without looking at pixels.
 
+Every figure shows every method present; labels, colours and markers come from the method table
+(`repexp.methods`: `Method.point_label`, `color`, `marker`), so a new method needs no change here.
+
 Modules: `style` (look and scaffolding), `series` (what a line is, seed means, missing-run notes), one per
 figure kind (`curves`, `testtime`, `efficiency`, `heatmaps`, `training`), `publish` (MLflow artifacts);
 the CLI and `make_figures` are here.
@@ -67,7 +70,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="training-curve source (auto: MLflow with --experiment, else metrics.jsonl with "
                              "--train-dir, else none)")
     parser.add_argument("--max-repexp-lines", type=int, default=MAX_REPEXP_LINES,
-                        help="RepExp sweep points drawn in the pass@k figure before only the main one is kept")
+                        help="sweep points of one method drawn in the pass@k figure before only one is kept "
+                             "(RepExp's: the paper's setting)")
 
 
 def figure_files(specs: Sequence[RunSpec], *, training: bool = True) -> dict[str, list[str]]:
@@ -114,8 +118,8 @@ def make_figures(table, out_dir: Path, *, expected: Sequence[RunSpec] | None = N
                                "no per-problem counts")
     save(plot_k_efficiency(k_efficiency, table, tasks=tasks, expected=expected, source=k_efficiency_source),
          layout.K_EFFICIENCY_FIGURE)
-    for task, backend in layout.heatmap_pairs(specs):  # one-point sweeps: the tables' rows, no heatmap
-        save(plot_heatmap(table, task, backend, expected=expected))
+    for task, backend, method in layout.heatmap_grids(specs):  # two-parameter grids only (layout.heatmap_params)
+        save(plot_heatmap(table, task, backend, method, expected=expected))
     if curves is not None:
         for task, backend in figure_pairs(specs):
             for plot in (plot_training, plot_dynamics):

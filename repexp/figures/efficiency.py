@@ -1,5 +1,6 @@
-"""The k-efficiency figure: per task, RepExp's k-efficiency over GRPO at several reference k, with the paired
-bootstrap interval of `repexp.aggregate.tables.bootstrap_k_efficiency` as error bars."""
+"""The k-efficiency figure: per task, each method point's k-efficiency over GRPO (every method but GRPO and
+the base model, from the method table) at several reference k, with the paired bootstrap interval of
+`repexp.aggregate.tables.bootstrap_k_efficiency` as error bars."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ from repexp import layout
 from repexp.config import RunSpec
 from repexp.figures import style as S
 from repexp.figures.curves import series_styles
-from repexp.figures.series import Series, _series_sort_key, completeness_notes, table_specs
+from repexp.figures.series import Series, _series_sort_key, completeness_notes, series_from_row, table_specs
 
 # a point's markers are spread this far apart (in log2 k) so that error bars of several points stay apart
 DODGE_LOG2 = 0.09
-EDGE_MARKER = "v"  # RepExp does not reach GRPO's pass@ref within k ≤ ref: drawn on the bottom edge
+EDGE_MARKER = "v"  # the method does not reach GRPO's pass@ref within k ≤ ref: drawn on the bottom edge
 LOWER_BOUND_MARKER = "^"  # reached at the smallest k: the efficiency is a lower bound
 
 
@@ -34,11 +35,11 @@ def _number(value) -> float | None:
 
 
 def _series_rows(keff, task: str) -> dict[Series, list]:
-    """{Series: its rows (one per reference k, sorted)} of one task's RepExp points that have a grid."""
+    """{Series: its rows (one per reference k, sorted)} of one task's method points that have a grid."""
     rows = keff[(keff["task"] == task) & keff["reference_k"].notna()]
     out: dict[Series, list] = {}
     for r in rows.itertuples(index=False):
-        out.setdefault(Series(task, "repexp", r.backend, int(r.sparse_dim), float(r.beta)), []).append(r)
+        out.setdefault(series_from_row(r._asdict()), []).append(r)
     return {s: sorted(rs, key=lambda r: int(r.reference_k)) for s, rs in out.items()}
 
 
@@ -87,8 +88,7 @@ def plot_k_efficiency(keff, table, *, tasks: Sequence[str] | None = None, expect
         title = S.TASK_TITLES.get(task, task)
         no_grid = keff[(keff["task"] == task) & keff["reference_k"].isna()]
         for r in no_grid.itertuples(index=False):
-            label = Series(task, "repexp", r.backend, int(r.sparse_dim), float(r.beta)).label(
-                show_point=True, show_backend=show_backend)
+            label = series_from_row(r._asdict()).label(show_point=True, show_backend=show_backend)
             notes.append(f"{title}: {label}: {r.status}")
         for series, rows in per_task[task].items():
             label = styles[series]["label"]
@@ -106,31 +106,32 @@ def plot_k_efficiency(keff, table, *, tasks: Sequence[str] | None = None, expect
             censored = [int(r.reference_k) for r in shown
                         if _number(r.efficiency_lo) == 0.0 and str(r.status) != A.STATUS_NOT_REACHED]
             if censored:
-                notes.append(f"{title}: {label} at k = {', '.join(map(str, censored))}: RepExp misses the target in "
+                notes.append(f"{title}: {label} at k = {', '.join(map(str, censored))}: misses the target in "
                              "≥ 2.5% of bootstrap replicates (bar to the bottom edge)")
 
     def draw(ax, j: int, handles: dict) -> dict:
         task = tasks[j]
         panel = _draw_panel(ax, per_task[task], styles, handles, first=j == 0)
         if panel is None:
-            S._no_data(ax, f"no k-efficiency for {task}: " + ("no RepExp point has a GRPO baseline with a common k"
+            S._no_data(ax, f"no k-efficiency for {task}: " + ("no method point has a GRPO baseline with a common k"
                                                             if (keff["task"] == task).any()
-                                                            else "no RepExp evaluation"))
+                                                            else "no evaluation of a method other than GRPO"))
         return panel or {"ylim": None, "series": []}
 
     fig, record_panels = S._task_panels(tasks, labels, notes, draw)
     if has_intervals:
         interval = (f"error bars: 95% percentile interval of a paired bootstrap ({', '.join(map(str, replicates))} "
                     f"replicates resampling {' / '.join(bootstrap_units) or 'problems'}; the same problems for both "
-                    "methods; a replicate in which RepExp misses the target counts as efficiency 0)")
+                    "methods; a replicate in which the method misses the target counts as efficiency 0)")
     else:
         interval = "no error bars: the table has no bootstrap intervals"
     caption = (
-        "k-efficiency of RepExp over GRPO per task: for each reference k (x, log2), the target is GRPO's seed-mean "
-        "pass@k; k* is the smallest k (log2-interpolated) at which RepExp's seed-mean pass@k reaches it, and the "
-        "efficiency (y, log2) = k_GRPO / k* (k_GRPO = the reference k unless GRPO saturates earlier): 2× means RepExp "
-        f"needs half the samples. The dashed line at 1 is GRPO; {interval}. ▽ on the bottom edge: RepExp does not "
-        "reach the target within k ≤ the reference k (k* beyond the evaluated range)."
+        "k-efficiency of each method over GRPO per task (one colour per method, shades and markers per point): for "
+        "each reference k (x, log2), the target is GRPO's seed-mean pass@k; k* is the smallest k (log2-interpolated) "
+        "at which the method's seed-mean pass@k reaches it, and the efficiency (y, log2) = k_GRPO / k* (k_GRPO = the "
+        "reference k unless GRPO saturates earlier): 2× means the method needs half the samples. The dashed line at "
+        f"1 is GRPO; {interval}. ▽ on the bottom edge: the method does not reach the target within k ≤ the reference "
+        "k (k* beyond the evaluated range)."
     )
     record = {"id": layout.K_EFFICIENCY_FIGURE, "kind": "k_efficiency", "caption": caption, "notes": notes,
               "missing_runs": missing, "size_px": S._size_px(fig), "source": source,
@@ -155,7 +156,7 @@ def _draw_panel(ax, rows_by_series: dict[Series, list], styles: dict, handles: d
     y_lo, y_hi = min(values) / 2 ** 0.5, max(values) * 2 ** 0.4
     edge = y_lo  # where values below the axis (not reached, a lower bound of 0) are drawn
     k_max = max(int(r.reference_k) for rows in shown.values() for r in rows)
-    ax.axhline(1.0, color=S.GRPO_COLOR, linestyle="--", linewidth=1.2, zorder=1)
+    ax.axhline(1.0, color=S.method_color(A.BASELINE), linestyle="--", linewidth=1.2, zorder=1)
     handles.setdefault("GRPO (= 1)", ax.lines[-1])
     m = len(shown)
     series_records = []
@@ -198,8 +199,9 @@ def _draw_panel(ax, rows_by_series: dict[Series, list], styles: dict, handles: d
         if style["label"] not in handles:  # every point of the series is on the edge: still in the legend
             handles[style["label"]] = ax.plot([], [], linestyle="none", marker=style["marker"],
                                               color=style["color"])[0]
-        series_records.append({**series.to_dict(), "label": style["label"],
-                               "n_repexp_seeds": int(rows[0].n_repexp_seeds), "n_grpo_seeds": int(rows[0].n_grpo_seeds),
+        series_records.append({**series.to_dict(), "label": style["label"], "color": style["color"],
+                               "marker": style["marker"],
+                               "n_method_seeds": int(rows[0].n_method_seeds), "n_grpo_seeds": int(rows[0].n_grpo_seeds),
                                **{key: [c[key] for c in columns] for key in columns[0]}})
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)

@@ -1,4 +1,6 @@
-"""Sweep heatmaps: pass@1, pass@K and k-efficiency over sparse_dim × β for one task and backend."""
+"""Sweep heatmaps: pass@1, pass@K and k-efficiency of one method over its two named parameters (rows: the first,
+columns: the second; RepExp's sparse_dim × β) for one task and backend. Which methods get one is
+`repexp.layout.heatmap_params`'s rule, read from the method table."""
 
 from __future__ import annotations
 
@@ -10,27 +12,42 @@ from repexp import layout
 from repexp.config import RunSpec, canonical
 from repexp.figures import style as S
 from repexp.figures.efficiency import _number
-from repexp.figures.series import Series, completeness_notes, seed_curve, table_specs
+from repexp.figures.series import BASELINE, Series, completeness_notes, seed_curve, series_of, table_specs
+from repexp.methods import METHODS
 
 
-def _cells(sparse_dims, betas, cell):
-    """(values, annotations, cell records) of one panel; `cell(d, b)` gives a cell's (value, text, record)."""
+class _Grid:
+    """The heatmap's axes: the row and column parameters, their values, and the series of each cell."""
+
+    def __init__(self, rows: str, columns: str, series: dict[tuple, Series]):
+        self.rows, self.columns, self.series = rows, columns, series
+        self.row_values = sorted({key[0] for key in series})
+        self.column_values = sorted({key[1] for key in series})
+
+
+def _tick(value) -> str:
+    return canonical(value) if isinstance(value, (int, float)) else str(value)
+
+
+def _cells(grid: _Grid, cell):
+    """(values, annotations, cell records) of one panel; `cell(r, c)` gives a cell's (value, text, record)."""
     import numpy as np
 
-    values = np.full((len(sparse_dims), len(betas)), np.nan)
+    values = np.full((len(grid.row_values), len(grid.column_values)), np.nan)
     text = np.full(values.shape, "", dtype=object)
     cells = []
-    for i, d in enumerate(sparse_dims):
-        for j, b in enumerate(betas):
-            values[i, j], text[i, j], record = cell(d, b)
-            cells.append({"sparse_dim": d, "beta": b, **record})
+    for i, r in enumerate(grid.row_values):
+        for j, c in enumerate(grid.column_values):
+            values[i, j], text[i, j], record = cell(r, c)
+            cells.append({grid.rows: r, grid.columns: c, **record})
     return values, text, cells
 
 
-def _pass_cells(table, task: str, backend: str, sparse_dims, betas, k: int | None, n_full_seeds: int):
-    """One pass@k panel's cells: seed means per (sparse_dim, β)."""
-    def cell(d, b):
-        curve = seed_curve(table, Series(task, "repexp", backend, d, b))
+def _pass_cells(table, grid: _Grid, k: int | None, n_full_seeds: int):
+    """One pass@k panel's cells: seed means per parameter pair."""
+    def cell(r, c):
+        series = grid.series.get((r, c))
+        curve = None if series is None else seed_curve(table, series)
         if k is None or curve is None or k not in curve["k"]:
             return math.nan, "missing", {"value": None, "n_seeds": 0 if curve is None else curve["n_seeds"]}
         at = curve["k"].index(k)
@@ -41,15 +58,15 @@ def _pass_cells(table, task: str, backend: str, sparse_dims, betas, k: int | Non
                                          "sem": None if curve["sem"] is None else curve["sem"][at],
                                          "n_seeds": curve["n_seeds"], "seeds": curve["seeds"]}
 
-    return _cells(sparse_dims, betas, cell)
+    return _cells(grid, cell)
 
 
-def _efficiency_cells(keff, backend: str, sparse_dims, betas):
-    """The k-efficiency panel's cells (log2 efficiency) from the k-efficiency table."""
-    import numpy as np
-
-    def cell(d, b):
-        match = keff[(keff["backend"] == backend) & (keff["sparse_dim"] == d) & np.isclose(keff["beta"], b)]
+def _efficiency_cells(keff, backend: str, grid: _Grid):
+    """The k-efficiency panel's cells (log2 efficiency) from the k-efficiency table (its rows of the cell's point)."""
+    def cell(r, c):
+        series = grid.series.get((r, c))
+        match = keff[(keff["backend"] == backend) & (keff["method"] == (series.method if series else None))
+                     & (keff["point"] == (series.point if series else None))]
         if match.empty:
             return math.nan, "missing", {"value": None, "status": "missing"}
         row = match.iloc[0]
@@ -60,7 +77,7 @@ def _efficiency_cells(keff, backend: str, sparse_dims, betas):
             return math.log2(efficiency), f"{efficiency:.2f}×", record
         return math.nan, str(row["status"]).replace(" ", "\n", 1), record
 
-    return _cells(sparse_dims, betas, cell)
+    return _cells(grid, cell)
 
 
 def _pass_norm(values, grpo: float | None, name: str):
@@ -82,7 +99,7 @@ def _pass_norm(values, grpo: float | None, name: str):
     return mcolors.Normalize(vmin=lo, vmax=hi), "crest", label, [lo, (lo + hi) / 2, hi]
 
 
-def _draw_heatmap(ax, values, text, sparse_dims, betas, *, norm, cmap: str, label: str, ticks, tick_labels) -> None:
+def _draw_heatmap(ax, values, text, grid: _Grid, *, norm, cmap: str, label: str, ticks, tick_labels) -> None:
     import numpy as np
     import seaborn as sns
 
@@ -92,7 +109,8 @@ def _draw_heatmap(ax, values, text, sparse_dims, betas, *, norm, cmap: str, labe
         warnings.simplefilter("ignore", RuntimeWarning)
         sns.heatmap(values, ax=ax, cmap=cmap, norm=norm, annot=text, fmt="", mask=~np.isfinite(values),
                     annot_kws={"fontsize": S.FONT["note"]}, linewidths=0.5, linecolor="white",
-                    xticklabels=[canonical(b) for b in betas], yticklabels=[str(d) for d in sparse_dims],
+                    xticklabels=[_tick(c) for c in grid.column_values],
+                    yticklabels=[_tick(r) for r in grid.row_values],
                     cbar_kws={"label": label, "shrink": 0.9})
     # seaborn does not annotate masked cells: say "missing" / "not reached" there
     for i, j in zip(*np.nonzero(~np.isfinite(values))):
@@ -102,73 +120,84 @@ def _draw_heatmap(ax, values, text, sparse_dims, betas, *, norm, cmap: str, labe
     colorbar.ax.yaxis.label.set_size(S.FONT["note"])
     colorbar.ax.tick_params(labelsize=S.FONT["note"])
     colorbar.set_ticks(ticks, labels=tick_labels)
-    ax.set_xlabel("β")
+    ax.set_xlabel(grid.columns)
     ax.tick_params(axis="y", rotation=0)
 
 
-def plot_heatmap(table, task: str, backend: str, *, expected: Sequence[RunSpec] | None = None):
-    """pass@1, pass@K and k-efficiency over sparse_dim × β for one task and backend."""
+def plot_heatmap(table, task: str, backend: str, method: str = "repexp", *, expected: Sequence[RunSpec] | None = None):
+    """pass@1, pass@K and k-efficiency of `method` over its two named parameters for one task and backend."""
     import matplotlib.colors as mcolors
     import numpy as np
 
     from repexp.aggregate import tables
 
+    named = METHODS[method].named_fields()
+    if len(named) != 2:
+        raise ValueError(f"{method}: a heatmap needs a method of two named parameters, it has {list(named)}")
+    rows_param, columns_param = named
+    entry = METHODS[method]
+    title = entry.label
     found = table_specs(table)
     # rows and columns: the config's sweep if given, else what was evaluated
-    points = {(s.sparse_dim, float(s.beta)) for s in (expected if expected is not None else found)
-              if s.task == task and s.method == "repexp" and s.backend == backend}
-    sparse_dims, betas = sorted({p[0] for p in points}), sorted({p[1] for p in points})
-    trained_here = lambda specs: [s for s in specs if s.trains and s.backend == backend]  # noqa: E731
+    points = {}
+    for s in (expected if expected is not None else found):
+        if s.task == task and s.method == method and s.backend == backend:
+            values = s.param_dict
+            points.setdefault((values[rows_param], values[columns_param]), series_of(s))
+    grid = _Grid(rows_param, columns_param, points)
+    # the notes speak of this method's and GRPO's runs (the other methods are not in this figure)
+    trained_here = lambda specs: [s for s in specs if s.trains and s.backend == backend  # noqa: E731
+                                  and s.method in (method, BASELINE)]
     missing, notes = completeness_notes(task, trained_here(found), None if expected is None else trained_here(expected))
     notes = [n for n in notes if "base-model" not in n]
-    rows = table[(table["task"] == task) & (table["backend"] == backend) & table["method"].isin(["repexp", "grpo"])]
+    rows = table[(table["task"] == task) & (table["backend"] == backend) & table["method"].isin([method, BASELINE])]
     ks_per_run = [set(g["k"].astype(int)) for _, g in rows.groupby("run")]
     common = set.intersection(*ks_per_run) if ks_per_run else set()
     k_ref = max((k for k in common if k <= tables.HEADLINE_K), default=None)
     keff = tables.k_efficiency(table[table["task"] == task])
     n_full_seeds = len({s.seed for s in trained_here(expected if expected is not None else found) if s.task == task})
-    grpo_curve = seed_curve(table, Series(task, "grpo", backend, None, 0.0))
+    grpo_curve = seed_curve(table, Series(task, BASELINE, backend, BASELINE))
 
-    width = max(7.5, 7.8 + 1.35 * max(0, len(betas) - 2))
-    height = 1.7 + 0.45 * max(2, len(sparse_dims))
+    width = max(7.5, 7.8 + 1.35 * max(0, len(grid.column_values) - 2))
+    height = 1.7 + 0.45 * max(2, len(grid.row_values))
     panels = []
     with S._style():
         fig, axes, _ = S._figure_with_footer(width, height, legend_rows=0, notes=notes, ncols=3)
-        fig.suptitle(f"{S.TASK_TITLES.get(task, task)} [{backend}]: RepExp sweep", fontsize=S.FONT["title"])
+        fig.suptitle(f"{S.TASK_TITLES.get(task, task)} [{backend}]: {title} sweep", fontsize=S.FONT["title"])
         for ax, (name, k) in zip(axes[0], [("pass@1", 1), (f"pass@{k_ref}" if k_ref else "pass@K", k_ref),
                                           ("k-efficiency", None)]):
             ax.set_title(name, fontsize=S.FONT["label"])
-            if not sparse_dims:
-                S._no_data(ax, f"no RepExp runs for {task} [{backend}]")
+            if not points:
+                S._no_data(ax, f"no {title} runs for {task} [{backend}]")
                 panels.append({"metric": name, "k": k, "grpo": None, "cells": []})
                 continue
             grpo = None
             if name == "k-efficiency":
-                values, text, cells = _efficiency_cells(keff, backend, sparse_dims, betas)
+                values, text, cells = _efficiency_cells(keff, backend, grid)
                 finite = values[np.isfinite(values)]  # log2 efficiency: the scale is symmetric around 1×
                 bound = max(1, math.ceil(float(np.abs(finite).max()))) if finite.size else 1
                 ticks = list(range(-bound, bound + 1))
-                _draw_heatmap(ax, values, text, sparse_dims, betas, cmap="vlag", label="efficiency (1×: as GRPO)",
+                _draw_heatmap(ax, values, text, grid, cmap="vlag", label="efficiency (1×: as GRPO)",
                               norm=mcolors.TwoSlopeNorm(vcenter=0.0, vmin=-bound, vmax=bound),
                               ticks=ticks, tick_labels=[f"{2.0 ** t:g}×" for t in ticks])
             else:
-                values, text, cells = _pass_cells(table, task, backend, sparse_dims, betas, k, n_full_seeds)
+                values, text, cells = _pass_cells(table, grid, k, n_full_seeds)
                 if grpo_curve and k in grpo_curve["k"]:
                     grpo = grpo_curve["mean"][grpo_curve["k"].index(k)]
                 norm, cmap, label, ticks = _pass_norm(values, grpo, name)
-                _draw_heatmap(ax, values, text, sparse_dims, betas, norm=norm, cmap=cmap, label=label,
+                _draw_heatmap(ax, values, text, grid, norm=norm, cmap=cmap, label=label,
                               ticks=ticks, tick_labels=[f"{t:.3f}" for t in ticks])
-            ax.set_ylabel("sparse_dim" if name == "pass@1" else "")
+            ax.set_ylabel(rows_param if name == "pass@1" else "")
             panels.append({"metric": name, "k": k, "grpo": grpo, "cells": cells})
     caption = (
-        f"RepExp sweep on {S.TASK_TITLES.get(task, task)} ({backend}): rows sparse_dim, columns β; cells are means "
-        "over seeds. pass@1 and pass@K (K: the largest k ≤ 256 every run evaluated) are coloured around GRPO's value "
-        "(blue: below, red: above). k-efficiency = k_GRPO / k*: k* is the (log2-interpolated) smallest k at which "
-        "RepExp's pass@k reaches GRPO's pass@K, k_GRPO the same for GRPO's own curve (K unless GRPO saturates); "
-        "\"not reached\" when RepExp never does."
+        f"{title} sweep on {S.TASK_TITLES.get(task, task)} ({backend}): rows {rows_param}, columns {columns_param}; "
+        "cells are means over seeds. pass@1 and pass@K (K: the largest k ≤ 256 every run evaluated) are coloured "
+        "around GRPO's value (blue: below, red: above). k-efficiency = k_GRPO / k*: k* is the (log2-interpolated) "
+        f"smallest k at which the point's pass@k reaches GRPO's pass@K, k_GRPO the same for GRPO's own curve (K "
+        "unless GRPO saturates); \"not reached\" when the point never does."
     )
-    record = {"id": layout.heatmap_figure(task, backend), "kind": "heatmap", "task": task, "backend": backend,
+    record = {"id": layout.heatmap_figure(task, backend, method), "kind": "heatmap", "task": task,
+              "backend": backend, "method": method, "rows": rows_param, "columns": columns_param,
               "caption": caption, "notes": notes, "missing_runs": missing, "size_px": S._size_px(fig),
-              "sparse_dims": sparse_dims, "betas": betas, "panels": panels}
+              "row_values": grid.row_values, "column_values": grid.column_values, "panels": panels}
     return fig, record
-

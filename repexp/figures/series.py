@@ -8,62 +8,91 @@ from collections.abc import Sequence
 from typing import Any
 
 from repexp.aggregate.load import run_sort_key
-from repexp.aggregate.tables import METHOD_NAMES, runs_on_common_ks
-from repexp.config import METHODS, RunSpec, canonical
+from repexp.aggregate.tables import BASELINE, PARAM_COLUMNS, point_label, row_params, runs_on_common_ks
+from repexp.config import METHODS, RunSpec
 from repexp.figures.style import PAPER_POINTS
+from repexp.methods import BASE
+from repexp.methods import METHODS as METHOD_TABLE
 
 # --------------------------------------------------------------------------- series
 
 
 @dataclasses.dataclass(frozen=True)
 class Series:
-    """One plotted line: a method at one config point, averaged over its seeds."""
+    """One plotted line: a method at one parameter point (`RunSpec.point`), averaged over its seeds.
+
+    `params`: the method's parameters as (field, value) pairs (`RunSpec.params`); empty for GRPO and the base
+    model. Everything about a method (label, colour, marker) is read from `repexp.methods`."""
 
     task: str
     method: str
     backend: str | None
-    sparse_dim: int | None
-    beta: float
+    point: str
+    params: tuple[tuple[str, Any], ...] = ()
 
     def label(self, *, show_point: bool, show_backend: bool) -> str:
-        text = METHOD_NAMES[self.method]
-        if self.method == "repexp" and show_point:
-            text += f" (dim={self.sparse_dim}, β={canonical(self.beta)})"
+        text = point_label(self.method, dict(self.params), with_point=show_point)
         if show_backend and self.backend:
             text += f" [{self.backend}]"
         return text
 
+    @property
+    def param_dict(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    def spec(self, seed: int | None = None) -> RunSpec:
+        """The run of this series with `seed`."""
+        return RunSpec(self.task, self.method, self.backend, self.params, seed)
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Its fields with the parameters flattened (index.json: `sparse_dim`, `beta`, `passk_k`, ...)."""
+        return {"task": self.task, "method": self.method, "backend": self.backend, "point": self.point,
+                **self.param_dict}
+
+
+def compared(method: str) -> bool:
+    """Whether a method is compared with GRPO (every method but GRPO and the base model)."""
+    return method not in (BASELINE, BASE)
 
 
 def coinciding_with_grpo(curves: dict[Series, list[float]], tolerance: float = 1e-12) -> set[Series]:
-    """RepExp series whose curve equals the GRPO curve of the same task and backend at every point (to
-    `tolerance`): drawn on top, dashed, with hollow markers and a note, so that neither line hides the
-    other."""
+    """Series of a compared method whose curve equals the GRPO curve of the same task and backend at every
+    point (to `tolerance`): drawn on top, dashed, with hollow markers and a note, so that neither line hides
+    the other."""
     same = set()
     for series, values in curves.items():
-        if series.method != "repexp":
+        if not compared(series.method):
             continue
-        grpo = next((v for s, v in curves.items() if s.method == "grpo" and s.task == series.task
+        grpo = next((v for s, v in curves.items() if s.method == BASELINE and s.task == series.task
                      and s.backend == series.backend), None)
         if grpo is not None and len(grpo) == len(values) and all(abs(a - b) <= tolerance for a, b in zip(values, grpo)):
             same.add(series)
     return same
 
 
-# Drawing order: the base model below, GRPO above it, RepExp on top.
-ZORDER = {"base": 2, "grpo": 3, "repexp": 4}
+def zorder(method: str) -> int:
+    """Drawing order: the base model below, GRPO above it, every other method on top (in table order)."""
+    if method == BASE:
+        return 2
+    if method == BASELINE:
+        return 3
+    return 4 + [m for m in METHOD_TABLE if compared(m)].index(method)
 
 
 def series_of(spec: RunSpec) -> Series:
-    if spec.method == "repexp":
-        return Series(spec.task, "repexp", spec.backend, spec.sparse_dim, float(spec.beta))
-    return Series(spec.task, spec.method, spec.backend, None, 0.0)
+    return Series(spec.task, spec.method, spec.backend, spec.point, tuple(spec.params))
+
+
+def series_from_row(row, task: str | None = None) -> Series:
+    """The series of a table row (pass@k or k-efficiency): its method, backend and parameter columns."""
+    method = row["method"]
+    spec = RunSpec.of(task or row["task"], method, None if method == BASE else row["backend"],
+                      **row_params(row, method))
+    return series_of(spec)
 
 
 def _series_sort_key(s: Series) -> tuple:
-    return (METHODS.index(s.method), s.backend or "", s.sparse_dim or 0, s.beta)
+    return (METHODS.index(s.method), s.backend or "", tuple(value for _, value in s.params))
 
 
 def select_repexp_points(task: str, points: Sequence[tuple[int, float]], max_lines: int) -> list[tuple[int, float]]:
@@ -82,15 +111,30 @@ def select_repexp_points(task: str, points: Sequence[tuple[int, float]], max_lin
     return points[:1]
 
 
+def select_points(task: str, series: Sequence[Series], max_lines: int) -> list[Series]:
+    """The points of one method (and backend) drawn in the pass@k figure: all of them up to `max_lines`,
+    else one: RepExp's paper setting for the task where evaluated, else the first in sweep order."""
+    series = sorted(series, key=_series_sort_key)
+    if len(series) <= max_lines:
+        return series
+    if all(s.method == "repexp" for s in series):
+        keys = {(s.param_dict["sparse_dim"], float(s.param_dict["beta"])): s for s in series}
+        return [keys[p] for p in select_repexp_points(task, list(keys), max_lines)]
+    return series[:1]
+
+
 def series_mask(table, series: Series):
-    """The table's rows of one series (every seed)."""
+    """The table's rows of one series (every seed), by the method's parameter columns (never the run name)."""
     import numpy as np
 
     mask = (table["task"] == series.task) & (table["method"] == series.method)
-    if series.method != "base":
+    if series.method != BASE:
         mask &= table["backend"] == series.backend
-    if series.method == "repexp":
-        mask &= (table["sparse_dim"] == series.sparse_dim) & np.isclose(table["beta"].astype(float), series.beta)
+    for name, value in series.params:
+        if isinstance(value, float):
+            mask &= np.isclose(table[name].astype(float), value)
+        else:
+            mask &= (table[name] == value).fillna(False).astype(bool)
     return mask
 
 
@@ -115,9 +159,14 @@ def table_specs(table) -> list[RunSpec]:
     """The runs of a pass@k table, from the columns the aggregate writes for each run (never its name)."""
     import pandas as pd
 
-    rows = table[["task", "method", "backend", "sparse_dim", "beta", "seed"]].drop_duplicates().astype(object)
-    return sorted({RunSpec(*(None if pd.isna(v) else v for v in row)) for row in rows.itertuples(index=False)},
-                  key=run_sort_key)
+    specs = set()
+    keys = ["task", "method", "backend", "seed", *(c for c in PARAM_COLUMNS if c in table.columns)]
+    for row in table.drop_duplicates(keys).to_dict("records"):
+        method = row["method"]
+        seed = None if pd.isna(row["seed"]) else int(row["seed"])
+        backend = None if method == BASE or pd.isna(row["backend"]) else row["backend"]
+        specs.add(RunSpec.of(row["task"], method, backend, seed, **row_params(row, method)))
+    return sorted(specs, key=run_sort_key)
 
 
 def completeness_notes(task: str, found: Sequence[RunSpec],
@@ -143,13 +192,15 @@ def completeness_notes(task: str, found: Sequence[RunSpec],
     for series, seeds in sorted(by_series.items(), key=lambda kv: _series_sort_key(kv[0])):
         lacking = [x for x in all_seeds if x not in seeds]
         if lacking:
-            label = series.label(show_point=series.method == "repexp", show_backend=several_backends)
+            label = series.label(show_point=True, show_backend=several_backends)
             notes.append(f"{label}: no seed {', '.join(map(str, lacking))}")
-            missing += [f"{task}/{RunSpec(*dataclasses.astuple(series), x).name}" for x in lacking]
+            missing += [f"{task}/{series.spec(x).name}" for x in lacking]
     methods = {s.method for s in task_runs}
-    for method, text in (("grpo", "no GRPO run"), ("base", "no base-model run"), ("repexp", "no RepExp run")):
+    for method, text in ((BASELINE, "no GRPO run"), (BASE, "no base-model run")):
         if method not in methods:
             notes.append(text)
+    if not any(compared(m) for m in methods):
+        notes.append("no run of a method compared with GRPO")
     return missing, notes
 
 

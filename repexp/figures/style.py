@@ -15,16 +15,15 @@ from repexp.io import atomic_path
 DPI = 200
 TASK_TITLES = {"math": "MATH", "gsm8k": "GSM8K", "aime24": "AIME 2024", "dapo-with-aime24": "AIME 2024 (DAPO train)",
                "arith": "Arithmetic (built-in)"}
-# upstream plot_pass_at_k.py: GRPO = deep[-1], base = deep[7], RepExp = colorblind[2]; further RepExp
-# points take other colourblind-safe colours (and markers) so they stay distinguishable
-GRPO_COLOR = "#64b5cd"
-BASE_COLOR = "#8c8c8c"
-REPEXP_COLORS = ("#029e73", "#de8f05", "#cc78bc", "#d55e00", "#0173b2", "#ca9161")
-REPEXP_MARKERS = ("o", "s", "^", "D", "v", "P")
+# A method's colour and first marker are its `repexp.methods` entry's (`color`, `marker`); several points of
+# one method in a figure take shades of its colour (dark to light) and further markers, so they stay apart
+POINT_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+SHADE_DARKEST = 0.35  # the first of several points: the method's colour this far towards black
+SHADE_LIGHTEST = 0.45  # the last: this far towards white
 BACKEND_LINESTYLES = ("-", "--", ":")
 # the paper's main setting (upstream §14): β = 0.01, sparse_dim 32 (MATH, GSM8K) or 128 (AIME via DAPO)
 PAPER_POINTS = {"math": (32, 0.01), "gsm8k": (32, 0.01), "aime24": (128, 0.01), "dapo-with-aime24": (128, 0.01)}
-MAX_REPEXP_LINES = 4
+MAX_REPEXP_LINES = 4  # points of one method (and backend) drawn in the pass@k figure before only one is kept
 TRAINING_METRICS = (M.DEV_SELECTION, M.statistic(M.BONUS_RAW, "mean"), M.statistic(M.BONUS_SCALED, "mean"),
                     M.REWARD_VERIFIER_MEAN, M.REWARD_SHAPED_MEAN,
                     M.BONUS_TURNED_OFF)  # not a panel: marks the steps where the bonus was switched off
@@ -32,6 +31,45 @@ DYNAMICS_METRICS = (M.POLICY_ENTROPY, M.DISTINCT_FRACTION)  # the training-dynam
 CURVE_METRICS = TRAINING_METRICS + DYNAMICS_METRICS  # what is read from metrics.jsonl / MLflow
 LINE_STYLE = dict(marker="o", linewidth=1.275, markersize=6, markeredgewidth=0.9, markeredgecolor="#F7F7FF")
 FONT = {"label": 10, "title": 11, "tick": 8, "legend": 8, "note": 7}
+
+
+
+
+def method_color(method: str) -> str:
+    """The method's colour from the method table (the base model's too)."""
+    from repexp.methods import color
+
+    return color(method)
+
+
+def method_marker(method: str) -> str:
+    from repexp.methods import BASE, METHODS
+
+    return "o" if method == BASE else METHODS[method].marker
+
+
+def shade(color: str, i: int, n: int) -> str:
+    """Point i of n of one method: its colour itself when n = 1, else from darker (i = 0) to lighter."""
+    import matplotlib.colors as mcolors
+
+    if n <= 1:
+        return color
+    t = i / (n - 1)
+    rgb = mcolors.to_rgb(color)
+    if t <= SHADE_DARKEST / (SHADE_DARKEST + SHADE_LIGHTEST):  # towards black
+        f = SHADE_DARKEST - t * (SHADE_DARKEST + SHADE_LIGHTEST)
+        mixed = tuple(c * (1 - f) for c in rgb)
+    else:  # towards white
+        f = t * (SHADE_DARKEST + SHADE_LIGHTEST) - SHADE_DARKEST
+        mixed = tuple(c + (1 - c) * f for c in rgb)
+    return mcolors.to_hex(mixed)
+
+
+def point_marker(method: str, i: int) -> str:
+    """Point i of one method: the method's own marker first, then the others of POINT_MARKERS."""
+    first = method_marker(method)
+    markers = (first, *(m for m in POINT_MARKERS if m != first))
+    return markers[i % len(markers)]
 
 
 # --------------------------------------------------------------------------- figure scaffolding

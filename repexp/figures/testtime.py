@@ -17,13 +17,13 @@ from repexp.config import RunSpec
 from repexp.figures import style as S
 from repexp.figures.curves import series_styles
 from repexp.figures.series import (
-    ZORDER,
     Series,
     _series_sort_key,
     coinciding_with_grpo,
     series_mask,
     series_of,
     table_specs,
+    zorder,
 )
 
 STEM = layout.TESTTIME_FIGURE
@@ -53,7 +53,7 @@ def plot_testtime(table, *, tasks: Sequence[str] | None = None, expected: Sequen
         lacking = [s.path for s in expected if s.task in tasks and (s.task, s.name) not in have]
         if lacking:
             notes.append(f"no test-time result for: {', '.join(lacking)}")
-    # a RepExp run whose curves equal GRPO's in both orders: drawn on top with hollow markers, and said
+    # a method's run whose curves equal GRPO's in both orders: drawn on top with hollow markers, and said
     same: set = set()
     for panel in panels:
         both = [coinciding_with_grpo({s: c["mean"] for s in panel["series"]
@@ -62,8 +62,9 @@ def plot_testtime(table, *, tasks: Sequence[str] | None = None, expected: Sequen
         coincide = both[0] & both[1]
         same |= coincide
         title = S.TASK_TITLES.get(panel["task"], panel["task"])
-        notes += [f"{title}: {styles[s]['label']} = GRPO at every k in both orders (the curves coincide; RepExp "
-                  "is drawn on top with hollow markers)" for s in sorted(coincide, key=_series_sort_key)]
+        notes += [f"{title}: {styles[s]['label']} = GRPO at every k in both orders (the curves coincide; "
+                  f"{s.label(show_point=False, show_backend=False)} is drawn on top with hollow markers)"
+                  for s in sorted(coincide, key=_series_sort_key)]
     def draw(ax, j: int, handles: dict) -> dict:
         task = panels[j]["task"]
         plotted, lows, highs, k_max = [], [], [], 1
@@ -75,14 +76,15 @@ def plot_testtime(table, *, tasks: Sequence[str] | None = None, expected: Sequen
                     continue
                 hollow = {"markerfacecolor": "none", "markeredgecolor": style["color"]} if series in same else {}
                 line, = ax.plot(curve["k"], curve["mean"], color=style["color"], linestyle=linestyle,
-                                zorder=ZORDER[series.method],
+                                zorder=zorder(series.method),
                                 **{**S.LINE_STYLE, "marker": style["marker"] if linestyle == "-" else None, **hollow})
                 if linestyle == "-":
                     handles.setdefault(style["label"], line)
                 lows += curve["mean"]
                 highs += curve["mean"]
                 k_max = max(k_max, max(curve["k"]))
-                plotted.append({**series.to_dict(), "label": style["label"], "order": order_name, **curve})
+                plotted.append({**series.to_dict(), "label": style["label"], "color": style["color"],
+                                "marker": style["marker"], "order": order_name, **curve})
         ylim = S._finish_curve_panel(ax, plotted=bool(plotted), empty_message=f"no test-time results for {task}",
                                      k_max=k_max, lows=lows, highs=highs, xlabel="k (verifier calls)", first=j == 0)
         return {"ylim": list(ylim) if ylim else None, "series": plotted}

@@ -13,7 +13,8 @@ from repexp import metrics as M
 from repexp.config import RunSpec
 from repexp.figures import style as S
 from repexp.figures.curves import series_styles
-from repexp.figures.series import ZORDER, Series, _series_sort_key, coinciding_with_grpo, compact_runs, series_of
+from repexp.figures.series import Series, _series_sort_key, coinciding_with_grpo, compact_runs, series_of, zorder
+from repexp.methods import METHODS
 
 
 def read_metrics_jsonl(path: str | Path) -> dict[str, dict[int, float]]:
@@ -151,7 +152,7 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
             notes.append(f"{panel_title}: no run logged {', '.join(metrics)}")
         elif lacking:
             notes.append(f"{panel_title}: {', '.join(metrics)} not logged by {compact_runs(lacking)}")
-    # per single-metric panel, the RepExp series drawn over GRPO's curve at every step (within
+    # per single-metric panel, the series of a compared method drawn over GRPO's curve at every step (within
     # COINCIDE_FRACTION of the values): dashed, hollow, on top, and said. A two-metric panel keeps
     # solid/dashed for its two metrics; only the drawing order helps there.
     same: dict[str, set] = {}
@@ -166,7 +167,8 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
         same[panel_title] = coinciding_with_grpo(comparable, tolerance=COINCIDE_FRACTION * scale)
         if len(metrics) == 1:
             notes += [f"{panel_title}: {styles[s]['label']} = GRPO at every step (to {COINCIDE_FRACTION:.1%} of the "
-                      "values; RepExp is drawn dashed on top)" for s in sorted(same[panel_title], key=_series_sort_key)]
+                      f"values; {s.label(show_point=False, show_backend=False)} is drawn dashed on top)"
+                      for s in sorted(same[panel_title], key=_series_sort_key)]
         else:
             notes += [f"{panel_title}: GRPO's verifier reward = {styles[s]['label']}'s at every step (to "
                       f"{COINCIDE_FRACTION:.1%}; GRPO's dashed line is drawn on top of it)"
@@ -206,8 +208,8 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
             plotted, lows, highs, lacking = [], [], [], []
             for s in series:
                 for metric, linestyle in zip(metrics, ("-", "--")):
-                    if metric == M.REWARD_SHAPED_MEAN and s.beta == 0:
-                        continue  # β = 0: the shaped reward is the verifier reward; its dashed line alone
+                    if metric == M.REWARD_SHAPED_MEAN and "reward" not in METHODS[s.method].hooks:
+                        continue  # no reward hook: the shaped reward is the verifier reward; its dashed line alone
                     runs = [r for r in series_runs[s] if metric in curves[r.path]]
                     lacking += [r.name for r in series_runs[s] if metric not in curves[r.path]]
                     if not runs:
@@ -226,7 +228,7 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
                     line, = ax.plot(data["step"], data["mean"], color=style["color"],
                                     linestyle="--" if hidden else linestyle, linewidth=1.0,
                                     marker=style["marker"] if sparse else None, markersize=3.5,
-                                    zorder=ZORDER[s.method] + (3 if linestyle == "--" else 0) + (10 if lifted else 0),
+                                    zorder=zorder(s.method) + (3 if linestyle == "--" else 0) + (10 if lifted else 0),
                                     **hollow)
                     if linestyle == "-":
                         handles.setdefault(style["label"], line)
@@ -293,7 +295,7 @@ def plot_training(curves: dict[str, dict[str, dict[int, float]]], task: str, bac
 def plot_dynamics(curves: dict[str, dict[str, dict[int, float]]], task: str, backend: str, *,
                   specs: Sequence[RunSpec], source: str):
     """Training dynamics of one task and backend: policy entropy and rollout diversity over training steps,
-    one line per method/point (GRPO, each RepExp point), mean over seeds ± SEM."""
+    one line per method/point (every method of the sweep), mean over seeds ± SEM."""
     caption = (
         f"Training dynamics on {S.TASK_TITLES.get(task, task)} ({backend}), from {source}: the policy's mean token "
         f"entropy on its rollouts ({M.POLICY_ENTROPY}) and the rollout diversity ({M.DISTINCT_FRACTION}: per "

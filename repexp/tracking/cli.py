@@ -46,8 +46,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                                    "local disk); e.g. the embedded store of a local run, to browse it")
 
     b = sub.add_parser("ui", help="print (and with --open, open) the link to the MLflow UI's runs table of the eval "
-                                  "runs, sorted by the headline pass@k with task, method, beta, sparse_dim and seed "
-                                  "shown; starts the results directory's server unless one runs")
+                                  "runs, sorted by the headline pass@k with task, method, seed and the methods' "
+                                  "parameters shown; starts the results directory's server unless one runs")
     b.add_argument("--open", action="store_true", help="also open the link in this host's web browser")
     b.add_argument("--store", help="backend store URI, if a server is started (default: the results directory's "
                                    "SQLite store if it exists, else the one `repexp mlflow serve` opens)")
@@ -210,7 +210,7 @@ def _ui(args: argparse.Namespace) -> int:
     metric = ui.headline_metric(cfg)
     try:
         with server.auth.client_credentials(uri, cfg.results_dir):  # the results directory's server asks for its login
-            url = ui.publish_view(uri, cfg.tracking.experiment or cfg.name, metric, results)
+            url = ui.publish_view(uri, cfg.tracking.experiment or cfg.name, metric, results, ui.columns(cfg))
     except ValueError as err:
         print(f"mlflow ui: {err}", file=sys.stderr)
         return 1

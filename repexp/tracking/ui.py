@@ -25,8 +25,9 @@ SAVED_VIEW_TAG_PREFIX = "mlflow.sharedViewState."  # MLflow UI's saved views of 
 VIEW_KEY_PARAM = "viewStateShareKey"
 VIEW_PREFIX = "repexp-eval-"  # + the results id: one view per results directory sharing a store
 WORKFLOW_PARAM = ("workflowType", "machine_learning")
-# Params of every eval node run (its sweep point's, repexp.tracking.scopes.scope_for); shown in this order
-COLUMNS = ("task", "method", "beta", "sparse_dim", "seed")
+# Params of every eval node run (its sweep point's, repexp.tracking.scopes.scope_for) shown first; then each
+# parameter of the sweep's methods (`columns`): a run shows "-" for those of other methods
+COLUMNS = ("task", "method", "seed")
 RUN_NAME_COLUMN = "attributes.`Run Name`"
 WIDTHS = {RUN_NAME_COLUMN: 300}  # room for "eval <task>/<run>"; the metric's header is sized below
 
@@ -41,18 +42,30 @@ def headline_metric(cfg) -> str:
     return metric_names.pass_at_k(metric_names.TEST, n)
 
 
+def columns(cfg) -> tuple[str, ...]:
+    """The view's param columns: `COLUMNS`, then every parameter of the methods the sweep runs (any task), in
+    the config's (= the method table's) order and each method's `Params` order."""
+    from repexp import config as C
+    from repexp.methods import METHODS
+
+    methods = dict.fromkeys(name for task in cfg.sweep.tasks for name in C.task_sweep(cfg, task))
+    ordered = [name for name in METHODS if name in methods]
+    return tuple(dict.fromkeys([*COLUMNS, *(f.name for name in ordered for f in METHODS[name].fields())]))
+
+
 def column(kind: str, name: str) -> str:
     """The UI's column id (its canonical sort key), e.g. params.`beta`."""
     return f"{kind}.`{name}`"
 
 
-def view_state(metric: str, results: Optional[str] = None) -> dict[str, Any]:
+def view_state(metric: str, results: Optional[str] = None, params: tuple[str, ...] = COLUMNS) -> dict[str, Any]:
     """The runs page's state: this results directory's eval runs, best headline pass@k first, with
-    the sweep point's params beside it. Keys the UI does not find here keep its defaults."""
+    the sweep point's params (`params`: `columns(cfg)`) beside it. Keys the UI does not find here keep its
+    defaults."""
     search = f"tags.`{RULE_TAG}` = 'eval'"
     if results:  # a store (and experiment) can hold several results directories (docs/tracking.md)
         search += f" AND tags.`{RESULTS_ID_TAG}` = '{results}'"
-    shown = [column("metrics", metric), *(column("params", name) for name in COLUMNS)]
+    shown = [column("metrics", metric), *(column("params", name) for name in params)]
     return {
         "searchFilter": search,
         "orderByKey": column("metrics", metric),
@@ -65,7 +78,8 @@ def view_state(metric: str, results: Optional[str] = None) -> dict[str, Any]:
     }
 
 
-def publish_view(server_uri: str, experiment: str, metric: str, results: Optional[str]) -> str:
+def publish_view(server_uri: str, experiment: str, metric: str, results: Optional[str],
+                 params: tuple[str, ...] = COLUMNS) -> str:
     """Save the eval-runs view on `experiment` of the server and return the link that opens it."""
     from mlflow import MlflowClient
 
@@ -78,7 +92,7 @@ def publish_view(server_uri: str, experiment: str, metric: str, results: Optiona
     now_ms = int(time.time() * 1000)
     # the tag value the UI's "Save view" writes (uncompressed state: the UI reads either)
     view = {"name": f"repexp: eval runs by {metric}", "createdAt": now_ms, "updatedAt": now_ms,
-            "state": json.dumps(view_state(metric, results), separators=(",", ":"))}
+            "state": json.dumps(view_state(metric, results, params), separators=(",", ":"))}
     client.set_experiment_tag(found.experiment_id, SAVED_VIEW_TAG_PREFIX + view_id,
                               json.dumps(view, separators=(",", ":")))
     # No search facets in the link: the UI applies a saved view only to a link without any
