@@ -33,6 +33,7 @@ class Method:
     check: Optional[Callable[[Any, Any], Optional[str]]] = None
     hooks: tuple[str, ...] = ()
     point_text: Optional[Callable[[Any], str]] = None
+    point_name: Optional[Callable[[Any], str]] = None  # the label of one point where it depends on a parameter
 
     def fields(self) -> tuple[dataclasses.Field, ...]:
         return dataclasses.fields(self.params)
@@ -46,11 +47,12 @@ class Method:
 
     def point_label(self, params: Any, *, with_point: bool = True) -> str:
         """Label of one parameter point, e.g. ``RepExp (dim=32, β=0.01)``; the bare label without fields."""
+        name = self.point_name(params) if self.point_name else self.label
         if not with_point or not self.named_fields():
-            return self.label
+            return name
         text = self.point_text(params) if self.point_text else ", ".join(
-            f"{name}={_short(getattr(params, name))}" for name in self.named_fields())
-        return f"{self.label} ({text})"
+            f"{field}={_short(getattr(params, field))}" for field in self.named_fields())
+        return f"{name} ({text})"
 
 
 def _short(value: Any) -> str:

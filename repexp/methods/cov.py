@@ -34,6 +34,7 @@ from typing import Any, Optional
 from repexp.methods.base import Method, param
 
 LOSS_MODES = ("kl_cov", "clip_cov")
+LOSS_LABELS = {"kl_cov": "KL-Cov", "clip_cov": "Clip-Cov"}
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 
 
@@ -137,4 +138,4 @@ def cov_policy_loss(log_prob: Any, old_log_prob: Any, advantages: Any, response_
 
 METHOD = Method(name="cov", params=Params, run_name="{backend}_{loss_mode}_r{cov_ratio}_s{seed}",
                 label="KL-Cov / Clip-Cov", color="#c44e52", marker="^", hooks=("loss",),
-                point_text=lambda p: f"{p.loss_mode}, r={p.cov_ratio:g}")
+                point_text=lambda p: f"r={p.cov_ratio:g}", point_name=lambda p: LOSS_LABELS[p.loss_mode])
