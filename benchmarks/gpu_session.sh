@@ -13,7 +13,8 @@
 #                select → eval (vLLM) → testtime, then one verl step of configs/gpu.yaml on arith-mid for
 #                RepExp and for GRPO (beta 0, sparse_dim null: a path of its own in the verl trainer)
 #   methods      one verl step of configs/gpu.yaml on arith-mid for each other method: pass@k training,
-#                outcome exploration (historical), KL-Cov and Clip-Cov (docs/methods.md)
+#                outcome exploration (historical) and KL-Cov (docs/methods.md; Clip-Cov takes verl's same
+#                loss_mode path and its actor update runs in the CPU tests), one after another (~4 min each)
 # OUT_DIR/progress.log says which stage runs (one line per start and end, with exit codes);
 # OUT_DIR/<stage>.log holds each stage's output; results go to OUT_DIR/<stage>/.
 set -uo pipefail
@@ -94,11 +95,11 @@ stage_smoke() {
 
 stage_methods() {
     local started=$SECONDS code run targets=()
-    local runs=(verl_passk_k4_s42 verl_outcome_historical_c1_s42 verl_kl_cov_r0.002_s42 verl_clip_cov_r0.0002_s42)
+    local runs=(verl_passk_k4_s42 verl_outcome_historical_c1_s42 verl_kl_cov_r0.002_s42)
     for run in "${runs[@]}"; do targets+=("results/gpu/train/arith-mid/$run/DONE"); done
     snakemake "${targets[@]}" --configfile configs/gpu.yaml "${GPU_ARGS[@]}" --keep-going \
         --config set="sweep.tasks=[arith-mid] sweep.methods.passk.passk_k=[4] sweep.methods.outcome={} \
-sweep.methods.cov.loss_mode=[kl_cov,clip_cov] sweep.methods.cov.cov_ratio=[0.002,0.0002] \
+sweep.methods.cov.loss_mode=[kl_cov] sweep.methods.cov.cov_ratio=[0.002] \
 train.total_steps=1 train.test_freq=1 train.save_freq=1"
     code=$?
     echo "verl method steps exit $code after $((SECONDS - started)) s"
