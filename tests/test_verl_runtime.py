@@ -797,3 +797,33 @@ def test_clip_cov_step_runs_verls_policy_loss(runtime, transfer_queue_session, a
     after = _full_state(actor_group.engine.module)
     assert any(not torch.equal(before[name], after[name]) for name in before), "the step updated the actor"
     tq.kv_clear(keys=batch.keys, partition_id="train")
+
+
+def test_kl_cov_step_runs_verls_policy_loss(runtime, transfer_queue_session, actor_group):
+    """KL-Cov: verl's config carries the loss mode, its ratio and KL coefficient, and one actor update runs with
+    verl's KL-Cov loss: it reports |log π − log π_old| (`actor/ppo_kl`) and, unlike PPO's vanilla loss, no clip
+    fraction (KL-Cov does not clip). On-policy the penalty itself is 0 on the first mini-batch (log π = log π_old),
+    so the loss equals −A·ratio there: the step shows the mode ran, not the penalty's size (tests/test_methods.py
+    checks the loss against verl's function)."""
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+    tq = transfer_queue_session
+    cfg = _method_config(runtime, runtime["root"] / "run_kl_cov", "cov", "{loss_mode:kl_cov,cov_ratio:0.25}",
+                         "actor_rollout_ref.rollout.calculate_log_probs=false")
+    group = ActorUpdateGroup(cfg, actor_group)
+    loss = group.actor_config.policy_loss
+    assert (loss.loss_mode, loss.kl_cov_ratio, loss.ppo_kl_coef) == ("kl_cov", 0.25, 1.0)
+    assert get_policy_loss_fn(loss.loss_mode).__name__ == "compute_policy_loss_kl_cov"
+
+    uids, prompts, responses, _ = _rollout_data(12, "k")
+    batch = _put_rollouts(tq, "k", uids, prompts, responses, [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0])
+    trainer = _trainer(cfg, group, step=1)
+    before = _full_state(actor_group.engine.module)
+    metrics = {}
+    batch = trainer._compute_old_log_prob(batch, metrics)
+    batch = trainer._compute_advantage(batch, metrics)
+    trainer._update_actor(batch, metrics)
+    assert "actor/ppo_kl" in metrics and "actor/pg_clipfrac" not in metrics, metrics
+    after = _full_state(actor_group.engine.module)
+    assert any(not torch.equal(before[name], after[name]) for name in before), "the step updated the actor"
+    tq.kv_clear(keys=batch.keys, partition_id="train")
