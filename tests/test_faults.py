@@ -119,7 +119,12 @@ BROKEN_CONFIGS = {
     "wrong_type_mapping": ({"eval": [1, 2]}, ("eval",)),
     "below_minimum": ({"train": {"n_rollouts": 1}}, ("train", "n_rollouts")),
     "above_maximum": ({"eval": {"top_p": 1.5}}, ("eval", "top_p")),
-    "non_positive_beta": ({"sweep": {"betas": [-0.1]}}, ("sweep", "betas", 0)),
+    "non_positive_beta": ({"sweep": {"methods": {"repexp": {"beta": [-0.1]}}}},
+                          ("sweep", "methods", "repexp", "beta", 0)),
+    "legacy_non_positive_beta": ({"sweep": {"betas": [-0.1]}}, ("sweep", "methods", "repexp", "beta", 0)),
+    "passk_k_above_n_rollouts": ({"sweep": {"methods": {"passk": {"passk_k": [3]}}}},
+                                 ("sweep", "methods", "passk", "passk_k")),
+    "unknown_method": ({"sweep": {"methods": {"ppo": {}}}}, ("sweep", "methods", "ppo")),
     "null_required": ({"train": {"total_epochs": None}}, ("train", "total_epochs")),
     "unknown_key": ({"train": {"learning_rate": 1e-5}}, ("train", "learning_rate")),
     "unknown_section": ({"trainer": {"lr": 1e-5}}, ("trainer",)),
@@ -128,7 +133,8 @@ BROKEN_CONFIGS = {
     "mini_batch_does_not_divide_batch": ({"train": {"train_batch_size": 4, "ppo_mini_batch_size": 3}},
                                          ("train", "ppo_mini_batch_size")),
     "validated_step_without_checkpoint": ({"train": {"test_freq": 3, "save_freq": 2}}, ("train", "save_freq")),
-    "duplicate_sweep_values": ({"sweep": {"betas": [0.01, 0.010]}}, ("sweep", "betas")),
+    "duplicate_sweep_values": ({"sweep": {"methods": {"repexp": {"beta": [0.01, 0.010]}}}},
+                               ("sweep", "methods", "repexp", "beta")),
     "missing_data_dir": ({"data": {"source": "/nonexistent/repexp-data"}}, ("/nonexistent/repexp-data",)),
 }
 
