@@ -26,6 +26,9 @@ REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 PAPER = REPO / "configs" / "paper.yaml"
 TEST = REPO / "configs" / "test.yaml"
+# configs/test.yaml's runs: every method of repexp.methods trains once; the base model is evaluated too
+TEST_RUNS = len(C.sweep_runs(C.load(TEST)))
+TRAINED = len([spec for spec in C.sweep_runs(C.load(TEST)) if spec.trains])
 PAPER_JOBS = {"download_model": 1, "download_data": 1, "preprocess": 3, "train": 18, "select": 18, "merge": 18,
               "eval": 21, "testtime": 21, "aggregate": 1, "figures": 1, "all": 1}
 SLURM_VARIABLES = ("REPEXP_SLURM_ACCOUNT", "REPEXP_SLURM_PARTITION", "REPEXP_SLURM_GPU_PARTITION",
@@ -289,14 +292,15 @@ def _mlflow_runs(results: Path) -> list:
 @pytest.mark.slow
 def test_pipeline_produces_evals_table_and_figures(pipeline):
     workdir, results, proc = pipeline
-    assert job_counts(proc) == {"model": 1, "preprocess": 1, "train": 2, "select": 2, "eval": 3, "testtime": 3,
+    assert job_counts(proc) == {"model": 1, "preprocess": 1, "train": TRAINED, "select": TRAINED, "eval": TEST_RUNS,
+                                "testtime": TEST_RUNS,
                                 "aggregate": 1, "figures": 1, "all": 1}
     runs = [s.name for s in C.sweep_runs(C.load(TEST))]
     for run in runs:
         result = json.loads((results / "eval" / "gsm8k" / run / "eval.json").read_text())
         assert result["n_samples"] == 4 and result["num_problems"] == 4 and set(result["pass_at_k"]) == {"1", "2", "4"}
     table = (results / "aggregate" / "pass_at_k.csv").read_text().splitlines()
-    assert len(table) == 1 + 3 * 3  # header + 3 runs x k in {1, 2, 4}
+    assert len(table) == 1 + TEST_RUNS * 3  # header + every run x k in {1, 2, 4}
     # the run's last lines say where the table, the figures and the MLflow records are
     tail = (proc.stdout + proc.stderr)[-3000:]
     assert "repexp: done. Results:" in tail and f"table:   {results / 'aggregate' / 'pass_at_k.md'}" in tail
@@ -418,21 +422,23 @@ def test_reruns_are_targeted(pipeline, tmp_path):
     assert dry_run(workdir, results) == {}
 
     # deliberate reruns of one layer
-    assert dry_run(workdir, results, "--forcerun", "train", "--until", "eval") == {"train": 2, "select": 2, "eval": 2}
+    assert dry_run(workdir, results, "--forcerun", "train", "--until", "eval") == {"train": TRAINED, "select": TRAINED,
+                                                                                       "eval": TRAINED}
 
     # a config change reruns exactly the jobs whose resolved config changed (params = the job's config)
     raw = yaml.safe_load(TEST.read_text())
     raw["eval"]["n_samples"] = 2
     changed_eval = tmp_path / "eval_changed.yaml"
     changed_eval.write_text(yaml.safe_dump(raw))
-    assert dry_run(workdir, results, configfile=changed_eval) == {"eval": 3, "testtime": 3, "aggregate": 1,
-                                                                  "figures": 1, "all": 1}
+    assert dry_run(workdir, results, configfile=changed_eval) == {
+        "eval": TEST_RUNS, "testtime": TEST_RUNS, "aggregate": 1, "figures": 1, "all": 1}
     raw = yaml.safe_load(TEST.read_text())
     raw["train"]["lr"] = 3.0e-5
     changed_train = tmp_path / "train_changed.yaml"
     changed_train.write_text(yaml.safe_dump(raw))
     assert dry_run(workdir, results, configfile=changed_train) == {
-        "train": 2, "select": 2, "eval": 2, "testtime": 2, "aggregate": 1, "figures": 1, "all": 1}
+        "train": TRAINED, "select": TRAINED, "eval": TRAINED, "testtime": TRAINED, "aggregate": 1, "figures": 1,
+        "all": 1}
 
 
 # --------------------------------------------------------------------------- rerun triggers of the paper sweep
