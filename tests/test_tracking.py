@@ -578,8 +578,10 @@ def test_repexp_mlflow_ui_opens_the_eval_runs_by_pass_at_n_with_their_params(tmp
     driver = None
     from repexp import config as C
 
-    params = ui.columns(C.load(config))  # task, method, seed, then the sweep's methods' parameters
-    assert params == ("task", "method", "seed", "sparse_dim", "beta")
+    cfg = C.load(config)
+    params = ui.columns(cfg)  # task, method, seed, then the swept parameters of the sweep's methods
+    assert params == ("task", "method", "seed", "sparse_dim", "beta", "passk_k", "outcome_mode", "outcome_c",
+                      "loss_mode", "cov_ratio")
     columns = {name: ui.column("params", name) for name in params} | {metric: ui.column("metrics", metric)}
     # the server requires the results directory's login (issue 27, item 5): the browser sends it on every request,
     # as a user's browser does once the login prompt was answered
@@ -611,14 +613,15 @@ def test_repexp_mlflow_ui_opens_the_eval_runs_by_pass_at_n_with_their_params(tmp
     wanted = ["attributes.`Run Name`", columns[metric], *(columns[name] for name in params)]
     assert [col for col in order if col in wanted] == wanted, order  # the view's order, left to right
     by_name = {row["name"]: row for row in table}
-    assert sorted(by_name) == ["eval gsm8k/base", "eval gsm8k/trl_grpo_s42", "eval gsm8k/trl_repexp_k8_b0.01_s42"]
-    expected = {"trl_repexp_k8_b0.01_s42": ("repexp", "0.01", "8", "42"), "trl_grpo_s42": ("grpo", "-", "-", "42"),
-                "base": ("base", "-", "-", "-")}  # a method logs its own parameters only; base: no training seed
-    for run, (method, beta, sparse_dim, seed) in expected.items():
-        row = by_name[f"eval gsm8k/{run}"]
-        assert (row["task"], row["method"], row["beta"], row["sparse_dim"], row["seed"]) == (
-            "gsm8k", method, beta, sparse_dim, seed), row
-        assert float(row[metric]) == pytest.approx(evals[run]["pass_at_k"][str(n)], abs=1e-3), row
+    runs = C.sweep_runs(cfg)
+    assert sorted(by_name) == sorted(f"eval gsm8k/{spec.name}" for spec in runs)
+    for spec in runs:  # a method logs its own parameters only ("-" for the others'); base: no training seed
+        row = by_name[f"eval gsm8k/{spec.name}"]
+        own = {name: C.canonical(value) for name, value in spec.params}
+        expected = {"task": "gsm8k", "method": spec.method, "seed": str(spec.seed) if spec.trains else "-",
+                    **{name: own.get(name, "-") for name in params[3:]}}
+        assert {name: row[name] for name in params} == expected, row
+        assert float(row[metric]) == pytest.approx(evals[spec.name]["pass_at_k"][str(n)], abs=1e-3), row
     values = [float(row[metric]) for row in table]
     assert values == sorted(values, reverse=True)  # the UI's order
 

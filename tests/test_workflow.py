@@ -202,7 +202,7 @@ def test_lint_is_clean(tmp_path):
 
 
 @pytest.mark.parametrize("patch, key", [
-    ({"sweep": {"betas": [-0.1]}}, "betas"),  # caught by the JSON schema (validate)
+    ({"sweep": {"betas": [-0.1]}}, "beta"),  # the earlier key, read as sweep.methods.repexp.beta: the schema says so
     ({"sweep": {"tasks": ["gsm8k", "math"], "backends": ["trl"]}, "task_overrides": {"math": {"train": {
         "train_batch_size": 6, "ppo_mini_batch_size": 4}}}}, "task_overrides.math.train.ppo_mini_batch_size"),
 ])
@@ -252,9 +252,9 @@ def test_exponent_without_a_dot_is_a_number_and_nested_overrides_reach_jobs(tmp_
     counts = job_counts(snakemake("all", "-n", "--configfile", str(config), "--config",
                                   "set=sweep.betas=[0.01, 0.02] train.lr=2e-6 eval.max_new_tokens=null",
                                   workdir=tmp_path))
-    assert counts["train"] == 3  # two RepExp betas + GRPO
+    assert counts["train"] == TRAINED + 1  # two RepExp betas (the earlier key sweep.betas), every other method
     cfg = C.load(config, overrides=["sweep.betas=[0.01, 0.02]", "train.lr=2e-6", "eval.max_new_tokens=null"])
-    assert cfg.train.lr == 2e-6 and cfg.sweep.betas == [0.01, 0.02] and cfg.eval.max_new_tokens is None
+    assert cfg.train.lr == 2e-6 and cfg.sweep.methods.repexp.beta == [0.01, 0.02] and cfg.eval.max_new_tokens is None
     assert C.load(config).train.lr == 1e-5
 
 
@@ -344,13 +344,14 @@ def test_every_node_has_its_mlflow_run(pipeline):
     client, runs = _mlflow_runs(results)
     nodes = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     parents = {r.info.run_id: r for r in runs if "mlflow.parentRunId" not in r.data.tags}
+    specs = C.sweep_runs(C.load(TEST))
     assert sorted(r.data.tags["snakemake.rule"] for r in nodes) == sorted(
-        ["model", "preprocess", "train", "train", "select", "select", "eval", "eval", "eval", "testtime", "testtime",
-         "testtime", "aggregate", "figures"])
+        ["model", "preprocess", "aggregate", "figures", *["train", "select"] * TRAINED,
+         *["eval", "testtime"] * TEST_RUNS])
     assert all(r.info.status == "FINISHED" for r in runs)
     assert sorted(p.data.tags["repexp.parent_key"] for p in parents.values()) == sorted(
-        ["experiment", "task:gsm8k", "point:gsm8k/base", "point:gsm8k/trl_grpo_s42",
-         "point:gsm8k/trl_repexp_k8_b0.01_s42"])
+        ["experiment", "task:gsm8k", *(f"point:gsm8k/{spec.name}" for spec in specs)])
+    own_params = {spec.name: {name: C.canonical(value) for name, value in spec.params} for spec in specs}
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     for node in nodes:
         tags = node.data.tags
@@ -369,8 +370,11 @@ def test_every_node_has_its_mlflow_run(pipeline):
         if rule == "train":
             assert {"job.yaml", "best_dev.json", "metrics.jsonl"} <= artifacts
             assert node.data.params["train.total_steps"] == "2"
-            # a GRPO run has no sparse_dim: the param is absent, not the string 'None' (no param is)
-            assert node.data.params.get("sparse_dim") == ("8" if "repexp" in tags["repexp.run"] else None)
+            # a run logs its own method's parameters only (GRPO's sparse_dim is absent, not the string 'None')
+            logged = {name: node.data.params.get(name) for name in ("sparse_dim", "beta", "passk_k", "outcome_mode",
+                                                                     "loss_mode", "cov_ratio")}
+            own = own_params[tags["repexp.run"]]
+            assert logged == {name: own.get(name) for name in logged}, (tags["repexp.run"], logged)
             assert "None" not in node.data.params.values()
             steps = {m.step for m in client.get_metric_history(node.info.run_id, "dev/pass_at_1")}
             assert steps == {0, 1, 2}  # validation before training and after each step

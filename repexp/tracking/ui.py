@@ -43,14 +43,14 @@ def headline_metric(cfg) -> str:
 
 
 def columns(cfg) -> tuple[str, ...]:
-    """The view's param columns: `COLUMNS`, then every parameter of the methods the sweep runs (any task), in
-    the config's (= the method table's) order and each method's `Params` order."""
+    """The view's param columns: `COLUMNS`, then the swept parameters (those in the run name) of the methods the
+    sweep runs (any task), in the method table's order and each method's `Params` order."""
     from repexp import config as C
     from repexp.methods import METHODS
 
     methods = dict.fromkeys(name for task in cfg.sweep.tasks for name in C.task_sweep(cfg, task))
     ordered = [name for name in METHODS if name in methods]
-    return tuple(dict.fromkeys([*COLUMNS, *(f.name for name in ordered for f in METHODS[name].fields())]))
+    return tuple(dict.fromkeys([*COLUMNS, *(field for name in ordered for field in METHODS[name].named_fields())]))
 
 
 def column(kind: str, name: str) -> str:
