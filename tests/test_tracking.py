@@ -573,7 +573,7 @@ def test_repexp_mlflow_ui_opens_the_eval_runs_by_pass_at_n_with_their_params(tmp
     options.binary_location = chromium
     # wide enough that the grid renders every column of the view (it only draws the columns in view)
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=2400,1000"):
+                "--window-size=3600,1000"):
         options.add_argument(arg)
     driver = None
     from repexp import config as C

@@ -321,8 +321,9 @@ def test_pipeline_produces_evals_table_and_figures(pipeline):
     for figure in index["figures"]:
         assert all((results / "figures" / name).stat().st_size > 0 for name in figure["files"])
     # every job left its log and benchmark
-    assert len(list((results / "logs").rglob("*.log"))) == 14
-    assert len(list((results / "benchmarks").rglob("*.tsv"))) == 14
+    # one per job: model, preprocess, aggregate, figures, train and select per trained run, eval and testtime per run
+    assert len(list((results / "logs").rglob("*.log"))) == 4 + 2 * TRAINED + 2 * TEST_RUNS
+    assert len(list((results / "benchmarks").rglob("*.tsv"))) == 4 + 2 * TRAINED + 2 * TEST_RUNS
 
 
 @pytest.mark.slow
