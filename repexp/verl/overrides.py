@@ -85,7 +85,7 @@ def method_settings(method: str, params: Any) -> dict[str, Any]:
 
 def build_overrides(run_config: RunConfig, attention: Optional[Attention] = None, *,
                     loggers: Optional[Sequence[str]] = None, chunk_deadline: Optional[float] = None) -> list[str]:
-    """The verl Hydra overrides of one training run (RepExp for beta > 0, the GRPO baseline for beta = 0).
+    """The verl Hydra overrides of one training run of any method (repexp.methods; GRPO: beta 0, no sparse_dim).
 
     ``attention``: what `repexp.verl.attention.resolve` decided on the job's node (`repexp run train` resolves
     and logs it once); None resolves `verl.attn_implementation` here (the one non-pure step: it imports flash_attn).
