@@ -780,23 +780,30 @@ def test_clip_cov_step_runs_verls_policy_loss(runtime, transfer_queue_session, a
     assert (loss.loss_mode, loss.clip_cov_ratio, loss.clip_cov_lb, loss.clip_cov_ub) == ("clip_cov", 0.25, -1000, 1000)
     assert get_policy_loss_fn(loss.loss_mode).__name__ == "compute_policy_loss_clip_cov"
 
-    uids, prompts, responses, _ = _rollout_data(11, "c")
-    scores = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
-    batch = _put_rollouts(tq, "c", uids, prompts, responses, scores)
+    metrics, responses = _one_actor_update(tq, cfg, group, actor_group, 11, "c")
+    tokens = sum(len(r) for r in responses)
+    # each micro-batch of 2 rows detaches max(int(0.25 * its tokens), 1) of its tokens; vanilla would give 0
+    assert metrics["actor/pg_clipfrac"] > 0.1, metrics
+    assert metrics["actor/pg_clipfrac"] <= 0.5 and tokens == 29
+    assert "actor/pg_clipfrac_lower" not in metrics, "PPO's vanilla loss reports it; Clip-Cov's does not"
+
+
+def _one_actor_update(tq, cfg, group, actor_group, seed: int, tag: str):
+    """One training step's actor side with the run's policy loss: verl's _compute_old_log_prob,
+    _compute_advantage and _update_actor on 8 rollouts; asserts the weights changed. Returns the step's
+    metrics and the responses."""
+    uids, prompts, responses, _ = _rollout_data(seed, tag)
+    batch = _put_rollouts(tq, tag, uids, prompts, responses, [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0])
     trainer = _trainer(cfg, group, step=1)
     before = _full_state(actor_group.engine.module)
     metrics = {}
     batch = trainer._compute_old_log_prob(batch, metrics)
     batch = trainer._compute_advantage(batch, metrics)
     trainer._update_actor(batch, metrics)
-    tokens = sum(len(r) for r in responses)
-    # each micro-batch of 2 rows detaches max(int(0.25 * its tokens), 1) of its tokens; vanilla would give 0
-    assert metrics["actor/pg_clipfrac"] > 0.1, metrics
-    assert metrics["actor/pg_clipfrac"] <= 0.5 and tokens == 29
-    assert "actor/pg_clipfrac_lower" not in metrics, "PPO's vanilla loss reports it; Clip-Cov's does not"
     after = _full_state(actor_group.engine.module)
     assert any(not torch.equal(before[name], after[name]) for name in before), "the step updated the actor"
     tq.kv_clear(keys=batch.keys, partition_id="train")
+    return metrics, responses
 
 
 def test_kl_cov_step_runs_verls_policy_loss(runtime, transfer_queue_session, actor_group):
@@ -815,15 +822,5 @@ def test_kl_cov_step_runs_verls_policy_loss(runtime, transfer_queue_session, act
     assert (loss.loss_mode, loss.kl_cov_ratio, loss.ppo_kl_coef) == ("kl_cov", 0.25, 1.0)
     assert get_policy_loss_fn(loss.loss_mode).__name__ == "compute_policy_loss_kl_cov"
 
-    uids, prompts, responses, _ = _rollout_data(12, "k")
-    batch = _put_rollouts(tq, "k", uids, prompts, responses, [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0])
-    trainer = _trainer(cfg, group, step=1)
-    before = _full_state(actor_group.engine.module)
-    metrics = {}
-    batch = trainer._compute_old_log_prob(batch, metrics)
-    batch = trainer._compute_advantage(batch, metrics)
-    trainer._update_actor(batch, metrics)
+    metrics, _ = _one_actor_update(tq, cfg, group, actor_group, 12, "k")
     assert "actor/ppo_kl" in metrics and "actor/pg_clipfrac" not in metrics, metrics
-    after = _full_state(actor_group.engine.module)
-    assert any(not torch.equal(before[name], after[name]) for name in before), "the step updated the actor"
-    tq.kv_clear(keys=batch.keys, partition_id="train")
