@@ -128,8 +128,33 @@ def _name_regex(method: str) -> tuple[re.Pattern, dict[str, Callable[[str], Any]
 _RUN_RES = {method: _name_regex(method) for method in RUN_NAMES}
 
 
+class _MethodPoint:
+    """What a run's method and parameters give, shared by `RunSpec` and `RunConfig` (each has `method`
+    and `param_dict`): the method's `Params` and RepExp's β and sparse_dim."""
+
+    method: str
+
+    @property
+    def param_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @property
+    def settings(self) -> Any:
+        """The method's `Params` of this run (None for the base model)."""
+        return None if self.method == BASE else METHODS_TABLE[self.method].make(self.param_dict)
+
+    @property
+    def sparse_dim(self) -> Optional[int]:
+        return self.param_dict.get("sparse_dim")
+
+    @property
+    def beta(self) -> float:
+        """RepExp's β; 0 for every other method (no elliptical bonus)."""
+        return float(self.param_dict.get("beta", 0.0))
+
+
 @dataclass(frozen=True)
-class RunSpec:
+class RunSpec(_MethodPoint):
     """One sweep point. `name` is its stable path component under results/<stage>/<task>/.
 
     `params`: the method's settings as (field, value) pairs in its `Params` order, every field (defaults
@@ -151,22 +176,8 @@ class RunSpec:
         return cls(task, method, backend, tuple(params_dict(settings).items()), None if seed is None else int(seed))
 
     @property
-    def settings(self) -> Any:
-        """The method's `Params` of this run (None for the base model)."""
-        return None if self.method == BASE else METHODS_TABLE[self.method].make(dict(self.params))
-
-    @property
     def param_dict(self) -> dict[str, Any]:
         return dict(self.params)
-
-    @property
-    def sparse_dim(self) -> Optional[int]:
-        return self.param_dict.get("sparse_dim")
-
-    @property
-    def beta(self) -> float:
-        """RepExp's β; 0 for every other method (no elliptical bonus)."""
-        return float(self.param_dict.get("beta", 0.0))
 
     @property
     def name(self) -> str:
@@ -256,7 +267,7 @@ MODEL_ALIAS_PATTERN = "|".join(MODEL_ALIASES)
 
 
 @dataclass
-class RunConfig:
+class RunConfig(_MethodPoint):
     """Everything one training or eval job needs, fully resolved (written as the job's `job.yaml`)."""
 
     run: str
@@ -279,18 +290,8 @@ class RunConfig:
     grader: str = _f(DEFAULT_GRADER, help="answer grader (repexp | paper)", enum=GRADERS)
 
     @property
-    def settings(self) -> Any:
-        """The method's `Params` (None for the base model)."""
-        return None if self.method == BASE else METHODS_TABLE[self.method].make(self.params)
-
-    @property
-    def sparse_dim(self) -> Optional[int]:
-        return self.params.get("sparse_dim")
-
-    @property
-    def beta(self) -> float:
-        """RepExp's β; 0 for every other method (no elliptical bonus)."""
-        return float(self.params.get("beta", 0.0))
+    def param_dict(self) -> dict[str, Any]:
+        return self.params
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
