@@ -58,6 +58,13 @@ def check_value(key: str, value: Any, cls: type, name: str) -> None:
     _check_constraints(key, value, next(f.metadata for f in dataclasses.fields(cls) if f.name == name))
 
 
+def _check_items(key: str, values: list, meta: Mapping) -> None:
+    """A list field's `items_*` rules (what the schema's `items` says) on each of its values."""
+    item_meta = {k[len("items_"):]: v for k, v in meta.items() if k.startswith("items_")}
+    for i, item in enumerate(values):
+        _check_constraints(f"{key}[{i}]", item, item_meta)
+
+
 def check_fields(obj: Any, prefix: str = "") -> None:
     """The per-field rules of the dataclass metadata (what the JSON schema says), recursively."""
     for f in dataclasses.fields(obj):
@@ -72,9 +79,7 @@ def check_fields(obj: Any, prefix: str = "") -> None:
                 if dataclasses.is_dataclass(item):
                     check_fields(item, f"{key}.{name}.")
         elif isinstance(value, list):
-            item_meta = {k[len("items_"):]: v for k, v in f.metadata.items() if k.startswith("items_")}
-            for i, item in enumerate(value):
-                _check_constraints(f"{key}[{i}]", item, item_meta)
+            _check_items(key, value, f.metadata)
         elif value is not None:
             _check_constraints(key, value, f.metadata)
 
@@ -145,9 +150,7 @@ def _check_grid(cfg: PipelineConfig, task: str, method: str, grid: Any, train: T
     named = entry.named_fields()
     for f in dataclasses.fields(grid):
         values, key = getattr(grid, f.name), _grid_key(cfg, task, method, f.name)
-        item_meta = {k[len("items_"):]: v for k, v in f.metadata.items() if k.startswith("items_")}
-        for i, item in enumerate(values):
-            _check_constraints(f"{key}[{i}]", item, item_meta)
+        _check_items(key, values, f.metadata)  # a task override's lists too, which check_fields(cfg) does not see
         if len(set(map(canonical, values))) != len(values):
             raise ConfigError(f"{key}: duplicate values {values}")
         if f.name not in named and len(values) != 1:
