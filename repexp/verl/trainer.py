@@ -156,7 +156,7 @@ class RepExpTrainer(PPOTrainerSync):
         metrics.update(_distinct_fraction(batch, data))
         batch = super()._compute_advantage(batch, metrics)
         term = self._advantage_terms.get(self.repexp.method)
-        return batch if term is None else term(batch, metrics)
+        return batch if term is None else term(batch, data, scores, metrics)
 
     def _advantage_of_shaped_reward(self, batch: KVBatchMeta, metrics: dict, term) -> KVBatchMeta:
         """verl's advantage on ``alpha * score + term`` (the term on each row's last token); afterwards
@@ -192,21 +192,21 @@ class RepExpTrainer(PPOTrainerSync):
             dataplane.write_fields(batch, {"rm_scores": shaped})
         return rm_scores, shaped, data, result.metrics
 
-    def _outcome_term(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+    def _outcome_term(self, batch: KVBatchMeta, data, scores: torch.Tensor, metrics: dict) -> KVBatchMeta:
         """Outcome exploration: c * bonus of the final answers of the decoded responses
         (repexp.methods.outcome), added to every response token's advantage after verl's GRPO normalisation,
-        as the paper's objective adds it (a per-group constant such as UCB-Con's b0 survives)."""
+        as the paper's objective adds it (a per-group constant such as UCB-Con's b0 survives). `data` and
+        `scores`: the rows' uid, rm_scores and responses and their verifier scores, as `_compute_advantage`
+        read them before verl's advantage."""
         with marked_timer(metric_names.TIMER_OUTCOME_BONUS, self.timing_raw, color="purple"):
-            data = dataplane.read_fields(batch, ["uid", "rm_scores", "responses", "data_source", "extra_info",
-                                                 "advantages"])
-            uids = dataplane.non_tensor_list(data, "uid")
-            scores = dataplane.row_sums(data["rm_scores"]).double()
+            extra = dataplane.read_fields(batch, ["data_source", "extra_info", "advantages"])
             excluded = dataplane.padding_rows(batch) | (dataplane.row_lengths(data["rm_scores"]) == 0)
             term, term_metrics = self.outcome(
-                tokenizer=self.tokenizer, groups=uids, question_keys=_question_keys(data, excluded),
-                data_sources=[str(source) for source in dataplane.non_tensor_list(data, "data_source")],
+                tokenizer=self.tokenizer, groups=dataplane.non_tensor_list(data, "uid"),
+                question_keys=_question_keys(extra, excluded),
+                data_sources=[str(source) for source in dataplane.non_tensor_list(extra, "data_source")],
                 responses=dataplane.token_rows(data["responses"]), scores=scores, excluded=excluded)
-            batch = dataplane.write_fields(batch, {"advantages": dataplane.add_per_row(data["advantages"],
+            batch = dataplane.write_fields(batch, {"advantages": dataplane.add_per_row(extra["advantages"],
                                                                                         term.float())})
         metrics.update(term_metrics)
         return batch
