@@ -12,6 +12,14 @@
 #   smoke        after a refactor: one TRL RepExp run of configs/pilot.yaml through train (4 steps) →
 #                select → eval (vLLM) → testtime, then one verl step of configs/gpu.yaml on arith-mid for
 #                RepExp and for GRPO (beta 0, sparse_dim null: a path of its own in the verl trainer)
+#   startup      verl's start-up phase by phase (repexp.verl.startup), one GRPO step alone on the GPU each:
+#                first with configs/gpu.yaml's worker counts (1 reward + 1 agent-loop worker), then with
+#                verl's defaults (8 + 8); the second start finds the page cache warm, so the comparison
+#                is conservative
+#   parity       configs/overlays/parity.yaml (an overlay on configs/pilot.yaml): verl GRPO and RepExp beta 0.01
+#                for seeds 1-3 and the other methods for seed 1, side by side, 80 steps each (on a GPU
+#                of >= 120 GB also the other methods and a seed-1 rerun on TRL); then
+#                benchmarks/parity_report.py against the committed TRL curves (docs/verl_backend.md)
 #   methods      one verl step of configs/gpu.yaml on arith-mid for each other method: pass@k training,
 #                outcome exploration (historical) and KL-Cov (docs/methods.md; Clip-Cov takes verl's same
 #                loss_mode path and its actor update runs in the CPU tests), one after another (~4 min each)
@@ -106,6 +114,41 @@ train.total_steps=1 train.test_freq=1 train.save_freq=1"
     for run in "${runs[@]}"; do
         cp "results/gpu/train/arith-mid/$run/metrics.jsonl" "$OUT/methods/$run.metrics.jsonl" 2>/dev/null
     done
+    return $code
+}
+
+stage_startup() {
+    local run code=0 one="sweep.tasks=[arith-mid] train.total_steps=1 train.test_freq=1 train.save_freq=1"
+    for run in "verl_grpo_s42:" "verl_grpo_s7:verl.reward_workers=8 verl.agent_workers=8 sweep.seeds=[7]"; do
+        local name=${run%%:*} extra=${run#*:} started=$SECONDS
+        snakemake "results/gpu/train/arith-mid/$name/DONE" --configfile configs/gpu.yaml "${GPU_ARGS[@]}" \
+            --config set="$one $extra" || code=1
+        echo "$name ($extra) node wall $((SECONDS - started)) s"
+        cp "results/gpu/train/arith-mid/$name/startup.json" "$OUT/startup/$name.startup.json" 2>/dev/null
+        cp results/gpu/logs/train/arith-mid/"$name"*.log "$OUT/startup/" 2>/dev/null
+    done
+    return $code
+}
+
+stage_parity() {
+    local started=$SECONDS code mib with_trl=() share="resources.train.gpu_share=11"
+    mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+    if [ "${mib:-0}" -ge 120000 ]; then  # room for 14 trainings: 9 verl, 5 TRL (~10 GB each)
+        with_trl=(--with-trl); share="resources.train.gpu_share=7 trl.gpu_memory_fraction=0.07"
+    fi
+    # shellcheck disable=SC2046
+    snakemake $(python3 benchmarks/parity_report.py --targets "${with_trl[@]}") \
+        --configfile configs/pilot.yaml configs/overlays/parity.yaml --cores "$(nproc)" --resources gpu_share=100 \
+        --keep-going --config set="$share"
+    code=$?
+    echo "parity snakemake exit $code after $((SECONDS - started)) s ($share)"
+    python3 benchmarks/parity_report.py --results results/parity --out "$OUT/parity"
+    mkdir -p "$OUT/parity/train"
+    for run in results/parity/train/arith-mid/*/; do
+        cp "$run/metrics.jsonl" "$OUT/parity/train/$(basename "$run").jsonl" 2>/dev/null
+        cp "$run/startup.json" "$OUT/parity/train/$(basename "$run").startup.json" 2>/dev/null
+    done
+    cp results/parity/benchmarks/train/arith-mid/*.tsv "$OUT/parity/train/" 2>/dev/null
     return $code
 }
 

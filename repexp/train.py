@@ -36,6 +36,7 @@ from repexp.io import read_json, write_json_atomic, write_text_atomic
 from repexp.processes import describe_exit, exit_status, forwarding_signals
 from repexp.tracking.names import ENV_ASYNC_LOGGING
 from repexp.tracking.outputs import split_datasets
+from repexp.verl import startup
 
 STATE_FILE = layout.NODE_STATE  # {"training_hash", "status": running|failed|done}
 RUN_FILE = layout.MLFLOW_RUN  # the node's MLflow run id, for the trainer (tracking.open_in_background)
@@ -179,7 +180,7 @@ def _run_node(node, run_config, run_dir: Path, job_yaml: Path, state: dict, atte
         if replayed:
             where = "into MLflow" if node.online else "into the outbox for `repexp mlflow sync`"
             print(f"train: replayed {replayed} metric points from {layout.METRICS} {where}", file=sys.stderr)
-        for name in (layout.BEST_DEV, layout.METRICS):
+        for name in (layout.BEST_DEV, layout.METRICS, layout.VERL_STARTUP):
             if (run_dir / name).exists():
                 node.log_artifact(run_dir / name)
         if not done:
@@ -227,6 +228,7 @@ def trainer_env(node, run_dir: Path, live: bool) -> dict:
         # training step; what did not arrive is replayed from metrics.jsonl afterwards (ensure_metrics)
         env.setdefault(ENV_ASYNC_LOGGING, "true")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env[startup.ENV_STARTED] = repr(time.time())  # the first of verl's start-up marks (repexp.verl.startup)
     return env
 
 

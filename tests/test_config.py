@@ -428,7 +428,8 @@ def test_runtime_settings_are_marked_in_the_dataclasses():
                for f in dataclasses.fields(section) if f.metadata.get("runtime")}
     assert runtime == {
         "TrainConfig.max_checkpoints_to_keep", "TrainConfig.walltime_margin_minutes", "VerlConfig.ray_num_cpus",
-        "VerlConfig.log_prob_micro_batch_size_per_gpu",
+        "VerlConfig.log_prob_micro_batch_size_per_gpu", "VerlConfig.reward_workers", "VerlConfig.agent_workers",
+        "VerlConfig.kv_cache_gib",
         "VerlConfig.repexp_micro_batch_size_per_gpu", "TrlConfig.eval_batch_size", "TrlConfig.gradient_checkpointing",
         "TrlConfig.bonus_micro_batch_size", "TrlConfig.num_threads", "TrlConfig.gpu_memory_fraction"}
 
@@ -533,3 +534,23 @@ def test_repexp_eval_refuses_absurd_sizes_before_writing_anything(tmp_path, caps
         assert main(["eval", "--model", str(tmp_path / "model"), "--data", str(tmp_path / "test.parquet"),
                      "--out", str(out), *flags]) == 2
         assert key in capsys.readouterr().err and not out.exists()
+
+
+def test_the_parity_overlay_on_the_pilot_trains_both_backends_with_the_pilots_settings():
+    """configs/overlays/parity.yaml merged onto configs/pilot.yaml as Snakemake merges two --configfile files:
+    the pilot's training settings, both backends, and the targets benchmarks/parity_report.py asks for."""
+    import importlib.util
+
+    from snakemake.utils import update_config
+
+    raw = yaml.safe_load((REPO / "configs" / "pilot.yaml").read_text())
+    update_config(raw, yaml.safe_load((REPO / "configs" / "overlays" / "parity.yaml").read_text()))
+    parity, pilot = C.load(raw), C.load(REPO / "configs" / "pilot.yaml")
+    assert parity.train == dataclasses.replace(pilot.train, max_checkpoints_to_keep=1)
+    assert parity.sweep.backends == ["trl", "verl"] and parity.sweep.seeds == pilot.sweep.seeds
+    assert parity.sweep.methods.repexp.sparse_dim == [32] and parity.sweep.methods.repexp.beta == [0.01]
+    spec = importlib.util.spec_from_file_location("parity_report", REPO / "benchmarks" / "parity_report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    runs = {f"{parity.results_dir}/train/{s.path}/DONE" for s in C.sweep_runs(parity) if s.trains}
+    assert set(report.targets(with_trl=True)) <= runs and len(report.targets(with_trl=False)) == 9

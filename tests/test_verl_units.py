@@ -287,3 +287,36 @@ def test_hydra_values_round_trip_through_hydras_parser():
     assert parser.parse_override(f"k={hydra_value(['console', 'mlflow'])}").value() == ["console", "mlflow"]
     assert parser.parse_override(f"k={hydra_value(None)}").value() is None
     assert parser.parse_override(f"k={hydra_value(1e-6)}").value() == 1e-6
+
+
+# --------------------------------------------------------------------------- start-up phases
+
+
+def test_startup_phases_fold_missing_marks_and_total_to_the_first_validation(tmp_path, monkeypatch):
+    """Marks from several processes (a later one of the same name wins, as the slowest rank ends a phase);
+    a mark no process wrote (GRPO builds no frozen model) folds its time into the next phase."""
+    from repexp.verl import startup
+
+    log = tmp_path / "startup.log"
+    startup.write_mark(log, "process", 100.0)
+    monkeypatch.setenv(startup.ENV, str(log))
+    times = {"imported": 103.0, "task_runner": 110.0, "trainer": 112.0, "data": 115.0, "actor_begin": 130.0,
+             "actor_fsdp": 140.0, "servers": 190.0, "agent_loop": 200.0, "validation_begin": 201.0,
+             "validation_end": 211.0, "first_step": 215.0}
+    for name, t in times.items():
+        startup.write_mark(log, name, t)
+    startup.write_mark(log, "actor_fsdp", 139.0)  # an earlier rank
+    log.write_text(log.read_text() + "{\"mark\": \"servers\", \"t\": 1\n")  # a line cut short by a kill
+    startup.mark("first_step")  # now: later than every mark above
+
+    result = startup.summary(startup.read_marks(log))
+    phases = {row["phase"]: row["seconds"] for row in result["phases"]}
+    assert list(phases) == ["imported", "task_runner", "trainer", "data", "actor_begin", "actor_fsdp", "servers",
+                            "agent_loop", "validation_begin", "validation_end", "first_step"]
+    assert phases["actor_fsdp"] == 10.0 and phases["servers"] == 50.0  # actor_end absent: folded into servers
+    assert result["startup_s"] == 101.0  # process start to the first validation
+    assert sum(phases[name] for name in list(phases)[:9]) == result["startup_s"]
+    assert result["to_first_step_s"] > 115.0
+    with pytest.raises(ValueError, match="unknown start-up mark"):
+        startup.write_mark(log, "warmup", 1.0)
+    assert "validation_end" in startup.table(result["phases"])

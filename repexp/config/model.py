@@ -218,6 +218,15 @@ class VerlConfig:
                        enum=("fsdp", "fsdp2"))
     ray_num_cpus: Optional[int] = _f(None, help="CPUs Ray may use (null: all; set it under SLURM)", minimum=1,
                                      runtime=True)
+    # verl starts each of these workers as a Ray actor, a process of its own importing verl, before the
+    # first step: verl's 8 + 8 suit a large batch on 8 GPUs; a small run starts faster with 1 or 2
+    reward_workers: int = _f(8, help="reward-loop workers grading rollouts (verl's reward.num_workers)", minimum=1,
+                             runtime=True)
+    agent_workers: int = _f(8, help="agent-loop workers sending prompts to vLLM "
+                            "(verl's actor_rollout_ref.rollout.agent.num_workers)", minimum=1, runtime=True)
+    kv_cache_gib: Optional[float] = _f(None, help="vLLM's rollout KV cache in GiB, fixed: no memory profiling, so "
+                                       "trainings can start side by side on one GPU; null: gpu_memory_utilization "
+                                       "sizes it", exclusiveMinimum=0, runtime=True)
     overrides: list[str] = _f([], help="extra raw Hydra overrides for verl (validated by verl)")
 
 

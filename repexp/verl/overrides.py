@@ -1,7 +1,8 @@
 """One `RunConfig` -> the Hydra overrides of ``python -m repexp.verl.train`` (pure but for `attention=None`).
 
 Every setting comes from the single `RunConfig`, never the environment. Keys are plain overrides of keys
-of the composed config (never ``+key``), so a misspelled key fails Hydra's struct check. The bonus goes as
+of the composed config (never ``+key``, but for vLLM's engine arguments, a free-form mapping), so a
+misspelled key fails Hydra's struct check. The bonus goes as
 one override of one typed node, ``actor_rollout_ref.repexp.bonus={...}`` (schema: `BonusConfig`,
 repexp/verl/config/__init__.py). Settings verl reads from two places are set in both (PPO clip:
 ``clip_ratio`` *and* ``clip_ratio_low``/``clip_ratio_high``, which win when set). `verl.overrides` come last.
@@ -184,8 +185,13 @@ def build_overrides(run_config: RunConfig, attention: Optional[Attention] = None
         ("repexp_run.chunk_deadline", chunk_deadline),
         ("repexp_run.mlflow_tracking_uri", rc.tracking.tracking_uri),
         ("ray_kwargs.ray_init.num_cpus", verl.ray_num_cpus),
+        ("reward.num_workers", verl.reward_workers),
+        ("actor_rollout_ref.rollout.agent.num_workers", verl.agent_workers),
         ("hydra.run.dir", str(run_dir / layout.VERL_HYDRA_DIR)),
     ]
     overrides = [f"{key}={hydra_value(value)}" for key, value in settings]
+    if verl.kv_cache_gib is not None:  # verl passes rollout.engine_kwargs.vllm to vLLM's engine as they are
+        overrides.append(f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes="
+                         f"{int(verl.kv_cache_gib * 2**30)}")
     overrides.extend(verl.overrides)
     return overrides

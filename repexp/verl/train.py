@@ -19,7 +19,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from repexp import checkpoints, layout, tracking
 from repexp.checkpoints import BestDevTracker, complete_steps
 from repexp.config import check_repexp_micro_batch, check_save_freq
+from repexp.io import write_json_atomic
 from repexp.verl import config as _schemas  # noqa: F401  stores the bonus node's schema before Hydra composes
+from repexp.verl import startup
 from repexp.verl.overrides import BASE_METHOD_SETTINGS, method_settings
 from repexp.verl.settings import TRAINER_MODE, RepExpSettings, RunSettings, repexp_settings, run_dir_of
 from repexp.walltime import read_chunk_end
@@ -58,9 +60,14 @@ def check_config(config: DictConfig) -> RepExpSettings:
 
 class _RepExpTaskRunner(TaskRunnerV1.__ray_actor_class__):
     def run(self, config: DictConfig):
+        startup.mark("task_runner")
         import repexp.verl.trainer  # noqa: F401  registers trainer mode "repexp" in this process
 
         return super().run(config)
+
+    def init_agent_loop_manager(self):
+        super().init_agent_loop_manager()
+        startup.mark("agent_loop")
 
 
 RepExpTaskRunner = ray.remote(_RepExpTaskRunner)
@@ -91,12 +98,35 @@ def use_node_run(config: DictConfig) -> None:
         config.trainer.logger = [name for name in config.trainer.logger if name != "mlflow"]
 
 
+def start_marks(run_dir: Path) -> Path:
+    """This attempt's start-up log (repexp.verl.startup), begun with the process start the node wrapper
+    recorded (else now) and the end of the imports; Ray workers inherit its path from the environment."""
+    log = run_dir / layout.VERL_STARTUP_LOG
+    log.unlink(missing_ok=True)
+    os.environ[startup.ENV] = str(log.resolve())
+    started = os.environ.get(startup.ENV_STARTED)
+    if started:
+        startup.write_mark(log, "process", float(started))
+    startup.mark("imported")
+    return log
+
+
+def write_startup(run_dir: Path, log: Path) -> None:
+    """``startup.json``: where this attempt's start-up went, also printed."""
+    result = startup.summary(startup.read_marks(log))
+    write_json_atomic(run_dir / layout.VERL_STARTUP, result)
+    total = f"{result['startup_s']:.1f} s" if "startup_s" in result else "unknown"
+    print(f"repexp.verl.train: start-up {total} (process start to first validation):\n"
+          + startup.table(result["phases"]), flush=True)
+
+
 def launch(config: DictConfig) -> None:
     started = time.time()
     auto_set_device(config)
     check_config(config)
     run_dir = run_dir_of(config)
     run_dir.mkdir(parents=True, exist_ok=True)
+    log = start_marks(run_dir)
     run = RunSettings.of(config)
     if run.mlflow_tracking_uri:
         # before ray.init: the TaskRunner (where verl's Tracking lives) inherits this environment
@@ -104,6 +134,7 @@ def launch(config: DictConfig) -> None:
     use_node_run(config)
     (run_dir / layout.CHUNK_END).unlink(missing_ok=True)
     run_ppo(config, task_runner_class=RepExpTaskRunner)
+    write_startup(run_dir, log)
     chunk = read_chunk_end(run_dir)
     if chunk is not None:  # the trainer stopped for the walltime (repexp.walltime): no DONE yet
         print(f"repexp.verl.train: walltime chunk ended at step {chunk['step']}; the next attempt resumes there",

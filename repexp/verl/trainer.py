@@ -44,7 +44,7 @@ from repexp.checkpoints import (
     prune_checkpoints,
 )
 from repexp.io import atomic_path, write_text_atomic
-from repexp.verl import dataplane
+from repexp.verl import dataplane, startup
 from repexp.verl.engine import OUTPUT_KEY
 from repexp.verl.methods import PASSK_K_KEY, OutcomeReward
 from repexp.verl.reward import FUNCTION_NAMES
@@ -96,6 +96,7 @@ class JsonlMetricsLogger:
 @register_trainer(TRAINER_MODE)
 class RepExpTrainer(PPOTrainerSync):
     def __init__(self, config: DictConfig):
+        startup.mark("trainer")
         self.repexp = repexp_settings(config.actor_rollout_ref)
         self.run_settings = RunSettings.of(config)
         self.run_dir = run_dir_of(config)
@@ -120,10 +121,12 @@ class RepExpTrainer(PPOTrainerSync):
         self.metrics_logger = JsonlMetricsLogger(self.run_dir / layout.METRICS)
         self.training_time = TrainingTime()  # resumed in _load_checkpoint
         self.clock = ChunkClock(self.run_settings.chunk_deadline)
+        self._first_step_marked = False
 
     # ------------------------------------------------------------------ workers
 
     def _init_resource_pool_mgr(self):
+        startup.mark("data")  # verl's _setup calls this after the tokenizer and data loaders
         super()._init_resource_pool_mgr()
         replaced = [role for role in ACTOR_ROLES if role in self.role_worker_mapping]
         if not replaced:
@@ -266,9 +269,13 @@ class RepExpTrainer(PPOTrainerSync):
 
     def on_step_end(self):
         super().on_step_end()  # the new weights reach the rollout replicas first: validation samples them
+        if not self._first_step_marked:
+            startup.mark("first_step")
+            self._first_step_marked = True
         self._end_chunk_if_out_of_time()
 
     def _load_checkpoint(self):
+        startup.mark("servers")  # verl's _setup calls this last, after the reward workers and vLLM replicas
         super()._load_checkpoint()
         step = self.global_steps
         # forget what a previous attempt logged after the state we resume from
@@ -301,7 +308,14 @@ class RepExpTrainer(PPOTrainerSync):
 
     def on_validate_begin(self):
         self._attach_metrics_logger()
+        if not self._first_step_marked:  # a validation before this process's first step (val_before_train)
+            startup.mark("validation_begin")
         super().on_validate_begin()
+
+    def on_validate_end(self):
+        super().on_validate_end()
+        if not self._first_step_marked:
+            startup.mark("validation_end")
 
     def on_train_begin(self):
         self._attach_metrics_logger()

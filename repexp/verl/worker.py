@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 from tensordict import TensorDict
 
 from repexp.verl import engine as _engine  # registers the engine in every worker process
+from repexp.verl import startup
 from repexp.verl.compat import patch_trl_value_head_import
 from repexp.verl.settings import repexp_settings
 
@@ -52,14 +53,17 @@ class RepExpActorRolloutRefWorker(ActorRolloutRefWorker):
     # An override of a registered method must be registered again, or the worker group loses it.
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
+        startup.mark("actor_begin")
         patch_trl_value_head_import()
         super().init_model()
+        startup.mark("actor_fsdp")
         self.repexp: TrainingWorker | None = None
         if "actor" in self.role and repexp_settings(self.config).enabled:
             self.repexp = TrainingWorker(config=build_repexp_worker_config(self.config))
             self.repexp.reset()
             self.set_dispatch_collect(mesh_name=REPEXP_MESH, **self.repexp.get_dispatch_collect())
             aggressive_empty_cache(force_sync=True)
+        startup.mark("actor_end")
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name=REPEXP_MESH))
     def compute_repexp_hidden_mean(self, data: TensorDict) -> TensorDict:
