@@ -58,8 +58,18 @@ def read_curve(path: Path, key: str) -> dict[int, float]:
 
 
 def window_mean(curve: dict[int, float], window: tuple[int, int]) -> float | None:
-    values = [value for step, value in curve.items() if window[0] <= step <= window[1]]
-    return statistics.fmean(values) if values else None
+    """The mean over the window's steps; None unless the run logged every one of them."""
+    values = [curve.get(step) for step in range(window[0], window[1] + 1)]
+    return None if None in values else statistics.fmean(values)
+
+
+def partial_window(curves: list[dict[int, float]], window: tuple[int, int]) -> tuple[int, int] | None:
+    """The steps of `window` that every run logged (from its start), for a descriptive value of a cell
+    the run did not complete; None when there are none."""
+    last = window[0] - 1
+    while last < window[1] and all(last + 1 in curve for curve in curves):
+        last += 1
+    return (window[0], last) if curves and last >= window[0] else None
 
 
 def agree(trl: list[float], verl: list[float], floor: float) -> dict:
@@ -100,12 +110,25 @@ def report(results: Path, trl_dir: Path) -> dict:
                 verl = [v for v in (window_mean(read_curve(p, key), window) for p in verl_runs.values())
                         if v is not None]
                 cell = {"method": method, "metric": label, "window": f"{window[0]}-{window[1]}"}
-                if not trl or not verl:
-                    cells.append({**cell, "agree": None, "why": f"{len(trl)} TRL and {len(verl)} verl runs"})
+                if len(trl) == len(trl_runs) and len(verl) == len(verl_runs) and trl and verl:
+                    cells.append({**cell, **agree(trl, verl, FLOOR[label])})
                     continue
-                cells.append({**cell, **agree(trl, verl, FLOOR[label])})
+                # not tested: some run did not log the whole window; the steps all runs have, described
+                cell.update(agree=None, why=f"{len(trl)}/{len(trl_runs)} TRL and {len(verl)}/{len(verl_runs)} verl "
+                            "runs logged the whole window")
+                curves = {backend: [read_curve(p, key) for p in runs.values()]
+                          for backend, runs in (("trl", trl_runs), ("verl", verl_runs))}
+                steps = partial_window(curves["trl"] + curves["verl"], window)
+                if steps and curves["trl"] and curves["verl"]:
+                    described = {backend: [window_mean(curve, steps) for curve in group]
+                                 for backend, group in curves.items()}
+                    cell["descriptive"] = {"steps": f"{steps[0]}-{steps[1]}",
+                                           **agree(described["trl"], described["verl"], FLOOR[label])}
+                cells.append(cell)
     tested = [cell for cell in cells if cell["agree"] is not None]
-    return {"cells": cells, "parity": bool(tested) and all(cell["agree"] for cell in tested),
+    complete = len(tested) == len(cells)
+    # parity is decided only when every pre-registered cell could be tested
+    return {"cells": cells, "parity": all(cell["agree"] for cell in tested) if complete else None,
             "cells_tested": len(tested), "cells_missing": len(cells) - len(tested)}
 
 
@@ -116,41 +139,48 @@ def figure(results: Path, trl_dir: Path, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     methods = {**TESTED, **DESCRIBED}
+    runs = {method: {backend: find_runs(results, trl_dir, backend, name) for backend in ("trl", "verl")}
+            for method, name in methods.items()}
+    # a method none of whose runs logged a training step gets no row (the report says which runs are missing)
+    methods = {method: name for method, name in methods.items()
+               if any(read_curve(path, METRICS["entropy"])
+                      for paths in runs[method].values() for path in paths.values())}
     fig, axes = plt.subplots(len(methods), len(METRICS), figsize=(4.2 * len(METRICS), 2.7 * len(methods)),
                              sharex=True, squeeze=False)
     colours = {"trl": "#1f77b4", "verl": "#d62728"}
-    for row, (method, name) in enumerate(methods.items()):
-        runs = {backend: find_runs(results, trl_dir, backend, name) for backend in ("trl", "verl")}
+    for row, method in enumerate(methods):
         for col, (label, key) in enumerate(METRICS.items()):
             ax = axes[row][col]
             drawn = False
-            for backend, paths in runs.items():
-                curves = [read_curve(path, key) for path in paths.values()]
-                curves = [curve for curve in curves if curve]
+            for backend, paths in runs[method].items():
+                curves = [curve for curve in (read_curve(path, key) for path in paths.values()) if curve]
                 if not curves:
                     continue
+                drawn = True
                 steps = sorted(set.intersection(*(set(curve) for curve in curves)))
                 values = [[curve[step] for curve in curves] for step in steps]
-                mean = [statistics.fmean(v) for v in values]
-                if len(curves) > 1:
+                if len(curves) > 1 and backend == "trl":
                     ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values],
                                     color=colours[backend], alpha=0.2, linewidth=0)
-                drawn = True
-                ax.plot(steps, mean, color=colours[backend], linewidth=1.4,
-                        label=f"{backend} ({len(curves)} seed{'s' if len(curves) > 1 else ''}"
-                              f"{': mean, band min-max' if len(curves) > 1 else ''})")
+                    ax.plot(steps, [statistics.fmean(v) for v in values], color=colours[backend], linewidth=1.4,
+                            label=f"trl ({len(curves)} seeds: mean, band min-max)")
+                    continue
+                seeds = f"{len(curves)} seed{'s' if len(curves) > 1 else ''}, one line each"
+                for i, curve in enumerate(curves):  # verl (and single runs): each seed its own line
+                    ax.plot(sorted(curve), [curve[step] for step in sorted(curve)], color=colours[backend],
+                            linewidth=1.0, alpha=0.9, label=f"{backend} ({seeds})" if i == 0 else None)
+            ax.axvline(20.5, color="0.6", linewidth=0.8, linestyle=":")
+            if drawn:
+                ax.legend(fontsize=7, loc="best")
+            else:
+                ax.text(0.5, 0.5, "no bonus" if key.startswith("repexp/") else "not logged", ha="center",
+                        va="center", transform=ax.transAxes, color="0.5")
             if row == 0:
                 ax.set_title(label, fontsize=10)
             if col == 0:
                 ax.set_ylabel(method)
             if row == len(methods) - 1:
                 ax.set_xlabel("training step")
-            ax.axvline(20.5, color="0.6", linewidth=0.8, linestyle=":")
-            if drawn:
-                ax.legend(fontsize=7, loc="best")
-            else:
-                ax.text(0.5, 0.5, "not logged" if method != "grpo" or not key.startswith("repexp/")
-                        else "no bonus", ha="center", va="center", transform=ax.transAxes, color="0.5")
     fig.suptitle(f"verl against TRL on {TASK} (configs/pilot.yaml + configs/overlays/parity.yaml); dotted: step 20, "
                  "after which the tolerance applies", fontsize=10)
     fig.tight_layout()
@@ -178,12 +208,18 @@ def main() -> None:
     figure(args.results, args.trl, args.out)
     for cell in result["cells"]:
         if cell["agree"] is None:
-            print(f"{cell['method']:7} {cell['metric']:24} {cell['window']:6} missing: {cell['why']}")
+            line = f"{cell['method']:7} {cell['metric']:24} {cell['window']:6} not tested: {cell['why']}"
+            if "descriptive" in cell:
+                d = cell["descriptive"]
+                line += (f"; steps {d['steps']} (descriptive): TRL {d['trl']:.3f} verl {d['verl']:.3f} "
+                         f"delta {d['delta']:+.3f} (bound {d['bound']:.3f})")
+            print(line)
         else:
             print(f"{cell['method']:7} {cell['metric']:24} {cell['window']:6} TRL {cell['trl']:.3f} "
                   f"verl {cell['verl']:.3f} delta {cell['delta']:+.3f} bound {cell['bound']:.3f} "
                   f"{'agree' if cell['agree'] else 'DIFFER'}")
-    print(f"parity: {result['parity']} ({result['cells_tested']} cells tested, {result['cells_missing']} missing)")
+    verdict = {True: "holds", False: "FAILS", None: "undecided (not every cell could be tested)"}[result["parity"]]
+    print(f"parity {verdict}: {result['cells_tested']} cells tested, {result['cells_missing']} not")
 
 
 if __name__ == "__main__":
