@@ -178,14 +178,19 @@ def test_trainer_construction_roles_and_mode(runtime, tmp_path):
     assert trainer.role_worker_mapping[Role.ActorRollout].__ray_actor_class__ is RepExpActorRolloutRefWorker
 
 
-def test_every_training_run_of_the_gpu_config_constructs_the_trainer(runtime, tmp_path):
+def test_every_training_run_of_the_gpu_config_constructs_the_trainer(runtime, tmp_path, monkeypatch):
     """The overrides the DAG sends, not hand-written ones: RepExp and the GRPO baseline (beta 0, sparse_dim null)
-    of configs/gpu.yaml each build a RepExpTrainer; only RepExp carries a bonus state."""
+    of configs/gpu.yaml each build a RepExpTrainer; only RepExp carries a bonus state. The trainer marks its
+    start in the start-up log the entry point names (repexp.verl.startup)."""
     import yaml
 
     from repexp import config as C
+    from repexp.verl import startup
     from repexp.verl.overrides import build_overrides
     from repexp.verl.trainer import RepExpTrainer
+
+    marks = tmp_path / "startup.log"
+    monkeypatch.setenv(startup.ENV, str(marks))
 
     raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "gpu.yaml").read_text())
     raw.update(model=runtime["model"], results_dir=str(tmp_path))
@@ -198,6 +203,8 @@ def test_every_training_run_of_the_gpu_config_constructs_the_trainer(runtime, tm
         trainer = RepExpTrainer(composed)
         assert trainer.repexp.enabled == (rc.method == "repexp")
         assert (trainer.bonus_state is None) == (rc.method == "grpo"), rc.name
+        assert composed.reward.num_workers == 1 and composed.actor_rollout_ref.rollout.agent.num_workers == 1
+    assert [line.count('"trainer"') for line in marks.read_text().splitlines()] == [1, 1, 1]
 
 
 # --------------------------------------------------------------------------- bonus injection through verl + TQ
