@@ -23,6 +23,8 @@
 #   methods      one verl step of configs/gpu.yaml on arith-mid for each other method: pass@k training,
 #                outcome exploration (historical) and KL-Cov (docs/methods.md; Clip-Cov takes verl's same
 #                loss_mode path and its actor update runs in the CPU tests), one after another (~4 min each)
+# OUT_DIR must lie outside the device call's own $OUT, which every later call empties (use e.g.
+# /root/session, then copy what you need into $OUT with poll.sh or tar in the last call).
 # OUT_DIR/progress.log says which stage runs (one line per start and end, with exit codes);
 # OUT_DIR/<stage>.log holds each stage's output; results go to OUT_DIR/<stage>/.
 set -uo pipefail
