@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -309,3 +311,24 @@ def test_the_pilot_runs_end_to_end_on_cpu_in_its_reduced_form(tmp_path):
     assert table.count("trl_grpo_s") >= 2 and table.count("trl_repexp_k32_b0.1_s") >= 2 and "base" in table
     assert (results / "aggregate" / L.K_EFFICIENCY_CSV).is_file()
 
+
+
+# --------------------------------------------------------------------------- the fourth design's seed count
+
+
+def test_the_seed_count_script_gives_the_documented_count_from_the_committed_per_seed_pass_at_256():
+    """docs/pilot.md, "Fourth design: seed count": TOST at ±0.03, α = 0.05, power 0.8, true difference 0, from
+    the third run's per-seed pass@256 (docs/pilot/pass_at_k.csv); run as the doc says (tests import no benchmark)."""
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "pilot_seed_count.py")], capture_output=True,
+                          text=True, timeout=120, check=True)
+    out = proc.stdout
+    assert "GRPO [0.884765625, 0.916015625, 0.87890625] (SD 0.0199)" in out
+    assert "(SD 0.0329)" in out and "replication (from its interval) 0.001200" in out
+    assert "pre-registered: n = 15 per arm" in out
+    power = float(re.search(r"simulated power with SDs 0.033/0.020: ([\d.]+)", out)[1])
+    assert 0.78 <= power <= 0.83
+    doc = (REPO / "docs" / "pilot.md").read_text()
+    section = doc.split("### Fourth design: seed count", 1)[1].split("\n## ", 1)[0]
+    assert "**The count: 15 seeds per arm**" in section
+    for row in re.findall(r"^  (third run|both runs) power (0.[89]) true diff \+0.0([01]): n = +(\d+)", out, re.M):
+        assert f" {row[3]} " in section or f"**{row[3]}**" in section, row
