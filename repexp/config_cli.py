@@ -1,4 +1,4 @@
-"""`repexp config`: validate a pipeline config, list its runs, write one job's resolved config."""
+"""`repexp config`: validate a pipeline config, list its runs, write one job's resolved config, show the GPU shares."""
 
 from __future__ import annotations
 
@@ -24,6 +24,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     j.add_argument("--task", required=True)
     j.add_argument("--run", required=True, help="run name, e.g. trl_repexp_k32_b0.01_s42")
     j.add_argument("--out", type=Path, help="output file (default: stdout)")
+    g = sub.add_parser("gpus", help="what `gpu_share: auto` chooses on this host's GPUs: shares, memory caps, "
+                                    "placement (the workflow prints the same lines at its start)")
+    g.add_argument("config", type=Path)
+    g.add_argument("--set", nargs="+", default=[], metavar="KEY.PATH=VALUE", help="dotlist overrides")
     s = sub.add_parser("schema", help="print the JSON schema generated from the dataclasses")
     s.add_argument("--out", type=Path)
 
@@ -41,6 +45,15 @@ def run(args: argparse.Namespace) -> int:
             import yaml
 
             _write(yaml.safe_dump(C.json_schema(), sort_keys=False, allow_unicode=True), args.out)
+            return 0
+        if args.action == "gpus":
+            from repexp import gpus as G
+            from repexp.pipeline import setup
+
+            gpus = G.read_gpus()
+            raw = C.parse(C.read_yaml(args.config) or {}, overrides=C.split_overrides(args.set))
+            for line in setup(raw, Path.cwd(), Path.cwd(), gpus=gpus).gpu_lines():
+                print(line)
             return 0
         cfg = C.load(args.config, overrides=C.split_overrides(args.set))
         if args.action == "validate":

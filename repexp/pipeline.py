@@ -21,11 +21,13 @@ import functools
 import os
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from repexp import config as C
+from repexp import gpus as G
 from repexp import layout as L
 from repexp.io import write_text_atomic
 
@@ -81,6 +83,7 @@ class Pipeline:
     workdir: Path
     hub_models: dict[str, str]  # local directory (job path) -> hub id, for download_model
     slurm: dict[str, Optional[str]]
+    gpus: tuple[G.Gpu, ...] = ()  # the GPUs jobs share and are placed on (none: a cluster executor or no GPU)
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # per-run composition
 
     @property
@@ -197,13 +200,61 @@ class Pipeline:
         if res.constraint:
             out["constraint"] = res.constraint  # the plugin: -C '<features>'
         # Jobs sharing one GPU on one machine: `--resources gpu_share=100` per GPU (docs/pilot.md).
-        out["gpu_share"] = res.gpu_share if res.gpu else 0
+        out["gpu_share"] = share = C.gpu_share(self.cfg, rule)
+        if self.places(rule):
+            # one GPU each, dealt round-robin by the run's place in the sweep; a pool per GPU keeps each
+            # GPU's jobs within it (`gpu_pools`)
+            out["cuda_device"] = lambda wildcards: str(self.device(wildcards).index)
+            for gpu in self.gpus:
+                out[f"gpu{gpu.index}_share"] = self._share_on(gpu, share)
         return out
 
+    def device(self, wildcards) -> G.Gpu:
+        """The GPU a placed job runs on: its run's place among the sweep's runs, dealt round-robin."""
+        names = [(spec.task, spec.name) for spec in self.runs]
+        identity = (getattr(wildcards, "task", None), getattr(wildcards, "run", None))
+        return G.place(names.index(identity) if identity in names else 0, self.gpus)
 
-def setup(parsed: C.PipelineConfig, repo_root: Path, workdir: Path) -> Pipeline:
-    """Check the parsed config (cross-field rules, local paths, SLURM settings: ConfigError naming the
-    key) and derive the job-path config from it."""
+    def _share_on(self, gpu: G.Gpu, share: int):
+        """The `gpu<i>_share` resource of a placed job: its share on its own GPU, 0 on the others."""
+        return lambda wildcards: share if self.device(wildcards) == gpu else 0
+
+    def places(self, rule: str) -> bool:
+        """Whether the rule's jobs are placed on one of the host's GPUs each (CUDA_VISIBLE_DEVICES from the
+        `cuda_device` resource): single-GPU jobs where the workflow read a GPU table."""
+        res = C.rule_resources(self.cfg, rule)
+        return bool(self.gpus) and res.gpu == 1 and res.nodes == 1
+
+    def gpu_pools(self) -> dict[str, int]:
+        """The global resources the placed jobs draw on, each GPU's at most 100 (one GPU's worth of shares)
+        and `gpu_share` at most 100 per GPU; the workflow sets those not given with `--resources`."""
+        if not self.gpus:
+            return {}
+        return {"gpu_share": 100 * len(self.gpus), **{f"gpu{gpu.index}_share": 100 for gpu in self.gpus}}
+
+    def gpu_lines(self) -> list[str]:
+        """What the workflow chose for this host's GPUs, one line per GPU rule (printed at its start)."""
+        rules = [rule for rule in C.RULES if C.rule_resources(self.cfg, rule).gpu]
+        if not self.gpus:
+            return [f"GPUs: {G.describe(self.gpus)} read here (a cluster executor or a CPU machine): "
+                    "every GPU job takes whole GPUs"] if rules else []
+        lines = [f"GPUs: {G.describe(self.gpus)}; jobs placed round-robin, one GPU each"]
+        caps = {"train": ("trl.gpu_memory_fraction", self.cfg.trl.gpu_memory_fraction),
+                "eval": ("eval.gpu_memory_utilization", self.cfg.eval.gpu_memory_utilization)}
+        for rule in rules:
+            res = C.rule_resources(self.cfg, rule)
+            need = f" for {res.gpu_memory_gib:g} GiB" if res.gpu_memory_gib is not None else ""
+            cap = f", {caps[rule][0]} {caps[rule][1]}" if rule in caps else ""
+            lines.append(f"  {rule}: gpu_share {res.gpu_share}{need} "
+                         f"({100 // int(res.gpu_share)} jobs per GPU){cap}")
+        return lines
+
+
+def setup(parsed: C.PipelineConfig, repo_root: Path, workdir: Path, gpus: Sequence[G.Gpu] = ()) -> Pipeline:
+    """Resolve the GPU shares for `gpus` (the host's that runs the jobs; repexp.gpus), check the parsed
+    config (cross-field rules, local paths, SLURM settings: ConfigError naming the key) and derive the
+    job-path config from it."""
+    parsed = C.resolve_gpus(parsed, gpus)
     C.check(parsed)
     C.check_paths(parsed, repo_root)
     slurm = slurm_settings(parsed)
@@ -247,7 +298,8 @@ def setup(parsed: C.PipelineConfig, repo_root: Path, workdir: Path) -> Pipeline:
                                  dapo_source=source_for_jobs(data.dapo_source, L.hub_dapo_dir(results))),
         bonus=dataclasses.replace(parsed.bonus, representation_model=model_for_jobs(parsed.bonus.representation_model)),
     )
-    return Pipeline(parsed=parsed, cfg=cfg, repo_root=repo_root, workdir=workdir, hub_models=hub_models, slurm=slurm)
+    return Pipeline(parsed=parsed, cfg=cfg, repo_root=repo_root, workdir=workdir, hub_models=hub_models, slurm=slurm,
+                    gpus=tuple(gpus))
 
 
 # --------------------------------------------------------------------------- the workflow's hooks

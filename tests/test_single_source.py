@@ -211,7 +211,7 @@ def test_repexp_eval_defaults_are_the_config_defaults():
     from repexp.evaluate.engines import EngineOptions
     from repexp.evaluate.runner import EvalConfig as RunnerConfig
 
-    args, ev = _eval_args(), C.EvalConfig()
+    args, ev = _eval_args(), C.resolve_gpus(C.PipelineConfig()).eval  # the defaults as a job on a whole GPU sees them
     for name in ("n_samples", "temperature", "top_p", "engine", "batch_size", "shard_size", "dtype",
                  "tensor_parallel_size", "data_parallel_size", "gpu_memory_utilization", "max_model_len",
                  "enforce_eager"):
@@ -302,7 +302,7 @@ PURE_CORES = ("repexp.elliptical", "repexp.elliptical_order", "repexp.passk", "r
               "repexp.verify.pool", "repexp.verify.routing", "repexp.verify.scoring", "repexp.verify.timeout",
               "repexp.splits", "repexp.config", "repexp.arith", "repexp.testtime.core", "repexp.layout",
               "repexp.metrics", "repexp.bonus_defaults", "repexp.io", "repexp.walltime", "repexp.plan",
-              "repexp.intermediates", "repexp.features", "repexp.bonus_step", "repexp.pipeline")
+              "repexp.intermediates", "repexp.features", "repexp.bonus_step", "repexp.pipeline", "repexp.gpus")
 FRAMEWORKS = ("verl", "trl", "transformers", "mlflow", "vllm", "snakemake", "ray", "hydra")
 
 

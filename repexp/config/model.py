@@ -36,6 +36,9 @@ TRL_LOSS_TYPES = {"token-mean": "dapo", "seq-mean-token-mean": "grpo"}
 # Every rule of the workflow (keys of `resources`).
 RULES = ("download_model", "download_data", "model", "preprocess", "train", "select", "merge", "eval", "testtime",
          "aggregate", "figures")
+# resources.<rule>.gpu_share: a percent of one GPU, or auto (repexp.gpus.auto_share, docs/pilot.md)
+GPU_SHARE_PATTERN = r"^(auto|[1-9][0-9]?|100)$"
+VLLM_MEMORY_UTILIZATION = 0.85  # eval.gpu_memory_utilization of a job that has its GPU to itself
 # Sizes beyond any sensible experiment (issue 27: `n_samples: 1000000000000` validated, then the eval
 # died with a MemoryError): pass@k curves need n ≥ k, the paper uses 256; one shard's samples are held
 # in memory while it is generated.
@@ -174,7 +177,9 @@ class EvalConfig:
     shard_size: int = _f(64, help="problems per resumable shard", minimum=1)
     tensor_parallel_size: int = _f(1, help="vLLM tensor parallel size", minimum=1)
     data_parallel_size: int = _f(1, help="vLLM data parallel size", minimum=1)
-    gpu_memory_utilization: float = _f(0.85, help="vLLM memory fraction", exclusiveMinimum=0, maximum=1)
+    gpu_memory_utilization: Optional[float] = _f(
+        None, help=f"vLLM memory fraction (null: the eval job's share of its GPU when it shares one, "
+        f"resources.eval.gpu_share / 100, else {VLLM_MEMORY_UTILIZATION})", exclusiveMinimum=0, maximum=1)
     kv_cache_gib: Optional[float] = _f(None, help="vLLM KV-cache size in GiB instead of profiling free memory "
                                        "(null: profile); jobs that start beside others on one GPU need it, since "
                                        "vLLM's profiling fails when a neighbour frees memory meanwhile",
@@ -245,7 +250,9 @@ class TrlConfig:
                                      runtime=True)
     num_threads: Optional[int] = _f(None, help="torch CPU threads (null: torch's default)", minimum=1, runtime=True)
     gpu_memory_fraction: Optional[float] = _f(None, help="cap on the job's CUDA memory as a fraction of the GPU "
-                                              "(torch's per-process fraction), so jobs can share one GPU; null: none",
+                                              "(torch's per-process fraction), so jobs can share one GPU; null: the "
+                                              "train job's share when it shares one (resources.train.gpu_share / "
+                                              "100), else none",
                                               exclusiveMinimum=0, maximum=1, runtime=True)
 
 
@@ -282,9 +289,14 @@ class RuleResources:
     cpus_per_task: int = _f(1, help="CPU cores (per node)", minimum=1)
     mem_mb: int = _f(4000, help="memory per node (MB)", minimum=1)
     runtime: int = _f(60, help="wall-clock limit (minutes)", minimum=1)
-    gpu_share: int = _f(100, help="percent of one GPU a job with gpu > 0 takes when jobs share a GPU on one machine "
-                        "(`--resources gpu_share=100` per GPU runs jobs side by side while their shares fit; "
-                        "SLURM gives each job whole GPUs and ignores it)", minimum=1, maximum=100)
+    # A string, since OmegaConf has no int-or-"auto" type: a number 1-100 in YAML reads as its digits.
+    gpu_share: str = _f("auto", help="percent of one GPU a job with gpu > 0 takes when jobs share a GPU on one "
+                        "machine (`--resources gpu_share=100` per GPU runs jobs side by side while their shares "
+                        "fit), 1-100, or auto: the smallest share of the host's GPU that holds gpu_memory_gib (100 "
+                        "without it, on a machine without GPUs and under a cluster executor, where SLURM gives "
+                        "each job whole GPUs and ignores it)", pattern=GPU_SHARE_PATTERN)
+    gpu_memory_gib: Optional[float] = _f(None, help="the job's peak GPU memory (GiB), from which gpu_share auto "
+                                         "picks the share (null: a whole GPU)", exclusiveMinimum=0)
     # Which GPUs and nodes a SLURM job may land on (docs/slurm.md, "GPU types"): without them `--gpus=8`
     # can land on V100s or 40 GB cards that have no bfloat16 or too little memory for the job.
     gpu_model: Optional[str] = _f(None, help="SLURM GPU type the job asks for (`--gpus=<model>:<gpu>`, e.g. h100, "

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
+from repexp import gpus as G
 from repexp.config.loading import parse, read_yaml, to_dataclass
 from repexp.config.model import (
     DEAD_VERL_KEY_PREFIXES,
@@ -28,9 +29,11 @@ from repexp.config.model import (
     SECTIONS,
     TRACKING_SCHEMES,
     TRL_LOSS_TYPES,
+    VLLM_MEMORY_UTILIZATION,
     BonusConfig,
     ConfigError,
     PipelineConfig,
+    RuleResources,
     TrainConfig,
 )
 from repexp.config.runs import RunConfig, canonical, grid_points, rule_resources, task_section, task_sweep
@@ -335,13 +338,53 @@ def _check_eval(cfg: PipelineConfig, task: str) -> None:
 
 def _check_share(cfg: PipelineConfig, task: str, rule: str, section: str, name: str) -> None:
     """A job that shares its GPU (resources.<rule>.gpu_share < 100) must cap its memory within its share."""
-    res, fraction = rule_resources(cfg, rule), getattr(task_section(cfg, task, section), name)
-    if res.gpu == 0 or res.gpu_share == 100:
+    share, fraction = gpu_share(cfg, rule), getattr(task_section(cfg, task, section), name)
+    if share in (0, 100):
         return
-    if fraction is None or fraction * 100 > res.gpu_share + 1e-9:
+    if fraction is None or fraction * 100 > share + 1e-9:
         raise ConfigError(
             f"{_key(cfg, task, section, name)}: {fraction} of the GPU's memory, but resources.{rule}.gpu_share is "
-            f"{res.gpu_share}%: jobs side by side on one GPU would not fit; set it to at most {res.gpu_share / 100:g}")
+            f"{share}%: jobs side by side on one GPU would not fit; set it to at most {share / 100:g}")
+
+
+# --------------------------------------------------------------------------- sharing GPUs
+
+
+def gpu_share(cfg: PipelineConfig, rule: str) -> int:
+    """resources.<rule>.gpu_share of a config `resolve_gpus` returned, as a number (0: the job has no GPU)."""
+    res = rule_resources(cfg, rule)
+    return int(res.gpu_share) if res.gpu else 0
+
+
+def resolve_gpus(cfg: PipelineConfig, gpus: Sequence[G.Gpu] = ()) -> PipelineConfig:
+    """The config with `gpu_share: auto` and the null memory caps made numbers for these GPUs (the host's
+    that runs the jobs; none: a CPU machine or a cluster executor, where a job has whole GPUs). The rule is
+    `repexp.gpus.auto_share`; a sharing job's cap left null is its share (trl.gpu_memory_fraction,
+    eval.gpu_memory_utilization); numbers given in the config stay. A resolved config is returned as it is."""
+    resources = {}
+    for rule, res in cfg.resources.items():
+        check_value(f"resources.{rule}.gpu_share", res.gpu_share, RuleResources, "gpu_share")
+        if res.gpu_share == "auto" and res.gpu:  # a job without a GPU keeps `auto`: it shares nothing
+            try:
+                share = G.auto_share(res.gpu_memory_gib, gpus)
+            except ValueError as err:
+                raise ConfigError(f"resources.{rule}.gpu_memory_gib: {err} ({G.describe(gpus)}); lower it or "
+                                  f"set resources.{rule}.gpu_share") from None
+            res = dataclasses.replace(res, gpu_share=str(share))
+        resources[rule] = res
+    cfg = dataclasses.replace(cfg, resources=resources)
+    caps = {("trl", "gpu_memory_fraction"): G.memory_cap(gpu_share(cfg, "train") or 100),
+            ("eval", "gpu_memory_utilization"): G.memory_cap(gpu_share(cfg, "eval") or 100) or VLLM_MEMORY_UTILIZATION}
+    sections = {}
+    for (section, name), cap in caps.items():
+        values = getattr(cfg, section)
+        sections[section] = values if getattr(values, name) is not None else dataclasses.replace(values, **{name: cap})
+    overrides = {}
+    for task, override in cfg.task_overrides.items():  # a task's explicit null follows the share too
+        patches = {section: {**getattr(override, section), name: getattr(sections[section], name)}
+                   for section, name in caps if getattr(override, section).get(name, 0) is None}
+        overrides[task] = dataclasses.replace(override, **patches) if patches else override
+    return dataclasses.replace(cfg, **sections, task_overrides=overrides)
 
 
 # --------------------------------------------------------------------------- local paths
@@ -403,9 +446,11 @@ def check_paths(cfg: PipelineConfig, root: str | Path = ".") -> None:
 # --------------------------------------------------------------------------- read, parse, check
 
 
-def load(path_or_dict: str | Path | Mapping, *, overrides: Sequence[str] = ()) -> PipelineConfig:
-    """Read, parse and check a pipeline config (a YAML path or an already-loaded mapping)."""
+def load(path_or_dict: str | Path | Mapping, *, overrides: Sequence[str] = (),
+         gpus: Sequence[G.Gpu] = ()) -> PipelineConfig:
+    """Read, parse and check a pipeline config (a YAML path or an already-loaded mapping), its GPU shares
+    resolved for `gpus` (`resolve_gpus`; none: whole GPUs)."""
     raw = path_or_dict if isinstance(path_or_dict, Mapping) else read_yaml(path_or_dict)
-    cfg = parse({} if raw is None else raw, overrides=overrides)  # an empty file: all defaults
+    cfg = resolve_gpus(parse({} if raw is None else raw, overrides=overrides), gpus)  # an empty file: all defaults
     check(cfg)
     return cfg

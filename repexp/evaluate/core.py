@@ -16,9 +16,11 @@ from typing import Any
 import numpy as np
 
 from repexp import passk
-from repexp.config import EvalConfig, TrainConfig, max_new_tokens
+from repexp.config import VLLM_MEMORY_UTILIZATION, EvalConfig, TrainConfig, max_new_tokens
 
-EVAL_DEFAULTS = EvalConfig()  # the pipeline config's eval defaults are the defaults of `repexp eval` too
+# The pipeline config's eval defaults are the defaults of `repexp eval` too, for a job that has its GPU
+# to itself (the config's null memory fraction resolves to that; repexp.config.resolve_gpus).
+EVAL_DEFAULTS = dataclasses.replace(EvalConfig(), gpu_memory_utilization=VLLM_MEMORY_UTILIZATION)
 
 # Bumped when the sample-store layout or the seed derivation changes: a store written under
 # another version is refused on resume instead of being silently mixed.

@@ -9,15 +9,27 @@ import sys
 from pathlib import Path
 
 from repexp import config as C
+from repexp import gpus as G
 from repexp import jobs as J
 from repexp import layout as L
 from repexp import pipeline as P
 
+# The GPUs jobs share, read once where they run: this host, unless a cluster executor gives each job
+# whole GPUs, or this is a SLURM jobstep (repexp.gpus; docs/pilot.md, "Sharing the GPU"). The executor
+# is not known yet while the Snakefile is read; Snakemake keeps --jobs (`nodes`) for cluster executors only
+# (locally it is --cores), also in a dry run.
+GPUS = [] if workflow.nodes is not None or workflow.remote_exec else G.read_gpus()
 try:
-    # cross-field rules, local paths, SLURM settings (repexp.pipeline.setup), before any job
-    PIPELINE = P.setup(PARSED_CONFIG, Path(workflow.main_snakefile).resolve().parent, Path.cwd())
+    # GPU shares, cross-field rules, local paths, SLURM settings (repexp.pipeline.setup), before any job
+    PIPELINE = P.setup(PARSED_CONFIG, Path(workflow.main_snakefile).resolve().parent, Path.cwd(), gpus=GPUS)
 except C.ConfigError as err:
     raise ValueError(f"config error: {err}") from None
+for name, limit in PIPELINE.gpu_pools().items():  # what `--resources` does not set
+    if name not in workflow.global_resources:
+        workflow.register_resource(name, limit)
+if not workflow.remote_exec:
+    for line in PIPELINE.gpu_lines():
+        print(f"repexp: {line}", file=sys.stderr)
 CFG = PIPELINE.cfg  # the config with every path as jobs see it; jobs read its snapshot
 RESULTS = CFG.results_dir
 HUB_MODELS = PIPELINE.hub_models
@@ -122,7 +134,14 @@ def node_command(rule):
     """The shell of a rule: identities only (its wildcards); `repexp run` composes everything else from
     the config snapshot (repexp.jobs) and runs the stage inside its MLflow node run (repexp.run_cli)."""
     identity = "".join(f" --{name.replace('_', '-')} {{wildcards.{name}}}" for name in J.RULES[rule][2])
-    return f"repexp run {rule}{identity} --attempt {{resources.attempt}} --snakemake-jobid {{{{{{jobid}}}}}} > {{log}} 2>&1"
+    # A job placed on one GPU sees only it, numbered as nvidia-smi numbers it (PCI bus order; vLLM takes
+    # no UUIDs there); `env`, since train's launcher runs the command as its arguments.
+    device = (
+        "env CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES={resources.cuda_device} "
+        if PIPELINE.places(rule)
+        else ""
+    )
+    return f"{device}repexp run {rule}{identity} --attempt {{resources.attempt}} --snakemake-jobid {{{{{{jobid}}}}}} > {{log}} 2>&1"
 
 
 def eval_inputs(wildcards):
