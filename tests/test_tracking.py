@@ -321,6 +321,8 @@ def test_eval_outputs_log_one_metric_per_k_the_curve_and_the_dataset(store, tmp_
                                                                        "sha256": "ab" * 32}}}))
     result = eval_result(problem_ids=["a", "b"], scores=[[1, 0, 0, 0], [1, 1, 1, 0]], answers=None,
                          metadata={"split": "test", "data_path": str(data / "test.parquet")})
+    result |= {"grader": "repexp", "graders": {"repexp": {"pass_at_k": result["pass_at_k"]},  # as runner writes them
+                                              "paper": {"pass_at_k": {k: v / 2 for k, v in result["pass_at_k"].items()}}}}
     path = tmp_path / "eval" / "eval.json"
     path.parent.mkdir()
     path.write_text(json.dumps(result))
@@ -336,6 +338,11 @@ def test_eval_outputs_log_one_metric_per_k_the_curve_and_the_dataset(store, tmp_
         f"test/pass_at_{k}": v for k, v in result["pass_at_k"].items()}
     assert run.data.metrics["test/mean_at_n"] == result["mean_at_n"] and run.data.metrics["test/num_problems"] == 2
     assert "test/pass_at_4_sem" in run.data.metrics
+    # pass@k against k: one metric per grader whose step is k, which MLflow's line chart draws as the curve
+    for name, grader in ((metric_names.pass_at_k_curve("test"), result["grader"]),
+                         *((metric_names.pass_at_k_curve("test", g), g) for g in result["graders"] if g != result["grader"])):
+        history = sorted((m.step, m.value) for m in client.get_metric_history(node.run_id, name))
+        assert history == [(int(k), pytest.approx(v)) for k, v in result["graders"][grader]["pass_at_k"].items()]
     assert sorted(a.path for a in client.list_artifacts(node.run_id)) == ["eval.json", "test"]
     local = client.download_artifacts(node.run_id, "test/pass_at_k_curve.json", str(tmp_path / "dl"))
     table = json.loads(Path(local).read_text())  # MLflow's table format (pandas "split")
