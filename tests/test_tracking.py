@@ -640,7 +640,10 @@ def test_a_server_on_every_interface_allows_this_hosts_names_and_private_network
 
     from repexp.tracking.server import allowed_hosts
 
-    assert allowed_hosts("127.0.0.1", "127.0.0.1") is None  # loopback only: MLflow's own default suffices
+    from repexp.tracking.server import BROWSER_LOOPBACK_NAME
+
+    # loopback: MLflow's own default names and the one links use
+    assert BROWSER_LOOPBACK_NAME + ":*" in allowed_hosts("127.0.0.1", "127.0.0.1").split(",")
     allowed = allowed_hosts("0.0.0.0", "10.1.2.3").split(",")
     for name in ("localhost", "127.0.0.1", socket.gethostname(), "10.1.2.3", "10.1.2.3:*", "10.*", "192.168.*"):
         assert name in allowed
