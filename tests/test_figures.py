@@ -130,6 +130,7 @@ def test_pass_at_k_curves_are_seed_means_with_sem_bands(rendered):
     assert base["sem"] is None and base["band"] is None
     np.testing.assert_allclose(base["mean"], [MATH_BASE + 0.05 * math.log2(k) for k in KS])
     assert "±1 SEM band across seeds" in record["caption"]
+    assert "Shaded bands: ±1 SEM across seeds (ddof 1)." in record["notes"]  # on the figure too (issue 39)
 
 
 def test_axes_hold_the_plotted_values_and_limits_adapt(table, expected):
@@ -555,9 +556,16 @@ def test_training_figure_scales_marks_switched_off_bonus_and_shows_both_reward_s
     axes = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
     low, high = axes["bonus (raw), mean"].get_ylim()
     assert high - low >= 0.05 * 0.875 * 0.99  # noise of 1.5e-4 is drawn nearly flat, not axis-filling
-    assert any("× marks steps where the bonus was switched off" in note for note in record["notes"])
+    assert any("× along the bottom marks steps where the bonus was switched off" in note for note in record["notes"])
     marks = [line for line in axes["bonus (× β), mean"].get_lines() if line.get_marker() == "x"]
     assert marks and list(marks[0].get_xdata()) == [3]
+    # in a strip inside the axes below every data point (issue 39): it hides no point, the axis line cuts none
+    panel = axes["bonus (× β), mean"]
+    low, high = panel.get_ylim()
+    points = [(y - low) / (high - low) for line in panel.get_lines() if line.get_marker() != "x" for y in line.get_ydata()]
+    (mark_y,) = set(marks[0].get_ydata())
+    assert marks[0].get_transform() == panel.get_xaxis_transform()  # y in axes fractions
+    assert 0.03 < mark_y < min(points) - 0.04, (mark_y, min(points))
     reward = axes["reward: shaped (—) vs verifier (- -)"].get_lines()
     dashed = [line for line in reward if line.get_linestyle() == "--"]
     assert dashed and all(d.get_zorder() > s.get_zorder() for d in dashed for s in reward if s.get_linestyle() == "-")
@@ -619,3 +627,17 @@ def test_a_bonus_switched_off_at_most_steps_is_said_not_marked(tmp_path):
     assert [list(line.get_xdata()) for line in panel.get_lines() if line.get_marker() == "x"] == [[3, 7]]
     assert not any("at most steps" in note for note in record["notes"])
     plt.close(fig)
+
+
+def test_a_grpo_dev_curve_hidden_under_repexps_for_some_steps_is_said(tmp_path):
+    """Issue 39: GRPO's line is drawn under RepExp's; where the two are equal over adjacent steps (the README
+    run's dev pass@1 at steps 0 and 2), that stretch of GRPO is hidden, and the figure says so."""
+    specs = [s for s in sweep_runs(load_config(CONFIG)) if s.task == "math" and s.trains]
+    curves = {spec.path: {"dev/pass_at_1": {0: 0.1, 10: 0.25, 20: 0.44 if spec.method == "repexp" else 0.41}}
+              for spec in specs}
+    _, record = figures.plot_training(curves, "math", "verl", specs=specs, source="metrics.jsonl")
+    assert "dev pass@1: GRPO = RepExp at steps 0, 10 (to 0.2% of the values): GRPO's line is under it there" in (
+        record["notes"]), record["notes"]
+    curves = {path: {"dev/pass_at_1": {0: 0.1, 10: 0.25 + 0.05 * ("repexp" in path), 20: 0.4}} for path in curves}
+    _, record = figures.plot_training(curves, "math", "verl", specs=specs, source="metrics.jsonl")
+    assert not any("under it" in note for note in record["notes"])  # equal at single steps only: nothing hidden

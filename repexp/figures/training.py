@@ -113,6 +113,9 @@ DYNAMICS_PANELS = (
 TURN_OFF_PANEL = "bonus (× β), mean"
 # × marks for steps with a switched-off bonus only while they are this share of the steps or fewer
 MARK_MAX_FRACTION = 0.5
+# the × marks sit at this height of the panel (axes fraction), in a strip below the data of this share of it
+MARK_STRIP_Y = 0.06
+MARK_STRIP_ROOM = 0.14
 # the two line styles of the reward panel (shaped, verifier), as legend entries
 METRIC_LEGEND = (("shaped reward (—)", "-"), ("verifier reward (- -)", "--"))
 # a panel whose values vary by less than this fraction of their size is drawn on a span of that
@@ -165,6 +168,17 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
         grpo_steps = next((d["step"] for s, d in means.items() if s.method == "grpo"), None)
         comparable = {s: d["mean"] for s, d in means.items() if d["step"] == grpo_steps}
         same[panel_title] = coinciding_with_grpo(comparable, tolerance=COINCIDE_FRACTION * scale)
+        grpo_mean = next((d["mean"] for s, d in means.items() if s.method == "grpo"), None)
+        for s, d in sorted(comparable.items(), key=lambda item: _series_sort_key(item[0])):
+            if len(metrics) > 1 or s.method == "grpo" or s in same[panel_title]:
+                continue
+            # GRPO's line is drawn under the others: where it equals one over two adjacent steps, that stretch
+            # of it is hidden, which the figure says
+            equal = [abs(a - b) <= COINCIDE_FRACTION * scale for a, b in zip(d, grpo_mean)]
+            if any(equal[i] and equal[i + 1] for i in range(len(equal) - 1)):
+                steps = [str(step) for step, eq in zip(grpo_steps, equal) if eq]
+                notes.append(f"{panel_title}: GRPO = {styles[s]['label']} at steps {', '.join(steps)} (to "
+                             f"{COINCIDE_FRACTION:.1%} of the values): GRPO's line is under it there")
         if len(metrics) == 1:
             notes += [f"{panel_title}: {styles[s]['label']} = GRPO at every step (to {COINCIDE_FRACTION:.1%} of the "
                       f"values; {s.label(show_point=False, show_backend=False)} is drawn dashed on top)"
@@ -187,7 +201,7 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
         turned_off[s] = off
     if any(title == TURN_OFF_PANEL for title, _ in panels):
         if any(turned_off.values()):
-            notes.append(f"{TURN_OFF_PANEL}: × marks steps where the bonus was switched off in some groups "
+            notes.append(f"{TURN_OFF_PANEL}: × along the bottom marks steps where the bonus was switched off in some groups "
                          f"({M.BONUS_TURNED_OFF} > 0, the bonus.turn_off_if_* rules): the mean dips there by design")
         if dense:
             notes.append(f"{TURN_OFF_PANEL}: the bonus was switched off in some groups at most steps "
@@ -205,7 +219,7 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
         handles = {}
         for ax, (panel_title, metrics) in zip([a for row in axes for a in row], panels):
             ax.set_title(panel_title, fontsize=S.FONT["label"])
-            plotted, lows, highs, lacking = [], [], [], []
+            plotted, lows, highs, lacking, mark_strip = [], [], [], [], False
             for s in series:
                 for metric, linestyle in zip(metrics, ("-", "--")):
                     if metric == M.REWARD_SHAPED_MEAN and "reward" not in METHODS[s.method].hooks:
@@ -233,10 +247,13 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
                     if linestyle == "-":
                         handles.setdefault(style["label"], line)
                     if panel_title == TURN_OFF_PANEL and turned_off[s]:
-                        at = dict(zip(data["step"], data["mean"]))
-                        marked = [step for step in turned_off[s] if step in at]
-                        ax.plot(marked, [at[step] for step in marked], linestyle="none", marker="x",
-                                color="#222222", markersize=8, markeredgewidth=1.6, zorder=4)
+                        # in a strip along the bottom of the panel (below every data point, inside the axes):
+                        # a × on the point itself would hide it, one on the axis line is cut in half
+                        marked = [step for step in turned_off[s] if step in data["step"]]
+                        ax.plot(marked, [MARK_STRIP_Y] * len(marked), linestyle="none", marker="x",
+                                color="#222222", markersize=7, markeredgewidth=1.4, zorder=4,
+                                transform=ax.get_xaxis_transform(), clip_on=False)
+                        mark_strip = True
                     lo = [m - e if e is not None else m for m, e in zip(data["mean"], data["sem"])]
                     hi = [m + e if e is not None else m for m, e in zip(data["mean"], data["sem"])]
                     if any(e is not None for e in data["sem"]):
@@ -251,7 +268,10 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
                 ax.set_xlabel("step")
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
                 ax.tick_params(axis="both", labelsize=S.FONT["tick"])
-                ax.set_ylim(*(S._adaptive_ylim if panel_title in BOUNDED_PANELS else _readable_ylim)(lows, highs))
+                low, high = (S._adaptive_ylim if panel_title in BOUNDED_PANELS else _readable_ylim)(lows, highs)
+                if mark_strip:  # room below the data for the strip of × marks
+                    low = min(low, min(lows) - MARK_STRIP_ROOM * (high - min(lows)) / (1 - MARK_STRIP_ROOM))
+                ax.set_ylim(low, high)
             panels_record.append({"title": panel_title, "metrics": list(metrics), "series": plotted,
                                   "runs_without_metric": sorted(set(lacking))})
         if handles:
