@@ -378,6 +378,25 @@ def test_k_efficiency_figure_draws_the_bootstrap_intervals(tmp_path):
     assert any("RepExp (dim=32, β=0.1) at k = 2, 4, 8, 16: does not reach" in n for n in record["notes"])
     assert panel["ylim"][0] < 1.0 < panel["ylim"][1]
 
+    # issue 39: the two points' markers at one k stay apart (the ▽ on the edge too), and every legend entry shows
+    # a marker the plot has in that colour (β = 0.1 is all ▽: its legend is a ▽, not a square never drawn)
+    table = aggregate.read_table(tmp_path / "agg" / "pass_at_k.csv")
+    fig, _ = figures.plot_k_efficiency(by_k, table)
+    fig.canvas.draw()
+    (ax,) = [a for a in fig.axes if a.get_xlabel()]
+    drawn = [(line.get_marker(), line.get_color(), x, y) for line in ax.get_lines() if line.get_marker() not in
+             ("None", None, "", "_") and len(line.get_xdata()) == 1  # points, not error-bar caps (_)
+             for x, y in zip(line.get_xdata(), line.get_ydata())]
+    pixels = {}
+    for marker, color, x, y in drawn:
+        pixels.setdefault(x and round(math.log2(x)), []).append(ax.transData.transform((x, y)))
+    for at_k in pixels.values():  # markers are 6 pt wide (≈ 17 px at 200 dpi): centres at least that far apart
+        for i, a in enumerate(at_k):
+            assert all(np.hypot(*(a - b)) >= 6 * 200 / 72 for b in at_k[i + 1:]), at_k
+    legend = [h for sub in fig.subfigs for lg in sub.legends for h in lg.legend_handles if h.get_marker() != "None"]
+    assert legend and all((h.get_marker(), h.get_color()) in {(m, c) for m, c, _, _ in drawn} for h in legend)
+    plt.close(fig)
+
 
 def test_bad_inputs_fail_clearly(tmp_path, capsys):
     code = cli.main(["figures", "--table", str(tmp_path / "none.csv"), "--out-dir", str(tmp_path / "f")])
@@ -627,6 +646,27 @@ def test_a_bonus_switched_off_at_most_steps_is_said_not_marked(tmp_path):
     assert [list(line.get_xdata()) for line in panel.get_lines() if line.get_marker() == "x"] == [[3, 7]]
     assert not any("at most steps" in note for note in record["notes"])
     plt.close(fig)
+
+
+def test_a_k_efficiency_interval_of_one_value_is_said(tmp_path):
+    """Issue 39: the README run's RepExp equals GRPO in every bootstrap replicate (identical samples): its
+    intervals are [1×, 1×], bars of no length; the figure says so instead of promising bars it cannot draw."""
+    from repexp import passk
+
+    n, ks, counts = 16, passk.power_of_two_ks(16), np.arange(30) % 5
+    mean, _ = passk.summarize(passk.pass_at_k(np.full(30, n), counts, ks))
+    for run in ("verl_grpo_s42", "verl_repexp_k32_b0.01_s42"):  # the same samples
+        write_eval(tmp_path / "eval", "math", run, dict(zip(ks, mean.tolist())), n=n)
+        path = tmp_path / "eval" / "math" / run / "eval.json"
+        data = json.loads(path.read_text())
+        data["per_problem"] = [{"problem_id": f"p{i}", "n": n, "c": int(c)} for i, c in enumerate(counts)]
+        path.write_text(json.dumps(data))
+    assert cli.main(["aggregate", "--eval-dir", str(tmp_path / "eval"), "--out-dir", str(tmp_path / "agg")]) == 0
+    by_k = aggregate.read_k_efficiency(tmp_path / "agg" / "k_efficiency_by_k.csv")
+    assert (by_k.efficiency_lo == by_k.efficiency_hi).all()
+    _, record = figures.plot_k_efficiency(by_k, aggregate.read_table(tmp_path / "agg" / "pass_at_k.csv"))
+    assert any("the 95% bootstrap interval is a single value" in note and "no bar to draw" in note
+               for note in record["notes"]), record["notes"]
 
 
 def test_a_grpo_dev_curve_hidden_under_repexps_for_some_steps_is_said(tmp_path):
