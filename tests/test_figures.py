@@ -602,7 +602,7 @@ def test_training_figure_scales_marks_switched_off_bonus_and_shows_both_reward_s
         run["actor/entropy"] = {s: 1.0 - 0.1 * s for s in range(1, 6)}
     fig, record = figures.plot_dynamics(curves, "math", "verl", specs=specs, source="metrics.jsonl")
     assert any("policy entropy: RepExp = GRPO at every step" in note for note in record["notes"]), record["notes"]
-    entropy = {line.get_color(): line for line in fig.axes[0].get_lines()}
+    entropy = {line.get_color(): line for line in fig.axes[0].get_lines() if line.get_linestyle() != ":"}  # no band edge
     assert sorted(line.get_linestyle() for line in entropy.values()) == ["-", "--"]
 
 
@@ -681,3 +681,45 @@ def test_a_grpo_dev_curve_hidden_under_repexps_for_some_steps_is_said(tmp_path):
     curves = {path: {"dev/pass_at_1": {0: 0.1, 10: 0.25 + 0.05 * ("repexp" in path), 20: 0.4}} for path in curves}
     _, record = figures.plot_training(curves, "math", "verl", specs=specs, source="metrics.jsonl")
     assert not any("under it" in note for note in record["notes"])  # equal at single steps only: nothing hidden
+
+
+def test_training_panels_keep_collapsed_and_small_curves_readable(tmp_path):
+    """Issue 39 (the pilot's figures): entropy collapsing from 2 to 0.1 and β = 0.1's scaled bonus (10× β = 0.01's)
+    are drawn on log axes, so the comparison after the collapse and β = 0.01's curve fill the panel instead of
+    its bottom edge; every SEM band has its edges drawn in its series' colour (overlapping fills blend); the
+    reward panel, two lines per series, draws no bands and says so."""
+    from matplotlib.collections import PolyCollection
+    from matplotlib.colors import to_hex
+
+    two_betas = {**CONFIG, "sweep": {**CONFIG["sweep"], "betas": [0.01, 0.1]}}
+    specs = [s for s in sweep_runs(load_config(two_betas)) if s.task == "math" and s.trains]
+    steps = range(1, 41)
+    curves = {}
+    for spec in specs:
+        beta, wobble = (spec.param_dict.get("beta") if spec.method == "repexp" else None), 0.01 * (spec.seed - 41)
+        floor = 0.1 if spec.method == "grpo" else 0.3
+        run = {"actor/entropy": {t: floor + 1.9 * math.exp(-t / 4) + wobble for t in steps},
+               "reward/verifier/mean": {t: 0.3 + wobble for t in steps}, "reward/shaped/mean": {t: 0.31 for t in steps}}
+        if beta:
+            run["repexp/bonus_scaled/mean"] = {t: beta * (0.2 + wobble) for t in steps}
+        curves[spec.path] = run
+    fig, record = figures.plot_dynamics(curves, "math", "verl", specs=specs, source="metrics.jsonl")
+    entropy = fig.axes[0]
+    assert entropy.get_yscale() == "log"
+    low, high = (math.log10(v) for v in entropy.get_ylim())
+    late = [math.log10(y) for line in entropy.get_lines() if line.get_linestyle() == "-"
+            for x, y in zip(line.get_xdata(), line.get_ydata()) if x > 15]
+    assert (max(late) - min(late)) / (high - low) > 0.3  # not squeezed into the bottom fifth
+    for line in [ln for ln in entropy.get_lines() if ln.get_linestyle() == "-" and len(ln.get_xdata()) > 1]:
+        edges = [ln for ln in entropy.get_lines() if ln.get_linestyle() == ":"
+                 and to_hex(ln.get_color()) == to_hex(line.get_color())]
+        assert len(edges) == 2, line.get_color()  # the band's two edges, in the series' colour
+    plt.close(fig)
+    fig, record = figures.plot_training(curves, "math", "verl", specs=specs, source="metrics.jsonl")
+    axes = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
+    scaled = axes["bonus (× β), mean"]
+    assert scaled.get_yscale() == "log"  # β = 0.01's curve is not flattened by β = 0.1's ten times larger one
+    reward = axes["reward: shaped (—) vs verifier (- -)"]
+    assert not [c for c in reward.collections if isinstance(c, PolyCollection)]  # no bands among six lines
+    assert any("reward: shaped (—) vs verifier (- -): seed means without ±1 SEM bands" in n for n in record["notes"])
+    plt.close(fig)
