@@ -196,7 +196,8 @@ def dev_curve(entry: dict[str, Any]) -> dict[str, dict[int, float]]:
 
 def testtime_curves(result: dict[str, Any]) -> dict[str, dict[int, float]]:
     """pass@k against k (every k of the run) of one `testtime.json`, in RepExp's order and in random order."""
-    return {testtime_pass_at_k_curve(order): {int(k): float(v) for k, v in zip(result["k"], result[f"pass_at_k_{order}"])
+    return {testtime_pass_at_k_curve(order): {int(k): float(v) for k, v in zip(result["k"],
+                                                                               result[f"pass_at_k_{order}"])
                                               if v is not None}
             for order in ("repexp", "random")}
 

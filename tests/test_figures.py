@@ -388,7 +388,7 @@ def test_k_efficiency_figure_draws_the_bootstrap_intervals(tmp_path):
              ("None", None, "", "_") and len(line.get_xdata()) == 1  # points, not error-bar caps (_)
              for x, y in zip(line.get_xdata(), line.get_ydata())]
     pixels = {}
-    for marker, color, x, y in drawn:
+    for _, _, x, y in drawn:
         pixels.setdefault(x and round(math.log2(x)), []).append(ax.transData.transform((x, y)))
     for at_k in pixels.values():  # markers are 6 pt wide (≈ 17 px at 200 dpi): centres at least that far apart
         for i, a in enumerate(at_k):
@@ -581,7 +581,8 @@ def test_training_figure_scales_marks_switched_off_bonus_and_shows_both_reward_s
     # in a strip inside the axes below every data point (issue 39): it hides no point, the axis line cuts none
     panel = axes["bonus (× β), mean"]
     low, high = panel.get_ylim()
-    points = [(y - low) / (high - low) for line in panel.get_lines() if line.get_marker() != "x" for y in line.get_ydata()]
+    points = [(y - low) / (high - low) for line in panel.get_lines() if line.get_marker() != "x"
+              for y in line.get_ydata()]
     (mark_y,) = set(marks[0].get_ydata())
     assert marks[0].get_transform() == panel.get_xaxis_transform()  # y in axes fractions
     assert 0.03 < mark_y < min(points) - 0.04, (mark_y, min(points))
@@ -602,7 +603,8 @@ def test_training_figure_scales_marks_switched_off_bonus_and_shows_both_reward_s
         run["actor/entropy"] = {s: 1.0 - 0.1 * s for s in range(1, 6)}
     fig, record = figures.plot_dynamics(curves, "math", "verl", specs=specs, source="metrics.jsonl")
     assert any("policy entropy: RepExp = GRPO at every step" in note for note in record["notes"]), record["notes"]
-    entropy = {line.get_color(): line for line in fig.axes[0].get_lines() if line.get_linestyle() != ":"}  # no band edge
+    # the lines, not the bands' dotted edges
+    entropy = {line.get_color(): line for line in fig.axes[0].get_lines() if line.get_linestyle() != ":"}
     assert sorted(line.get_linestyle() for line in entropy.values()) == ["-", "--"]
 
 

@@ -212,8 +212,9 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
         turned_off[s] = off
     if any(title == TURN_OFF_PANEL for title, _ in panels):
         if any(turned_off.values()):
-            notes.append(f"{TURN_OFF_PANEL}: × along the bottom marks steps where the bonus was switched off in some groups "
-                         f"({M.BONUS_TURNED_OFF} > 0, the bonus.turn_off_if_* rules): the mean dips there by design")
+            notes.append(f"{TURN_OFF_PANEL}: × along the bottom marks steps where the bonus was switched off in "
+                         f"some groups ({M.BONUS_TURNED_OFF} > 0, the bonus.turn_off_if_* rules): the mean dips there "
+                         "by design")
         if dense:
             notes.append(f"{TURN_OFF_PANEL}: the bonus was switched off in some groups at most steps "
                          f"({'; '.join(dense)}; {M.BONUS_TURNED_OFF} > 0, the bonus.turn_off_if_* rules), so the "
