@@ -360,6 +360,26 @@ def test_eval_outputs_log_one_metric_per_k_the_curve_and_the_dataset(store, tmp_
     assert {t.key: t.value for t in dataset.tags} == {"mlflow.data.context": "evaluation"}
 
 
+def test_select_and_testtime_results_carry_pass_at_k_against_k(tmp_path):
+    """Issue 39: the select node logs the selected checkpoint's dev pass@k at step = k, the testtime node both
+    orders' pass@k at step = k (MLflow's line chart of each is the curve against k)."""
+    from repexp import checkpoints
+    from repexp.metrics import testtime_curves
+
+    run_dir = tmp_path / "run"
+    history = [{"step": 0, "dev/pass_at_1": 0.1, "dev/pass_at_2": 0.2, "dev/pass_at_4": 0.3},
+               {"step": 2, "dev/pass_at_1": 0.4, "dev/pass_at_2": 0.5, "dev/pass_at_4": 0.6}]
+    checkpoint = run_dir / "checkpoints" / "global_step_2"
+    checkpoint.mkdir(parents=True)
+    (run_dir / "best_dev.json").write_text(json.dumps({"best_step": 2, "best_value": 0.4, "history": history}))
+    curves = checkpoints._selected_dev_curve(run_dir, 2)
+    assert curves == {metric_names.pass_at_k_curve("dev"): {1: 0.4, 2: 0.5, 4: 0.6}}
+    assert checkpoints._selected_dev_curve(run_dir, 7) == {}  # no dev evaluation of that step: nothing
+    result = {"k": [1, 2, 3], "pass_at_k_repexp": [0.2, 0.5, 0.6], "pass_at_k_random": [0.1, 0.3, 0.6]}
+    assert testtime_curves(result) == {"testtime/pass_at_k_repexp": {1: 0.2, 2: 0.5, 3: 0.6},
+                                       "testtime/pass_at_k_random": {1: 0.1, 2: 0.3, 3: 0.6}}
+
+
 def test_train_and_eval_nodes_log_mlflow_system_metrics(store, monkeypatch):
     cfg, uri = store
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
@@ -669,9 +689,10 @@ def test_repexp_mlflow_ui_opens_the_eval_runs_by_pass_at_n_with_their_params(tmp
             # one method, one colour (MLflow may add an alpha channel to a trace's colour: #rrggbbaa)
             assert line["color"].lower()[:7] == methods.color(spec.method).lower()
         assert len({s["color"][:7] for s in series}) == len({spec.method for spec in runs})
-        # the headline bars come right after the curves, before MLflow's own sections
+        # the sections in order: the curves, the headline bars, then MLflow's own (e.g. "test", "System metrics")
         text = driver.find_element("css selector", "body").text
-        assert text.index(ui.CURVES_SECTION) < text.index(ui.HEADLINE_SECTION) < text.index(metric)
+        sections = [text.index(f"\n{name}\n(") for name in (ui.CURVES_SECTION, ui.HEADLINE_SECTION, "test")]
+        assert sections == sorted(sections), text[-600:]
         driver.quit()
         # the runs table, wide enough that the grid renders every column of the view (it draws only those in view)
         driver = _browser_driver(chromium, chromedriver, "3600,1000", login)

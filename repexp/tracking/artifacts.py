@@ -10,7 +10,10 @@ results directory's `mlflow/artifacts` wherever it is now.
 Nodes log to the SQLite store without a server (offline). MLflow's own client resolves
 `mlflow-artifacts:` only against an HTTP tracking URI; `register` makes it resolve, for a SQLite
 tracking URI, to the same directory beside the database (`<results>/mlflow/artifacts/<path>`), the
-place the server serves it from. Any other tracking URI keeps MLflow's own repository.
+place the server serves it from. Any other tracking URI keeps MLflow's own repository. It is MLflow's
+`mlflow.artifact_repository` entry point of the package (pyproject.toml), so any MLflow client where repexp
+is installed reads a SQLite store's artifacts; `Store` also registers it (an install whose metadata
+predates the entry point).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ def local_path(tracking_uri: str, artifact_uri: str) -> Path:
     return database.parent / ARTIFACTS_DIR / urllib.parse.urlparse(artifact_uri).path.lstrip("/")
 
 
-def _repository(artifact_uri: str, tracking_uri: Optional[str] = None, registry_uri: Optional[str] = None):
+def repository(artifact_uri: str, tracking_uri: Optional[str] = None, registry_uri: Optional[str] = None):
     from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
     from mlflow.store.artifact.mlflow_artifacts_repo import MlflowArtifactsRepository
     from mlflow.tracking._tracking_service.utils import get_tracking_uri
@@ -47,4 +50,4 @@ def register() -> None:
     """Resolve `mlflow-artifacts:` for SQLite tracking URIs in this process (MLflow's repository otherwise)."""
     from mlflow.store.artifact.artifact_repository_registry import _artifact_repository_registry
 
-    _artifact_repository_registry.register(SCHEME, _repository)
+    _artifact_repository_registry.register(SCHEME, repository)
