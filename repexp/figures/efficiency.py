@@ -15,7 +15,7 @@ from repexp.figures.curves import series_styles
 from repexp.figures.series import Series, _series_sort_key, completeness_notes, series_from_row, table_specs
 
 # a point's markers are spread this far apart (in log2 k) so that the markers (and error bars) of several points
-# at one reference k stay apart, the ▽ of points on the bottom edge included (0.09 let them overlap)
+# at one reference k stay apart, the ▽ of points on the bottom edge included (6-pt markers, ~0.2 log2 k apart)
 DODGE_LOG2 = 0.24
 EDGE_MARKER = "v"  # the method does not reach GRPO's pass@ref within k ≤ ref: drawn on the bottom edge
 LOWER_BOUND_MARKER = "^"  # reached at the smallest k: the efficiency is a lower bound
