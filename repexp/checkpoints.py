@@ -313,7 +313,8 @@ def run(args: argparse.Namespace) -> int:
 
 def run_job(job):
     """Write the model pointer of a finished run (`repexp.jobs.SelectJob`: the workflow's and `repexp select`'s);
-    its node logs the pointer as `select.*` params and the best dev value at the selected step."""
+    its node logs the pointer as `select.*` params, the best dev value at the selected step and the selected
+    checkpoint's dev pass@k at step = k."""
     from repexp.jobs import StageResult
 
     try:
@@ -327,4 +328,14 @@ def run_job(job):
     write_json_atomic(job.out, pointer)
     print(f"selected step {pointer['checkpoint_step']} ({pointer['metric']} = {pointer['value']:.4f})", file=sys.stderr)
     return StageResult(params={f"select.{k}": v for k, v in pointer.items() if k not in ("value", "skipped")},
-                       metrics={metric_names.BEST_DEV_VALUE: pointer["value"]}, step=pointer["checkpoint_step"])
+                       metrics={metric_names.BEST_DEV_VALUE: pointer["value"]}, step=pointer["checkpoint_step"],
+                       curves=_selected_dev_curve(job.run_dir, pointer["checkpoint_step"]))
+
+
+def _selected_dev_curve(run_dir, step: int) -> dict:
+    """`dev/pass_at_k` against k of the selected step's dev evaluation (best_dev.json's history), if recorded."""
+    try:
+        history = read_json(Path(run_dir) / layout.BEST_DEV).get("history") or []
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return next((metric_names.dev_curve(entry) for entry in history if entry.get("step") == step), {})

@@ -35,7 +35,8 @@ DAPO_TASK = "dapo-with-aime24"  # the one task that reads data.dapo_source
 @dataclass
 class StageResult:
     """What a stage produced, for its node run: exit status, `metrics` (at `step`), params, input
-    datasets (repexp.tracking.outputs.dataset dicts) and tables ({artifact file: {column: values}})."""
+    datasets (repexp.tracking.outputs.dataset dicts), tables ({artifact file: {column: values}}) and
+    curves ({metric: {step: value}}: pass@k logged at step = k, which MLflow draws against k)."""
 
     code: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
@@ -43,6 +44,7 @@ class StageResult:
     params: dict[str, Any] = field(default_factory=dict)
     inputs: list[dict[str, Any]] = field(default_factory=list)
     tables: dict[str, dict[str, list]] = field(default_factory=dict)
+    curves: dict[str, dict[int, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,6 +9,12 @@ shows. MLflow forbids '@' in names, so pass@k is always `pass_at_<k>`, under its
                                        eval node runs (`eval_metrics` reads them from an eval.json);
                                        sweep-point parents (aggregate) for k = 1, 16, 256, n
     test/pass_at_k_curve.json          the full curve k = 1..n (an MLflow table on eval runs)
+    <split>/pass_at_k, <split>/pass_at_k_<grader>
+                                       pass@k against k: one metric whose step is k (every evaluated k), so
+                                       MLflow's line chart draws the curve; eval runs (test/, and the other
+                                       grader's `test/pass_at_k_<grader>`), select runs (dev/: the selected
+                                       checkpoint's dev curve)
+    testtime/pass_at_k_{repexp,random} the same for test-time RepExp's two orders (testtime runs)
     testtime/pass_at_<k>_repexp, testtime/pass_at_<k>_random, testtime/efficiency_at_<k>,
     testtime/samples_to_correct_{repexp,random,ratio}                    testtime node runs, parents
                                        (`testtime_metrics` reads them from a testtime.json)
@@ -60,6 +66,12 @@ def maj_at_k(split: str, k: int) -> str:
 def split_metric(split: str, name: str) -> str:
     """An eval scalar under its split: `test/mean_at_n`, `test/num_problems`, ..."""
     return f"{split}/{name}"
+
+
+def pass_at_k_curve(split: str, grader: Optional[str] = None) -> str:
+    """`test/pass_at_k`: pass@k logged at step = k, so MLflow draws it against k (the per-k metrics stay
+    for the runs table); `test/pass_at_k_paper`: under another grader than the eval's own."""
+    return f"{split}/pass_at_k" + (f"_{grader}" if grader else "")
 
 
 def pass_at_k_table(split: str) -> str:  # the full curve, k = 1..n (an MLflow table)
@@ -131,6 +143,11 @@ def testtime_pass_at_k(k: int, order: str) -> str:
     return f"{TESTTIME}/pass_at_{int(k)}_{order}"
 
 
+def testtime_pass_at_k_curve(order: str) -> str:
+    """`testtime/pass_at_k_repexp`: pass@k of the samples taken in `order`, at step = k."""
+    return f"{TESTTIME}/pass_at_k_{order}"
+
+
 _EVAL_SCALARS = ("mean_at_n", "num_problems", "mean_response_tokens", "truncated_fraction")
 
 
@@ -153,6 +170,36 @@ def eval_metrics(result: dict[str, Any]) -> dict[str, float]:
         scalars["n_samples"] = float(result["n_samples"])
     out.update({split_metric(split, name): value for name, value in scalars.items()})
     return out
+
+
+def _per_k(values: Any) -> dict[int, float]:
+    return {int(k): float(v) for k, v in sorted((values or {}).items(), key=lambda kv: int(kv[0])) if v is not None}
+
+
+def eval_curves(result: dict[str, Any]) -> dict[str, dict[int, float]]:
+    """pass@k against k of one `eval.json` ({metric: {k: value}}, logged at step = k): the eval's own
+    grader as `<split>/pass_at_k`, each other grader as `<split>/pass_at_k_<grader>`."""
+    split = result.get("split") or "test"
+    curves = {pass_at_k_curve(split): _per_k(result.get("pass_at_k"))}
+    for grader, curve in sorted((result.get("graders") or {}).items()):
+        if grader != result.get("grader"):
+            curves[pass_at_k_curve(split, grader)] = _per_k(curve.get("pass_at_k"))
+    return {name: curve for name, curve in curves.items() if curve}
+
+
+def dev_curve(entry: dict[str, Any]) -> dict[str, dict[int, float]]:
+    """`dev/pass_at_k` against k of one dev evaluation (a `best_dev.json` history entry)."""
+    found = {int(m.group(1)): float(v) for key, v in entry.items()
+             if (m := re.fullmatch(rf"{DEV}/pass_at_(\d+)", key)) and v is not None}
+    return {pass_at_k_curve(DEV): dict(sorted(found.items()))} if found else {}
+
+
+def testtime_curves(result: dict[str, Any]) -> dict[str, dict[int, float]]:
+    """pass@k against k (every k of the run) of one `testtime.json`, in RepExp's order and in random order."""
+    return {testtime_pass_at_k_curve(order): {int(k): float(v) for k, v in zip(result["k"],
+                                                                               result[f"pass_at_k_{order}"])
+                                              if v is not None}
+            for order in ("repexp", "random")}
 
 
 def testtime_metrics(result: dict[str, Any]) -> dict[str, float]:

@@ -15,6 +15,17 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _sqlite_artifacts_resolve():
+    """Tests read SQLite stores' artifacts (`mlflow-artifacts:` URIs) with plain MLflow clients; the package's
+    entry point makes them resolve (repexp.tracking.artifacts), which an install made before that entry point
+    lacks: registered here too (once per test process: importing MLflow's registry costs 2-3 s)."""
+    from repexp.tracking import artifacts
+
+    artifacts.register()
+    yield
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """The tiny model is overhead-bound; on a shared 2-core machine two OpenMP threads stall each

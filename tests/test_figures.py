@@ -130,6 +130,7 @@ def test_pass_at_k_curves_are_seed_means_with_sem_bands(rendered):
     assert base["sem"] is None and base["band"] is None
     np.testing.assert_allclose(base["mean"], [MATH_BASE + 0.05 * math.log2(k) for k in KS])
     assert "±1 SEM band across seeds" in record["caption"]
+    assert "Shaded bands: ±1 SEM across seeds (ddof 1)." in record["notes"]  # on the figure too (issue 39)
 
 
 def test_axes_hold_the_plotted_values_and_limits_adapt(table, expected):
@@ -377,6 +378,25 @@ def test_k_efficiency_figure_draws_the_bootstrap_intervals(tmp_path):
     assert any("RepExp (dim=32, β=0.1) at k = 2, 4, 8, 16: does not reach" in n for n in record["notes"])
     assert panel["ylim"][0] < 1.0 < panel["ylim"][1]
 
+    # issue 39: the two points' markers at one k stay apart (the ▽ on the edge too), and every legend entry shows
+    # a marker the plot has in that colour (β = 0.1 is all ▽: its legend is a ▽, not a square never drawn)
+    table = aggregate.read_table(tmp_path / "agg" / "pass_at_k.csv")
+    fig, _ = figures.plot_k_efficiency(by_k, table)
+    fig.canvas.draw()
+    (ax,) = [a for a in fig.axes if a.get_xlabel()]
+    drawn = [(line.get_marker(), line.get_color(), x, y) for line in ax.get_lines() if line.get_marker() not in
+             ("None", None, "", "_") and len(line.get_xdata()) == 1  # points, not error-bar caps (_)
+             for x, y in zip(line.get_xdata(), line.get_ydata())]
+    pixels = {}
+    for _, _, x, y in drawn:
+        pixels.setdefault(x and round(math.log2(x)), []).append(ax.transData.transform((x, y)))
+    for at_k in pixels.values():  # markers are 6 pt wide (≈ 17 px at 200 dpi): centres at least that far apart
+        for i, a in enumerate(at_k):
+            assert all(np.hypot(*(a - b)) >= 6 * 200 / 72 for b in at_k[i + 1:]), at_k
+    legend = [h for sub in fig.subfigs for lg in sub.legends for h in lg.legend_handles if h.get_marker() != "None"]
+    assert legend and all((h.get_marker(), h.get_color()) in {(m, c) for m, c, _, _ in drawn} for h in legend)
+    plt.close(fig)
+
 
 def test_bad_inputs_fail_clearly(tmp_path, capsys):
     code = cli.main(["figures", "--table", str(tmp_path / "none.csv"), "--out-dir", str(tmp_path / "f")])
@@ -555,9 +575,17 @@ def test_training_figure_scales_marks_switched_off_bonus_and_shows_both_reward_s
     axes = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
     low, high = axes["bonus (raw), mean"].get_ylim()
     assert high - low >= 0.05 * 0.875 * 0.99  # noise of 1.5e-4 is drawn nearly flat, not axis-filling
-    assert any("× marks steps where the bonus was switched off" in note for note in record["notes"])
+    assert any("× along the bottom marks steps where the bonus was switched off" in note for note in record["notes"])
     marks = [line for line in axes["bonus (× β), mean"].get_lines() if line.get_marker() == "x"]
     assert marks and list(marks[0].get_xdata()) == [3]
+    # in a strip inside the axes below every data point (issue 39): it hides no point, the axis line cuts none
+    panel = axes["bonus (× β), mean"]
+    low, high = panel.get_ylim()
+    points = [(y - low) / (high - low) for line in panel.get_lines() if line.get_marker() != "x"
+              for y in line.get_ydata()]
+    (mark_y,) = set(marks[0].get_ydata())
+    assert marks[0].get_transform() == panel.get_xaxis_transform()  # y in axes fractions
+    assert 0.03 < mark_y < min(points) - 0.04, (mark_y, min(points))
     reward = axes["reward: shaped (—) vs verifier (- -)"].get_lines()
     dashed = [line for line in reward if line.get_linestyle() == "--"]
     assert dashed and all(d.get_zorder() > s.get_zorder() for d in dashed for s in reward if s.get_linestyle() == "-")
@@ -575,7 +603,8 @@ def test_training_figure_scales_marks_switched_off_bonus_and_shows_both_reward_s
         run["actor/entropy"] = {s: 1.0 - 0.1 * s for s in range(1, 6)}
     fig, record = figures.plot_dynamics(curves, "math", "verl", specs=specs, source="metrics.jsonl")
     assert any("policy entropy: RepExp = GRPO at every step" in note for note in record["notes"]), record["notes"]
-    entropy = {line.get_color(): line for line in fig.axes[0].get_lines()}
+    # the lines, not the bands' dotted edges
+    entropy = {line.get_color(): line for line in fig.axes[0].get_lines() if line.get_linestyle() != ":"}
     assert sorted(line.get_linestyle() for line in entropy.values()) == ["-", "--"]
 
 
@@ -618,4 +647,81 @@ def test_a_bonus_switched_off_at_most_steps_is_said_not_marked(tmp_path):
     panel = next(ax for ax in fig.axes if ax.get_title() == "bonus (× β), mean")
     assert [list(line.get_xdata()) for line in panel.get_lines() if line.get_marker() == "x"] == [[3, 7]]
     assert not any("at most steps" in note for note in record["notes"])
+    plt.close(fig)
+
+
+def test_a_k_efficiency_interval_of_one_value_is_said(tmp_path):
+    """Issue 39: the README run's RepExp equals GRPO in every bootstrap replicate (identical samples): its
+    intervals are [1×, 1×], bars of no length; the figure says so instead of promising bars it cannot draw."""
+    from repexp import passk
+
+    n, ks, counts = 16, passk.power_of_two_ks(16), np.arange(30) % 5
+    mean, _ = passk.summarize(passk.pass_at_k(np.full(30, n), counts, ks))
+    for run in ("verl_grpo_s42", "verl_repexp_k32_b0.01_s42"):  # the same samples
+        write_eval(tmp_path / "eval", "math", run, dict(zip(ks, mean.tolist())), n=n)
+        path = tmp_path / "eval" / "math" / run / "eval.json"
+        data = json.loads(path.read_text())
+        data["per_problem"] = [{"problem_id": f"p{i}", "n": n, "c": int(c)} for i, c in enumerate(counts)]
+        path.write_text(json.dumps(data))
+    assert cli.main(["aggregate", "--eval-dir", str(tmp_path / "eval"), "--out-dir", str(tmp_path / "agg")]) == 0
+    by_k = aggregate.read_k_efficiency(tmp_path / "agg" / "k_efficiency_by_k.csv")
+    assert (by_k.efficiency_lo == by_k.efficiency_hi).all()
+    _, record = figures.plot_k_efficiency(by_k, aggregate.read_table(tmp_path / "agg" / "pass_at_k.csv"))
+    assert any("the 95% bootstrap interval is a single value" in note and "no bar to draw" in note
+               for note in record["notes"]), record["notes"]
+
+
+def test_a_grpo_dev_curve_hidden_under_repexps_for_some_steps_is_said(tmp_path):
+    """Issue 39: GRPO's line is drawn under RepExp's; where the two are equal over adjacent steps (the README
+    run's dev pass@1 at steps 0 and 2), that stretch of GRPO is hidden, and the figure says so."""
+    specs = [s for s in sweep_runs(load_config(CONFIG)) if s.task == "math" and s.trains]
+    curves = {spec.path: {"dev/pass_at_1": {0: 0.1, 10: 0.25, 20: 0.44 if spec.method == "repexp" else 0.41}}
+              for spec in specs}
+    _, record = figures.plot_training(curves, "math", "verl", specs=specs, source="metrics.jsonl")
+    assert "dev pass@1: GRPO = RepExp at steps 0, 10 (to 0.2% of the values): GRPO's line is under it there" in (
+        record["notes"]), record["notes"]
+    curves = {path: {"dev/pass_at_1": {0: 0.1, 10: 0.25 + 0.05 * ("repexp" in path), 20: 0.4}} for path in curves}
+    _, record = figures.plot_training(curves, "math", "verl", specs=specs, source="metrics.jsonl")
+    assert not any("under it" in note for note in record["notes"])  # equal at single steps only: nothing hidden
+
+
+def test_training_panels_keep_collapsed_and_small_curves_readable(tmp_path):
+    """Issue 39 (the pilot's figures): entropy collapsing from 2 to 0.1 and β = 0.1's scaled bonus (10× β = 0.01's)
+    are drawn on log axes, so the comparison after the collapse and β = 0.01's curve fill the panel instead of
+    its bottom edge; every SEM band has its edges drawn in its series' colour (overlapping fills blend); the
+    reward panel, two lines per series, draws no bands and says so."""
+    from matplotlib.collections import PolyCollection
+    from matplotlib.colors import to_hex
+
+    two_betas = {**CONFIG, "sweep": {**CONFIG["sweep"], "betas": [0.01, 0.1]}}
+    specs = [s for s in sweep_runs(load_config(two_betas)) if s.task == "math" and s.trains]
+    steps = range(1, 41)
+    curves = {}
+    for spec in specs:
+        beta, wobble = (spec.param_dict.get("beta") if spec.method == "repexp" else None), 0.01 * (spec.seed - 41)
+        floor = 0.1 if spec.method == "grpo" else 0.3
+        run = {"actor/entropy": {t: floor + 1.9 * math.exp(-t / 4) + wobble for t in steps},
+               "reward/verifier/mean": {t: 0.3 + wobble for t in steps}, "reward/shaped/mean": {t: 0.31 for t in steps}}
+        if beta:
+            run["repexp/bonus_scaled/mean"] = {t: beta * (0.2 + wobble) for t in steps}
+        curves[spec.path] = run
+    fig, record = figures.plot_dynamics(curves, "math", "verl", specs=specs, source="metrics.jsonl")
+    entropy = fig.axes[0]
+    assert entropy.get_yscale() == "log"
+    low, high = (math.log10(v) for v in entropy.get_ylim())
+    late = [math.log10(y) for line in entropy.get_lines() if line.get_linestyle() == "-"
+            for x, y in zip(line.get_xdata(), line.get_ydata()) if x > 15]
+    assert (max(late) - min(late)) / (high - low) > 0.3  # not squeezed into the bottom fifth
+    for line in [ln for ln in entropy.get_lines() if ln.get_linestyle() == "-" and len(ln.get_xdata()) > 1]:
+        edges = [ln for ln in entropy.get_lines() if ln.get_linestyle() == ":"
+                 and to_hex(ln.get_color()) == to_hex(line.get_color())]
+        assert len(edges) == 2, line.get_color()  # the band's two edges, in the series' colour
+    plt.close(fig)
+    fig, record = figures.plot_training(curves, "math", "verl", specs=specs, source="metrics.jsonl")
+    axes = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
+    scaled = axes["bonus (× β), mean"]
+    assert scaled.get_yscale() == "log"  # β = 0.01's curve is not flattened by β = 0.1's ten times larger one
+    reward = axes["reward: shaped (—) vs verifier (- -)"]
+    assert not [c for c in reward.collections if isinstance(c, PolyCollection)]  # no bands among six lines
+    assert any("reward: shaped (—) vs verifier (- -): seed means without ±1 SEM bands" in n for n in record["notes"])
     plt.close(fig)

@@ -223,4 +223,6 @@ def test_auto_binds_the_address_jobs_are_given_and_no_other_interface():
     assert server.bind_address("10.1.2.3") == "10.1.2.3"
     # a cluster-facing address: MLflow must accept this host's names and the address in Host headers
     assert "10.1.2.3:*" in server.allowed_hosts("10.1.2.3", "10.1.2.3").split(",")
-    assert server.allowed_hosts("127.0.0.1", "127.0.0.1") is None
+    # loopback: MLflow's own names and the one browser links use (server.browser_link)
+    assert set(server.allowed_hosts("127.0.0.1", "127.0.0.1").split(",")) >= {
+        "localhost:*", "127.0.0.1:*", f"{server.BROWSER_LOOPBACK_NAME}:*"}

@@ -213,9 +213,12 @@ def test_unreachable_server_writes_the_outbox_and_sync_uploads_exactly_once(tmp_
     history = client.get_metric_history(eval_run.info.run_id, "pass_at_k")
     assert sorted((m.step, m.value) for m in history) == [(1, 0.5), (2, 0.75)]  # no duplicated points
     assert eval_run.data.params == {"cmd.n-samples": "4", "method": "base", "task": "gsm8k"}  # the base model has no β
-    # artifacts land next to the target store's database, never in the cwd's ./mlruns
+    # artifacts land next to the target store's database, never in the cwd's ./mlruns, and are recorded
+    # relative to it (mlflow-artifacts:, what a server of the results directory serves wherever it is)
     location = client.get_experiment_by_name("track-test").artifact_location
-    assert location == (tmp_path / "store" / "mlflow" / "artifacts").resolve().as_uri()
+    assert location == "mlflow-artifacts:/" and eval_run.info.artifact_uri.startswith(location)
+    stored = tmp_path / "store" / "mlflow" / "artifacts" / eval_run.info.run_id / "artifacts" / "eval.json"
+    assert stored.read_text() == '{"pass_at_k": {"1": 0.5}}\n'
     local = client.download_artifacts(eval_run.info.run_id, "eval.json", str(tmp_path / "dl"))
     assert Path(local).read_text() == '{"pass_at_k": {"1": 0.5}}\n'
 
@@ -321,6 +324,9 @@ def test_eval_outputs_log_one_metric_per_k_the_curve_and_the_dataset(store, tmp_
                                                                        "sha256": "ab" * 32}}}))
     result = eval_result(problem_ids=["a", "b"], scores=[[1, 0, 0, 0], [1, 1, 1, 0]], answers=None,
                          metadata={"split": "test", "data_path": str(data / "test.parquet")})
+    other = {k: v / 2 for k, v in result["pass_at_k"].items()}  # both graders' curves, as the runner writes them
+    result |= {"grader": "repexp",
+               "graders": {"repexp": {"pass_at_k": result["pass_at_k"]}, "paper": {"pass_at_k": other}}}
     path = tmp_path / "eval" / "eval.json"
     path.parent.mkdir()
     path.write_text(json.dumps(result))
@@ -336,6 +342,12 @@ def test_eval_outputs_log_one_metric_per_k_the_curve_and_the_dataset(store, tmp_
         f"test/pass_at_{k}": v for k, v in result["pass_at_k"].items()}
     assert run.data.metrics["test/mean_at_n"] == result["mean_at_n"] and run.data.metrics["test/num_problems"] == 2
     assert "test/pass_at_4_sem" in run.data.metrics
+    # pass@k against k: one metric per grader whose step is k, which MLflow's line chart draws as the curve
+    others = [g for g in result["graders"] if g != result["grader"]]
+    for name, grader in ((metric_names.pass_at_k_curve("test"), result["grader"]),
+                         *((metric_names.pass_at_k_curve("test", g), g) for g in others)):
+        history = sorted((m.step, m.value) for m in client.get_metric_history(node.run_id, name))
+        assert history == [(int(k), pytest.approx(v)) for k, v in result["graders"][grader]["pass_at_k"].items()]
     assert sorted(a.path for a in client.list_artifacts(node.run_id)) == ["eval.json", "test"]
     local = client.download_artifacts(node.run_id, "test/pass_at_k_curve.json", str(tmp_path / "dl"))
     table = json.loads(Path(local).read_text())  # MLflow's table format (pandas "split")
@@ -346,6 +358,26 @@ def test_eval_outputs_log_one_metric_per_k_the_curve_and_the_dataset(store, tmp_
     (dataset,) = run.inputs.dataset_inputs
     assert dataset.dataset.name == "gsm8k/test" and dataset.dataset.digest == "ab" * 8
     assert {t.key: t.value for t in dataset.tags} == {"mlflow.data.context": "evaluation"}
+
+
+def test_select_and_testtime_results_carry_pass_at_k_against_k(tmp_path):
+    """Issue 39: the select node logs the selected checkpoint's dev pass@k at step = k, the testtime node both
+    orders' pass@k at step = k (MLflow's line chart of each is the curve against k)."""
+    from repexp import checkpoints
+    from repexp.metrics import testtime_curves
+
+    run_dir = tmp_path / "run"
+    history = [{"step": 0, "dev/pass_at_1": 0.1, "dev/pass_at_2": 0.2, "dev/pass_at_4": 0.3},
+               {"step": 2, "dev/pass_at_1": 0.4, "dev/pass_at_2": 0.5, "dev/pass_at_4": 0.6}]
+    checkpoint = run_dir / "checkpoints" / "global_step_2"
+    checkpoint.mkdir(parents=True)
+    (run_dir / "best_dev.json").write_text(json.dumps({"best_step": 2, "best_value": 0.4, "history": history}))
+    curves = checkpoints._selected_dev_curve(run_dir, 2)
+    assert curves == {metric_names.pass_at_k_curve("dev"): {1: 0.4, 2: 0.5, 4: 0.6}}
+    assert checkpoints._selected_dev_curve(run_dir, 7) == {}  # no dev evaluation of that step: nothing
+    result = {"k": [1, 2, 3], "pass_at_k_repexp": [0.2, 0.5, 0.6], "pass_at_k_random": [0.1, 0.3, 0.6]}
+    assert testtime_curves(result) == {"testtime/pass_at_k_repexp": {1: 0.2, 2: 0.5, 3: 0.6},
+                                       "testtime/pass_at_k_random": {1: 0.1, 2: 0.3, 3: 0.6}}
 
 
 def test_train_and_eval_nodes_log_mlflow_system_metrics(store, monkeypatch):
@@ -536,69 +568,137 @@ def _ui_table(driver, columns: dict[str, str]) -> tuple[list[str], list[dict]]:
     return order, [rows[i] for i in sorted(rows)]
 
 
+def _chart_series(driver, metric: str) -> list[dict]:
+    """The series the chart view draws in its chart of `metric` (the card titled so), as Plotly holds them:
+    [{name, x, y, color}], waiting until it is drawn."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    script = """
+      const cards = [...document.querySelectorAll('.js-plotly-plot')].filter(plot => {
+        let node = plot;
+        for (let i = 0; i < 12 && node; i++, node = node.parentElement) {
+          const leaves = [...node.querySelectorAll('*')].filter(e => e.children.length === 0);
+          if (leaves.some(e => e.textContent === arguments[0])) return true;
+        }
+        return false;
+      });
+      if (cards.length === 0) return null;
+      return (cards[0].data || []).map(t => ({name: t.name || '', x: Array.from(t.x || []), y: Array.from(t.y || []),
+                                               color: (t.line && t.line.color) || (t.marker && t.marker.color) || ''}));
+    """
+    return WebDriverWait(driver, 120).until(lambda d: d.execute_script(script, metric) or None)
+
+
+def _browser_driver(chromium: str, chromedriver: str, size: str, login: dict):
+    from selenium import webdriver
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", f"--window-size={size}"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=webdriver.ChromeService(chromedriver), options=options)
+    # the server requires the results directory's login (issue 27, item 5): the browser sends it on every request,
+    # as a user's browser does once the login prompt was answered
+    import base64
+
+    basic = "Basic " + base64.b64encode(f"{login['username']}:{login['password']}".encode()).decode()
+    driver.execute_cdp_cmd("Network.enable", {})
+    driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {"Authorization": basic}})
+    driver.implicitly_wait(5)
+    return driver
+
+
+def _keep_screenshot(driver, tmp_path: Path, name: str) -> None:
+    screenshot = tmp_path / name
+    driver.save_screenshot(str(screenshot))
+    kept = Path(os.environ.get(ARTIFACTS_ENV) or ARTIFACTS_DEFAULT)
+    kept.mkdir(parents=True, exist_ok=True)
+    shutil.copy(screenshot, kept / name)
+
+
 @pytest.mark.slow
 def test_repexp_mlflow_ui_opens_the_eval_runs_by_pass_at_n_with_their_params(tmp_path_factory, tmp_path):
-    """Issue 25, item 1: the link `repexp mlflow ui` prints opens, in a fresh headless Chromium (no
-    local storage: nothing of an earlier visit), the runs table of the eval runs sorted by
-    test/pass_at_<n>, with task, method, β, sparse_dim and seed shown, on first load and with no click."""
-    import base64
+    """Issues 25 (item 1) and 39 (items 1, 3, 5): the link `repexp mlflow ui` prints opens, in a fresh headless
+    Chromium at 1440×900 (no local storage: nothing of an earlier visit), the chart view of the eval runs with
+    pass@k against k first: one line per eval run, its points (k, pass@k) those of its eval.json, each run in its
+    method's colour, and no MLflow Assistant panel; the table link it names shows the runs sorted by
+    test/pass_at_<n>, with task, method, β, sparse_dim and seed. All on first load, with no click."""
     import urllib.parse
 
     chromium, chromedriver = _browser()
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium (the dev extra) is not installed")
+    pytest.importorskip("selenium.webdriver", reason="selenium (the dev extra) is not installed")
     import _reliability_fixtures as fx
 
-    from repexp.tracking import ui
+    from repexp import methods
+    from repexp.tracking import server, ui
 
     workdir = fx.reference_run(tmp_path_factory)
     results = fx.results(workdir)
     evals = {p.parent.name: json.loads(p.read_text()) for p in (results / "eval" / "gsm8k").glob("*/eval.json")}
     n = max(int(k) for k in evals["base"]["pass_at_k"])
     metric = metric_names.pass_at_k("test", n)
+    curve = metric_names.pass_at_k_curve("test")
     config = str(workdir / "config.yaml")
     env = {**os.environ, "MLFLOW_TRACKING_URI": ""}
     opened = subprocess.run([REPEXP, "mlflow", "ui", "--config", config, "--host", "127.0.0.1"],
                             capture_output=True, text=True, timeout=600, env=env)
     assert opened.returncode == 0, opened.stderr[-3000:]
     url = opened.stdout.strip()
-    assert f"the eval runs by {metric}" in opened.stderr and "started" in opened.stderr
+    assert f"then {metric}" in opened.stderr and "started" in opened.stderr
+    assert "cannot reach" not in opened.stderr  # a UI server: no jobs on other hosts to warn about
+    assert f"stop with `repexp mlflow serve --config {config} --stop`" in opened.stderr  # runnable as printed
     again = subprocess.run([REPEXP, "mlflow", "ui", "--config", config], capture_output=True, text=True,
                            timeout=600, env=env)  # a running server is reused: the same link
     assert again.returncode == 0 and again.stdout.strip() == url and "already running" in again.stderr, again.stderr
-    # the link carries the view's key and the "Model training" side, no filter or sort of its own
-    query = urllib.parse.parse_qs(urllib.parse.urlsplit(url).fragment.split("?", 1)[1])
-    assert query == {"viewStateShareKey": [f"repexp-eval-{T.results_id(results)}"],
-                     "workflowType": ["machine_learning"]}
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    # wide enough that the grid renders every column of the view (it only draws the columns in view)
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=3600,1000"):
-        options.add_argument(arg)
-    driver = None
+    table_url = re.search(r"as a table, by [^:]+: (\S+?)\)", opened.stderr).group(1)
+    # the links carry the view's key, the "Model training" side and the view mode, no filter or sort of their own;
+    # a loopback server by the name that keeps MLflow's Assistant panel shut (server.BROWSER_LOOPBACK_NAME)
+    view = f"repexp-eval-{T.results_id(results)}"
+    for link, mode in ((url, "CHART"), (table_url, "TABLE")):
+        parts = urllib.parse.urlsplit(link)
+        assert parts.hostname == server.BROWSER_LOOPBACK_NAME
+        query = urllib.parse.parse_qs(parts.fragment.split("?", 1)[1])
+        assert query == {"viewStateShareKey": [view], "workflowType": ["machine_learning"], "compareRunsMode": [mode]}
     from repexp import config as C
 
     cfg = C.load(config)
+    runs = C.sweep_runs(cfg)
     params = ui.columns(cfg)  # task, method, seed, then the swept parameters of the sweep's methods
     assert params == ("task", "method", "seed", "sparse_dim", "beta", "passk_k", "outcome_mode", "outcome_c",
                       "loss_mode", "cov_ratio")
     columns = {name: ui.column("params", name) for name in params} | {metric: ui.column("metrics", metric)}
-    # the server requires the results directory's login (issue 27, item 5): the browser sends it on every request,
-    # as a user's browser does once the login prompt was answered
     login = json.loads((results / "mlflow" / "credentials.json").read_text())
-    basic = "Basic " + base64.b64encode(f"{login['username']}:{login['password']}".encode()).decode()
+    driver = None
     try:
-        driver = webdriver.Chrome(service=webdriver.ChromeService(chromedriver), options=options)
-        driver.execute_cdp_cmd("Network.enable", {})
-        driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {"Authorization": basic}})
-        driver.implicitly_wait(5)
+        # the chart view at a laptop's 1440×900: pass@k against k, overlaid, in the methods' colours
+        driver = _browser_driver(chromium, chromedriver, "1440,900", login)
         driver.get(url)
+        series = _chart_series(driver, curve)
+        _keep_screenshot(driver, tmp_path, "mlflow_ui_pass_at_k_against_k.png")
+        assert "MLflow Assistant" not in driver.page_source  # nothing opened by itself beside the runs
+        assert ui.CURVES_SECTION in driver.page_source
+        drawn = {}
+        for trace in series:  # a run's line first (MLflow may add traces of it, e.g. for hovering)
+            drawn.setdefault(trace["name"].split(" (")[0], trace)
+        assert sorted(drawn) == sorted(f"eval gsm8k/{spec.name}" for spec in runs), series
+        for spec in runs:
+            line = drawn[f"eval gsm8k/{spec.name}"]
+            expected = evals[spec.name]["pass_at_k"]
+            assert [int(x) for x in line["x"]] == [int(k) for k in expected]  # k = 1, 2, 4, ..., n
+            assert line["y"] == pytest.approx(list(expected.values()))
+            # one method, one colour (MLflow may add an alpha channel to a trace's colour: #rrggbbaa)
+            assert line["color"].lower()[:7] == methods.color(spec.method).lower()
+        assert len({s["color"][:7] for s in series}) == len({spec.method for spec in runs})
+        # the sections in order: the curves, the headline bars, then MLflow's own (e.g. "test", "System metrics")
+        text = driver.find_element("css selector", "body").text
+        sections = [text.index(f"\n{name}\n(") for name in (ui.CURVES_SECTION, ui.HEADLINE_SECTION, "test")]
+        assert sections == sorted(sections), text[-600:]
+        driver.quit()
+        # the runs table, wide enough that the grid renders every column of the view (it draws only those in view)
+        driver = _browser_driver(chromium, chromedriver, "3600,1000", login)
+        driver.get(table_url)
         order, table = _ui_table(driver, columns)
-        screenshot = tmp_path / UI_SCREENSHOT
-        driver.save_screenshot(str(screenshot))
-        kept = Path(os.environ.get(ARTIFACTS_ENV) or ARTIFACTS_DEFAULT)
-        kept.mkdir(parents=True, exist_ok=True)
-        shutil.copy(screenshot, kept / UI_SCREENSHOT)
+        _keep_screenshot(driver, tmp_path, UI_SCREENSHOT)
         assert f"Sort: {metric}" in driver.page_source
         shown = driver.current_url  # the page writes the state it applied into its URL
         assert "/overview" not in shown and "Traces 0" not in driver.page_source  # not the GenAI overview
@@ -613,7 +713,6 @@ def test_repexp_mlflow_ui_opens_the_eval_runs_by_pass_at_n_with_their_params(tmp
     wanted = ["attributes.`Run Name`", columns[metric], *(columns[name] for name in params)]
     assert [col for col in order if col in wanted] == wanted, order  # the view's order, left to right
     by_name = {row["name"]: row for row in table}
-    runs = C.sweep_runs(cfg)
     assert sorted(by_name) == sorted(f"eval gsm8k/{spec.name}" for spec in runs)
     for spec in runs:  # a method logs its own parameters only ("-" for the others'); base: no training seed
         row = by_name[f"eval gsm8k/{spec.name}"]
@@ -626,14 +725,62 @@ def test_repexp_mlflow_ui_opens_the_eval_runs_by_pass_at_n_with_their_params(tmp
     assert values == sorted(values, reverse=True)  # the UI's order
 
 
+@pytest.mark.slow
+def test_a_copied_results_directory_shows_its_artifacts(tmp_path_factory, tmp_path):
+    """Issue 39, item 2: runs record their artifacts relative to the results directory (`mlflow-artifacts:`), so a
+    copy of its MLflow records elsewhere, browsed by `repexp mlflow ui` there, lists and serves every artifact of a
+    run over HTTP, from the copy."""
+    import base64
+    import urllib.request
+
+    import _reliability_fixtures as fx
+
+    workdir = fx.reference_run(tmp_path_factory)
+    original = fx.results(workdir)
+    moved = tmp_path / "elsewhere" / "results"
+    shutil.copytree(original / "mlflow", moved / "mlflow",
+                    ignore=shutil.ignore_patterns("server.json", "*.lock", "outbox"))
+    config = yaml.safe_load((workdir / "config.yaml").read_text()) | {"results_dir": str(moved)}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    (eval_run,) = [r for r in _runs(T.default_tracking_uri(moved), config["name"])
+                   if r.data.tags.get("snakemake.rule") == "eval" and r.data.params.get("method") == "base"]
+    assert eval_run.info.artifact_uri == f"mlflow-artifacts:/{eval_run.info.run_id}/artifacts"
+    stored = moved / "mlflow" / "artifacts" / eval_run.info.run_id / "artifacts" / "eval.json"
+    stored.write_text('{"copy": true}')  # what the server returns must come from the copy
+    env = {**os.environ, "MLFLOW_TRACKING_URI": ""}
+    opened = subprocess.run([REPEXP, "mlflow", "ui", "--config", str(tmp_path / "config.yaml"), "--host",
+                             "127.0.0.1"], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    try:
+        assert opened.returncode == 0 and "started" in opened.stderr, opened.stderr[-3000:]
+        uri = json.loads((moved / "mlflow" / "server.json").read_text())["uri"]
+        login = json.loads((moved / "mlflow" / "credentials.json").read_text())
+        basic = "Basic " + base64.b64encode(f"{login['username']}:{login['password']}".encode()).decode()
+
+        def get(path: str) -> bytes:
+            request = urllib.request.Request(uri + path, headers={"Authorization": basic})
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                return answer.read()
+
+        listed = json.loads(get(f"/ajax-api/2.0/mlflow/artifacts/list?run_id={eval_run.info.run_id}"))
+        assert {f["path"] for f in listed["files"]} == {"eval.json", "test"}
+        inner = json.loads(get(f"/ajax-api/2.0/mlflow/artifacts/list?run_id={eval_run.info.run_id}&path=test"))
+        assert [f["path"] for f in inner["files"]] == ["test/pass_at_k_curve.json"]
+        served = get(f"/get-artifact?path=eval.json&run_uuid={eval_run.info.run_id}")
+        assert json.loads(served) == {"copy": True}
+    finally:
+        subprocess.run([REPEXP, "mlflow", "serve", "--config", str(tmp_path / "config.yaml"), "--stop"], timeout=120,
+                       cwd=tmp_path)
+
+
 def test_a_server_on_every_interface_allows_this_hosts_names_and_private_networks():
     """`tracking.server_host: 0.0.0.0` (the cluster default): jobs on other nodes reach the server by
     this host's name or address; MLflow refuses Host headers it does not allow."""
     import socket
 
-    from repexp.tracking.server import allowed_hosts
+    from repexp.tracking.server import BROWSER_LOOPBACK_NAME, allowed_hosts
 
-    assert allowed_hosts("127.0.0.1", "127.0.0.1") is None  # loopback only: MLflow's own default suffices
+    # loopback: MLflow's own default names and the one links use
+    assert BROWSER_LOOPBACK_NAME + ":*" in allowed_hosts("127.0.0.1", "127.0.0.1").split(",")
     allowed = allowed_hosts("0.0.0.0", "10.1.2.3").split(",")
     for name in ("localhost", "127.0.0.1", socket.gethostname(), "10.1.2.3", "10.1.2.3:*", "10.*", "192.168.*"):
         assert name in allowed

@@ -124,7 +124,8 @@ def run_job(job, rescore: bool = False):
 
 
 def node_outputs(result: dict):
-    """What an eval node logs of its eval.json: one metric per evaluated k (repexp.metrics), the full
+    """What an eval node logs of its eval.json: one metric per evaluated k (repexp.metrics), pass@k at
+    step = k for each grader (MLflow's line chart of it is the curve against k), the full
     pass@k curve k = 1..n (and its SEM) as a table, the evaluated split as an input dataset."""
     from repexp import metrics
     from repexp.tracking.outputs import split_datasets
@@ -135,7 +136,7 @@ def node_outputs(result: dict):
         curve = grader_curve(n, c, ks := list(range(1, min(n) + 1)))
         tables[metrics.pass_at_k_table(split)] = {"k": ks, "pass_at_k": list(curve["pass_at_k"].values()),
                                                   "sem": list(curve["pass_at_k_sem"].values())}
-    return StageResult(metrics=metrics.eval_metrics(result), tables=tables,
+    return StageResult(metrics=metrics.eval_metrics(result), curves=metrics.eval_curves(result), tables=tables,
                        inputs=split_datasets(Path(data_path).parent, [split]) if data_path else [])
 
 

@@ -60,7 +60,11 @@ def plot_pass_at_k(table, *, tasks: Sequence[str] | None = None, expected: Seque
     all_series = [s for panel in panels for s in panel["series"]]
     styles, labels, show_point = series_styles(all_series)
     single_seed = any((seed_curve(table, s) or {}).get("n_seeds") == 1 for s in all_series if s.method != "base")
-    if single_seed:
+    banded = any((seed_curve(table, s) or {}).get("sem") is not None for s in all_series)
+    if banded:  # what the shaded bands are, on the figure itself (the caption is not always beside it)
+        notes.append("Shaded bands: ±1 SEM across seeds (ddof 1)" + (
+            "; lines with one seed have no band." if single_seed else "."))
+    elif single_seed:
         notes.append("Lines with one seed have no band.")
 
     panel_curves = [{series: seed_curve(table, series) for series in panel["series"]} for panel in panels]

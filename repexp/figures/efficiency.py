@@ -14,8 +14,9 @@ from repexp.figures import style as S
 from repexp.figures.curves import series_styles
 from repexp.figures.series import Series, _series_sort_key, completeness_notes, series_from_row, table_specs
 
-# a point's markers are spread this far apart (in log2 k) so that error bars of several points stay apart
-DODGE_LOG2 = 0.09
+# a point's markers are spread this far apart (in log2 k) so that the markers (and error bars) of several points
+# at one reference k stay apart, the ▽ of points on the bottom edge included (6-pt markers, ~0.2 log2 k apart)
+DODGE_LOG2 = 0.24
 EDGE_MARKER = "v"  # the method does not reach GRPO's pass@ref within k ≤ ref: drawn on the bottom edge
 LOWER_BOUND_MARKER = "^"  # reached at the smallest k: the efficiency is a lower bound
 
@@ -108,6 +109,13 @@ def plot_k_efficiency(keff, table, *, tasks: Sequence[str] | None = None, expect
             if censored:
                 notes.append(f"{title}: {label} at k = {', '.join(map(str, censored))}: misses the target in "
                              "≥ 2.5% of bootstrap replicates (bar to the bottom edge)")
+            # an interval of one value has no bar to draw: said, so the caption's error bars are not looked for
+            single = [int(r.reference_k) for r in shown if _number(r.efficiency) is not None
+                      and _number(r.efficiency_lo) == _number(r.efficiency_hi) == _number(r.efficiency)]
+            if single:
+                notes.append(f"{title}: {label} at k = {', '.join(map(str, single))}: the 95% bootstrap interval is "
+                             "a single value (every replicate gives the same k-efficiency, e.g. identical samples): "
+                             "no bar to draw")
 
     def draw(ax, j: int, handles: dict) -> dict:
         task = tasks[j]
@@ -196,9 +204,11 @@ def _draw_panel(ax, rows_by_series: dict[Series, list], styles: dict, handles: d
                             "k_grpo": _number(r.k_grpo), "status": status, "drawn_at": drawn, "on_edge": on_edge})
         if len(line_x) >= 2:
             ax.plot(line_x, line_y, color=style["color"], linewidth=0.8, alpha=0.5, zorder=2)
-        if style["label"] not in handles:  # every point of the series is on the edge: still in the legend
-            handles[style["label"]] = ax.plot([], [], linestyle="none", marker=style["marker"],
-                                              color=style["color"])[0]
+        if style["label"] not in handles:  # no filled point drawn: the legend shows the marker the plot has
+            drawn_as = EDGE_MARKER if any(c["on_edge"] for c in columns) else LOWER_BOUND_MARKER
+            handles[style["label"]] = ax.plot([], [], linestyle="none", marker=drawn_as, markersize=6,
+                                              color=style["color"], markerfacecolor="white",
+                                              markeredgecolor=style["color"], markeredgewidth=1.0)[0]
         series_records.append({**series.to_dict(), "label": style["label"], "color": style["color"],
                                "marker": style["marker"],
                                "n_method_seeds": int(rows[0].n_method_seeds), "n_grpo_seeds": int(rows[0].n_grpo_seeds),

@@ -113,6 +113,18 @@ DYNAMICS_PANELS = (
 TURN_OFF_PANEL = "bonus (× β), mean"
 # × marks for steps with a switched-off bonus only while they are this share of the steps or fewer
 MARK_MAX_FRACTION = 0.5
+# panels drawn on a log axis when their curves span this factor or more (all positive): entropy collapsing
+# from 2 to 0.1 would leave the comparison after the collapse in the bottom fifth of a linear axis, and
+# β = 0.1's scaled bonus (10× β = 0.01's) would flatten β = 0.01's to a line
+LOG_PANELS = ("bonus (× β), mean", "policy entropy", "rollout diversity: distinct responses / group")
+LOG_SPAN = 4.0
+# the ±1 SEM bands: light fills with their edges drawn in the series' colour, so overlapping bands of two
+# series stay apart (fills alone blend, green and orange into brown)
+BAND_ALPHA = 0.10
+BAND_EDGE = dict(linewidth=0.6, linestyle=":", alpha=0.9)
+# the × marks sit at this height of the panel (axes fraction), in a strip below the data of this share of it
+MARK_STRIP_Y = 0.06
+MARK_STRIP_ROOM = 0.14
 # the two line styles of the reward panel (shaped, verifier), as legend entries
 METRIC_LEGEND = (("shaped reward (—)", "-"), ("verifier reward (- -)", "--"))
 # a panel whose values vary by less than this fraction of their size is drawn on a span of that
@@ -132,7 +144,7 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
     missing; with `name_lacking`, runs without a panel's metric while others logged it are named in a note
     (not for the training figure, where GRPO has no bonus by design).
     """
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     trained = [s for s in specs if s.task == task and s.backend == backend and s.trains]
     missing = [s.path for s in trained if s.path not in curves]
@@ -165,6 +177,17 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
         grpo_steps = next((d["step"] for s, d in means.items() if s.method == "grpo"), None)
         comparable = {s: d["mean"] for s, d in means.items() if d["step"] == grpo_steps}
         same[panel_title] = coinciding_with_grpo(comparable, tolerance=COINCIDE_FRACTION * scale)
+        grpo_mean = next((d["mean"] for s, d in means.items() if s.method == "grpo"), None)
+        for s, d in sorted(comparable.items(), key=lambda item: _series_sort_key(item[0])):
+            if len(metrics) > 1 or s.method == "grpo" or s in same[panel_title]:
+                continue
+            # GRPO's line is drawn under the others: where it equals one over two adjacent steps, that stretch
+            # of it is hidden, which the figure says
+            equal = [abs(a - b) <= COINCIDE_FRACTION * scale for a, b in zip(d, grpo_mean)]
+            if any(equal[i] and equal[i + 1] for i in range(len(equal) - 1)):
+                steps = [str(step) for step, eq in zip(grpo_steps, equal) if eq]
+                notes.append(f"{panel_title}: GRPO = {styles[s]['label']} at steps {', '.join(steps)} (to "
+                             f"{COINCIDE_FRACTION:.1%} of the values): GRPO's line is under it there")
         if len(metrics) == 1:
             notes += [f"{panel_title}: {styles[s]['label']} = GRPO at every step (to {COINCIDE_FRACTION:.1%} of the "
                       f"values; {s.label(show_point=False, show_backend=False)} is drawn dashed on top)"
@@ -173,6 +196,8 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
             notes += [f"{panel_title}: GRPO's verifier reward = {styles[s]['label']}'s at every step (to "
                       f"{COINCIDE_FRACTION:.1%}; GRPO's dashed line is drawn on top of it)"
                       for s in sorted(same[panel_title], key=_series_sort_key)]
+    notes += [f"{title}: seed means without ±1 SEM bands (two lines per method would not be told apart)"
+              for title, metrics in panels if len(metrics) > 1 and any(len(series_runs[s]) >= 2 for s in series)]
     turned_off, dense = {}, []
     for s in series:
         # steps at which any seed logged a switched-off bonus, of all steps that logged the metric
@@ -187,8 +212,9 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
         turned_off[s] = off
     if any(title == TURN_OFF_PANEL for title, _ in panels):
         if any(turned_off.values()):
-            notes.append(f"{TURN_OFF_PANEL}: × marks steps where the bonus was switched off in some groups "
-                         f"({M.BONUS_TURNED_OFF} > 0, the bonus.turn_off_if_* rules): the mean dips there by design")
+            notes.append(f"{TURN_OFF_PANEL}: × along the bottom marks steps where the bonus was switched off in "
+                         f"some groups ({M.BONUS_TURNED_OFF} > 0, the bonus.turn_off_if_* rules): the mean dips there "
+                         "by design")
         if dense:
             notes.append(f"{TURN_OFF_PANEL}: the bonus was switched off in some groups at most steps "
                          f"({'; '.join(dense)}; {M.BONUS_TURNED_OFF} > 0, the bonus.turn_off_if_* rules), so the "
@@ -205,7 +231,7 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
         handles = {}
         for ax, (panel_title, metrics) in zip([a for row in axes for a in row], panels):
             ax.set_title(panel_title, fontsize=S.FONT["label"])
-            plotted, lows, highs, lacking = [], [], [], []
+            plotted, lows, highs, lacking, mark_strip, means = [], [], [], [], False, []
             for s in series:
                 for metric, linestyle in zip(metrics, ("-", "--")):
                     if metric == M.REWARD_SHAPED_MEAN and "reward" not in METHODS[s.method].hooks:
@@ -233,16 +259,27 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
                     if linestyle == "-":
                         handles.setdefault(style["label"], line)
                     if panel_title == TURN_OFF_PANEL and turned_off[s]:
-                        at = dict(zip(data["step"], data["mean"]))
-                        marked = [step for step in turned_off[s] if step in at]
-                        ax.plot(marked, [at[step] for step in marked], linestyle="none", marker="x",
-                                color="#222222", markersize=8, markeredgewidth=1.6, zorder=4)
+                        # in a strip along the bottom of the panel (below every data point, inside the axes):
+                        # a × on the point itself would hide it, one on the axis line is cut in half
+                        marked = [step for step in turned_off[s] if step in data["step"]]
+                        ax.plot(marked, [MARK_STRIP_Y] * len(marked), linestyle="none", marker="x",
+                                color="#222222", markersize=7, markeredgewidth=1.4, zorder=4,
+                                transform=ax.get_xaxis_transform(), clip_on=False)
+                        mark_strip = True
                     lo = [m - e if e is not None else m for m, e in zip(data["mean"], data["sem"])]
                     hi = [m + e if e is not None else m for m, e in zip(data["mean"], data["sem"])]
-                    if any(e is not None for e in data["sem"]):
-                        ax.fill_between(data["step"], lo, hi, color=style["color"], alpha=0.15, linewidth=0)
+                    # a two-metric panel (the reward: two lines per series) draws no bands: six lines with
+                    # bands could not be told apart; the note says so
+                    banded = any(e is not None for e in data["sem"]) and len(metrics) == 1
+                    if banded:
+                        ax.fill_between(data["step"], lo, hi, color=style["color"], alpha=BAND_ALPHA, linewidth=0)
+                        for edge in (lo, hi):
+                            ax.plot(data["step"], edge, color=style["color"], zorder=zorder(s.method), **BAND_EDGE)
+                    else:
+                        lo, hi = data["mean"], data["mean"]
                     lows += lo
                     highs += hi
+                    means += data["mean"]
                     plotted.append({**s.to_dict(), "label": style["label"], "metric": metric,
                                     "runs": [r.name for r in runs], **data})
             if not plotted:
@@ -251,7 +288,18 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
                 ax.set_xlabel("step")
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
                 ax.tick_params(axis="both", labelsize=S.FONT["tick"])
-                ax.set_ylim(*(S._adaptive_ylim if panel_title in BOUNDED_PANELS else _readable_ylim)(lows, highs))
+                logged = panel_title in LOG_PANELS and min(means) > 0 and max(means) >= LOG_SPAN * min(means)
+                if logged:
+                    low, high = _log_ylim([v for v in lows if v > 0] or means, highs, strip=mark_strip)
+                    ax.set_yscale("log")
+                    plain = FuncFormatter(lambda v, _: f"{v:g}")  # 0.2, not 2 × 10^-1
+                    ax.yaxis.set_major_formatter(plain)
+                    ax.yaxis.set_minor_formatter(plain)
+                else:
+                    low, high = (S._adaptive_ylim if panel_title in BOUNDED_PANELS else _readable_ylim)(lows, highs)
+                    if mark_strip:  # room below the data for the strip of × marks
+                        low = min(low, min(lows) - MARK_STRIP_ROOM * (high - min(lows)) / (1 - MARK_STRIP_ROOM))
+                ax.set_ylim(low, high)
             panels_record.append({"title": panel_title, "metrics": list(metrics), "series": plotted,
                                   "runs_without_metric": sorted(set(lacking))})
         if handles:
@@ -265,6 +313,16 @@ def _curve_figure(curves, task: str, backend: str, *, specs: Sequence[RunSpec], 
     return fig, {"id": figure_id, "kind": kind, "task": task, "backend": backend, "source": source,
                  "caption": caption, "notes": notes, "missing_runs": missing, "size_px": S._size_px(fig),
                  "panels": panels_record}
+
+
+def _log_ylim(lows: Sequence[float], highs: Sequence[float], *, strip: bool) -> tuple[float, float]:
+    """Limits of a log-scale panel: the data with a margin (in log space), and room for the × strip."""
+    lo, hi = math.log10(min(lows)), math.log10(max(highs))
+    pad = 0.06 * max(hi - lo, 0.1)
+    lo, hi = lo - pad, hi + pad
+    if strip:
+        lo -= MARK_STRIP_ROOM * (hi - lo) / (1 - MARK_STRIP_ROOM)
+    return 10 ** lo, 10 ** hi
 
 
 def _readable_ylim(lows: Sequence[float], highs: Sequence[float]) -> tuple[float, float]:

@@ -57,9 +57,9 @@ def run(args: argparse.Namespace) -> int:
 
 def run_job(job):
     """Order one evaluation's samples (`repexp.jobs.TesttimeJob`: the workflow's and `repexp testtime`'s);
-    its node logs the `testtime/*` metrics."""
+    its node logs the `testtime/*` metrics and both orders' pass@k at step = k."""
     from repexp.jobs import StageResult
-    from repexp.metrics import testtime_metrics
+    from repexp.metrics import testtime_curves, testtime_metrics
 
     try:
         result = testtime(job)
@@ -72,7 +72,7 @@ def run_job(job):
     ratio = "undefined (nothing solved)" if stc["ratio"] is None else f"{stc['ratio']:.3f}"
     print(f"testtime: {result['num_problems']} problems; samples-to-correct random/RepExp = {ratio}; "
           f"efficiency {shown or 'undefined'}; wrote {Path(job.out) / layout.TESTTIME_JSON}", file=sys.stderr)
-    return StageResult(metrics=testtime_metrics(result))
+    return StageResult(metrics=testtime_metrics(result), curves=testtime_curves(result))
 
 
 def _check_job(job) -> None:

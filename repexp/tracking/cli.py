@@ -177,14 +177,23 @@ def _serve(args: argparse.Namespace) -> int:
         stopped = server.stop(cfg.results_dir)
         print("mlflow serve: stopped" if stopped else "mlflow serve: no server of this host to stop", file=sys.stderr)
         return 0
-    info = server.start(cfg, owner="user", host=args.host, port=args.port, store=args.store, workers=args.workers)
+    # with --store it shows a store (a local run's); without, it is the server jobs log to
+    info = server.start(cfg, owner="user", host=args.host, port=args.port, store=args.store, workers=args.workers,
+                        for_jobs=args.store is None)
     if not args.background:
         return server.serve_foreground(cfg, info)
     print(info["uri"])
     login = f"; its login is in {info['credentials']}" if info.get("credentials") else ""
     print(f"mlflow serve: {'already running' if info.get('reused') else 'started'} (pid {info['pid']}, store "
-          f"{info['backend_store_uri']}{login}); stop with `repexp mlflow serve --stop`", file=sys.stderr)
+          f"{info['backend_store_uri']}{login}); stop with `{_stop_command(args)}`", file=sys.stderr)
     return 0
+
+
+def _stop_command(args: argparse.Namespace) -> str:
+    """The command that stops the server just started, runnable as printed (the config as it was given)."""
+    import shlex
+
+    return "repexp mlflow serve" + (f" --config {shlex.quote(str(args.config))}" if args.config else "") + " --stop"
 
 
 def _ui(args: argparse.Namespace) -> int:
@@ -200,22 +209,26 @@ def _ui(args: argparse.Namespace) -> int:
     else:
         # A local run's runs are in <results>/mlflow/mlflow.db; a cluster run's in the server's store.
         store = args.store or (configured if is_sqlite(configured) and sqlite_path(configured).exists() else None)
-        info = server.start(cfg, owner="user", host=args.host, port=args.port, store=store, workers=args.workers)
+        info = server.start(cfg, owner="user", host=args.host, port=args.port, store=store, workers=args.workers,
+                            for_jobs=False)
         uri = info["uri"]
         login = f"; the browser asks for the login in {info['credentials']}" if info.get("credentials") else ""
         how = (f"{'already running' if info.get('reused') else 'started'} (pid {info['pid']}, store "
-               f"{info['backend_store_uri']}{login}); stop with `repexp mlflow serve --config CFG --stop`")
+               f"{info['backend_store_uri']}{login}); stop with `{_stop_command(args)}`")
     id_file = records / RESULTS_ID_FILE
     results = id_file.read_text().strip() if id_file.exists() else None
     metric = ui.headline_metric(cfg)
     try:
         with server.auth.client_credentials(uri, cfg.results_dir):  # the results directory's server asks for its login
-            url = ui.publish_view(uri, cfg.tracking.experiment or cfg.name, metric, results, ui.columns(cfg))
+            url, table = ui.publish_view(uri, cfg.tracking.experiment or cfg.name, metric, results, ui.columns(cfg),
+                                         ui.curve_metrics(cfg), ui.headline_metrics(cfg))
     except ValueError as err:
         print(f"mlflow ui: {err}", file=sys.stderr)
         return 1
+    url, table = server.browser_link(url), server.browser_link(table)
     print(url)
-    print(f"mlflow ui: the eval runs by {metric} (saved view of the experiment); server {how}", file=sys.stderr)
+    print(f"mlflow ui: the eval runs' pass@k against k, then {metric} and the other headline metrics (saved view "
+          f"of the experiment; the same runs as a table, by {metric}: {table}); server {how}", file=sys.stderr)
     if args.open:
         import webbrowser
 

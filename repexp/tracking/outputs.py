@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -78,11 +79,15 @@ def run_stage(node, stage: Callable[[], Any], outputs: Sequence[str], what: str,
 
 
 def log_result(node, result: Any) -> None:
-    """A StageResult's metrics (at its step), params, input datasets and tables; an exit status has none."""
+    """A StageResult's metrics (at its step), curves (each point at its own step), params, input datasets
+    and tables; an exit status has none."""
     if not hasattr(result, "metrics"):
         return
     node.log_params(result.params)
     node.log_metrics(result.metrics, step=result.step)
+    stamp = int(time.time() * 1000)
+    node.log_metric_rows([[name, value, step, stamp] for name, curve in getattr(result, "curves", {}).items()
+                          for step, value in curve.items()])
     node.log_inputs(result.inputs)
     for name, data in result.tables.items():
         node.log_table(name, data)

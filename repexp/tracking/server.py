@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Optional
 
@@ -36,6 +37,13 @@ DEFAULT_WORKERS = 2
 LOCAL_STORE_ROOT = Path("/var/tmp")  # local disk on the submit host (not the shared results filesystem)
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 AUTO_HOST = "auto"  # tracking.server_host: the address this host's name resolves to
+# The name links to a loopback server use: browsers resolve every `*.localhost` name to loopback
+# (RFC 6761), and MLflow's UI (3.17.2, main.*.js `isLocalServer`) opens its Assistant panel by itself on
+# first load only where the page's host name is exactly localhost, 127.0.0.1 or ::1: there it would take
+# a third of a 1440-pixel screen from the runs
+BROWSER_LOOPBACK_NAME = "repexp.localhost"
+# MLflow's own allowed Host names of a loopback server (mlflow.server.security_utils.get_default_allowed_hosts)
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]", "0.0.0.0")
 
 
 class ServerStartError(RuntimeError):
@@ -98,8 +106,9 @@ def advertised_host(bind_host: str) -> str:
 def allowed_hosts(bind_host: str, public: str) -> Optional[str]:
     """`--allowed-hosts` for a server other hosts reach: this host's names and addresses, and
     private networks (MLflow's own default covers localhost and private IPs only)."""
-    if is_loopback(bind_host):
-        return None
+    if is_loopback(bind_host):  # MLflow's own list, and the name links use (BROWSER_LOOPBACK_NAME)
+        names = (*LOOPBACK_HOSTS, BROWSER_LOOPBACK_NAME)
+        return ",".join(p for name in names for p in (name, f"{name.replace('[', '[[]', 1)}:*"))
     names = {"localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn(), public}
     patterns = {p for name in names if name for p in (name, f"{name}:*")} | {"10.*", "192.168.*", "172.*"}
     return ",".join(sorted(patterns))
@@ -119,18 +128,36 @@ def _server_info(results_dir: str | os.PathLike) -> Optional[dict]:
 
 
 def running_server(results_dir: str | os.PathLike) -> Optional[dict]:
-    """server.json of a server that answers /health, else None."""
+    """server.json of a server of this results directory that answers /health, else None. A server.json
+    copied with the results directory names the original's server, which serves the original's artifacts."""
     info = _server_info(results_dir)
-    return info if info and reachable(info.get("uri", ""), timeout_s=5, login=False) is None else None
+    if not info or info.get("artifacts_destination") != str(artifacts_dir(results_dir)):
+        return None
+    return info if reachable(info.get("uri", ""), timeout_s=5, login=False) is None else None
+
+
+def artifacts_dir(results_dir: str | os.PathLike) -> Path:
+    """Where the server keeps and serves the artifacts (`mlflow-artifacts:` URIs resolve below it)."""
+    return (mlflow_dir(results_dir) / ARTIFACTS_DIR).resolve()
+
+
+def browser_link(uri: str) -> str:
+    """`uri` as a browser should open it: a loopback server by BROWSER_LOOPBACK_NAME."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.hostname and is_loopback(parts.hostname):
+        parts = parts._replace(netloc=f"{BROWSER_LOOPBACK_NAME}:{parts.port}" if parts.port else BROWSER_LOOPBACK_NAME)
+    return urllib.parse.urlunsplit(parts)
 
 
 def start(cfg, *, host: Optional[str] = None, port: Optional[int] = None, store: Optional[str] = None,
-          workers: int = DEFAULT_WORKERS, owner: str = "user", timeout_s: float = START_TIMEOUT_S) -> dict:
+          workers: int = DEFAULT_WORKERS, owner: str = "user", timeout_s: float = START_TIMEOUT_S,
+          for_jobs: bool = True) -> dict:
     """Start `mlflow server` in its own session, wait for /health, write server.json. A server that
     already runs for this results directory is reused (its server.json is returned unchanged).
 
     With `tracking.server_auth` (the default) the server runs MLflow's basic-auth app; without the
-    Flask-WTF package that needs, auth.AuthError is raised before anything starts."""
+    Flask-WTF package that needs, auth.AuthError is raised before anything starts. `for_jobs`: jobs log to
+    it (a loopback address is then worth a warning); False for a server that only shows finished runs."""
     existing = running_server(cfg.results_dir)
     if existing:
         return {**existing, "reused": True}
@@ -138,7 +165,7 @@ def start(cfg, *, host: Optional[str] = None, port: Optional[int] = None, store:
         raise auth.AuthError(auth.unavailable())
     asked = host if host is not None else cfg.tracking.server_host
     host = bind_address(asked)
-    if asked == AUTO_HOST and is_loopback(host):
+    if for_jobs and asked == AUTO_HOST and is_loopback(host):
         print(f"repexp: WARNING: tracking.server_host: auto: this host's name resolves to {host}; jobs on other "
               "hosts cannot reach the MLflow server there: set tracking.server_host to the address they use",
               file=sys.stderr)
@@ -152,7 +179,7 @@ def start(cfg, *, host: Optional[str] = None, port: Optional[int] = None, store:
         # the app's users DB stays on this host's private local directory, beside the default store
         private = private_store_dir(sqlite_path(default_store(cfg)).parent)
         login_env = auth.server_env(cfg.results_dir, private, created)
-    artifacts = (mlflow_dir(cfg.results_dir) / ARTIFACTS_DIR).resolve()
+    artifacts = artifacts_dir(cfg.results_dir)
     artifacts.mkdir(parents=True, exist_ok=True)
     public = advertised_host(host)
     command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store,
@@ -163,6 +190,9 @@ def start(cfg, *, host: Optional[str] = None, port: Optional[int] = None, store:
     allowed = allowed_hosts(host, public)
     if allowed:
         command += ["--allowed-hosts", allowed]
+    if is_loopback(host):  # the origins the UI's pages send with their POSTs (browser_link's and MLflow's own)
+        command += ["--cors-allowed-origins", ",".join(f"http://{name}:{port}" for name in (
+            BROWSER_LOOPBACK_NAME, "localhost", "127.0.0.1", "[::1]", host))]
     # MLflow's job runner (GenAI jobs) is not used by the pipeline: 7 fewer processes on the submit host
     env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ, **login_env}
     log_path = mlflow_dir(cfg.results_dir) / SERVER_LOG

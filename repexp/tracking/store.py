@@ -21,10 +21,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
+from repexp.tracking import artifacts
 from repexp.tracking.auth import refused
 from repexp.tracking.health import problem
 from repexp.tracking.names import (
-    ARTIFACTS_DIR,
     ENV_MLFLOW_URI,
     ERROR_TAG,
     EXECUTION_TAG,
@@ -72,10 +72,10 @@ def sqlite_path(tracking_uri: str) -> Path:
 
 def artifact_location(tracking_uri: str) -> Optional[str]:
     """A SQLite store keeps artifacts in `artifacts/` next to its database (results/mlflow/artifacts
-    for the default store), never in MLflow's cwd-relative ./mlruns; a server decides itself."""
-    if not is_sqlite(tracking_uri):
-        return None
-    return (sqlite_path(tracking_uri).resolve().parent / ARTIFACTS_DIR).as_uri()
+    for the default store), never in MLflow's cwd-relative ./mlruns, and records them as
+    `mlflow-artifacts:` URIs, relative to that directory wherever it moves (repexp.tracking.artifacts);
+    a server decides itself."""
+    return artifacts.ROOT if is_sqlite(tracking_uri) else None
 
 
 def reachable(tracking_uri: str, timeout_s: float = HEALTH_TIMEOUT_S,
@@ -124,6 +124,7 @@ class Store:
         from mlflow import MlflowClient  # ~2 s: only when tracking is on
 
         self.uri = tracking_uri
+        artifacts.register()  # mlflow-artifacts: URIs of a SQLite store resolve beside its database
         with self.lock():  # a new SQLite store runs its schema migrations here: one process at a time
             self.client = MlflowClient(tracking_uri=tracking_uri)
             self.client.search_experiments(max_results=1)
