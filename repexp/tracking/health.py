@@ -313,7 +313,8 @@ def restore(path: str | os.PathLike, results_dir: Optional[str | os.PathLike] = 
     if any, is moved aside. Returns (the backup used, its runs, where the old file went)."""
     path = Path(path)
     if source is None:
-        newest = newest_backup(path)
+        known = _known(path, results_dir) if results_dir is not None else None
+        newest = newest_backup(path, (known or {}).get("identity"))  # a copy of the store the ledger knows
         if newest is None:
             raise FileNotFoundError(f"no healthy backup of {path} in {path.parent / BACKUP_DIR}")
         source, _, runs = newest

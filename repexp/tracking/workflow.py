@@ -161,9 +161,17 @@ def where_lines(cfg, results: Path, aggregate: Path, figures: Path, config: Path
         store = _server_store or resolve_tracking_uri(results, cfg.tracking.tracking_uri)
 
         served = store.startswith(("http://", "https://"))
-        # the results directory's own server (the one `repexp mlflow ui` starts, or this run's) asks for its login
-        own = auth.own_credentials(store, results) is not None if served else cfg.tracking.server_auth
-        login = f"  (its login is in {auth.credentials_file(results)})" if own else ""
+        # the results directory's own server (this run's, or the one `repexp mlflow ui` starts) asks for its login;
+        # where no server ran yet, the file does not exist: the first server writes it
+        credentials = auth.credentials_file(results)
+        if served:
+            login = f"  (its login is in {credentials})" if auth.own_credentials(store, results) is not None else ""
+        elif not cfg.tracking.server_auth:
+            login = ""
+        elif credentials.exists():
+            login = f"  (the server it starts asks for the login in {credentials})"
+        else:
+            login = f"  (the server it starts asks for a login, which it writes to {credentials})"
         if config is not None:
             lines.append(f"  MLflow:  {ui_command(config)}   # the eval runs by pass@k, in the MLflow UI")
             lines.append(f"           (store {store}){login}")
