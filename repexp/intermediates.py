@@ -101,13 +101,15 @@ def record_content(path: str | os.PathLike) -> dict:
     another digest (or none before) leaves `mtime` to the next start, which takes the output's own.
     `produced` (now, after the output was written, before any job made from it started) stands in for
     `mtime` until that start: where the output was copied without times in between, no job made from
-    it is older than that time."""
+    it is older than that time. `inode` tells such a copy of a file (a new file) from Snakemake's own
+    touch of its outputs after the job (the same file)."""
     path = Path(path)
     digest = content_digest(path)
     previous = read_sidecar(path) or {}
     same = previous.get("sha256") == digest and previous.get("mtime") is not None
     entry = {"sha256": digest, "kind": "directory" if path.is_dir() else "file", "signature": _signature(path),
-             "mtime": previous["mtime"] if same else None, "rebuilt": same, "produced": time.time()}
+             "mtime": previous["mtime"] if same else None, "rebuilt": same, "produced": time.time(),
+             "inode": path.stat().st_ino}
     write_json_atomic(sidecar(path), entry)
     return entry
 
@@ -134,15 +136,16 @@ def _same_content(path: Path, entry: dict) -> bool:
 
 def _times_moved(path: Path, entry: dict, current: float) -> bool:
     """Whether the output's times are no longer those of its production: its time is not the recorded
-    one, or, before any start recorded one, its files' times changed since its producer hashed them (a
-    directory's signature; a file newer than the moment it was hashed)."""
+    one, or, before any start recorded one, it was copied since its producer hashed it (a directory's
+    files' times changed: its signature; a file is another file: its inode). Snakemake touches every
+    output right after its job, so a file's own time cannot tell."""
     if entry.get("mtime") is not None:
         return current != entry["mtime"]
     if entry.get("produced") is None:
         return False
     if entry.get("kind") == "directory":
         return entry.get("signature") != _signature(path)
-    return current > entry["produced"]
+    return entry.get("inode") is not None and path.stat().st_ino != entry["inode"]
 
 
 def _set_time(path: Path, mtime: float) -> None:

@@ -96,25 +96,34 @@ def test_content_changed_after_the_rebuild_is_not_hidden(tmp_path):
 
 
 def test_a_copy_without_times_or_a_touch_gets_the_recorded_time_back_and_a_real_edit_keeps_its_own(tmp_path):
-    """`cp -r` (files touched one by one) after the first workflow (no start has recorded a time yet),
-    then after a later start (one has): the content is the same, so the old time comes back."""
+    """`cp -r` (every file a new one, touched one by one) after the first workflow (no start has recorded
+    a time yet), then a `touch` after a later start (one has): the content is the same, so the old time
+    comes back. Snakemake's own touch of its outputs after the job is no copy."""
     import time
 
-    model, split = _model(tmp_path / "m"), tmp_path / "test.parquet"
+    original = tmp_path / "original"
+    model, split = _model(original / "m"), original / "test.parquet"
     split.write_bytes(b"rows")
     for path in (model, split):
         I.record_content(path)
         _snakemake_touch(path, time.time() + 1)  # Snakemake, after the job
-    produced = {path: I.read_sidecar(path)["produced"] for path in (model, split)}
-    for later in (100.0, 200.0):
-        for number, file in enumerate((model / "config.json", model / "model.safetensors", split)):  # one by one
-            os.utime(file, (time.time() + later + number, time.time() + later + number))
-        _snakemake_touch(model, time.time() + later + 5)
-        lines = I.settle([model, split])
-        assert len(lines) == 2 and all("its time changed but not its content" in line for line in lines), lines
-        for path in (model, split):  # the first time: the moment it was produced; then the time recorded then
-            assert I.visible_mtime(path) == produced[path] == I.read_sidecar(path)["mtime"]
-        assert I.settle([model, split]) == []  # the directory's new signature is recorded: no hashing next time
+    assert I.settle([model, split]) == [] and I.visible_mtime(split) == I.read_sidecar(split)["mtime"]
+    for path in (model, split):  # the first workflow's state again: no start has recorded a time
+        I.sidecar(path).write_text(json.dumps({**I.read_sidecar(path), "mtime": None}))
+    produced = {path.name: I.read_sidecar(path)["produced"] for path in (model, split)}
+
+    copy = tmp_path / "copy"
+    shutil.copytree(original, copy, copy_function=shutil.copyfile)  # new files, new times
+    model, split = copy / "m", copy / "test.parquet"
+    _snakemake_touch(model, time.time() + 100)
+    lines = I.settle([model, split])
+    assert len(lines) == 2 and all("its time changed but not its content" in line for line in lines), lines
+    for path in (model, split):  # the moment it was produced: before every job made from it
+        assert I.visible_mtime(path) == produced[path.name] == I.read_sidecar(path)["mtime"]
+    assert I.settle([model, split]) == []  # the directory's new signature is recorded: no hashing next time
+
+    _snakemake_touch(split, time.time() + 200)  # a `touch` once a time is recorded
+    assert len(I.settle([split])) == 1 and I.visible_mtime(split) == produced[split.name]
 
     (model / "config.json").write_text('{"a": 2}')  # a real change keeps its new time: what is made from it reruns
     split.write_bytes(b"other rows")
