@@ -15,9 +15,13 @@ disk was too full to write the log, and the node records it as the failure's cau
 
 from __future__ import annotations
 
+import fcntl
 import os
+import struct
 import sys
+import termios
 import threading
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -25,6 +29,8 @@ from repexp import layout
 
 TAIL_BYTES = 64 * 1024
 JOIN_TIMEOUT_S = 10.0
+DRAIN_TIMEOUT_S = 5.0  # at most this long for the pumps to read what a child left in the pipes
+DRAIN_SETTLE_S = 0.05  # nothing new for this long: everything written so far has been read
 TRACEBACK = "Traceback (most recent call last):"
 
 
@@ -41,6 +47,7 @@ class JobLog:
         self._lock = threading.Lock()
         self._saved: dict[int, int] = {}
         self._threads: list[threading.Thread] = []
+        self._reads: list[int] = []  # the pipes' read ends, to see whether anything is still unread
         self._file = None
 
     def start(self) -> JobLog:
@@ -57,6 +64,7 @@ class JobLog:
             self._saved[fd] = os.dup(fd)
             os.dup2(write_end, fd)
             os.close(write_end)
+            self._reads.append(read_end)
             thread = threading.Thread(target=self._pump, args=(read_end, self._saved[fd]), daemon=True,
                                       name=f"joblog-{fd}")
             thread.start()
@@ -66,15 +74,15 @@ class JobLog:
     def _pump(self, read_end: int, target: int) -> None:
         with os.fdopen(read_end, "rb", buffering=0) as pipe:
             while chunk := pipe.read(65536):
+                with self._lock:  # first: `cause()` sees a chunk as soon as it has left the pipe
+                    self._seen += len(chunk)
+                    self._tail += chunk
+                    del self._tail[:-TAIL_BYTES]
                 for write in (lambda: os.write(target, chunk), lambda: self._file and self._file.write(chunk)):
                     try:
                         write()
                     except OSError:  # a full disk: keep reading, so the writer never blocks
                         pass
-                with self._lock:
-                    self._seen += len(chunk)
-                    self._tail += chunk
-                    del self._tail[:-TAIL_BYTES]
 
     def stop(self) -> None:
         """Back to the original stdout and stderr; the pipes close once no child holds them."""
@@ -93,19 +101,45 @@ class JobLog:
         if self._file is not None:
             self._file.close()
 
+    def _drain(self, timeout_s: float = DRAIN_TIMEOUT_S) -> None:
+        """Wait until the pumps have read everything written so far (a child that just exited may have
+        left its last lines in a pipe): nothing unread in any pipe, and nothing new for a moment."""
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            seen = self._seen
+            if not any(_unread(fd) for fd in self._reads):
+                time.sleep(DRAIN_SETTLE_S)
+                if self._seen == seen and not any(_unread(fd) for fd in self._reads):
+                    return
+            else:
+                time.sleep(DRAIN_SETTLE_S / 5)
+
     def mark(self) -> int:
         """A position in the output, for `cause(since=...)`."""
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
+        self._drain()
         with self._lock:
             return self._seen
 
     def cause(self, since: int = 0) -> Optional[str]:
         """The exception line of the last Python traceback written after `since`, or None."""
+        self._drain()
         with self._lock:
             start = max(0, len(self._tail) - (self._seen - since))
             text = bytes(self._tail[start:]).decode("utf-8", "replace")
         return last_exception(text)
+
+
+def _unread(fd: int) -> int:
+    """Bytes waiting in a pipe (0 once it is closed)."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
 
 
 def last_exception(text: str) -> Optional[str]:
