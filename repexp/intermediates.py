@@ -4,19 +4,23 @@ Snakefile calls it while it is parsed and in `onstart`, before any job, on the s
 
     record_content(path)      a producer (repexp model, repexp download model, repexp data prepare), after
                               writing its output: the content's SHA-256 in a sidecar beside it
-    settle(paths)             every workflow start: a rebuild whose content did not change gets back the
+    settle(paths)             every workflow start: an output whose time changed but not its content (a
+                              rebuild with the same bytes, a copy without times) gets back the
                               modification time the jobs made from it were built against
     check_pending(jobs, ...)  onstart: the reruns of finished jobs that only a deleted intermediate
-                              causes, and pointers to missing files (select.json -> checkpoint,
+                              causes, finished trainings that only new times of unchanged inputs would
+                              retrain, and pointers to missing files (select.json -> checkpoint,
                               merged.json -> merged model); problems as messages, and the workflow stops
     pending_jobs(dag)         the adapter: Snakemake's DAG of the run about to start as `Pending` records
 
 Why (docs/pipeline.md, docs/reliability.md). Snakemake judges "outdated" by modification time and
 compares contents only of files up to 1 MB, never of a directory, so a model directory deleted and
-rebuilt byte for byte is newer than every training made from it, and all of them rerun. The sidecar
-`.<name>.content.json` (not a Snakemake output, so it outlives the output) keeps the digest and the
-time the jobs downstream were built against; a rebuild with the same digest gets that time back at
-the next start (on a directory, on `.snakemake_timestamp`, which Snakemake reads for its time).
+rebuilt byte for byte, or a results directory copied without times (`cp -r`, `rsync` without `-t`:
+every file touched one by one), is newer than the trainings made from it, and all of them rerun.
+The sidecar `.<name>.content.json` (not a Snakemake output, so it outlives the output) keeps the
+digest and the time the jobs downstream were built against; an output with the same digest gets
+that time back at the next start (on a directory, on `.snakemake_timestamp`, which Snakemake reads
+for its time).
 Snakemake also reruns, before any job, everything downstream of a job it reruns, so `check_pending`
 stops such a run and names the command that rebuilds the missing file alone.
 """
@@ -27,6 +31,7 @@ import hashlib
 import json
 import os
 import shlex
+import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -93,13 +98,18 @@ def read_sidecar(path: str | os.PathLike) -> Optional[dict]:
 def record_content(path: str | os.PathLike) -> dict:
     """After a producer wrote `path`: its digest into the sidecar. The same digest as recorded before
     keeps the recorded `mtime` and marks the output `rebuilt` (the next start restores the time);
-    another digest (or none before) leaves `mtime` to the next start, which takes the output's own."""
+    another digest (or none before) leaves `mtime` to the next start, which takes the output's own.
+    `produced` (now, after the output was written, before any job made from it started) stands in for
+    `mtime` until that start: where the output was copied without times in between, no job made from
+    it is older than that time. `inode` tells such a copy of a file (a new file) from Snakemake's own
+    touch of its outputs after the job (the same file)."""
     path = Path(path)
     digest = content_digest(path)
     previous = read_sidecar(path) or {}
     same = previous.get("sha256") == digest and previous.get("mtime") is not None
-    entry = {"sha256": digest, "kind": "directory" if path.is_dir() else "file",
-             "signature": _signature(path), "mtime": previous["mtime"] if same else None, "rebuilt": same}
+    entry = {"sha256": digest, "kind": "directory" if path.is_dir() else "file", "signature": _signature(path),
+             "mtime": previous["mtime"] if same else None, "rebuilt": same, "produced": time.time(),
+             "inode": path.stat().st_ino}
     write_json_atomic(sidecar(path), entry)
     return entry
 
@@ -116,27 +126,63 @@ def _unchanged(path: Path, entry: dict) -> bool:
     return path.is_file() and content_digest(path) == entry["sha256"]
 
 
+def _same_content(path: Path, entry: dict) -> bool:
+    """Whether `path` still holds the recorded content, whatever its files' times: a directory whose
+    signature (names, sizes, times) changed is hashed again (a copy without times changes every time)."""
+    if entry.get("kind") == "directory" and path.is_dir() and entry.get("signature") == _signature(path):
+        return True
+    return content_digest(path) == entry["sha256"]
+
+
+def _times_moved(path: Path, entry: dict, current: float) -> bool:
+    """Whether the output's times are no longer those of its production: its time is not the recorded
+    one, or, before any start recorded one, it was copied since its producer hashed it (a directory's
+    files' times changed: its signature; a file is another file: its inode). Snakemake touches every
+    output right after its job, so a file's own time cannot tell."""
+    if entry.get("mtime") is not None:
+        return current != entry["mtime"]
+    if entry.get("produced") is None:
+        return False
+    if entry.get("kind") == "directory":
+        return entry.get("signature") != _signature(path)
+    return entry.get("inode") is not None and path.stat().st_ino != entry["inode"]
+
+
+def _set_time(path: Path, mtime: float) -> None:
+    carrier = path / SNAKEMAKE_TIMESTAMP if path.is_dir() else path
+    if carrier is not path:  # a directory's time is its timestamp file's
+        carrier.touch(exist_ok=True)
+    os.utime(carrier, (mtime, mtime))
+
+
 def settle(paths: Iterable[str | os.PathLike]) -> list[str]:
-    """At a workflow start, for each output with a sidecar: a `rebuilt` one whose content is still the
-    recorded one gets its recorded time back; otherwise the sidecar learns the output's current time.
-    Returns a line per restored output. Missing outputs and unreadable sidecars are left alone."""
+    """At a workflow start, for each output with a sidecar whose time is not the recorded one: if it
+    still holds the recorded content (a rebuild with the same bytes, a copy of the results directory
+    without times such as `cp -r`, a `touch`), it gets the recorded time back, the time the jobs made
+    from it were built against, so none of them reruns; if its content changed, the sidecar learns
+    its new time and everything made from it reruns. Returns a line per output whose time was set
+    back. Missing outputs and unreadable sidecars are left alone."""
     restored = []
     for path in map(Path, paths):
         entry = read_sidecar(path)
         if entry is None or not path.exists():
             continue
         try:
-            current = visible_mtime(path)
-            if entry.get("rebuilt") and entry.get("mtime") is not None and _unchanged(path, entry):
-                if current != entry["mtime"]:
-                    carrier = path / SNAKEMAKE_TIMESTAMP if path.is_dir() else path
-                    if carrier is not path:  # a directory's time is its timestamp file's
-                        carrier.touch(exist_ok=True)
-                    os.utime(carrier, (entry["mtime"], entry["mtime"]))
+            current, recorded = visible_mtime(path), entry.get("mtime")
+            if entry.get("rebuilt") and recorded is not None and _unchanged(path, entry):
+                if current != recorded:
+                    _set_time(path, recorded)
                     restored.append(f"{path}: rebuilt with the same content (sha256 {entry['sha256'][:12]}); "
                                     "its time is set back, so nothing made from it reruns")
                 write_json_atomic(sidecar(path), {**entry, "rebuilt": False})
-            elif entry.get("mtime") != current or entry.get("rebuilt"):
+            elif not entry.get("rebuilt") and _times_moved(path, entry, current) and _same_content(path, entry):
+                target = recorded if recorded is not None else entry["produced"]
+                _set_time(path, target)
+                write_json_atomic(sidecar(path), {**entry, "mtime": target, "signature": _signature(path)})
+                restored.append(f"{path}: its time changed but not its content (sha256 {entry['sha256'][:12]}: "
+                                "copied without times, or touched); its time is set back, so nothing made from it "
+                                "reruns (to rerun on purpose: --forcerun RULE)")
+            elif recorded != current or entry.get("rebuilt"):
                 write_json_atomic(sidecar(path), {**entry, "mtime": current, "rebuilt": False})
         except OSError:  # a read-only or vanished output: Snakemake's own times apply
             continue
@@ -161,6 +207,7 @@ class Pending:
     other: bool  # any other reason: forced, params, code, input changed, newer input, ...
     upstream: tuple[int, ...] = ()  # keys of the pending jobs it reads from
     pointer: Optional[str] = None  # select.json / merged.json it reads (merge, eval of trained runs)
+    newer: tuple[str, ...] = ()  # inputs newer than its outputs, when that is its only reason to run
 
 
 @dataclass
@@ -219,12 +266,59 @@ def pointer_gaps(jobs: Sequence[Pending]) -> list[str]:
     return problems
 
 
+def _recorded_inputs(job: Pending) -> Optional[dict[str, str]]:
+    """The input digests a training recorded when it started (its node state beside its output), or None."""
+    try:
+        state = json.loads((Path(job.outputs[0]).parent / layout.NODE_STATE).read_text()) if job.outputs else {}
+    except (OSError, ValueError):
+        return None
+    recorded = state.get("inputs") if isinstance(state, dict) else None
+    return recorded if isinstance(recorded, dict) else None
+
+
+def retrained_for_times(jobs: Sequence[Pending]) -> list[tuple[Pending, dict[str, str]]]:
+    """Finished trainings pending only because inputs are newer than their `DONE`, where every such
+    input still holds the content the training recorded when it started (`inputs` in its node state,
+    repexp.train): new times alone (a copy without times that `settle` could not undo) would retrain
+    them. Each with the digests that matched."""
+    found = []
+    for job in jobs:
+        recorded = _recorded_inputs(job) if job.complete and job.newer else None
+        if recorded is not None and all(path in recorded for path in job.newer):
+            try:
+                same = all(content_digest(path) == recorded[path] for path in job.newer)
+            except OSError:
+                continue
+            if same:
+                found.append((job, {path: recorded[path] for path in job.newer}))
+    return found
+
+
 def check_pending(jobs: Sequence[Pending], command: Sequence[str] = ("snakemake",),
                   targets: Iterable[str] = ()) -> list[str]:
     """The problems that stop a run before any job: messages, empty if none. `command` is the
     Snakemake command line of this run, `targets` its targets (for the commands the messages give)."""
     problems = pointer_gaps(jobs)
     options = _options(command, targets)
+    retrains = retrained_for_times(jobs)
+    if retrains:
+        newer = {path: digest for _, digests in retrains for path, digest in digests.items()}
+        listed = ", ".join(f"{path} (sha256 {digest[:12]})" for path, digest in sorted(newer.items()))
+        trained = {job.key for job, _ in retrains}
+        # other finished jobs outdated only by the same files, which the trainings showed unchanged (test-time)
+        same = [job for job in jobs if job.key not in trained and job.complete and job.newer
+                and set(job.newer) <= set(newer) and _recorded_inputs(job) is None]
+        others = Counter(job.rule for job in same)
+        also = (" (and, outdated by the same files: " + ", ".join(f"{rule} x{n}" for rule, n in sorted(others.items()))
+                + ")") if same else ""
+        outputs = [path for job in [job for job, _ in retrains] + same for path in job.outputs]
+        problems.append(
+            f"{', '.join(job.label for job, _ in retrains)}: finished, and would be retrained only because "
+            f"{listed} {'is' if len(newer) == 1 else 'are'} newer than {'its' if len(retrains) == 1 else 'their'} "
+            "output, with the very content they were trained on (the times changed: a results directory copied "
+            f"without times?). Accept the finished jobs as they are{also}:\n      "
+            + shlex.join(["snakemake", "--touch", *outputs, *options])
+            + "\n    then run this command again. To retrain anyway, add --forcerun train.")
     reruns = needless_reruns(jobs)
     if reruns.finished:
         counts = Counter(job.rule for job in reruns.finished)
@@ -239,9 +333,26 @@ def check_pending(jobs: Sequence[Pending], command: Sequence[str] = ("snakemake"
             f"missing: {missing}. Rebuilding {them} in this run would make Snakemake rerun {len(reruns.finished)} "
             f"finished job(s) made from {them} ({listed}): a rebuilt file is new to Snakemake, whatever its content. "
             f"Rebuild {them} alone first{in_order}:\n      " + "\n      ".join(alone)
-            + "\n    then run this command again: a rebuild with the same content keeps every job made from it (its "
-            f"time is set back at the next start). To rerun those jobs anyway, add --forcerun {rules}.")
+            + f"\n    then run this command again. {_after_rebuild(sum(gone.values(), []))} "
+            f"To rerun those jobs anyway, add --forcerun {rules}.")
     return problems
+
+
+def _after_rebuild(paths: Sequence[str]) -> str:
+    """What the next run does with the jobs made from the rebuilt `paths`: an output with a content
+    sidecar (a model, a data split) gets its recorded time back when its content is the same; any other
+    file is spared only by Snakemake's own checksum, kept in `.snakemake/metadata` for files up to 1 MB."""
+    with_sidecar = [path for path in paths if read_sidecar(path) is not None]
+    others = [path for path in paths if path not in with_sidecar]
+    said = []
+    if with_sidecar:
+        said.append(f"A rebuild of {', '.join(with_sidecar)} with the same content keeps every job made from it "
+                    "(its time is set back at the next start).")
+    if others:
+        said.append(f"A rebuild of {', '.join(others)} keeps the jobs made from it only where Snakemake finds it "
+                    "unchanged by its own checksum (a file of at most 1 MB whose record in .snakemake/metadata is "
+                    "still there); otherwise they rerun: `snakemake -n` after the rebuild shows which.")
+    return " ".join(said)
 
 
 # Options that ask for reruns: not carried into the command that rebuilds a file alone
@@ -280,12 +391,14 @@ def pending_jobs(dag) -> list[Pending]:
         outputs = tuple(str(path) for path in job.output)
         wildcards = "/".join(str(value) for value in (getattr(job, "wildcards_dict", None) or {}).values())
         pointer = getattr(job.input, "pointer", None) if "pointer" in getattr(job.input, "keys", lambda: [])() else None
+        others = [name for name in _OTHER_REASONS if bool(getattr(reason, name, False))]
+        only_newer = others == ["updated_input"] and not reason.missing_output and not reason.updated_input_run
         records.append(Pending(
             key=keys[id(job)], rule=job.rule.name, label=f"{job.rule.name} {wildcards}".strip(), outputs=outputs,
             complete=bool(outputs) and all(os.path.exists(path) for path in outputs),
-            missing=bool(reason.missing_output), propagated=bool(reason.updated_input_run),
-            other=any(bool(getattr(reason, name, False)) for name in _OTHER_REASONS),
+            missing=bool(reason.missing_output), propagated=bool(reason.updated_input_run), other=bool(others),
             upstream=tuple(keys[id(dep)] for dep in dag.dependencies[job] if id(dep) in keys),
             pointer=str(pointer) if pointer else None,
+            newer=tuple(sorted(str(path) for path in reason.updated_input)) if only_newer else (),
         ))
     return records

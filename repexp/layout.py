@@ -31,6 +31,7 @@ Snakemake's rule declarations.
 
 from __future__ import annotations
 
+import glob
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -366,6 +367,25 @@ def config_snapshot(results: PathLike, name: str, config_hash: str) -> Path:
 def log_file(results: PathLike, rule: str, *parts: str) -> Path:
     """Snakemake's `log:` of one job: logs/<rule>/<wildcards...>.log."""
     return Path(results, LOGS_DIR, rule, *parts[:-1], f"{parts[-1] if parts else 'all'}.log")
+
+
+def execution_log(log: PathLike, execution: int) -> Path:
+    """One execution's own copy of a job's log, beside Snakemake's `log:` (which Snakemake deletes before
+    each attempt): `<name>.execution-<N>.log`."""
+    log = Path(log)
+    return log.with_name(f"{log.stem}.execution-{execution}{log.suffix}")
+
+
+def execution_logs(log: PathLike) -> dict[int, Path]:
+    """The execution logs of a job's `log:` by execution number."""
+    log = Path(log)
+    prefix, suffix = f"{log.stem}.execution-", log.suffix
+    found = {}
+    for path in log.parent.glob(f"{glob.escape(prefix)}*{suffix}"):
+        number = path.name[len(prefix):len(path.name) - len(suffix)]
+        if number.isdigit():
+            found[int(number)] = path
+    return found
 
 
 def benchmark_file(results: PathLike, rule: str, *parts: str) -> Path:

@@ -29,9 +29,23 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attempt", type=int, default=1, help="Snakemake's attempt (tagged on the node run)")
     parser.add_argument("--snakemake-jobid", help=SNAKEMAKE_JOBID_HELP)
     parser.add_argument("--config", type=Path, help="pipeline config (default: $REPEXP_CONFIG, the job's snapshot)")
+    parser.add_argument("--log", type=Path, help="the job's log (Snakemake's `log:`): this execution's output is also "
+                                                 "kept in <log name>.execution-<N>.log beside it (repexp.joblog)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from repexp import joblog
+
+    if args.log is None:
+        return _run(args)
+    joblog.start(args.log)
+    try:
+        return _run(args)
+    finally:
+        joblog.stop()
+
+
+def _run(args: argparse.Namespace) -> int:
     from repexp import config as C
     from repexp import jobs
     from repexp.tracking.node import flatten, load_config, prepare_node

@@ -14,7 +14,9 @@
 4. Under SLURM the trainer gets a deadline `train.walltime_margin_minutes` before the allocation ends
    (`repexp.walltime`); a trainer stopped there leaves `CHUNK_END` instead of `DONE`, the node run ends
    KILLED (tag `repexp.stopped`) and the job is requeued to resume from the chunk's checkpoint.
-5. A non-zero exit marks the run FAILED and is returned. After success the `metrics.jsonl` points
+5. A non-zero exit marks the run FAILED and is returned; `repexp.error` says the exit status and the
+   last line of the trainer's last traceback (repexp.joblog), e.g. `OSError: [Errno 28] No space left
+   on device`. After success the `metrics.jsonl` points
    missing from MLflow are replayed, by (key, step), into the run or the outbox (`repexp mlflow sync`
    compares the same way), so a point logged live before an outage is never stored twice.
 
@@ -31,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from repexp import layout, tracking, walltime
+from repexp import joblog, layout, tracking, walltime
 from repexp.io import read_json, write_json_atomic, write_text_atomic
 from repexp.processes import describe_exit, exit_status, forwarding_signals
 from repexp.tracking.names import ENV_ASYNC_LOGGING
@@ -64,7 +66,8 @@ def run_node(job, *, config=None, attempt: int = 1, snakemake_jobid: Optional[st
     for name in (layout.DONE, layout.CHUNK_END, RUN_FILE):
         (run_dir / name).unlink(missing_ok=True)
     job_yaml = write_text_atomic(run_dir / layout.JOB_YAML, C.dump_yaml(run_config))
-    state = {"training_hash": training_hash, "status": "running", "attempt": attempt}
+    state = {"training_hash": training_hash, "status": "running", "attempt": attempt,
+             "inputs": input_digests(run_config)}
     write_json_atomic(run_dir / STATE_FILE, state)
 
     restarts = walltime.restart_count()  # the allocations of one SLURM job (chunks, preemption) told apart
@@ -79,6 +82,17 @@ def run_node(job, *, config=None, attempt: int = 1, snakemake_jobid: Optional[st
     except tracking.NodeInterrupted as stop:  # a walltime chunk ended; the node run ended KILLED
         return next_chunk(stop)
     return 0
+
+
+def input_digests(run_config) -> dict[str, str]:
+    """The recorded content digests (repexp.intermediates' sidecars) of what this training reads, its
+    data splits and its model, by path: the workflow's start compares them when the inputs' times say
+    the training is outdated, so that new times alone never retrain it (repexp.intermediates)."""
+    from repexp.intermediates import read_sidecar
+
+    paths = [layout.split_file(run_config.data_dir, split) for split in ("train", "dev")] + [Path(run_config.model)]
+    recorded = {str(path): read_sidecar(path) for path in paths}
+    return {path: entry["sha256"] for path, entry in recorded.items() if entry is not None}
 
 
 def chunk_deadline(run_config) -> Optional[float]:
@@ -154,8 +168,10 @@ def _run_node(node, run_config, run_dir: Path, job_yaml: Path, state: dict, atte
         # from RUN_FILE when it first logs, so the MLflow import never delays training.
         live = node.check_store()
         opener = tracking.open_in_background(node, run_dir / RUN_FILE) if live else None
+        log = joblog.current()  # the trainer's output passes through it: its traceback's last line is the cause
         try:  # SIGTERM/SIGINT (walltime, preemption, Ctrl-C) go to the trainer, so it can stop cleanly
             command = trainer_command(run_config, job_yaml, attention, mlflow=live, deadline=deadline)
+            since = log.mark() if log is not None else 0
             print("train: " + " ".join(command), file=sys.stderr, flush=True)
             with forwarding_signals(subprocess.Popen(command, env=trainer_env(node, run_dir, live))) as proc:
                 code = exit_status(proc.wait())  # 128 + N when a signal N ended it
@@ -170,6 +186,9 @@ def _run_node(node, run_config, run_dir: Path, job_yaml: Path, state: dict, atte
         if code:
             mark("failed", exit_code=code)
             message = describe_exit(f"the {run_config.backend} trainer", code)
+            cause = log.cause(since) if log is not None else None
+            if cause:
+                message += f": {cause}"
             print(f"train: {message}", file=sys.stderr)
             raise tracking.NodeFailed(code, message)
         chunk, done = walltime.read_chunk_end(run_dir), (run_dir / layout.DONE).exists()

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -94,15 +95,42 @@ def test_content_changed_after_the_rebuild_is_not_hidden(tmp_path):
     assert I.visible_mtime(model) == 2_000_000.0 and I.visible_mtime(split) == 2_000_000.0
 
 
-def test_a_touch_without_a_rebuild_is_left_alone(tmp_path):
-    split = tmp_path / "test.parquet"
+def test_a_copy_without_times_or_a_touch_gets_the_recorded_time_back_and_a_real_edit_keeps_its_own(tmp_path):
+    """`cp -r` (every file a new one, touched one by one) after the first workflow (no start has recorded
+    a time yet), then a `touch` after a later start (one has): the content is the same, so the old time
+    comes back. Snakemake's own touch of its outputs after the job is no copy."""
+    import time
+
+    original = tmp_path / "original"
+    model, split = _model(original / "m"), original / "test.parquet"
     split.write_bytes(b"rows")
-    I.record_content(split)
-    _snakemake_touch(split, 1_000_000.0)
-    I.settle([split])
-    _snakemake_touch(split, 3_000_000.0)  # `touch`: the user asks for reruns
-    assert I.settle([split]) == []
-    assert I.visible_mtime(split) == 3_000_000.0
+    for path in (model, split):
+        I.record_content(path)
+        _snakemake_touch(path, time.time() + 1)  # Snakemake, after the job
+    assert I.settle([model, split]) == [] and I.visible_mtime(split) == I.read_sidecar(split)["mtime"]
+    for path in (model, split):  # the first workflow's state again: no start has recorded a time
+        I.sidecar(path).write_text(json.dumps({**I.read_sidecar(path), "mtime": None}))
+    produced = {path.name: I.read_sidecar(path)["produced"] for path in (model, split)}
+
+    copy = tmp_path / "copy"
+    shutil.copytree(original, copy, copy_function=shutil.copyfile)  # new files, new times
+    model, split = copy / "m", copy / "test.parquet"
+    _snakemake_touch(model, time.time() + 100)
+    lines = I.settle([model, split])
+    assert len(lines) == 2 and all("its time changed but not its content" in line for line in lines), lines
+    for path in (model, split):  # the moment it was produced: before every job made from it
+        assert I.visible_mtime(path) == produced[path.name] == I.read_sidecar(path)["mtime"]
+    assert I.settle([model, split]) == []  # the directory's new signature is recorded: no hashing next time
+
+    _snakemake_touch(split, time.time() + 200)  # a `touch` once a time is recorded
+    assert len(I.settle([split])) == 1 and I.visible_mtime(split) == produced[split.name]
+
+    (model / "config.json").write_text('{"a": 2}')  # a real change keeps its new time: what is made from it reruns
+    split.write_bytes(b"other rows")
+    _snakemake_touch(model, 4_000_000_000.0)
+    _snakemake_touch(split, 4_000_000_000.0)
+    assert I.settle([model, split]) == []
+    assert I.visible_mtime(model) == 4_000_000_000.0 and I.visible_mtime(split) == 4_000_000_000.0
 
 
 def test_missing_outputs_and_broken_sidecars_are_skipped(tmp_path):
@@ -152,6 +180,9 @@ def test_several_deleted_intermediates_are_rebuilt_one_after_the_other(tmp_path)
     for path in (done, evaluated):
         path.write_text("")
     split, pointer = tmp_path / "test.parquet", tmp_path / "select.json"
+    split.write_bytes(b"rows")
+    I.record_content(split)  # as `repexp data prepare` left it; its sidecar outlives it
+    split.unlink()
     jobs = [_job(3, "eval", [evaluated], propagated=True, upstream=[2, 0]),
             _job(2, "select", [pointer], complete=False, missing=True, propagated=True, upstream=[1]),
             _job(1, "train", [done], propagated=True, upstream=[0]),
@@ -162,6 +193,39 @@ def test_several_deleted_intermediates_are_rebuilt_one_after_the_other(tmp_path)
     (problem,) = I.check_pending(jobs)
     assert "(one command after the other)" in problem
     assert problem.index(f"snakemake {split}") < problem.index(f"snakemake {pointer}")
+    # only the split's time is set back at the next start (its sidecar); select.json has Snakemake's checksum only
+    assert f"A rebuild of {split} with the same content keeps every job made from it (its time is set back" in problem
+    assert f"A rebuild of {pointer} keeps the jobs made from it only where Snakemake finds it unchanged" in problem
+    assert ".snakemake/metadata" in problem
+
+
+def test_a_training_outdated_by_new_times_of_the_inputs_it_was_trained_on_stops_naming_the_touch(tmp_path):
+    """The second guard against a copy without times: where `settle` could not put a time back (a sidecar
+    from before it recorded when it was produced), finished trainings whose newer inputs still hold the
+    content they were trained on stop the run with the one command that accepts them; a real change
+    in content reruns them."""
+    model, split = _model(tmp_path / "models" / "tiny"), tmp_path / "train.parquet"
+    split.write_bytes(b"rows")
+    runs = {}
+    for name in ("same", "changed"):
+        run_dir = tmp_path / "train" / name
+        run_dir.mkdir(parents=True)
+        (run_dir / "DONE").write_text("{}")
+        recorded = {str(model): I.content_digest(model), str(split): I.content_digest(split)}
+        if name == "changed":
+            recorded[str(model)] = "0" * 64  # trained on other weights
+        (run_dir / "train_node.json").write_text(json.dumps({"status": "done", "inputs": recorded}))
+        runs[name] = run_dir / "DONE"
+    jobs = [replace(_job(0, "train", [runs["same"]], other=True), newer=(str(model), str(split))),
+            replace(_job(1, "train", [runs["changed"]], other=True), newer=(str(model),)),
+            replace(_job(3, "testtime", [split], other=True), newer=(str(model),))]  # reads the same model
+    (problem,) = I.check_pending(jobs, ["/venv/bin/snakemake", "all", "--cores", "2", "--configfile", "c.yaml"],
+                                 {"all"})
+    assert problem.startswith("train 0: finished, and would be retrained only because") and "train 1" not in problem
+    assert f"{model} (sha256 {I.content_digest(model)[:12]})" in problem
+    assert f"snakemake --touch {runs['same']} {split} --cores 2 --configfile c.yaml\n" in problem
+    assert "(and, outdated by the same files: testtime x1)" in problem
+    assert "--forcerun train" in problem
 
 
 def test_reruns_with_a_real_cause_upstream_pass(tmp_path):
@@ -337,3 +401,26 @@ def test_deleted_data_and_select_json_are_rebuilt_in_order_and_retrain_nothing(f
     ran = _jobs_run(proc)
     assert proc.returncode == 0 and ran.get("eval") == 1 and not {"preprocess", "train", "select"} & set(ran), \
         fx.output_tail(proc)
+
+
+def test_a_results_directory_copied_without_times_retrains_nothing(tmp_path_factory):
+    """The fault-injection run's copy: a results directory moved with `cp -r` (every file touched one by
+    one) right after its first workflow; here in an order that leaves the model and the data splits
+    newer than every training. Before, both trainings were moved aside and retrained from scratch."""
+    import time
+
+    reference = fx.reference_run(tmp_path_factory)
+    workdir = tmp_path_factory.mktemp("copied_without_times")
+    shutil.copytree(reference, workdir, symlinks=True, dirs_exist_ok=True, copy_function=shutil.copyfile)
+    fx.isolated_config(workdir)
+    results, start = fx.results(workdir), time.time()
+    for number, path in enumerate(sorted((p for p in results.rglob("*") if p.is_file()), reverse=True)):
+        os.utime(path, (start + number / 100, start + number / 100))
+    model = results / "models" / "tiny"
+    assert I.visible_mtime(model) > max(path.stat().st_mtime for path in results.glob("train/*/*/DONE"))
+
+    proc = _snakemake(workdir, "all", "-n")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Nothing to be done" in out, fx.output_tail(proc)
+    for path in ("models/tiny", "data/gsm8k/train.parquet", "data/gsm8k/dev.parquet"):
+        assert f"results/{path}: its time changed but not its content" in out, out[-3000:]

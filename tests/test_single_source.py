@@ -302,7 +302,8 @@ PURE_CORES = ("repexp.elliptical", "repexp.elliptical_order", "repexp.passk", "r
               "repexp.verify.pool", "repexp.verify.routing", "repexp.verify.scoring", "repexp.verify.timeout",
               "repexp.splits", "repexp.config", "repexp.arith", "repexp.testtime.core", "repexp.layout",
               "repexp.metrics", "repexp.bonus_defaults", "repexp.io", "repexp.walltime", "repexp.plan",
-              "repexp.intermediates", "repexp.features", "repexp.bonus_step", "repexp.pipeline", "repexp.gpus")
+              "repexp.intermediates", "repexp.features", "repexp.bonus_step", "repexp.pipeline", "repexp.gpus",
+              "repexp.joblog")
 FRAMEWORKS = ("verl", "trl", "transformers", "mlflow", "vllm", "snakemake", "ray", "hydra")
 
 

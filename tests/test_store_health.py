@@ -140,6 +140,74 @@ def test_an_empty_file_nobody_used_is_a_new_store_but_one_that_was_used_is_damag
     assert "No backup of it exists" in found.message("x")
 
 
+_EMPTY_STORE = ("import sys; from mlflow import MlflowClient; "
+                "MlflowClient(tracking_uri=sys.argv[1]).search_experiments()")
+
+
+def test_an_empty_or_foreign_store_in_place_of_a_known_one_is_refused_like_a_deleted_one(tmp_path, clean_env,
+                                                                                           capsys):
+    """The fault-injection run's empty store: `mlflow.db` deleted and re-created empty by an MLflow client;
+    then the store shrunk by a run, whose backup must not rotate out the larger one's."""
+    import sqlite3
+
+    from repexp.tracking.workflow import guard_store
+
+    results = tmp_path / "results"
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump({"name": "swap-test", "results_dir": str(results), "model": "tiny",
+                                        "sweep": {"tasks": ["gsm8k"], "backends": ["trl"], "sparse_dims": [8],
+                                                  "betas": [0.01], "seeds": [42]}}))
+    from repexp.tracking.node import load_config
+
+    cfg = load_config(str(cfg_path))
+    db = results / "mlflow" / "mlflow.db"
+    for _ in range(2):
+        with T.node_run("eval", "gsm8k", "base", config=cfg):
+            pass
+    runs = len(_runs(db))
+    guard_store(cfg, db)  # a workflow's start: healthy, recorded and backed up
+    (good,) = health.backups(db)
+    assert health.read_ledger(results)[str(db.resolve())]["runs"] == runs
+
+    db.unlink()  # any MLflow client (or `mlflow ui`) on that path now creates an empty store
+    subprocess.run([sys.executable, "-c", _EMPTY_STORE, f"sqlite:///{db}"], check=True, env=_env(), timeout=120)
+    assert db.exists() and not _runs(db)
+    found = health.problem(db, results)
+    assert found is not None and found.kind == "replaced" and "another store" in found.detail
+    with pytest.raises(SystemExit) as stop:  # the workflow's start
+        guard_store(cfg, db)
+    assert stop.value.code == 1
+    assert health.record_healthy(db, results) is None  # the ledger keeps the count of the store it stands for
+    assert health.read_ledger(results)[str(db.resolve())]["runs"] == runs
+    assert health.backups(db) == [good]  # the empty store was not backed up
+    with T.node_run("eval", "gsm8k", "base", config=cfg) as node:  # a node keeps its record instead
+        pass
+    assert not node.online and "not the store it was" in node.offline_reason and not _runs(db)
+    proc = _repexp("mlflow", "sync", "--config", str(cfg_path))
+    assert proc.returncode == 1 and f"the MLflow store {db} is not the store it was" in proc.stderr, proc.stderr
+    assert f"({runs} runs when last seen healthy" in proc.stderr and f"{good.name}: {runs} runs" in proc.stderr
+    assert f"repexp mlflow restore --store sqlite:///{db}" in proc.stderr and "--new-store" in proc.stderr
+
+    assert health.restore(db, results)[0] == good  # `repexp mlflow restore`
+    assert len(_runs(db)) == runs and health.problem(db, results) is None
+    assert list(db.parent.glob("mlflow.db.damaged-*"))  # the empty store is kept aside, not deleted
+
+    # the same store with fewer runs than counted (a copy from before some runs)
+    with sqlite3.connect(db) as con:
+        con.execute("DELETE FROM runs WHERE run_uuid = (SELECT run_uuid FROM runs ORDER BY start_time DESC LIMIT 1)")
+    found = health.problem(db, results, thorough=False)
+    assert found.kind == "replaced" and f"holds {runs - 1} runs, fewer than the {runs}" in found.detail
+
+    # its backup never pushes out the copy of the larger store, and says so
+    time.sleep(0.01)
+    capsys.readouterr()
+    smaller = health.backup(db, keep=1)
+    assert smaller is not None and health.backups(db) == [smaller, good]
+    warning = capsys.readouterr().err
+    assert "WARNING: kept the backup" in warning and str(good) in warning and f"({runs} runs)" in warning
+    assert f"at most {runs - 1} runs" in warning
+
+
 def _snakemake(workdir: Path, config: Path, target: str, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run([SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
                            "--configfile", str(config), "--cores", "1", target, *extra],
@@ -169,6 +237,9 @@ def test_the_workflow_stops_before_any_job_on_a_damaged_or_missing_store_and_say
     _wait_for_parents(results)
     before = _runs(db)
     assert before
+    # the first workflow created the store; its end backed it up, parents (created beside the jobs) included
+    newest = health.newest_backup(db)
+    assert newest is not None and newest[2] == len(before), health.backups(db)
 
     # a second start backs the store up, then the store is damaged
     proc = _snakemake(tmp_path, config, "results/data/arith/test.parquet", "--forcerun", "preprocess")

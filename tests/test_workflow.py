@@ -309,6 +309,10 @@ def test_pipeline_produces_evals_table_and_figures(pipeline):
     snapshot = next((results / "config").glob("*.yaml")).relative_to(workdir)
     assert f"MLflow:  cd {workdir} && repexp mlflow ui --config {snapshot}   #" in tail
     assert f"(store sqlite:///{(results / 'mlflow' / 'mlflow.db').resolve()})" in tail
+    # no server ran, so no login file exists yet: the line says the server `repexp mlflow ui` starts writes it
+    credentials = (results / "mlflow" / "credentials.json").resolve()
+    assert not credentials.exists() and "its login is in" not in tail
+    assert f"asks for a login, which it writes to {credentials})" in tail
     for run in runs:  # test-time RepExp: both curves meet at k = n; the table's column is the RepExp curve
         testtime = json.loads((results / "testtime" / "gsm8k" / run / "testtime.json").read_text())
         assert testtime["k"] == [1, 2, 3, 4] and testtime["pass_at_k_repexp"][-1] == testtime["pass_at_k_random"][-1]
@@ -322,7 +326,12 @@ def test_pipeline_produces_evals_table_and_figures(pipeline):
         assert all((results / "figures" / name).stat().st_size > 0 for name in figure["files"])
     # every job left its log and benchmark
     # one per job: model, preprocess, aggregate, figures, train and select per trained run, eval and testtime per run
-    assert len(list((results / "logs").rglob("*.log"))) == 4 + 2 * TRAINED + 2 * TEST_RUNS
+    jobs = 4 + 2 * TRAINED + 2 * TEST_RUNS
+    assert len([log for log in (results / "logs").rglob("*.log") if ".execution-" not in log.name]) == jobs
+    # and its first execution's own copy beside it (repexp.joblog)
+    copies = list((results / "logs").rglob("*.execution-1.log"))
+    assert len(copies) == jobs == len(list((results / "logs").rglob("*.execution-*.log")))
+    assert all(copy.stat().st_size > 0 for copy in copies)
     assert len(list((results / "benchmarks").rglob("*.tsv"))) == 4 + 2 * TRAINED + 2 * TEST_RUNS
 
 

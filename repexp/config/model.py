@@ -276,9 +276,11 @@ class TrackingConfig:
                                      "(null: SQLite on the submit host's local disk, /var/tmp/repexp-mlflow-<user>/)")
     # A damaged or vanished SQLite store stops the workflow before any job (docs/tracking.md, "When
     # the store is damaged or gone"); these two settings are the ways on.
-    store_backups: int = _f(3, help="backups of the SQLite store kept in backups/ beside it, one per workflow "
-                            "start when it changed (SQLite's online backup; 0: none)", minimum=0)
-    new_store: bool = _f(False, help="where the SQLite store this results directory used is damaged or gone, "
+    store_backups: int = _f(3, help="backups of the SQLite store kept in backups/ beside it, one at each workflow "
+                            "start and end when it changed (SQLite's online backup; 0: none); an older backup with "
+                            "more runs than all of these is kept too, with a warning", minimum=0)
+    new_store: bool = _f(False, help="where the SQLite store this results directory used is damaged, gone or "
+                         "replaced by another (an empty one, say), "
                          "start a new, empty one instead of stopping (the damaged file is kept)")
 
 

@@ -4,10 +4,14 @@ MLflow opens whatever `sqlite:///` path it is given and creates an empty store w
 damaged or deleted store would silently be replaced and the experiment's history lost. So:
 
 - the ledger `<results>/mlflow/stores.json` records every SQLite store this results directory has
-  logged to (path, runs, when last seen healthy);
-- `problem(path, results)`: "damaged" (fails `quick_check`, no MLflow tables) or "missing" (the
-  ledger knows it, the file is gone), else None: an unknown path that does not exist is just new;
-- `backup(path, keep)`: SQLite's online backup into `<store dir>/backups/` at each workflow start;
+  logged to (path, runs, identity, when last seen healthy);
+- `problem(path, results)`: "damaged" (fails `quick_check`, no MLflow tables), "missing" (the
+  ledger knows it, the file is gone) or "replaced" (a readable store in its place that is another
+  one, or holds fewer runs than the ledger counted: an empty store MLflow created where the file
+  was deleted, another results directory's store), else None: an unknown path that does not exist
+  is just new;
+- `backup(path, keep)`: SQLite's online backup into `<store dir>/backups/` at each workflow start
+  and end; a backup with more runs than every newer one is kept beyond `keep`, with a warning;
 - `restore(path)` / `start_fresh(path)`: nothing is deleted, a damaged file is moved aside.
 
 Standard library only (sqlite3): the workflow's start and every node call it before MLflow loads.
@@ -19,6 +23,7 @@ import contextlib
 import json
 import os
 import sqlite3
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +102,37 @@ def inspect(path: Path, thorough: bool = True) -> tuple[Optional[str], int]:
         return f"{type(err).__name__}: {err}", 0
 
 
+def identity(path: Path) -> Optional[str]:
+    """What tells one MLflow store from another: the creation time (ms) of its first experiment
+    (MLflow's "Default", made when the store is created). A copy (a backup) has its original's; an
+    empty store MLflow creates in place of a deleted one has a new one. None if it cannot be read."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=60)) as con:
+            row = con.execute("SELECT creation_time FROM experiments ORDER BY experiment_id LIMIT 1").fetchone()
+    except sqlite3.Error:
+        return None
+    return None if row is None or row[0] is None else str(row[0])
+
+
+def mismatch(path: Path, runs: int, known: Optional[dict]) -> Optional[str]:
+    """Why a readable store at `path` is not the one the ledger entry `known` describes, or None."""
+    if not known:
+        return None
+    recorded, found = known.get("identity"), identity(path)
+    if recorded and found and recorded != found:
+        return (f"it is another store than the one this results directory logged to (created {_when_ms(found)}, "
+                f"not {_when_ms(recorded)}; {runs} runs): an empty store that MLflow created where the file was "
+                "deleted, or another results directory's")
+    if known.get("runs") is not None and runs < known["runs"]:
+        return (f"it holds {runs} runs, fewer than the {known['runs']} this results directory counted in it: an empty "
+                "store that MLflow created where the file was deleted, or another one")
+    return None
+
+
+def _when_ms(milliseconds: str) -> str:
+    return _when(int(milliseconds) / 1000) if str(milliseconds).isdigit() else str(milliseconds)
+
+
 def _truncated(path: Path) -> Optional[str]:
     """Whether the file is shorter than SQLite's header says (page size × page count, when that count
     is valid: its version-valid-for number equals the change counter)."""
@@ -112,9 +148,14 @@ def _truncated(path: Path) -> Optional[str]:
 @dataclass
 class StoreProblem:
     path: Path
-    kind: str  # "damaged" | "missing"
+    kind: str  # "damaged" | "missing" | "replaced"
     detail: str
     known: dict  # the ledger's entry (runs, last_seen), or {} when only parents.json knew the store
+
+    @property
+    def state(self) -> str:
+        """"damaged", "missing", or what a replaced store is, for "the store ... is <state>"."""
+        return "not the store it was" if self.kind == "replaced" else self.kind
 
     def message(self, fresh_hint: str) -> str:
         """The way out, for a person: the store, what happened, the restore command, the fresh start."""
@@ -123,19 +164,19 @@ class StoreProblem:
         history = "this results directory logged to it before"
         if runs is not None and seen is not None:
             history += f" ({runs} runs when last seen healthy, {_when(seen)})"
-        lines = [f"the MLflow store {self.path} is {self.kind}: {self.detail}; {history}."]
-        newest = newest_backup(self.path)
+        lines = [f"the MLflow store {self.path} is {self.state}: {self.detail}; {history}."]
+        kept = {"damaged": "the damaged file", "replaced": "the file now in its place"}.get(self.kind)
+        newest = newest_backup(self.path, self.known.get("identity"))
         if newest is not None:
             backup_path, taken, backup_runs = newest
             lines.append(f"  Restore the newest backup ({backup_path.name}: {backup_runs} runs, {_when(taken)}"
-                         + ("; the damaged file is kept beside it" if self.kind == "damaged" else "") + "):")
+                         + (f"; {kept} is kept beside it" if kept else "") + "):")
             lines.append(f"      repexp mlflow restore --store sqlite:///{self.path}")
             lines.append("    Runs logged after that backup are not in it (records still in the outbox are: "
                          "`repexp mlflow sync` uploads them).")
         else:
             lines.append(f"  No backup of it exists ({self.path.parent / BACKUP_DIR}).")
-        lines.append(f"  Or start a new, empty store{' (the damaged file is kept)' if self.kind == 'damaged' else ''}: "
-                     f"{fresh_hint}")
+        lines.append(f"  Or start a new, empty store{f' ({kept} is kept)' if kept else ''}: {fresh_hint}")
         return "\n".join(lines)
 
 
@@ -145,9 +186,10 @@ def problem(path: str | os.PathLike, results_dir: Optional[str | os.PathLike], t
     path = Path(path)
     known = _known(path, results_dir) if results_dir is not None else None
     if path.exists():
-        detail, _ = inspect(path, thorough)
+        detail, runs = inspect(path, thorough)
         if detail is None:
-            return None
+            replaced = mismatch(path, runs, known)
+            return None if replaced is None else StoreProblem(path, "replaced", replaced, known)
         if known is None and path.stat().st_size == 0:
             return None  # an empty file nobody logged to: MLflow makes a store of it
         return StoreProblem(path, "damaged", detail, known or {})
@@ -169,8 +211,11 @@ def _known(path: Path, results_dir: str | os.PathLike) -> Optional[dict]:
     return {} if parents.get("tracking_uri") == f"sqlite:///{_key(path)}" else None
 
 
-def record_healthy(path: str | os.PathLike, results_dir: str | os.PathLike) -> Optional[int]:
-    """Note in the ledger that the store exists and is healthy (cheap check); returns its run count."""
+def record_healthy(path: str | os.PathLike, results_dir: str | os.PathLike, accept: bool = False) -> Optional[int]:
+    """Note in the ledger that the store exists and is healthy (cheap check); returns its run count.
+    A store that is not the one the ledger knows (another identity, fewer runs) is not recorded
+    (None), so the ledger never forgets the store it stands for; `accept` records it anyway (a restore
+    the user asked for)."""
     path = Path(path)
     if not path.exists():
         return None
@@ -179,8 +224,11 @@ def record_healthy(path: str | os.PathLike, results_dir: str | os.PathLike) -> O
         return None
     ledger = read_ledger(results_dir)
     entry = ledger.get(_key(path), {})
+    if not accept and mismatch(path, runs, _known(path, results_dir)) is not None:
+        return None
     entry.pop("replaced", None)
-    entry.update(runs=runs, last_seen=time.time(), first_seen=entry.get("first_seen", time.time()))
+    entry.update(runs=runs, identity=identity(path), last_seen=time.time(),
+                 first_seen=entry.get("first_seen", time.time()))
     ledger[_key(path)] = entry
     write_json_atomic(ledger_path(results_dir), ledger)
     return runs
@@ -195,11 +243,12 @@ def backups(path: Path) -> list[Path]:
     return sorted(directory.glob(f"{Path(path).stem}-*.db"), reverse=True) if directory.is_dir() else []
 
 
-def newest_backup(path: Path) -> Optional[tuple[Path, float, int]]:
-    """(file, time taken, runs) of the newest backup that passes quick_check, or None."""
+def newest_backup(path: Path, store_identity: Optional[str] = None) -> Optional[tuple[Path, float, int]]:
+    """(file, time taken, runs) of the newest backup that passes quick_check (and, given the store's
+    `store_identity`, is a copy of that store), or None."""
     for candidate in backups(path):
         detail, runs = inspect(candidate)
-        if detail is None:
+        if detail is None and (store_identity is None or identity(candidate) in (None, store_identity)):
             return candidate, candidate.stat().st_mtime, runs
     return None
 
@@ -216,8 +265,10 @@ def _copy(source: Path, target: Path) -> None:
 
 
 def backup(path: str | os.PathLike, keep: int) -> Optional[Path]:
-    """Back the store up unless it is unchanged since its newest backup; keep the newest `keep`.
-    Returns the new backup (None: nothing to do). The store must be healthy (checked before)."""
+    """Back the store up unless it is unchanged since its newest backup; keep the newest `keep`, and
+    beyond them any backup with more runs than every one kept (with a warning on stderr: a store
+    that shrank never pushes out the copy of a larger one). Returns the new backup (None: nothing to
+    do). The store must be healthy (checked before)."""
     path = Path(path)
     if keep <= 0 or not path.exists():
         return None
@@ -230,7 +281,15 @@ def backup(path: str | os.PathLike, keep: int) -> Optional[Path]:
     directory.mkdir(mode=0o700, exist_ok=True)
     target = directory / f"{path.stem}-{_stamp()}.{int(time.time() * 1000) % 1000:03d}.db"
     _copy(path, target)
-    for old in backups(path)[keep:]:
+    current = backups(path)
+    most = max(inspect(kept, thorough=False)[1] for kept in current[:keep])
+    for old in current[keep:]:
+        runs = inspect(old, thorough=False)[1]
+        if runs > most:
+            print(f"repexp: WARNING: kept the backup {old} ({runs} runs) beyond tracking.store_backups={keep}: the "
+                  f"store {path} and its newer backups hold at most {most} runs; remove it by hand once it is not "
+                  "needed", file=sys.stderr)
+            continue
         old.unlink(missing_ok=True)
     return target
 
@@ -254,7 +313,8 @@ def restore(path: str | os.PathLike, results_dir: Optional[str | os.PathLike] = 
     if any, is moved aside. Returns (the backup used, its runs, where the old file went)."""
     path = Path(path)
     if source is None:
-        newest = newest_backup(path)
+        known = _known(path, results_dir) if results_dir is not None else None
+        newest = newest_backup(path, (known or {}).get("identity"))  # a copy of the store the ledger knows
         if newest is None:
             raise FileNotFoundError(f"no healthy backup of {path} in {path.parent / BACKUP_DIR}")
         source, _, runs = newest
@@ -265,7 +325,7 @@ def restore(path: str | os.PathLike, results_dir: Optional[str | os.PathLike] = 
     moved = _move_aside(path, "damaged")
     _copy(Path(source), path)
     if results_dir is not None:
-        record_healthy(path, results_dir)
+        record_healthy(path, results_dir, accept=True)
     return Path(source), runs, moved
 
 

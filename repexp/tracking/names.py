@@ -41,6 +41,7 @@ RESULTS_ID_TAG = "repexp.results_id"  # the results directory a run belongs to (
 RESULTS_DIR_TAG = "repexp.results_dir"  # its absolute path, for people
 RECORD_TAG = "repexp.record_id"  # one per node execution; finds a run again when an outbox record is replayed
 EXECUTION_TAG = "repexp.execution"  # 1, 2, ...: how many times this node ran for its sweep point (all attempts)
+LOG_TAG = "repexp.log"  # the node's own execution log (repexp.joblog), when `repexp run --log` ran it
 PID_TAG = "repexp.pid"  # the process that opened a node run (with the `host` tag: is it still alive?)
 SUPERSEDED_TAG = "repexp.superseded_by"  # on a RUNNING run whose process died: the run of the rerun that ended it
 ERROR_TAG = "repexp.error"

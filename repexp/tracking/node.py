@@ -24,6 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
+from repexp import joblog
 from repexp.io import read_json, write_json_atomic
 from repexp.metrics import metric_name
 from repexp.processes import pid_alive
@@ -38,6 +39,7 @@ from repexp.tracking.names import (
     ENV_TRACKING,
     ERROR_TAG,
     EXECUTION_TAG,
+    LOG_TAG,
     PARENTS_FILE,
     PID_TAG,
     RECORD_FILE,
@@ -330,7 +332,9 @@ def open_child(store: Store, experiment_id: str, record: Record, *, end_stale: b
     replay of an old record) earlier executions that a killed process left RUNNING become KILLED."""
     earlier = store.earlier_executions(experiment_id, record.parent_run_id, record.tags[RULE_TAG],
                                        record.tags[WILDCARDS_TAG], record.start_ms)
-    execution = execution_number(earlier)
+    # the number the node was given (its execution log's, repexp.joblog) unless the store knows more executions
+    # (runs from before the execution logs); a record uploaded late keeps its own number
+    execution = str(max(int(execution_number(earlier)), int(record.tags.get(EXECUTION_TAG) or 0)))
     record.tags[EXECUTION_TAG] = execution
     if execution != "1" and "#" not in record.run_name:
         record.run_name = f"{record.run_name} #{execution}"
@@ -429,6 +433,9 @@ def prepare_node(
         results_dir=results_abs,
     )
     record.params.update(param_values({**(params or {}), **scope.params}))
+    log = joblog.current()
+    if log is not None:  # `repexp run --log`: the execution's number and its own log file
+        record.tags.update({EXECUTION_TAG: str(log.execution), LOG_TAG: str(log.path.resolve())})
     node = NodeRun(record, scope, outbox_dir(cfg.results_dir), enabled=enabled,
                    system_metrics=system_metrics_enabled(rule))
     # Before the node's work: its record in the outbox, so an attempt whose end cannot be written (a full

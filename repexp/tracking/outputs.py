@@ -33,8 +33,10 @@ def run_stage(node, stage: Callable[[], Any], outputs: Sequence[str], what: str,
     --record` uploads it. `in_run`: the stage logs into the run itself (aggregate, figures), so the run
     is opened first and named to it through MLflow's environment variables. The stage returns a
     StageResult (or an exit status); a non-zero status or an exception ends the node FAILED with
-    "`what` exited with status N" or the exception as `repexp.error`.
+    "`what` exited with status N" (and the last traceback's exception line written meanwhile, when
+    `repexp run --log` keeps the output: repexp.joblog) or the exception as `repexp.error`.
     """
+    from repexp import joblog
     from repexp.processes import describe_exit
     from repexp.tracking.node import as_current
     from repexp.tracking.outbox import upload_in_background
@@ -43,6 +45,8 @@ def run_stage(node, stage: Callable[[], Any], outputs: Sequence[str], what: str,
     node.check_store()  # an unreachable store is known (and warned about) before the stage starts
     opener = threading.Thread(target=node.start, name="mlflow-node-start", daemon=True)
     node.start() if in_run else opener.start()
+    log = joblog.current()  # `repexp run --log`: a child's traceback in the output names the cause of a failure
+    since = log.mark() if log is not None else 0
     saved, result, code, error = dict(os.environ), None, 1, None
     if in_run:  # the node's run for MLflow's own fluent API and repexp.tracking.targets
         run = {"MLFLOW_RUN_ID": node.run_id, "MLFLOW_EXPERIMENT_NAME": node.record.experiment} if node.online else {}
@@ -65,7 +69,9 @@ def run_stage(node, stage: Callable[[], Any], outputs: Sequence[str], what: str,
     if not in_run and not node.defer():
         opener.join()
     if code:
-        error = error or describe_exit(f"`{what}`", code)
+        if error is None:
+            cause = log.cause(since) if log is not None else None
+            error = describe_exit(f"`{what}`", code) + (f": {cause}" if cause else "")
     else:
         try:
             log_result(node, result)

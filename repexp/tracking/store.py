@@ -106,7 +106,7 @@ def reachable(tracking_uri: str, timeout_s: float = HEALTH_TIMEOUT_S,
         if results_dir is not None:
             found = problem(sqlite_path(tracking_uri), results_dir, thorough=False)
             if found is not None:
-                return (f"the store {found.path} is {found.kind} ({found.detail}) and this results directory "
+                return (f"the store {found.path} is {found.state} ({found.detail}) and this results directory "
                         "logged to it before: not creating a new one (`repexp mlflow sync` says how to restore it)")
     return None
 

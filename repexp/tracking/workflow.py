@@ -1,15 +1,16 @@
 """What the Snakefile's `onstart`/`onsuccess`/`onerror` do for tracking (called from
 workflow/rules/common.smk in the main Snakemake process; no MLflow import here).
 
-At the start: the SQLite store's health (repexp.tracking.health: a damaged store, or one this
-results directory used that is gone, stops the workflow before any job and says how to restore it
-or start a new one; a healthy one is backed up), then the workflow's tracking server when the
-config asks for one (`tracking.server`: `on`, or `auto` with a cluster executor and no tracking
-URI set), exported to every job as
-`MLFLOW_TRACKING_URI`; then every parent run, once (`repexp mlflow parents`; beside the first jobs
-on a local SQLite store). At the end:
-the records nodes left in the outbox are uploaded (`repexp mlflow sync`, which also waits for
-detached uploads under way), then the server this workflow started is stopped.
+At the start: the SQLite store's health (repexp.tracking.health: a damaged store, one this
+results directory used that is gone, or another store in its place, stops the workflow before any
+job and says how to restore it or start a new one; a healthy one is backed up), then the
+workflow's tracking server when the config asks for one (`tracking.server`: `on`, or `auto` with a
+cluster executor and no tracking URI set), exported to every job as `MLFLOW_TRACKING_URI`; then
+every parent run, once (`repexp mlflow parents`; beside the first jobs on a local SQLite store).
+At the end: the parent runs' creation is awaited, the records nodes left in the outbox are uploaded
+(`repexp mlflow sync`, which also waits for detached uploads under way), the server this workflow
+started is stopped, and the store is backed up again (after success and failure alike), so even the
+store a results directory's first workflow created has a backup.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ PARENTS_TIMEOUT_S = 300
 _started_server = False
 _server_store = None  # the store of the server this workflow used (on_start), for the closing pointers
 _sqlite_store: Path | None = None  # the SQLite file this workflow's runs land in, checked at the start
+_parents: subprocess.Popen | None = None  # `repexp mlflow parents` started beside the first jobs
 
 
 def wants_server(cfg, non_local_exec: bool) -> bool:
@@ -63,9 +65,17 @@ def guard_store(cfg, db: Path) -> None:
         print(f"repexp: WARNING: tracking.new_store: a new, empty MLflow store at {db}{kept}; the runs of "
               "the old one are not in it", file=sys.stderr)
         return
+    back_up(cfg, db)
+
+
+def back_up(cfg, db: Path) -> None:
+    """Record a healthy store in the ledger and back it up (when it changed since its newest backup);
+    a store that is not healthy is left alone (the next start stops on it and says why)."""
     try:
-        health.backup(db, cfg.tracking.store_backups)
+        if health.problem(db, cfg.results_dir) is not None:
+            return
         health.record_healthy(db, cfg.results_dir)
+        health.backup(db, cfg.tracking.store_backups)
     except (OSError, health.sqlite3.Error) as err:  # a backup that fails never stops the science
         print(f"repexp: WARNING: no backup of the MLflow store {db}: {err}", file=sys.stderr)
 
@@ -106,12 +116,14 @@ def create_parents(cfg, config_path: str | Path) -> None:
     """`repexp mlflow parents` before the first job. A server store has no lock across hosts, so the
     workflow waits for it (seconds, once). A local SQLite store serialises parent creation under its
     file lock anyway, so there it runs beside the first jobs instead of delaying them."""
+    global _parents
     command = [sys.executable, "-m", "repexp", "mlflow", "parents", "--config", str(config_path)]
     if is_sqlite(resolve_tracking_uri(cfg.results_dir, cfg.tracking.tracking_uri)):
         log_path = mlflow_dir(cfg.results_dir) / PARENTS_LOG
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
-            subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+            _parents = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                        start_new_session=True)
         return
     try:
         subprocess.run(command, check=False, timeout=PARENTS_TIMEOUT_S)
@@ -120,13 +132,19 @@ def create_parents(cfg, config_path: str | Path) -> None:
 
 
 def on_end(config_path: str | Path, results_dir: str | Path) -> None:
+    if _parents is not None:  # its runs belong in the end's backup
+        try:
+            _parents.wait(timeout=PARENTS_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            print("repexp: creating MLflow parent runs is still under way; the store's backup may lack them",
+                  file=sys.stderr)
     if pending_records(results_dir):
         subprocess.run([sys.executable, "-m", "repexp", "mlflow", "sync", "--config", str(config_path), "--finished"],
                        check=False)
     if _started_server:
         server.stop(results_dir, owner="workflow")
-    if _sqlite_store is not None:
-        health.record_healthy(_sqlite_store, results_dir)  # the ledger: a store created by this run's jobs
+    if _sqlite_store is not None:  # the ledger and a backup: also of a store created by this run's jobs
+        back_up(load_config(str(config_path)), _sqlite_store)
 
 
 def where_lines(cfg, results: Path, aggregate: Path, figures: Path, config: Path | None = None) -> list[str]:
@@ -143,9 +161,17 @@ def where_lines(cfg, results: Path, aggregate: Path, figures: Path, config: Path
         store = _server_store or resolve_tracking_uri(results, cfg.tracking.tracking_uri)
 
         served = store.startswith(("http://", "https://"))
-        # the results directory's own server (the one `repexp mlflow ui` starts, or this run's) asks for its login
-        own = auth.own_credentials(store, results) is not None if served else cfg.tracking.server_auth
-        login = f"  (its login is in {auth.credentials_file(results)})" if own else ""
+        # the results directory's own server (this run's, or the one `repexp mlflow ui` starts) asks for its login;
+        # where no server ran yet, the file does not exist: the first server writes it
+        credentials = auth.credentials_file(results)
+        if served:
+            login = f"  (its login is in {credentials})" if auth.own_credentials(store, results) is not None else ""
+        elif not cfg.tracking.server_auth:
+            login = ""
+        elif credentials.exists():
+            login = f"  (the server it starts asks for the login in {credentials})"
+        else:
+            login = f"  (the server it starts asks for a login, which it writes to {credentials})"
         if config is not None:
             lines.append(f"  MLflow:  {ui_command(config)}   # the eval runs by pass@k, in the MLflow UI")
             lines.append(f"           (store {store}){login}")

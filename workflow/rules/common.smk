@@ -132,7 +132,8 @@ def job_hash(rule):
 
 def node_command(rule):
     """The shell of a rule: identities only (its wildcards); `repexp run` composes everything else from
-    the config snapshot (repexp.jobs) and runs the stage inside its MLflow node run (repexp.run_cli)."""
+    the config snapshot (repexp.jobs) and runs the stage inside its MLflow node run (repexp.run_cli).
+    `--log`: each execution's output is also kept in its own file beside the log (repexp.joblog)."""
     identity = "".join(f" --{name.replace('_', '-')} {{wildcards.{name}}}" for name in J.RULES[rule][2])
     # A job placed on one GPU sees only it, numbered as nvidia-smi numbers it (PCI bus order; vLLM takes
     # no UUIDs there); `env`, since train's launcher runs the command as its arguments.
@@ -141,7 +142,10 @@ def node_command(rule):
         if PIPELINE.places(rule)
         else ""
     )
-    return f"{device}repexp run {rule}{identity} --attempt {{resources.attempt}} --snakemake-jobid {{{{{{jobid}}}}}} > {{log}} 2>&1"
+    return (
+        f"{device}repexp run {rule}{identity} --attempt {{resources.attempt}} --snakemake-jobid {{{{{{jobid}}}}}} "
+        "--log {log} > {log} 2>&1"
+    )
 
 
 def eval_inputs(wildcards):
