@@ -26,8 +26,9 @@ CONVERTED = ("preprocess", "train", "select", "merge", "eval", "testtime", "mode
 # the one shell shape of a converted rule (common.smk, node_command): identities, the attempt, the job id, the log
 # (train's behind ray_slurm.sh: nodes, GPUs per node, threads)
 SHAPE = re.compile(r"(?:bash \"\$REPEXP_WORKFLOW_DIR/scripts/ray_slurm.sh\" \d+ \d+ \d+ )?"
+                   r"(?:env CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=\d+ )?"
                    r"repexp run (?P<rule>\w+)(?: --task [\w-]+(?: --run \w[\w.]*)?| --alias \w+| --hub-model \S+)? "
-                   r"--attempt \d+ --snakemake-jobid \{\d+\} > \S+\.log 2>&1")
+                   r"--attempt \d+ --snakemake-jobid \{\d+\} --log (?P<log>\S+\.log) > (?P=log) 2>&1")
 
 
 def shell_commands(proc: subprocess.CompletedProcess) -> dict[str, list[str]]:
@@ -55,7 +56,7 @@ def test_every_converted_rule_runs_one_command_shape_without_settings(configfile
             match = SHAPE.fullmatch(line)
             assert match and match["rule"] == rule, line
             # no setting, path or model reaches the command line: the job composes them
-            assert not re.search(r"\s--(?!task|run|alias|hub-model|attempt|snakemake-jobid)[\w-]+", line), line
+            assert not re.search(r"\s--(?!task|run|alias|hub-model|attempt|snakemake-jobid|log)[\w-]+", line), line
     raw = yaml.safe_load(configfile.read_text())
     assert str(raw["eval"]["n_samples"]) not in " ".join(commands["eval"]).replace("s42", "")
 
