@@ -12,6 +12,7 @@ TRL backend and test-time, and the step's bonus is `repexp.bonus_step`, shared w
               dev pass@k, best-dev tracking, checkpoint completion and covariance state.
 - `train`     the Hydra entry ``python -m repexp.verl.train``; `overrides` maps a RunConfig onto it.
 - `merge`     ``repexp merge``: FSDP shards -> Hugging Face directory.
+- `startup`   where a run's start-up goes: marks from each process -> ``startup.json`` phases.
 
 Importing this package does not import verl; the modules that need verl import it themselves.
 """
