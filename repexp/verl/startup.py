@@ -27,7 +27,7 @@ MARKS: tuple[tuple[str, str], ...] = (
     ("process", "the entry point's process started"),
     ("imported", "imports of torch, Ray, Hydra and verl in the entry point"),
     ("task_runner", "ray.init and the TaskRunner actor (a new process importing verl)"),
-    ("trainer", "TransferQueue's controller and storage actors"),
+    ("trainer", "the TaskRunner importing the trainer, printing the config, starting TransferQueue's actors"),
     ("data", "tokenizer, datasets and data loaders"),
     ("actor_begin", "the actor worker's process spawned and importing"),
     ("actor_fsdp", "the policy's FSDP wrap (weights, optimizer)"),
