@@ -15,11 +15,8 @@ disk was too full to write the log, and the node records it as the failure's cau
 
 from __future__ import annotations
 
-import fcntl
 import os
-import struct
 import sys
-import termios
 import threading
 import time
 from pathlib import Path
@@ -30,7 +27,9 @@ from repexp import layout
 TAIL_BYTES = 64 * 1024
 JOIN_TIMEOUT_S = 10.0
 DRAIN_TIMEOUT_S = 5.0  # at most this long for the pumps to read what a child left in the pipes
-DRAIN_SETTLE_S = 0.05  # nothing new for this long: everything written so far has been read
+# written into both pipes by `_drain`: a pipe is first in, first out, so once a pump has read it, it has
+# read everything written before it (a child that just exited included); never passed on
+SENTINEL = b"\x00repexp-joblog-drained\x00"
 TRACEBACK = "Traceback (most recent call last):"
 
 
@@ -42,12 +41,14 @@ class JobLog:
         self.log = Path(log)
         self.execution = max(layout.execution_logs(self.log), default=0) + 1
         self.path = layout.execution_log(self.log, self.execution)
-        self._tail = bytearray()
-        self._seen = 0  # bytes seen so far: `mark()` and `cause(since=)`
+        # per stream (1: stdout, 2: stderr): its last TAIL_BYTES and the bytes seen so far; a traceback is
+        # read from stderr's alone, so stdout written at the same time never cuts into it
+        self._tail = {1: bytearray(), 2: bytearray()}
+        self._seen = {1: 0, 2: 0}
         self._lock = threading.Lock()
         self._saved: dict[int, int] = {}
         self._threads: list[threading.Thread] = []
-        self._reads: list[int] = []  # the pipes' read ends, to see whether anything is still unread
+        self._drained: list[threading.Event] = []  # one per pipe: its pump has read the last SENTINEL
         self._file = None
 
     def start(self) -> JobLog:
@@ -64,25 +65,38 @@ class JobLog:
             self._saved[fd] = os.dup(fd)
             os.dup2(write_end, fd)
             os.close(write_end)
-            self._reads.append(read_end)
-            thread = threading.Thread(target=self._pump, args=(read_end, self._saved[fd]), daemon=True,
+            drained = threading.Event()
+            self._drained.append(drained)
+            thread = threading.Thread(target=self._pump, args=(fd, read_end, self._saved[fd], drained), daemon=True,
                                       name=f"joblog-{fd}")
             thread.start()
             self._threads.append(thread)
         return self
 
-    def _pump(self, read_end: int, target: int) -> None:
+    def _pump(self, fd: int, read_end: int, target: int, drained: threading.Event) -> None:
+        held = b""  # the end of a chunk that may be the start of a SENTINEL cut by the read
         with os.fdopen(read_end, "rb", buffering=0) as pipe:
             while chunk := pipe.read(65536):
-                with self._lock:  # first: `cause()` sees a chunk as soon as it has left the pipe
-                    self._seen += len(chunk)
-                    self._tail += chunk
-                    del self._tail[:-TAIL_BYTES]
-                for write in (lambda: os.write(target, chunk), lambda: self._file and self._file.write(chunk)):
-                    try:
-                        write()
-                    except OSError:  # a full disk: keep reading, so the writer never blocks
-                        pass
+                data = held + chunk
+                found = SENTINEL in data
+                data, held = _split_held(data.replace(SENTINEL, b""))
+                self._take(fd, data, target)
+                if found:
+                    drained.set()  # after the bytes before it were taken: `cause()` sees them
+            self._take(fd, held, target)
+
+    def _take(self, fd: int, data: bytes, target: int) -> None:
+        if not data:
+            return
+        with self._lock:  # first: `cause()` sees a chunk as soon as it has left the pipe
+            self._seen[fd] += len(data)
+            self._tail[fd] += data
+            del self._tail[fd][:-TAIL_BYTES]
+        for write in (lambda: os.write(target, data), lambda: self._file and self._file.write(data)):
+            try:
+                write()
+            except OSError:  # a full disk: keep reading, so the writer never blocks
+                pass
 
     def stop(self) -> None:
         """Back to the original stdout and stderr; the pipes close once no child holds them."""
@@ -103,43 +117,46 @@ class JobLog:
 
     def _drain(self, timeout_s: float = DRAIN_TIMEOUT_S) -> None:
         """Wait until the pumps have read everything written so far (a child that just exited may have
-        left its last lines in a pipe): nothing unread in any pipe, and nothing new for a moment."""
+        left its last lines in a pipe): a SENTINEL written into each pipe now comes out after them."""
+        if not self._saved:  # stopped: the pumps read their pipes to the end before `stop` returned
+            return
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except (OSError, ValueError):
                 pass
+        for drained in self._drained:
+            drained.clear()
+        for fd in self._saved:  # 1 and 2: the pipes' write ends while the log runs
+            try:
+                os.write(fd, SENTINEL)  # shorter than PIPE_BUF: one piece in the pipe
+            except OSError:
+                pass
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            seen = self._seen
-            if not any(_unread(fd) for fd in self._reads):
-                time.sleep(DRAIN_SETTLE_S)
-                if self._seen == seen and not any(_unread(fd) for fd in self._reads):
-                    return
-            else:
-                time.sleep(DRAIN_SETTLE_S / 5)
+        for drained in self._drained:
+            drained.wait(max(0.0, deadline - time.monotonic()))
 
     def mark(self) -> int:
-        """A position in the output, for `cause(since=...)`."""
+        """A position in the output (stderr's), for `cause(since=...)`."""
         self._drain()
         with self._lock:
-            return self._seen
+            return self._seen[2]
 
     def cause(self, since: int = 0) -> Optional[str]:
         """The exception line of the last Python traceback written after `since`, or None."""
         self._drain()
         with self._lock:
-            start = max(0, len(self._tail) - (self._seen - since))
-            text = bytes(self._tail[start:]).decode("utf-8", "replace")
+            start = max(0, len(self._tail[2]) - (self._seen[2] - since))
+            text = bytes(self._tail[2][start:]).decode("utf-8", "replace")
         return last_exception(text)
 
 
-def _unread(fd: int) -> int:
-    """Bytes waiting in a pipe (0 once it is closed)."""
-    try:
-        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
-    except OSError:
-        return 0
+def _split_held(data: bytes) -> tuple[bytes, bytes]:
+    """(what can go on now, the end kept back because it may be a SENTINEL's start cut by the read)."""
+    for size in range(min(len(SENTINEL) - 1, len(data)), 0, -1):
+        if data.endswith(SENTINEL[:size]):
+            return data[:-size], data[-size:]
+    return data, b""
 
 
 def last_exception(text: str) -> Optional[str]:

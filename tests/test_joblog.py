@@ -54,9 +54,10 @@ def test_a_failed_childs_cause_is_kept_when_its_log_cannot_be_written_and_each_e
         assert proc.stdout.startswith("before the child\n")  # the output still goes where it went
     logs = L.execution_logs(log)
     assert sorted(logs) == [1, 2] and logs[1] == log.with_name("run.execution-1.log")
-    for path in logs.values():  # each execution's own file, cut off by the full disk before the traceback
+    for path in logs.values():  # each execution's own file, cut off by the full disk (stdout and stderr reach
+        # it side by side, so whether the traceback got in before the cut is a race: the cause above is not)
         text = path.read_text()
-        assert text.startswith("before the child\n") and NO_SPACE not in text and path.stat().st_size == 32 * 1024
+        assert text.startswith("before the child\n") and path.stat().st_size == 32 * 1024
 
 
 def _config(tmp_path: Path, results: Path, uri: str) -> Path:
