@@ -17,8 +17,8 @@
 #                verl's defaults (8 + 8); the second start finds the page cache warm, so the comparison
 #                is conservative
 #   parity       configs/overlays/parity.yaml (an overlay on configs/pilot.yaml): verl GRPO and RepExp beta 0.01
-#                for seeds 1-3 and the other methods for seed 1, side by side, 80 steps each (on a GPU
-#                of >= 120 GB also the other methods and a seed-1 rerun on TRL); then
+#                for seeds 1-3, side by side, 80 steps each (on a GPU of >= 120 GB also the other methods
+#                for seed 1 on both backends and a seed-1 rerun on TRL); then
 #                benchmarks/parity_report.py against the committed TRL curves (docs/verl_backend.md)
 #   methods      one verl step of configs/gpu.yaml on arith-mid for each other method: pass@k training,
 #                outcome exploration (historical) and KL-Cov (docs/methods.md; Clip-Cov takes verl's same
@@ -133,11 +133,11 @@ stage_startup() {
 }
 
 stage_parity() {
-    local started=$SECONDS code mib with_trl=() share="resources.train.gpu_share=11"
+    local started=$SECONDS code mib with_trl=(--tested-only) share="resources.train.gpu_share=16"
     mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
     if [ "${mib:-0}" -ge 120000 ]; then  # room for 14 trainings: 9 verl, 5 TRL (~10 GB each)
         with_trl=(--with-trl); share="resources.train.gpu_share=7 trl.gpu_memory_fraction=0.07"
-    fi
+    fi  # else the six tested verl runs only (GRPO and RepExp, seeds 1-3), a sixth of the GPU each
     # shellcheck disable=SC2046
     snakemake $(python3 benchmarks/parity_report.py --targets "${with_trl[@]}") \
         --configfile configs/pilot.yaml configs/overlays/parity.yaml --cores "$(nproc)" --resources gpu_share=100 \

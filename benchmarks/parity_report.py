@@ -39,9 +39,12 @@ WINDOWS = ((21, 40), (41, 60), (61, 80))
 T_CRIT = 2.776
 
 
-def targets(with_trl: bool, results: str = "results/parity") -> list[str]:
+def targets(with_trl: bool, results: str = "results/parity", described: bool = True) -> list[str]:
+    """The tested runs (GRPO and RepExp, every seed on verl); with `described` also the other methods'
+    seed 1; with `with_trl` those on TRL too and a TRL rerun of seed 1 of each tested method."""
     runs = [f"verl_{name}_s{seed}" for name in TESTED.values() for seed in SEEDS]
-    runs += [f"verl_{name}_s1" for name in DESCRIBED.values()]
+    if described:
+        runs += [f"verl_{name}_s1" for name in DESCRIBED.values()]
     if with_trl:  # the other methods on TRL, and a rerun of the committed TRL seed 1 of each tested method
         runs += [f"trl_{name}_s1" for name in DESCRIBED.values()] + [f"trl_{name}_s1" for name in TESTED.values()]
     return [f"{results}/train/{TASK}/{run}/DONE" for run in runs]
@@ -193,12 +196,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--targets", action="store_true", help="print the GPU run's Snakemake targets")
     parser.add_argument("--with-trl", action="store_true", help="with --targets: the TRL runs too")
+    parser.add_argument("--tested-only", action="store_true",
+                        help="with --targets: only the runs the tolerance tests (GRPO and RepExp on verl)")
     parser.add_argument("--results", type=Path, default=Path("results/parity"))
     parser.add_argument("--trl", type=Path, default=Path("docs/pilot/train"), help="the committed TRL curves")
     parser.add_argument("--out", type=Path, help="where parity.json and the figure go")
     args = parser.parse_args()
     if args.targets:
-        print(" ".join(targets(args.with_trl, str(args.results))))
+        print(" ".join(targets(args.with_trl, str(args.results), described=not args.tested_only)))
         return
     if args.out is None:
         parser.error("--out is required unless --targets")

@@ -429,7 +429,7 @@ def test_runtime_settings_are_marked_in_the_dataclasses():
     assert runtime == {
         "TrainConfig.max_checkpoints_to_keep", "TrainConfig.walltime_margin_minutes", "VerlConfig.ray_num_cpus",
         "VerlConfig.log_prob_micro_batch_size_per_gpu", "VerlConfig.reward_workers", "VerlConfig.agent_workers",
-        "VerlConfig.kv_cache_gib",
+        "VerlConfig.kv_cache_gib", "VerlConfig.dynamic_batch_tokens", "VerlConfig.replay_poll_seconds",
         "VerlConfig.repexp_micro_batch_size_per_gpu", "TrlConfig.eval_batch_size", "TrlConfig.gradient_checkpointing",
         "TrlConfig.bonus_micro_batch_size", "TrlConfig.num_threads", "TrlConfig.gpu_memory_fraction"}
 

@@ -421,3 +421,52 @@ def test_a_bad_method_param_fails_naming_its_key(method_runs):
         check_config(_compose(cov + ["actor_rollout_ref.actor.policy_loss.kl_cov_ratio=0.5"]))
     with pytest.raises(ValueError, match=r"actor_rollout_ref\.repexp\.beta: must be 0 for method passk"):
         check_config(_compose(passk + ["actor_rollout_ref.repexp.beta=0.1", "actor_rollout_ref.repexp.sparse_dim=4"]))
+
+
+# --------------------------------------------------------------------------- step cost (docs/performance.md)
+
+
+def test_a_token_budget_reaches_every_micro_batched_forward(tiny_model, tmp_path):
+    """verl.dynamic_batch_tokens turns on verl's token-budget micro-batches for the actor's update, its old
+    log-probs and the frozen model's forward; each lands where verl's own dataclasses read it."""
+    from repexp.verl.settings import RunSettings
+    from repexp.verl.worker import build_repexp_worker_config
+
+    raw = paper_like_pipeline(tiny_model, str(tmp_path))
+    raw["sweep"]["tasks"] = ["gsm8k"]
+    raw["verl"].update(dynamic_batch_tokens=4096, replay_poll_seconds=0.05)
+    cfg = C.load(raw)
+    rc = next(C.compose(cfg, s) for s in C.sweep_runs(cfg) if s.trains and s.method == "repexp")
+    composed = _compose(build_overrides(rc))
+    check_config(composed)
+    actor = omega_conf_to_dataclass(composed.actor_rollout_ref.actor)
+    rollout = omega_conf_to_dataclass(composed.actor_rollout_ref.rollout)
+    assert actor.use_dynamic_bsz is True and actor.ppo_max_token_len_per_gpu == 4096
+    assert rollout.log_prob_use_dynamic_bsz is True and rollout.log_prob_max_token_len_per_gpu == 4096
+    engine = build_repexp_worker_config(composed.actor_rollout_ref).engine_config
+    assert engine.use_dynamic_bsz is True and engine.infer_max_token_len_per_gpu == 4096
+    assert RunSettings.of(composed).replay_poll_seconds == 0.05
+
+    raw["verl"]["dynamic_batch_tokens"] = 1000  # < max_prompt_length + max_response_length = 2048
+    with pytest.raises(C.ConfigError, match=r"verl\.dynamic_batch_tokens: 1000 tokens cannot hold one sequence"):
+        C.load(raw)
+
+
+def test_the_poll_interval_is_the_one_verls_replay_buffer_sleeps():
+    """RepExpTrainer sets `poll_interval` on the buffer verl built; verl's sync sampler must wait that long
+    between its checks for finished rollouts (a rename in verl would silently bring back its 2 s)."""
+    import time
+
+    from repexp.verl.trainer import RepExpTrainer
+
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+    assert "_build_replay_buffer" in vars(RepExpTrainer)
+    assert any("_build_replay_buffer" in vars(base) for base in RepExpTrainer.__mro__[1:])
+    buffer = ReplayBuffer(trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None,
+                          max_off_policy_strategy="drop", sampler_kwargs={})
+    assert buffer.poll_interval == 2.0  # verl's default
+    buffer.poll_interval = 0.01
+    started = time.perf_counter()
+    buffer._wait_for_next_poll("train", time.time())
+    assert time.perf_counter() - started < 0.5

@@ -232,6 +232,19 @@ class VerlConfig:
     kv_cache_gib: Optional[float] = _f(None, help="vLLM's rollout KV cache in GiB, fixed: no memory profiling, so "
                                        "trainings can start side by side on one GPU; null: gpu_memory_utilization "
                                        "sizes it", exclusiveMinimum=0, runtime=True)
+    # verl splits a batch into micro-batches of a fixed row count; a token budget instead packs the
+    # update's 256 short rollouts into one or two forwards. The loss is the same either way: verl
+    # normalises it by the global batch's token count, not per micro-batch
+    dynamic_batch_tokens: Optional[int] = _f(None, help="token budget per micro-batch of the actor's update, its "
+                                             "old log-probs and the frozen model's forward (verl's use_dynamic_bsz); "
+                                             "null: fixed micro-batches of train.micro_batch_size_per_gpu, "
+                                             "log_prob_micro_batch_size_per_gpu and repexp_micro_batch_size_per_gpu",
+                                             minimum=1, runtime=True)
+    # verl's sync trainer asks TransferQueue every poll interval whether the step's rollouts are in
+    # (2 s in verl): a generation of 1.5 s then costs 2 s, one of 2.1 s costs 4 s
+    replay_poll_seconds: float = _f(0.2, help="how often the trainer checks whether a step's rollouts are "
+                                    "complete (verl's replay-buffer poll interval; verl's own default is 2)",
+                                    exclusiveMinimum=0, maximum=60, runtime=True)
     overrides: list[str] = _f([], help="extra raw Hydra overrides for verl (validated by verl)")
 
 

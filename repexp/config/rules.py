@@ -224,6 +224,10 @@ def _check_verl(cfg: PipelineConfig, task: str, train: TrainConfig, repexp_runs:
     if gpus % verl.rollout_tensor_parallel_size:
         raise ConfigError(f"{key('rollout_tensor_parallel_size')}: {verl.rollout_tensor_parallel_size} does not "
                           f"divide the {gpus} GPUs of a training job (n_gpus_per_node × nnodes)")
+    longest = train.max_prompt_length + train.max_response_length
+    if verl.dynamic_batch_tokens is not None and verl.dynamic_batch_tokens < longest:
+        raise ConfigError(f"{key('dynamic_batch_tokens')}: {verl.dynamic_batch_tokens} tokens cannot hold one "
+                          f"sequence of train.max_prompt_length + train.max_response_length = {longest} tokens")
     if repexp_runs:
         check_repexp_micro_batch(verl.repexp_micro_batch_size_per_gpu, gpus,
                                  train.ppo_mini_batch_size * train.n_rollouts, key("repexp_micro_batch_size_per_gpu"))

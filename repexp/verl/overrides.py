@@ -184,12 +184,22 @@ def build_overrides(run_config: RunConfig, attention: Optional[Attention] = None
         ("repexp_run.max_checkpoints_to_keep", train.max_checkpoints_to_keep),
         ("repexp_run.chunk_deadline", chunk_deadline),
         ("repexp_run.mlflow_tracking_uri", rc.tracking.tracking_uri),
+        ("repexp_run.replay_poll_seconds", verl.replay_poll_seconds),
         ("ray_kwargs.ray_init.num_cpus", verl.ray_num_cpus),
         ("reward.num_workers", verl.reward_workers),
         ("actor_rollout_ref.rollout.agent.num_workers", verl.agent_workers),
         ("hydra.run.dir", str(run_dir / layout.VERL_HYDRA_DIR)),
     ]
     overrides = [f"{key}={hydra_value(value)}" for key, value in settings]
+    if verl.dynamic_batch_tokens is not None:  # token-budget micro-batches for every forward that has them
+        tokens = verl.dynamic_batch_tokens
+        overrides += [f"{key}={hydra_value(value)}" for key, value in (
+            ("actor_rollout_ref.actor.use_dynamic_bsz", True),
+            ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", tokens),
+            ("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", True),
+            ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", tokens),
+            ("actor_rollout_ref.repexp.use_dynamic_bsz", True),
+            ("actor_rollout_ref.repexp.max_token_len_per_gpu", tokens))]
     if verl.kv_cache_gib is not None:  # verl passes rollout.engine_kwargs.vllm to vLLM's engine as they are
         overrides.append(f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes="
                          f"{int(verl.kv_cache_gib * 2**30)}")

@@ -137,6 +137,7 @@ class RunSettings:
     max_checkpoints_to_keep: Optional[int] = None
     chunk_deadline: Optional[float] = None  # epoch seconds: a walltime chunk ends before it (repexp.walltime)
     mlflow_tracking_uri: Optional[str] = None
+    replay_poll_seconds: Optional[float] = None  # null: verl's own poll interval
 
     @classmethod
     def of(cls, config: DictConfig) -> RunSettings:
@@ -148,6 +149,8 @@ class RunSettings:
         keep, deadline = settings.max_checkpoints_to_keep, settings.chunk_deadline
         _require(keep is None or keep >= 1, f"{where}.max_checkpoints_to_keep", "must be >= 1 or null")
         _require(deadline is None or deadline > 0, f"{where}.chunk_deadline", "must be > 0 (epoch seconds) or null")
+        poll = settings.replay_poll_seconds
+        _require(poll is None or poll > 0, f"{where}.replay_poll_seconds", "must be > 0 or null")
         return settings
 
 

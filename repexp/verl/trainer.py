@@ -135,6 +135,12 @@ class RepExpTrainer(PPOTrainerSync):
         for role in replaced:
             self.role_worker_mapping[role] = ray.remote(RepExpActorRolloutRefWorker)
 
+    def _build_replay_buffer(self):
+        buffer = super()._build_replay_buffer()
+        if self.run_settings.replay_poll_seconds is not None:  # see VerlConfig.replay_poll_seconds
+            buffer.poll_interval = self.run_settings.replay_poll_seconds
+        return buffer
+
     # ------------------------------------------------------------------ the bonus
 
     def _hidden_means(self, batch: KVBatchMeta) -> torch.Tensor:
