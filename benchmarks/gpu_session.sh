@@ -135,9 +135,9 @@ stage_startup() {
 stage_parity() {
     local started=$SECONDS code mib with_trl=(--tested-only) share="resources.train.gpu_share=16"
     mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-    if [ "${mib:-0}" -ge 120000 ]; then  # room for 14 trainings: 9 verl, 5 TRL (~10 GB each)
+    if [ "${mib:-0}" -ge 120000 ] && [ -z "${PARITY_TESTED_ONLY:-}" ]; then  # room for 14: 9 verl, 5 TRL
         with_trl=(--with-trl); share="resources.train.gpu_share=7 trl.gpu_memory_fraction=0.07"
-    fi  # else the six tested verl runs only (GRPO and RepExp, seeds 1-3), a sixth of the GPU each
+    fi  # else (or with PARITY_TESTED_ONLY=1) the six tested verl runs only: GRPO and RepExp, seeds 1-3
     # shellcheck disable=SC2046
     snakemake $(python3 benchmarks/parity_report.py --targets "${with_trl[@]}") \
         --configfile configs/pilot.yaml configs/overlays/parity.yaml --cores "$(nproc)" --resources gpu_share=100 \
