@@ -12,6 +12,8 @@
 #   smoke        after a refactor: one TRL RepExp run of configs/pilot.yaml through train (4 steps) →
 #                select → eval (vLLM) → testtime, then one verl step of configs/gpu.yaml on arith-mid for
 #                RepExp and for GRPO (beta 0, sparse_dim null: a path of its own in the verl trainer)
+#                (SMOKE_VERL_SET="key=value ..." adds settings to those verl runs, e.g. a small fixed KV cache
+#                when other jobs share the GPU)
 #   startup      verl's start-up phase by phase (repexp.verl.startup), one GRPO step alone on the GPU each:
 #                first with configs/gpu.yaml's worker counts (1 reward + 1 agent-loop worker), then with
 #                verl's defaults (8 + 8); the second start finds the page cache warm, so the comparison
@@ -95,7 +97,7 @@ stage_smoke() {
         results/pilot/testtime/$point/testtime.json results/pilot/mlflow/mlflow.db "$OUT/smoke/" 2>/dev/null
     started=$SECONDS
     snakemake results/gpu/train/arith-mid/{verl_repexp_k32_b0.01_s42,verl_grpo_s42}/DONE --configfile configs/gpu.yaml \
-        "${GPU_ARGS[@]}" --keep-going --config set="sweep.tasks=[arith-mid] train.total_steps=1 train.test_freq=1 train.save_freq=1"
+        "${GPU_ARGS[@]}" --keep-going --config set="sweep.tasks=[arith-mid] train.total_steps=1 train.test_freq=1 train.save_freq=1 ${SMOKE_VERL_SET:-}"
     local verl=$?
     echo "verl steps exit $verl after $((SECONDS - started)) s"
     cp results/gpu/train/arith-mid/verl_repexp_k32_b0.01_s42/metrics.jsonl "$OUT/smoke/verl_metrics.jsonl" 2>/dev/null
