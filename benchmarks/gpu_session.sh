@@ -24,8 +24,9 @@
 #                outcome exploration (historical) and KL-Cov (docs/methods.md; Clip-Cov takes verl's same
 #                loss_mode path and its actor update runs in the CPU tests), one after another (~4 min each)
 #   trl_engines  issue 43: benchmarks/trl_step.py --engines hf vllm: the pilot's TRL training with
-#                trl.rollout_engine hf and vllm on this GPU, one training alone and 9 side by side (6 steps each,
-#                each capped at the pilot's auto share); s/step per engine and the ratio hf / vllm in
+#                trl.rollout_engine hf and vllm on this GPU, one training alone and as many side by side as the
+#                pilot runs at once (8 on an H100, 9 on an H200; 6 steps each, each capped at the pilot's auto
+#                share); s/step per engine and the ratio hf / vllm in
 #                trl_engines.log's table and trl_engines/trl_engines.json, each training's log in
 #                trl_engines/logs/ (~5 min on an H100)
 # OUT_DIR must lie outside the device call's own $OUT, which every later call empties (use e.g.
@@ -161,7 +162,7 @@ stage_parity() {
 
 stage_trl_engines() {
     # every group of trainings must end within --timeout s; a failed training's log tail is printed here
-    python3 benchmarks/trl_step.py --engines hf vllm --parallel 1 9 --steps 6 --timeout 150 --out "$OUT/trl_engines"
+    python3 benchmarks/trl_step.py --engines hf vllm --parallel 1 auto --steps 6 --timeout 150 --out "$OUT/trl_engines"
 }
 
 mark "start ${STAGES[*]}"

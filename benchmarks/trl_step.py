@@ -1,12 +1,13 @@
 """Seconds per TRL training step: the RepExp bonus's share of it, or the rollout engines compared.
 
     .venv/bin/python benchmarks/trl_step.py [--models tiny smollm2] [--steps 4] [--threads 2]
-    .venv/bin/python benchmarks/trl_step.py --engines hf vllm [--parallel 1 9] [--steps 6] [--out DIR]
+    .venv/bin/python benchmarks/trl_step.py --engines hf vllm [--parallel 1 auto] [--steps 6] [--out DIR]
 
 **Rollout engines** (`--engines`, issue 43; the GPU session's `trl_engines` stage): the pilot's training
 (configs/pilot.yaml: its task, SmolLM2-135M-Instruct, 32 prompts × 8 rollouts of ≤ 16 tokens, bfloat16, RepExp
 β = 0.01, k = 32) with `trl.rollout_engine` hf and vllm on the same GPU in the same run, for (a) one training
-alone and (b) N side by side (`--parallel 1 9`): N real trainer processes (`python -m repexp.trl.train`) started
+alone and (b) N side by side (`--parallel 1 auto`: auto = as many as the pilot runs at once on this GPU, 100 // its
+share, at most 9: 8 on an H100, 9 on an H200): N real trainer processes (`python -m repexp.trl.train`) started
 together on the one GPU, each capped at the share `gpu_share: auto` gives a pilot training on this GPU
 (`trl.gpu_memory_fraction`, 12 % on an H100), as the pilot runs them. Per training, the median
 `timing_s/step` over steps 2… (step 1 warms up; validation excluded), then the median over the N trainings;
@@ -225,6 +226,7 @@ def engines_main(args: argparse.Namespace) -> int:
     need = yaml.safe_load(PILOT.read_text())["resources"]["train"].get("gpu_memory_gib")
     share = G.auto_share(need, gpus) if gpus else 100
     fraction = G.memory_cap(share)  # what `gpu_share: auto` gives a pilot training on this GPU
+    args.parallel = [min(9, 100 // share) if value == "auto" else int(value) for value in args.parallel]
     report = {"gpu": gpu_description() if gpus else "none (CPU)", "share_percent": share,
               "gpu_memory_fraction": fraction, "steps": args.steps, "model": str(model), "task": task, "runs": {}}
     for count in args.parallel:
@@ -273,8 +275,9 @@ def main() -> int:
     engines = parser.add_argument_group("rollout engines (issue 43)")
     engines.add_argument("--engines", nargs="+", choices=["hf", "vllm"], help="compare these trl.rollout_engine "
                          "values on the pilot's training instead")
-    engines.add_argument("--parallel", nargs="+", type=int, default=[1, 9],
-                         help="trainings side by side on the one GPU, one measurement per value")
+    engines.add_argument("--parallel", nargs="+", default=["1", "auto"],
+                         help="trainings side by side on the one GPU, one measurement per value; auto: as many as "
+                         "the pilot runs at once on this GPU (100 // its share: 8 on an H100), at most 9")
     engines.add_argument("--model", default="smollm2", help="smollm2 (converted into .cache/smollm2 if missing), "
                          "tiny, or a Hugging Face directory")
     engines.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a check of this harness")
