@@ -2,7 +2,7 @@
 # Every GPU measurement of docs/gpu-validation.md and docs/performance.md in one unattended session
 # on one GPU node (the verl + vLLM stack installed, `repexp`, `snakemake`, `mlflow` on PATH):
 #
-#   bash benchmarks/gpu_session.sh OUT_DIR [STAGE...]     # stages: dag verl_step eval_engine testtime
+#   bash benchmarks/gpu_session.sh OUT_DIR [STAGE...]     # stages: dag verl_step eval_engine testtime (default), ...
 #
 # Stages run in order and are independent: a failed stage is recorded and the next one starts.
 #   dag          snakemake all --configfile configs/gpu.yaml (the whole DAG, then benchmarks/dag_report.py)
@@ -25,6 +25,12 @@
 #   methods      one verl step of configs/gpu.yaml on arith-mid for each other method: pass@k training,
 #                outcome exploration (historical) and KL-Cov (docs/methods.md; Clip-Cov takes verl's same
 #                loss_mode path and its actor update runs in the CPU tests), one after another (~4 min each)
+#   trl_engines  issue 43: benchmarks/trl_step.py --engines hf vllm: the pilot's TRL training with
+#                trl.rollout_engine hf and vllm on this GPU, one training alone and as many side by side as the
+#                pilot runs at once (8 on an H100, 9 on an H200; 6 steps each, each capped at the pilot's auto
+#                share); s/step per engine and the ratio hf / vllm in
+#                trl_engines.log's table and trl_engines/trl_engines.json, each training's log in
+#                trl_engines/logs/ (~5 min on an H100)
 # OUT_DIR must lie outside the device call's own $OUT, which every later call empties (use e.g.
 # /root/session, then copy what you need into $OUT with poll.sh or tar in the last call).
 # OUT_DIR/progress.log says which stage runs (one line per start and end, with exit codes);
@@ -154,6 +160,11 @@ stage_parity() {
     done
     cp results/parity/benchmarks/train/arith-mid/*.tsv "$OUT/parity/train/" 2>/dev/null
     return $code
+}
+
+stage_trl_engines() {
+    # every group of trainings must end within --timeout s; a failed training's log tail is printed here
+    python3 benchmarks/trl_step.py --engines hf vllm --parallel 1 auto --steps 6 --timeout 150 --out "$OUT/trl_engines"
 }
 
 mark "start ${STAGES[*]}"

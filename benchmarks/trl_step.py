@@ -1,6 +1,20 @@
-"""Seconds per TRL training step, and the share of it spent on the RepExp bonus.
+"""Seconds per TRL training step: the RepExp bonus's share of it, or the rollout engines compared.
 
     .venv/bin/python benchmarks/trl_step.py [--models tiny smollm2] [--steps 4] [--threads 2]
+    .venv/bin/python benchmarks/trl_step.py --engines hf vllm [--parallel 1 auto] [--steps 6] [--out DIR]
+
+**Rollout engines** (`--engines`, issue 43; the GPU session's `trl_engines` stage): the pilot's training
+(configs/pilot.yaml: its task, SmolLM2-135M-Instruct, 32 prompts × 8 rollouts of ≤ 16 tokens, bfloat16, RepExp
+β = 0.01, k = 32) with `trl.rollout_engine` hf and vllm on the same GPU in the same run, for (a) one training
+alone and (b) N side by side (`--parallel 1 auto`: auto = as many as the pilot runs at once on this GPU, 100 // its
+share, at most 9: 8 on an H100, 9 on an H200): N real trainer processes (`python -m repexp.trl.train`) started
+together on the one GPU, each capped at the share `gpu_share: auto` gives a pilot training on this GPU
+(`trl.gpu_memory_fraction`, 12 % on an H100), as the pilot runs them. Per training, the median
+`timing_s/step` over steps 2… (step 1 warms up; validation excluded), then the median over the N trainings;
+the ratio hf / vllm per N. Also each training's wall time (start-up included), and the GPU. Writes
+OUT/trl_engines.json and prints a table; a failed training's log tail is printed and kept in OUT/logs/.
+
+The rest of this docstring is the default mode (no `--engines`):
 
 For each model it trains the same GSM8K job twice through `repexp.trl.train.train` (the real
 trainer, real data from `repexp data prepare`): RepExp (β = 0.01, k = 32) and the GRPO baseline
@@ -22,6 +36,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -109,12 +124,172 @@ def measure(cfg) -> dict:
     }
 
 
+# --------------------------------------------------------------------------- rollout engines (--engines)
+
+PILOT = REPO / "configs" / "pilot.yaml"
+
+
+def engine_jobs(model: Path, data: Path, root: Path, *, engine: str, count: int, steps: int, device: str,
+                fraction: float | None) -> list:
+    """`count` pilot trainings (seeds 1…count) with `trl.rollout_engine = engine`, `steps` steps each, no
+    validation before training and one at the end on a few dev prompts, one checkpoint."""
+    import yaml
+
+    from repexp import config as C
+
+    raw = yaml.safe_load(PILOT.read_text())
+    task = raw["sweep"]["tasks"][0]
+    raw.update(results_dir=str(root), model=str(model))
+    raw["sweep"] = {**raw["sweep"], "methods": {"repexp": {"sparse_dim": [32], "beta": [0.01]}},
+                    "seeds": list(range(1, count + 1))}
+    raw["train"] = {**raw["train"], "total_steps": steps, "test_freq": steps, "save_freq": steps,
+                    "val_before_train": False, "max_checkpoints_to_keep": 1}
+    raw["trl"] = {**raw["trl"], "rollout_engine": engine, "device": device, "gpu_memory_fraction": fraction}
+    if device == "cpu":
+        raw["trl"]["dtype"] = "float32"
+        raw["resources"] = {**raw["resources"], "train": {**raw["resources"]["train"], "gpu": 0}}
+    cfg = C.load(raw)
+    jobs = []
+    for spec in C.sweep_runs(cfg):
+        if spec.trains:
+            rc = C.compose(cfg, spec)
+            jobs.append(dataclasses.replace(rc, data_dir=str(data), run_dir=str(root / task / spec.name)))
+    return jobs
+
+
+def run_side_by_side(jobs: list, logs: Path, timeout_s: float) -> list[dict]:
+    """Start every job's trainer process at once; wait for all; per job: exit code, wall time, step medians."""
+    from repexp import config as C
+    from repexp.trl.runlog import MetricsLog
+
+    procs = []
+    for rc in jobs:
+        Path(rc.run_dir).mkdir(parents=True, exist_ok=True)
+        job_file = Path(rc.run_dir) / "job.yaml"
+        job_file.write_text(C.dump_yaml(rc))
+        log = logs / f"{Path(rc.run_dir).parent.parent.name}-{Path(rc.run_dir).name}.log"
+        handle = log.open("w")
+        procs.append((rc, log, handle, time.perf_counter(), subprocess.Popen(
+            [sys.executable, "-m", "repexp.trl.train", "--config", str(job_file), "--resume", "never"],
+            cwd=REPO, stdout=handle, stderr=subprocess.STDOUT)))
+    results = []
+    deadline = time.perf_counter() + timeout_s
+    for rc, log, handle, started, proc in procs:
+        try:
+            code = proc.wait(timeout=max(deadline - time.perf_counter(), 1))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = "timeout"
+        wall = time.perf_counter() - started
+        handle.close()
+        records = [r for r in MetricsLog(rc.run_dir).records() if r["step"] >= 2 and "timing_s/step" in r]
+        steps = [r["timing_s/step"] for r in records]
+        results.append({"run": Path(rc.run_dir).name, "exit": code, "wall_s": round(wall, 1),
+                        "steps_measured": len(steps), "median_step_s": statistics.median(steps) if steps else None,
+                        "log": str(log)})
+        if code != 0:
+            tail = log.read_text(errors="replace").splitlines()[-40:]
+            print(f"--- {log} (exit {code}), last lines:\n" + "\n".join(tail), file=sys.stderr)
+    return results
+
+
+def gpu_description() -> str:
+    from repexp import gpus as G
+
+    return G.describe(G.read_gpus())
+
+
+def engines_main(args: argparse.Namespace) -> int:
+    from repexp import gpus as G
+
+    out = Path(args.out).resolve()
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    workdir = Path(tempfile.mkdtemp(prefix="trl-engines-"))
+    if args.model == "tiny":
+        from repexp.models import build_tiny_qwen2
+
+        model = build_tiny_qwen2(workdir / "tiny", seed=0)
+    else:
+        model = Path(args.model) if args.model != "smollm2" else CACHE / "smollm2"
+        if not (model / "config.json").exists():
+            subprocess.run([sys.executable, "-m", "repexp", "model", "smollm2", "--out", str(model)], check=True,
+                           cwd=REPO)
+    import yaml
+
+    task = yaml.safe_load(PILOT.read_text())["sweep"]["tasks"][0]
+    data = CACHE / "data" / f"{task}-engines"
+    if not (data / "train.parquet").exists():
+        subprocess.run([sys.executable, "-m", "repexp", "data", "prepare", task, "--out", str(data),
+                        "--limit-dev", "8"], check=True, cwd=REPO)
+    gpus = G.read_gpus() if args.device == "cuda" else []
+    need = yaml.safe_load(PILOT.read_text())["resources"]["train"].get("gpu_memory_gib")
+    share = G.auto_share(need, gpus) if gpus else 100
+    fraction = G.memory_cap(share)  # what `gpu_share: auto` gives a pilot training on this GPU
+    args.parallel = [min(9, 100 // share) if value == "auto" else int(value) for value in args.parallel]
+    report = {"gpu": gpu_description() if gpus else "none (CPU)", "share_percent": share,
+              "gpu_memory_fraction": fraction, "steps": args.steps, "model": str(model), "task": task, "runs": {}}
+    for count in args.parallel:
+        for engine in args.engines:
+            root = workdir / f"{engine}-x{count}"
+            jobs = engine_jobs(model, data, root, engine=engine, count=count, steps=args.steps, device=args.device,
+                               fraction=fraction)
+            started = time.perf_counter()
+            runs = run_side_by_side(jobs, out / "logs", args.timeout)
+            medians = [r["median_step_s"] for r in runs if r["median_step_s"] is not None]
+            report["runs"][f"{engine}-x{count}"] = {
+                "engine": engine, "parallel": count, "wall_s": round(time.perf_counter() - started, 1),
+                "all_exit_0": all(r["exit"] == 0 for r in runs),
+                "median_step_s": statistics.median(medians) if medians else None, "trainings": runs}
+            print(f"{engine} x{count}: median step {report['runs'][f'{engine}-x{count}']['median_step_s']} s, "
+                  f"wall {report['runs'][f'{engine}-x{count}']['wall_s']} s", file=sys.stderr, flush=True)
+            shutil.rmtree(root, ignore_errors=True)
+    ratios = {}
+    for count in args.parallel:
+        hf, vllm = (report["runs"].get(f"{e}-x{count}", {}).get("median_step_s") for e in ("hf", "vllm"))
+        ratios[str(count)] = round(hf / vllm, 2) if hf and vllm else None
+    report["hf_over_vllm"] = ratios
+    (out / "trl_engines.json").write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+    print(f"\nGPU: {report['gpu']}; each training capped at {fraction} of it (gpu_share {share})")
+    print("| trainings side by side | hf s/step | vllm s/step | hf / vllm | hf wall s | vllm wall s |")
+    print("|---|---|---|---|---|---|")
+    for count in args.parallel:
+        cells = [report["runs"].get(f"{e}-x{count}", {}) for e in ("hf", "vllm")]
+        fmt = lambda v: "–" if v is None else f"{v:.2f}"  # noqa: E731
+        print(f"| {count} | {fmt(cells[0].get('median_step_s'))} | {fmt(cells[1].get('median_step_s'))} | "
+              f"{fmt(ratios[str(count)])} | {cells[0].get('wall_s', '–')} | {cells[1].get('wall_s', '–')} |")
+    failed = [key for key, run in report["runs"].items() if not run["all_exit_0"]]
+    if failed:
+        print(f"FAILED: {', '.join(failed)} (logs in {out / 'logs'})", file=sys.stderr)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return 1 if failed else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["tiny", "smollm2"], choices=sorted(SHAPES))
-    parser.add_argument("--steps", type=int, default=4, help="training steps per run (>= 2)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps per run (>= 2; default 4, "
+                        "with --engines 6)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    engines = parser.add_argument_group("rollout engines (issue 43)")
+    engines.add_argument("--engines", nargs="+", choices=["hf", "vllm"], help="compare these trl.rollout_engine "
+                         "values on the pilot's training instead")
+    engines.add_argument("--parallel", nargs="+", default=["1", "auto"],
+                         help="trainings side by side on the one GPU, one measurement per value; auto: as many as "
+                         "the pilot runs at once on this GPU (100 // its share: 8 on an H100), at most 9")
+    engines.add_argument("--model", default="smollm2", help="smollm2 (converted into .cache/smollm2 if missing), "
+                         "tiny, or a Hugging Face directory")
+    engines.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a check of this harness")
+    engines.add_argument("--out", default="results/trl_engines", help="where trl_engines.json and logs go")
+    engines.add_argument("--timeout", type=float, default=240, help="seconds one group of trainings may take")
     args = parser.parse_args()
+    if args.engines:
+        args.steps = args.steps or 6
+        if args.steps < 2:
+            raise SystemExit("--steps must be >= 2 (step 1 is excluded as warm-up)")
+        return engines_main(args)
+    args.steps = args.steps or 4
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     data = prepared_gsm8k(CACHE / "data" / "gsm8k-bench")
     load_before = os.getloadavg()

@@ -21,7 +21,7 @@ import functools
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -245,6 +245,8 @@ class Pipeline:
             res = C.rule_resources(self.cfg, rule)
             need = f" for {res.gpu_memory_gib:g} GiB" if res.gpu_memory_gib is not None else ""
             cap = f", {caps[rule][0]} {caps[rule][1]}" if rule in caps else ""
+            if rule == "train" and self.cfg.trl.rollout_engine == "vllm" and "trl" in self.cfg.sweep.backends:
+                cap += f" (vLLM rollouts {C.trl_vllm_memory_utilization(self.cfg.trl):g} of the GPU)"
             lines.append(f"  {rule}: gpu_share {res.gpu_share}{need} "
                          f"({100 // int(res.gpu_share)} jobs per GPU){cap}")
         return lines
@@ -313,6 +315,12 @@ def on_start(pipeline: Pipeline, workflow) -> None:
     from repexp import intermediates
     from repexp.tracking.workflow import on_start as start_tracking
 
+    if not workflow.non_local_exec and not workflow.touch:  # the jobs run here: can this host run them?
+        try:
+            check_host(pipeline, {job.rule.name for job in workflow.dag.needrun_jobs()})
+        except C.ConfigError as err:
+            print(f"repexp: not starting: config error: {err}\nNo job was started.", file=sys.stderr)
+            raise SystemExit(1) from None
     if not workflow.touch:
         pending = intermediates.pending_jobs(workflow.dag)
         problems = intermediates.check_pending(pending, sys.argv, workflow.dag_settings.targets)
@@ -322,6 +330,27 @@ def on_start(pipeline: Pipeline, workflow) -> None:
     if not pipeline.snapshot.exists():
         write_text_atomic(pipeline.snapshot, C.dump_yaml(pipeline.cfg))
     start_tracking(pipeline.snapshot, workflow.non_local_exec)
+
+
+def check_host(pipeline: Pipeline, pending_rules: Collection[str]) -> None:
+    """What the config asks of the host that runs the jobs, checked before the first one (not on dry runs, and
+    not under a cluster executor, whose nodes are other machines): a pending TRL training with
+    `trl.rollout_engine: vllm` needs a CUDA GPU here (nvidia-smi lists one) and an importable vllm
+    (the jobs' Python is this one). ConfigError naming the key."""
+    cfg = pipeline.cfg
+    if "train" not in pending_rules or "trl" not in cfg.sweep.backends:
+        return
+    from repexp.trl.settings import vllm_importable
+
+    # the table read at the start, else read now (a local run given --jobs reads none at the start)
+    cuda = bool(pipeline.gpus) or bool(G.read_gpus())
+    for task in cfg.sweep.tasks:
+        override = cfg.task_overrides.get(task)
+        own = set(override.trl) if override is not None else set()
+        C.check_trl_rollout_host(
+            C.task_section(cfg, task, "trl"), cuda=cuda, vllm=vllm_importable(),
+            where="this host (it runs the jobs)",
+            key=lambda name, own=own, task=task: f"task_overrides.{task}.trl.{name}" if name in own else f"trl.{name}")
 
 
 def on_end(pipeline: Pipeline, success: bool) -> None:

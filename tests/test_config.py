@@ -431,7 +431,9 @@ def test_runtime_settings_are_marked_in_the_dataclasses():
         "VerlConfig.log_prob_micro_batch_size_per_gpu", "VerlConfig.reward_workers", "VerlConfig.agent_workers",
         "VerlConfig.kv_cache_gib", "VerlConfig.dynamic_batch_tokens", "VerlConfig.replay_poll_seconds",
         "VerlConfig.repexp_micro_batch_size_per_gpu", "TrlConfig.eval_batch_size", "TrlConfig.gradient_checkpointing",
-        "TrlConfig.bonus_micro_batch_size", "TrlConfig.num_threads", "TrlConfig.gpu_memory_fraction"}
+        "TrlConfig.bonus_micro_batch_size", "TrlConfig.num_threads", "TrlConfig.gpu_memory_fraction",
+        "TrlConfig.vllm_gpu_memory_utilization", "TrlConfig.vllm_kv_cache_gib", "TrlConfig.vllm_enforce_eager",
+        "TrlConfig.vllm_sleep_mode"}
 
 
 def test_rule_resources_fill_defaults():
@@ -544,7 +546,9 @@ def test_the_parity_overlay_on_the_pilot_trains_both_backends_with_the_pilots_se
     raw = yaml.safe_load((REPO / "configs" / "pilot.yaml").read_text())
     update_config(raw, yaml.safe_load((REPO / "configs" / "overlays" / "parity.yaml").read_text()))
     parity, pilot = C.load(raw), C.load(REPO / "configs" / "pilot.yaml")
-    assert parity.train == dataclasses.replace(pilot.train, max_checkpoints_to_keep=1)
+    # the overlay changes only what no compared curve depends on: checkpoints kept and how often dev runs
+    assert parity.train == dataclasses.replace(pilot.train, max_checkpoints_to_keep=1, test_freq=40, save_freq=40,
+                                               val_before_train=False)
     assert parity.sweep.backends == ["trl", "verl"] and parity.sweep.seeds == pilot.sweep.seeds
     runs = {s.name for s in C.sweep_runs(parity) if s.trains}
     for backend in ("trl", "verl"):

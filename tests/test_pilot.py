@@ -269,7 +269,8 @@ def test_repexp_config_gpus_shows_what_auto_chooses_on_this_host(tmp_path, monke
 # The pilot config as it is, cut to CPU sizes: a tiny random model, 2 steps, a few problems, two
 # seeds of one RepExp point and GRPO (two seeds: the figures' seed bands), the hf engine.
 CPU_FORM = [
-    "model=tiny", "trl.device=cpu", "trl.gpu_memory_fraction=null", "eval.engine=hf", "eval.kv_cache_gib=null",
+    "model=tiny", "trl.device=cpu", "trl.rollout_engine=hf", "trl.gpu_memory_fraction=null", "eval.engine=hf",
+    "eval.kv_cache_gib=null",
     "eval.n_samples=4", "eval.shard_size=8", "eval.batch_size=16", "sweep.seeds=[1,2]", "sweep.betas=[0.1]",
     "train.total_steps=2", "train.test_freq=1", "train.save_freq=1", "train.train_batch_size=2",
     "train.ppo_mini_batch_size=2", "train.micro_batch_size_per_gpu=8", "train.n_rollouts=4", "train.val_n=2",

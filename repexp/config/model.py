@@ -39,6 +39,12 @@ RULES = ("download_model", "download_data", "model", "preprocess", "train", "sel
 # resources.<rule>.gpu_share: a percent of one GPU, or auto (repexp.gpus.auto_share, docs/pilot.md)
 GPU_SHARE_PATTERN = r"^(auto|[1-9][0-9]?|100)$"
 VLLM_MEMORY_UTILIZATION = 0.85  # eval.gpu_memory_utilization of a job that has its GPU to itself
+# trl.rollout_engine (docs/trl_backend.md, "Rollout engine"): `hf` generates with the policy itself
+# (transformers' generate), `vllm` with a vLLM copy of it in the training's own process (TRL's colocate mode)
+TRL_ROLLOUT_ENGINES = ("hf", "vllm")
+# The part of a training's GPU memory (its cap, trl.gpu_memory_fraction; the whole GPU without one) that its
+# colocated vLLM engine may hold (weights and KV cache) when trl.vllm_gpu_memory_utilization is null
+TRL_VLLM_MEMORY_PART = 0.25
 # Sizes beyond any sensible experiment (issue 27: `n_samples: 1000000000000` validated, then the eval
 # died with a MemoryError): pass@k curves need n ≥ k, the paper uses 256; one shard's samples are held
 # in memory while it is generated.
@@ -267,6 +273,28 @@ class TrlConfig:
                                               "train job's share when it shares one (resources.train.gpu_share / "
                                               "100), else none",
                                               exclusiveMinimum=0, maximum=1, runtime=True)
+    # Part of the training's identity (not runtime): the engine draws other samples from the same distribution.
+    rollout_engine: str = _f("hf", help="what generates the training rollouts: hf (transformers' generate on the "
+                             "policy) or vllm (a vLLM copy of the policy in the training's process, TRL's colocate "
+                             "mode; needs CUDA and the vllm package); same sampling settings, other random draws",
+                             enum=TRL_ROLLOUT_ENGINES)
+    vllm_gpu_memory_utilization: Optional[float] = _f(
+        None, help="rollout_engine vllm: the fraction of the WHOLE GPU's memory its engine may hold (weights and KV "
+        "cache; vLLM's gpu_memory_utilization, which must be free when it starts); null: "
+        f"{TRL_VLLM_MEMORY_PART} of the training's cap (trl.gpu_memory_fraction, so it follows "
+        "resources.train.gpu_share), or of the whole GPU without a cap",
+        exclusiveMinimum=0, maximum=1, runtime=True)
+    vllm_kv_cache_gib: Optional[float] = _f(
+        None, help="rollout_engine vllm: the engine's KV cache in GiB, fixed (no memory profiling, so trainings "
+        "start side by side on one GPU); null: what one step's rollouts need at most (train_batch_size × "
+        "n_rollouts sequences of max_prompt_length + max_response_length tokens, from the model's config)",
+        exclusiveMinimum=0, runtime=True)
+    vllm_enforce_eager: bool = _f(True, help="rollout_engine vllm: no torch.compile and no CUDA-graph capture (a "
+                                  "start in seconds; a step of rollouts of a few tokens saves less than the capture "
+                                  "costs)", runtime=True)
+    vllm_sleep_mode: bool = _f(False, help="rollout_engine vllm: free the engine's weights and KV cache during "
+                               "each update (TRL's vllm_enable_sleep_mode; less memory, a wake-up per step)",
+                               runtime=True)
 
 
 @dataclass

@@ -29,12 +29,14 @@ from repexp.config.model import (
     SECTIONS,
     TRACKING_SCHEMES,
     TRL_LOSS_TYPES,
+    TRL_VLLM_MEMORY_PART,
     VLLM_MEMORY_UTILIZATION,
     BonusConfig,
     ConfigError,
     PipelineConfig,
     RuleResources,
     TrainConfig,
+    TrlConfig,
 )
 from repexp.config.runs import RunConfig, canonical, grid_points, rule_resources, task_section, task_sweep
 from repexp.methods import METHODS as METHODS_TABLE
@@ -198,6 +200,11 @@ def _check_training(cfg: PipelineConfig, task: str) -> None:
         trl_micro_batch(train, key)
         if task_section(cfg, task, "trl").device != "cpu":
             _check_share(cfg, task, "train", "trl", "gpu_memory_fraction")
+        trl_key = lambda name: _key(cfg, task, "trl", name)  # noqa: E731
+        check_trl_rollout(task_section(cfg, task, "trl"), trl_key)
+        if task_section(cfg, task, "trl").rollout_engine == "vllm" and not rule_resources(cfg, "train").gpu:
+            raise ConfigError(f"{trl_key('rollout_engine')}: 'vllm' generates on a GPU, but resources.train.gpu is 0 "
+                              "(the train job asks for none); use 'hf'")
     if "verl" in cfg.sweep.backends:
         _check_verl(cfg, task, train, repexp_runs=repexp_runs)
         _check_share(cfg, task, "train", "verl", "gpu_memory_utilization")
@@ -294,6 +301,44 @@ def check_trl_loss(train: TrainConfig, key: typing.Callable[[str], str] = _in_se
     if train.loss_agg_mode not in TRL_LOSS_TYPES:
         raise ConfigError(f"{key('loss_agg_mode')}: {train.loss_agg_mode!r} has no TRL equivalent "
                           f"(the TRL backend supports {', '.join(TRL_LOSS_TYPES)})")
+
+
+def trl_vllm_memory_utilization(trl: TrlConfig) -> float:
+    """vLLM's gpu_memory_utilization (a fraction of the WHOLE GPU) for a `trl.rollout_engine: vllm` training:
+    `trl.vllm_gpu_memory_utilization`, else TRL_VLLM_MEMORY_PART of the training's own cap
+    (`trl.gpu_memory_fraction`, which `resolve_gpus` sets from resources.train.gpu_share), or of the whole GPU."""
+    if trl.vllm_gpu_memory_utilization is not None:
+        return trl.vllm_gpu_memory_utilization
+    return round(TRL_VLLM_MEMORY_PART * (trl.gpu_memory_fraction or 1.0), 6)
+
+
+def check_trl_rollout(trl: TrlConfig, key: typing.Callable[[str], str] = _in_section("trl")) -> None:
+    """A `vllm` rollout engine generates on the training's GPU, within the training's memory cap."""
+    if trl.rollout_engine != "vllm":
+        return
+    if trl.device == "cpu":
+        raise ConfigError(f"{key('rollout_engine')}: 'vllm' generates on a GPU, but {key('device')} is 'cpu'; "
+                          "use 'hf' on a CPU")
+    fraction, utilization = trl.gpu_memory_fraction, trl_vllm_memory_utilization(trl)
+    if fraction is not None and utilization > fraction + 1e-9:
+        raise ConfigError(f"{key('vllm_gpu_memory_utilization')}: {utilization:g} of the GPU for the rollout engine, "
+                          f"but the training's whole cap {key('gpu_memory_fraction')} is {fraction:g} (the engine "
+                          f"lives in the training's process, inside that cap); set it to at most {fraction:g}")
+
+
+def check_trl_rollout_host(trl: TrlConfig, *, cuda: bool, vllm: bool, where: str,
+                           key: typing.Callable[[str], str] = _in_section("trl")) -> None:
+    """The machine that runs a `vllm` rollout engine has a CUDA GPU and the vllm package (`where` says which
+    machine, for the message). The pipeline applies it before the first job on the host that runs them; the
+    trainer at its start."""
+    if trl.rollout_engine != "vllm" or trl.device == "cpu":
+        return
+    if not cuda:
+        raise ConfigError(f"{key('rollout_engine')}: 'vllm' generates on a CUDA GPU, but {where} has none; "
+                          "use 'hf' (transformers' generate) here")
+    if not vllm:
+        raise ConfigError(f"{key('rollout_engine')}: 'vllm' needs the vllm package, which {where} cannot import; "
+                          "install it (the offline GPU stack has it) or use 'hf'")
 
 
 def trl_micro_batch(train: TrainConfig, key: typing.Callable[[str], str] = _in_section("train")) -> int:

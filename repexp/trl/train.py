@@ -23,6 +23,7 @@ and validation sampling are all seeded).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import os
@@ -171,17 +172,28 @@ def _trainer_class():
         place of TRL's PPO loss."""
 
         def __init__(self, *args: Any, advantage_source: Any = None, cov_loss: Optional[CovLoss] = None,
-                     **kwargs: Any):
-            super().__init__(*args, **kwargs)
+                     vllm_engine: Optional[dict] = None, **kwargs: Any):
+            with _vllm_engine_args(vllm_engine):  # trl.rollout_engine vllm: what TRL's LLM(...) leaves out
+                super().__init__(*args, **kwargs)
             self.advantage_source = advantage_source
             self.cov_loss = cov_loss
-            if cov_loss is not None and (self.beta != 0.0 or self.use_vllm or self.top_entropy_quantile < 1.0
+            corrected = self.use_vllm and self.vllm_importance_sampling_correction  # off: repexp.trl.settings
+            if cov_loss is not None and (self.beta != 0.0 or corrected or self.top_entropy_quantile < 1.0
                                          or self.off_policy_mask_threshold is not None or self.aux_loss_enabled
                                          or self.use_adaptive_entropy
                                          or self.importance_sampling_level != "token"):
                 raise ValueError("the KL-Cov / Clip-Cov loss covers the GRPOConfig of repexp.trl.settings only")
             self._draws: Optional[torch.Generator] = None
             self._draws_step = -1
+
+        def _generate_single_turn(self, *args: Any, **kwargs: Any):
+            """TRL's generation; with the vLLM engine each completion is checked to end as the generate path's
+            do (at its first stop token, kept, or at max_completion_length), so the reward, the features and
+            the loss see the same kind of token sequence from either engine."""
+            completion_ids, logprobs = super()._generate_single_turn(*args, **kwargs)
+            if self.use_vllm:
+                trl_settings.check_completions(completion_ids, self.eos_token_ids, self.max_completion_length)
+            return completion_ids, logprobs
 
         def _get_train_sampler(self, dataset=None):
             return EpochSeededRepeatSampler(
@@ -267,6 +279,43 @@ def _trainer_class():
             return self._draws
 
     return RepExpGRPOTrainer
+
+
+@contextlib.contextmanager
+def _vllm_engine_args(extra: Optional[dict]):
+    """While TRL builds its colocated engine, `vllm.LLM(...)` also gets `extra` (dtype, fixed KV cache,
+    enforce_eager, the run's seed: `repexp.trl.settings.vllm_engine_kwargs`), which TRL 1.16 does not expose."""
+    if not extra:
+        yield
+        return
+    from trl.generation import vllm_generation
+
+    real = getattr(vllm_generation, "LLM", None)
+    if real is None:  # TRL imports vLLM's LLM only where vllm imports
+        raise ConfigError("trl.rollout_engine: 'vllm', but TRL found no importable vllm in this Python")
+
+    def llm(*args: Any, **kwargs: Any):
+        return real(*args, **{**kwargs, **extra})
+
+    vllm_generation.LLM = llm
+    try:
+        yield
+    finally:
+        vllm_generation.LLM = real
+
+
+def policy_stop_token_ids(model_dir: str, tokenizer: Any) -> list[int]:
+    """TRL's `eos_token_ids` of the policy (GRPOTrainer: the generation config's eos ids, with the tokenizer's
+    eos first where they lack it), read without loading the weights."""
+    from transformers import AutoConfig, GenerationConfig
+
+    try:
+        generation = GenerationConfig.from_pretrained(model_dir)
+    except OSError:  # no generation_config.json: transformers derives it from the model config
+        generation = GenerationConfig.from_model_config(AutoConfig.from_pretrained(model_dir))
+    ids = generation.eos_token_id
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    return ids if tokenizer.eos_token_id in ids else [tokenizer.eos_token_id, *ids]
 
 
 def _callback_class():
@@ -396,6 +445,7 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
         torch.set_num_threads(cfg.trl.num_threads)
     if cfg.trl.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("trl.device: 'cuda' requested but torch.cuda.is_available() is False")
+    trl_settings.check_rollout_host(cfg, cuda=torch.cuda.is_available(), where="this job's machine")
     auto = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(auto if cfg.trl.device == "auto" else cfg.trl.device)
     if device.type == "cuda" and cfg.trl.gpu_memory_fraction is not None:
@@ -429,11 +479,14 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
     tracker.history = [h for h in tracker.history if resume_step is not None and h["step"] <= resume_step]
     tracker.write()
 
+    vllm = cfg.trl.rollout_engine == "vllm"
     kwargs = trl_settings.grpo_config_kwargs(
-        cfg, plan, output_dir=str(run_dir / layout.TRL_STAGING_DIR), use_cpu=device.type == "cpu"
+        cfg, plan, output_dir=str(run_dir / layout.TRL_STAGING_DIR), use_cpu=device.type == "cpu",
+        stop_token_ids=policy_stop_token_ids(cfg.model, tokenizer) if vllm else None,
     )
-    write_json_atomic(run_dir / layout.TRL_SETTINGS, {"plan": dataclasses.asdict(plan), "grpo_config": kwargs,
-                                                "train_prompts": len(train_rows), "dev_prompts": len(dev_rows)})
+    settings_record = {"plan": dataclasses.asdict(plan), "grpo_config": kwargs,
+                       "train_prompts": len(train_rows), "dev_prompts": len(dev_rows)}
+    write_json_atomic(run_dir / layout.TRL_SETTINGS, settings_record)
     reward = RepExpReward(
         cfg, tokenizer, optimizer_steps_per_step=plan.optimizer_steps_per_step, device=device,
         dtype=torch.bfloat16 if cfg.trl.dtype == "bfloat16" else torch.float32, backbone_loader=backbone_loader,
@@ -446,10 +499,21 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
         from trl import GRPOConfig
 
         policy = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)  # fp32 master weights
+        vllm_engine = None
+        if vllm:  # the colocated engine's own settings (docs/trl_backend.md, "Rollout engine")
+            kv_bytes = trl_settings.vllm_kv_cache_bytes(cfg, policy.config)
+            trl_settings.check_vllm_memory(
+                cfg, weights_bytes=policy.num_parameters() * (2 if cfg.trl.dtype == "bfloat16" else 4),
+                kv_cache_bytes=kv_bytes, gpu_total_bytes=torch.cuda.get_device_properties(device).total_memory)
+            vllm_engine = trl_settings.vllm_engine_kwargs(cfg, kv_bytes)
+            write_json_atomic(run_dir / layout.TRL_SETTINGS, {**settings_record, "vllm_engine": vllm_engine})
         trainer = _trainer_class()(model=policy, reward_funcs=[reward], args=GRPOConfig(**kwargs),
                                    train_dataset=Dataset.from_list(train_rows), processing_class=tokenizer,
                                    advantage_source=reward if "advantage" in method(cfg.method).hooks else None,
-                                   cov_loss=CovLoss.of(cfg))
+                                   cov_loss=CovLoss.of(cfg), vllm_engine=vllm_engine)
+        if vllm and list(trainer.eos_token_ids) != kwargs["generation_kwargs"]["stop_token_ids"]:
+            raise RuntimeError(f"the vLLM engine's stop tokens {kwargs['generation_kwargs']['stop_token_ids']} are not "
+                               f"TRL's eos_token_ids {list(trainer.eos_token_ids)}")
         run_validation = functools.partial(validate, rows=dev_rows, prompt_ids=dev_ids, cfg=cfg, tokenizer=tokenizer,
                                            eos_token_ids=list(trainer.eos_token_ids))
         callback = _callback_class()(
