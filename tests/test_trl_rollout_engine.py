@@ -245,3 +245,22 @@ def test_the_stop_tokens_are_trls_eos_token_ids(tmp_path):
         reward_funcs=[lambda completions, **_: [0.0] * len(completions)],
         train_dataset=Dataset.from_list([{"prompt": "1 + 1 ="}] * 2))
     assert policy_stop_token_ids(str(model), tokenizer) == list(trainer.eos_token_ids)
+
+
+def test_each_training_gets_its_own_rendezvous_port():
+    """Trainings started side by side must not share TRL's first-choice port 29500 (EADDRINUSE on the GPU)."""
+    import socket
+
+    from repexp.trl.train import own_rendezvous_port
+
+    ports = []
+    for _ in range(3):
+        env: dict = {}
+        ports.append(own_rendezvous_port(env))
+        assert env["MASTER_PORT"] == str(ports[-1]) and env["MASTER_ADDR"] == "127.0.0.1"
+        assert ports[-1] not in (29500, 23456, 12355, 12345)
+    with socket.socket() as probe:  # the chosen port is free to listen on
+        probe.bind(("127.0.0.1", ports[-1]))
+    assert own_rendezvous_port({"MASTER_PORT": "31234"}) == 31234  # a launcher's port is kept
+    env = {"MASTER_PORT": "auto", "MASTER_ADDR": "localhost"}
+    assert own_rendezvous_port(env) == int(env["MASTER_PORT"]) and env["MASTER_ADDR"] == "localhost"

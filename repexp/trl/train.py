@@ -28,6 +28,7 @@ import dataclasses
 import functools
 import os
 import shutil
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -304,6 +305,22 @@ def _vllm_engine_args(extra: Optional[dict]):
         vllm_generation.LLM = real
 
 
+def own_rendezvous_port(environ: Optional[dict] = None) -> int:
+    """The colocated vLLM engine joins a one-process torch.distributed group through MASTER_ADDR:MASTER_PORT.
+    TRL fills an unset port with the first free one of a fixed list (29500, 23456, ...), so trainings that
+    start side by side all pick 29500 and all but one fail with EADDRINUSE (seen on the GPU: 6 of 8). An
+    ephemeral port from the OS instead; a port the environment sets (a launcher's) is kept."""
+    environ = os.environ if environ is None else environ
+    environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if environ.get("MASTER_PORT", "").strip().lower() not in ("", "0", "auto"):
+        return int(environ["MASTER_PORT"])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((environ["MASTER_ADDR"] if environ["MASTER_ADDR"] != "localhost" else "127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    environ["MASTER_PORT"] = str(port)
+    return port
+
+
 def policy_stop_token_ids(model_dir: str, tokenizer: Any) -> list[int]:
     """TRL's `eos_token_ids` of the policy (GRPOTrainer: the generation config's eos ids, with the tokenizer's
     eos first where they lack it), read without loading the weights."""
@@ -480,6 +497,8 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
     tracker.write()
 
     vllm = cfg.trl.rollout_engine == "vllm"
+    if vllm:
+        own_rendezvous_port()
     kwargs = trl_settings.grpo_config_kwargs(
         cfg, plan, output_dir=str(run_dir / layout.TRL_STAGING_DIR), use_cpu=device.type == "cpu",
         stop_token_ids=policy_stop_token_ids(cfg.model, tokenizer) if vllm else None,
