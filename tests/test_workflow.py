@@ -390,10 +390,15 @@ def test_every_node_has_its_mlflow_run(pipeline):
         elif rule == "testtime":
             assert artifacts == {"testtime.json"} and node.data.params["job.sparse_dim"] == "32"
             result = json.loads((results / "testtime" / "gsm8k" / tags["repexp.run"] / "testtime.json").read_text())
-            from repexp.metrics import testtime_metrics
+            from repexp.metrics import testtime_curves, testtime_metrics
 
-            assert {k: v for k, v in node.data.metrics.items() if k.startswith("testtime/")} == {
+            curves = testtime_curves(result)  # pass@k against k (step = k), beside the per-k metrics
+            assert {k: v for k, v in node.data.metrics.items() if k.startswith("testtime/") and k not in curves} == {
                 k: round(v, 3) for k, v in testtime_metrics(result).items()}
+            for name, curve in curves.items():
+                history = client.get_metric_history(node.info.run_id, name)
+                assert sorted((m.step, m.value) for m in history) == [(k, round(v, 3)) for k, v in
+                                                                         sorted(curve.items())]
         elif rule == "select":
             assert artifacts == {"select.json"} and "select.checkpoint_step" in node.data.params
         elif rule == "preprocess":
