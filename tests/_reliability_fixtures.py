@@ -1,6 +1,7 @@
 """Shared by tests/test_faults.py, test_slurm.py, test_tracking.py and test_workflow.py: the uninterrupted
 reference run of the test config, made once per pytest session (`import _reliability_fixtures`; tests/conftest.py puts
-tests/ on sys.path, so these modules share this one module and its cache).
+tests/ on sys.path, so these modules share this one module and its cache); and the README's run cut in size, which
+the MLflow UI test of test_tracking.py browses (`readme_run`).
 """
 
 from __future__ import annotations
@@ -91,7 +92,6 @@ def reference_run_output(tmp_path_factory) -> subprocess.CompletedProcess:
     """Snakemake's output of the reference run (job counts, the order it ran in)."""
     reference_run(tmp_path_factory)
     return _reference["local_proc"]
-
 
 
 # The README's run (`bash workflow/scripts/setup.sh run`, i.e. `snakemake all --profile local --configfile
