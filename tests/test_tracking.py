@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from repexp import checkpoints, cli
+from repexp import layout as L
 from repexp import metrics as metric_names
 from repexp import tracking as T
 from repexp.evaluate.core import eval_result
@@ -337,9 +338,10 @@ def test_eval_outputs_log_one_metric_per_k_the_curve_and_the_dataset(store, tmp_
         T.log_artifacts(node, [str(path)])
     client = _client(uri)
     run = client.get_run(node.run_id)
-    # one metric per evaluated k under the split, so the runs table can show pass@1 beside pass@4
+    # one metric per evaluated k under the split, so the runs table can show pass@1 beside pass@4 (to 3 decimals:
+    # eval.json's 0.4999999999999999 is 0.5 there)
     assert {k: v for k, v in run.data.metrics.items() if re.fullmatch(r"test/pass_at_\d+", k)} == {
-        f"test/pass_at_{k}": v for k, v in result["pass_at_k"].items()}
+        f"test/pass_at_{k}": round(v, 3) for k, v in result["pass_at_k"].items()}
     assert run.data.metrics["test/mean_at_n"] == result["mean_at_n"] and run.data.metrics["test/num_problems"] == 2
     assert "test/pass_at_4_sem" in run.data.metrics
     # pass@k against k: one metric per grader whose step is k, which MLflow's line chart draws as the curve
@@ -358,6 +360,53 @@ def test_eval_outputs_log_one_metric_per_k_the_curve_and_the_dataset(store, tmp_
     (dataset,) = run.inputs.dataset_inputs
     assert dataset.dataset.name == "gsm8k/test" and dataset.dataset.digest == "ab" * 8
     assert {t.key: t.value for t in dataset.tags} == {"mlflow.data.context": "evaluation"}
+
+
+def test_mlflow_shows_values_to_three_decimals_while_the_files_and_trainer_curves_keep_every_digit(
+        store, tmp_path, monkeypatch):
+    """Issue 39, item 3: MLflow's runs table prints a metric as JavaScript prints the float (0.6666666666666666)
+    and has no setting for its digits, so what repexp logs for reading there (a stage's metrics and curves,
+    the sweep points' parent metrics, also when replayed from the outbox) is rounded to 3 decimals; eval.json keeps
+    every digit, and a trainer's curve replayed from metrics.jsonl keeps the digits its trainer logged live with."""
+    from repexp import config as C
+    from repexp.evaluate import node_outputs
+    from repexp.tracking.store import DISPLAY_DECIMALS, display_value
+
+    cfg, uri = store
+    assert DISPLAY_DECIMALS == 3 and display_value(2 / 3) == 0.667 and display_value(float("nan")) != 0.0
+    result = eval_result(problem_ids=["a", "b", "c"], scores=[[1, 0, 0], [0, 0, 0], [1, 1, 0]], answers=None,
+                         metadata={"split": "test"})
+    assert result["pass_at_k"]["1"] == pytest.approx(1 / 3) and result["pass_at_k"]["1"] != 0.333  # the file's
+    with T.node_run("eval", "gsm8k", "base", config=cfg) as node:  # what `repexp run eval` logs
+        T.log_result(node, node_outputs(result))
+        # a trainer's curve (the train node's fill from metrics.jsonl) and a parent's metric (aggregate's)
+        node.fill_metric_rows([["reward/verifier/mean", 1 / 7, 1, 0]])
+        point = C.find_run(C.load(cfg), "gsm8k", SPEC)
+        node.log_parent_metrics(T.scope_for("gsm8k", point), [["test/pass_at_1", 2 / 3, 0, 0]])
+    client = _client(uri)
+    run = client.get_run(node.run_id)
+    logged = node_outputs(result).metrics
+    assert run.data.metrics["test/pass_at_1"] == 0.333 and run.data.metrics["test/pass_at_2"] == 0.556  # 5/9
+    assert {k: v for k, v in run.data.metrics.items() if k in logged} == {k: round(v, 3) for k, v in logged.items()}
+    for key, value in run.data.metrics.items():  # what the runs table prints: at most 3 decimals
+        if key in logged:
+            assert len(repr(value).split(".")[1]) <= 3, (key, value)
+    history = client.get_metric_history(node.run_id, metric_names.pass_at_k_curve("test"))
+    curve = sorted((m.step, m.value) for m in history)
+    assert curve == [(int(k), round(v, 3)) for k, v in result["pass_at_k"].items()] and curve[0] == (1, 0.333)
+    assert run.data.metrics["reward/verifier/mean"] == 1 / 7  # the trainer's digits
+    (parent,) = [r for r in _runs(uri) if r.data.tags.get(T.PARENT_KEY_TAG) == f"point:gsm8k/{SPEC}"]
+    assert parent.data.metrics["test/pass_at_1"] == 0.667
+    # the same through the outbox: a record kept while the store was unreachable uploads rounded values too
+    offline_cfg = _config(tmp_path, tracking_uri=f"http://127.0.0.1:{_closed_port()}")
+    with T.node_run("eval", "gsm8k", "base", config=offline_cfg) as offline:
+        T.log_result(offline, node_outputs(result))
+        offline.fill_metric_rows([["reward/verifier/mean", 1 / 7, 1, 0]])
+    assert offline.run_id is None
+    uploaded, failed = T.sync(tmp_path / "results", tracking_uri=uri)
+    assert uploaded == 1 and not failed
+    (synced,) = [r for r in _runs(uri) if r.data.tags.get("repexp.synced_from_outbox") == "true"]
+    assert synced.data.metrics["test/pass_at_1"] == 0.333 and synced.data.metrics["reward/verifier/mean"] == 1 / 7
 
 
 def test_select_and_testtime_results_carry_pass_at_k_against_k(tmp_path):
@@ -618,27 +667,43 @@ def _keep_screenshot(driver, tmp_path: Path, name: str) -> None:
 
 @pytest.mark.slow
 def test_repexp_mlflow_ui_opens_the_eval_runs_by_pass_at_n_with_their_params(tmp_path_factory, tmp_path):
-    """Issues 25 (item 1) and 39 (items 1, 3, 5): the link `repexp mlflow ui` prints opens, in a fresh headless
-    Chromium at 1440×900 (no local storage: nothing of an earlier visit), the chart view of the eval runs with
-    pass@k against k first: one line per eval run, its points (k, pass@k) those of its eval.json, each run in its
-    method's colour, and no MLflow Assistant panel; the table link it names shows the runs sorted by
-    test/pass_at_<n>, with task, method, β, sparse_dim and seed. All on first load, with no click."""
+    """Issues 25 (item 1) and 39 (items 1, 3, 5): after the README's run, the link `repexp mlflow ui` prints opens,
+    in a fresh headless Chromium at 1440×900 (no local storage: nothing of an earlier visit), the chart view of its
+    three eval runs (base, GRPO, RepExp) with pass@k against k first: one line per eval run, its points (k, pass@k)
+    those of its eval.json (to 3 decimals), each run in its method's colour, and no MLflow Assistant panel; the
+    table link it names shows the runs sorted by test/pass_at_8, with task, method, seed, sparse_dim and β, and
+    their values to 3 decimals. All on first load, with no click.
+
+    The store is that of the README's run (configs/local.yaml, what `bash workflow/scripts/setup.sh run` runs) cut
+    in size only, up to its eval runs (`_reliability_fixtures.README_SIZES`: 2 RL steps of 2 prompts × 4 rollouts
+    instead of 4 steps of 2 × 8, dev 2 questions × 2 samples instead of 8 × 4, 6 test questions instead of 24): the
+    same three runs (task arith; RepExp at sparse_dim 32 and β 0.01, GRPO, the base model; seed 42),
+    SmolLM2-135M-Instruct, TRL and the hf engine, 8 samples per test question as shipped (k = 1, 2, 4, 8). The full
+    README run takes about 10 minutes on 2 cores, too long for CI."""
     import urllib.parse
 
     chromium, chromedriver = _browser()
     pytest.importorskip("selenium.webdriver", reason="selenium (the dev extra) is not installed")
     import _reliability_fixtures as fx
 
+    from repexp import config as C
     from repexp import methods
     from repexp.tracking import server, ui
 
-    workdir = fx.reference_run(tmp_path_factory)
-    results = fx.results(workdir)
-    evals = {p.parent.name: json.loads(p.read_text()) for p in (results / "eval" / "gsm8k").glob("*/eval.json")}
+    workdir = fx.readme_run(tmp_path_factory)
+    results, task, config = fx.results(workdir), fx.README_TASK, str(workdir / "config.yaml")
+    cfg = C.load(config)
+    runs = C.sweep_runs(cfg)
+    # the README's three runs, as its config names them (only sizes differ)
+    assert runs == C.sweep_runs(C.load(fx.README_CONFIG))
+    assert sorted(spec.name for spec in runs) == ["base", "trl_grpo_s42", "trl_repexp_k32_b0.01_s42"]
+    evals = {spec.name: json.loads(L.eval_json(results, task, spec.name).read_text()) for spec in runs}
     n = max(int(k) for k in evals["base"]["pass_at_k"])
+    assert n == 8  # the README's pass@1, 2, 4, 8
+    # trained long enough that the trained models' curves are not the base model's (then the chart tells them apart)
+    assert evals["base"]["pass_at_k"] != evals["trl_grpo_s42"]["pass_at_k"]
     metric = metric_names.pass_at_k("test", n)
     curve = metric_names.pass_at_k_curve("test")
-    config = str(workdir / "config.yaml")
     env = {**os.environ, "MLFLOW_TRACKING_URI": ""}
     opened = subprocess.run([REPEXP, "mlflow", "ui", "--config", config, "--host", "127.0.0.1"],
                             capture_output=True, text=True, timeout=600, env=env)
@@ -659,13 +724,8 @@ def test_repexp_mlflow_ui_opens_the_eval_runs_by_pass_at_n_with_their_params(tmp
         assert parts.hostname == server.BROWSER_LOOPBACK_NAME
         query = urllib.parse.parse_qs(parts.fragment.split("?", 1)[1])
         assert query == {"viewStateShareKey": [view], "workflowType": ["machine_learning"], "compareRunsMode": [mode]}
-    from repexp import config as C
-
-    cfg = C.load(config)
-    runs = C.sweep_runs(cfg)
     params = ui.columns(cfg)  # task, method, seed, then the swept parameters of the sweep's methods
-    assert params == ("task", "method", "seed", "sparse_dim", "beta", "passk_k", "outcome_mode", "outcome_c",
-                      "loss_mode", "cov_ratio")
+    assert params == ("task", "method", "seed", "sparse_dim", "beta")
     columns = {name: ui.column("params", name) for name in params} | {metric: ui.column("metrics", metric)}
     login = json.loads((results / "mlflow" / "credentials.json").read_text())
     driver = None
@@ -680,22 +740,22 @@ def test_repexp_mlflow_ui_opens_the_eval_runs_by_pass_at_n_with_their_params(tmp
         drawn = {}
         for trace in series:  # a run's line first (MLflow may add traces of it, e.g. for hovering)
             drawn.setdefault(trace["name"].split(" (")[0], trace)
-        assert sorted(drawn) == sorted(f"eval gsm8k/{spec.name}" for spec in runs), series
+        assert sorted(drawn) == sorted(f"eval {task}/{spec.name}" for spec in runs), series
         for spec in runs:
-            line = drawn[f"eval gsm8k/{spec.name}"]
+            line = drawn[f"eval {task}/{spec.name}"]
             expected = evals[spec.name]["pass_at_k"]
-            assert [int(x) for x in line["x"]] == [int(k) for k in expected]  # k = 1, 2, 4, ..., n
-            assert line["y"] == pytest.approx(list(expected.values()))
+            assert [int(x) for x in line["x"]] == [int(k) for k in expected] == [1, 2, 4, 8]
+            assert line["y"] == pytest.approx([round(v, 3) for v in expected.values()], abs=1e-12)
             # one method, one colour (MLflow may add an alpha channel to a trace's colour: #rrggbbaa)
             assert line["color"].lower()[:7] == methods.color(spec.method).lower()
-        assert len({s["color"][:7] for s in series}) == len({spec.method for spec in runs})
+        assert len({s["color"][:7] for s in series}) == len({spec.method for spec in runs}) == 3
         # the sections in order: the curves, the headline bars, then MLflow's own (e.g. "test", "System metrics")
         text = driver.find_element("css selector", "body").text
         sections = [text.index(f"\n{name}\n(") for name in (ui.CURVES_SECTION, ui.HEADLINE_SECTION, "test")]
         assert sections == sorted(sections), text[-600:]
         driver.quit()
-        # the runs table, wide enough that the grid renders every column of the view (it draws only those in view)
-        driver = _browser_driver(chromium, chromedriver, "3600,1000", login)
+        # the runs table, at the same 1440×900: the README's five param columns fit beside the run name
+        driver = _browser_driver(chromium, chromedriver, "1440,900", login)
         driver.get(table_url)
         order, table = _ui_table(driver, columns)
         _keep_screenshot(driver, tmp_path, UI_SCREENSHOT)
@@ -713,14 +773,16 @@ def test_repexp_mlflow_ui_opens_the_eval_runs_by_pass_at_n_with_their_params(tmp
     wanted = ["attributes.`Run Name`", columns[metric], *(columns[name] for name in params)]
     assert [col for col in order if col in wanted] == wanted, order  # the view's order, left to right
     by_name = {row["name"]: row for row in table}
-    assert sorted(by_name) == sorted(f"eval gsm8k/{spec.name}" for spec in runs)
+    assert sorted(by_name) == sorted(f"eval {task}/{spec.name}" for spec in runs)
     for spec in runs:  # a method logs its own parameters only ("-" for the others'); base: no training seed
-        row = by_name[f"eval gsm8k/{spec.name}"]
+        row = by_name[f"eval {task}/{spec.name}"]
         own = {name: C.canonical(value) for name, value in spec.params}
-        expected = {"task": "gsm8k", "method": spec.method, "seed": str(spec.seed) if spec.trains else "-",
+        expected = {"task": task, "method": spec.method, "seed": str(spec.seed) if spec.trains else "-",
                     **{name: own.get(name, "-") for name in params[3:]}}
         assert {name: row[name] for name in params} == expected, row
-        assert float(row[metric]) == pytest.approx(evals[spec.name]["pass_at_k"][str(n)], abs=1e-3), row
+        # the value to 3 decimals, as printed (eval.json keeps every digit)
+        assert re.fullmatch(r"\d+(\.\d{1,3})?", row[metric]), row
+        assert float(row[metric]) == round(evals[spec.name]["pass_at_k"][str(n)], 3), row
     values = [float(row[metric]) for row in table]
     assert values == sorted(values, reverse=True)  # the UI's order
 

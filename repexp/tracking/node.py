@@ -256,8 +256,8 @@ class NodeRun:
         if self.online:
             try:
                 missing = self._store.missing_rows(self.run_id, rows)
-                self._store.log_metrics(self.run_id, missing)
-                self.record.metrics.extend(missing)
+                self._store.log_metrics(self.run_id, missing, exact=True)  # a trainer's curve: its own digits
+                self.record.fill_metrics.extend(missing)  # a replay compares them by (key, step) again
                 return len(missing)
             except Exception as err:  # noqa: BLE001
                 self._go_offline(f"log_metrics: {type(err).__name__}: {err}")

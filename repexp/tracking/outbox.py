@@ -107,7 +107,7 @@ def sync_record(directory: Path, tracking_uri: Optional[str], unreachable: dict[
         store.set_tags(record.run_id, record.tags)
         store.log_params(record.run_id, record.params)
         store.log_metrics(record.run_id, record.metrics)
-        store.log_metrics(record.run_id, store.missing_rows(record.run_id, record.fill_metrics))
+        store.log_metrics(record.run_id, store.missing_rows(record.run_id, record.fill_metrics), exact=True)
         store.log_inputs(record.run_id, record.inputs)
         for artifact_file, data in record.tables:
             store.log_table(record.run_id, artifact_file, data)

@@ -47,6 +47,10 @@ HTTP_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
 }
+# Metric values as MLflow shows them: rounded to this many decimals (docs/tracking.md, "Values to 3
+# decimals"). MLflow 3.17.2's runs table prints a float as JavaScript does (0.6666666666666666) and
+# has no setting for its digits; the files the pipeline reads keep every digit.
+DISPLAY_DECIMALS = 3
 BATCH_PARAMS = 100  # MLflow's per-call limits of log_batch
 BATCH_METRICS = 1000
 SEARCH_LIMIT = 1000
@@ -55,6 +59,12 @@ DATASET_CONTEXT_TAG = "mlflow.data.context"  # MLflow's input tag for a dataset'
 # not the GenAI overview. MLflow 3.17.2's UI takes the kind from the link's `workflowType` instead,
 # which `repexp mlflow ui` sets (repexp/tracking/ui.py).
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
+
+
+def display_value(value: float) -> float:
+    """A metric value as repexp logs it for reading in MLflow: rounded to `DISPLAY_DECIMALS` (0.667, not
+    0.6666666666666666); NaN and infinities stay what they are."""
+    return round(float(value), DISPLAY_DECIMALS)
 
 
 def resolve_tracking_uri(results_dir: str | os.PathLike, configured: Optional[str] = None) -> str:
@@ -233,10 +243,14 @@ class Store:
         for i in range(0, len(items), BATCH_PARAMS):
             self.client.log_batch(run_id, params=items[i : i + BATCH_PARAMS])
 
-    def log_metrics(self, run_id: str, metrics: Sequence[Sequence]) -> None:
+    def log_metrics(self, run_id: str, metrics: Sequence[Sequence], *, exact: bool = False) -> None:
+        """[[key, value, step, timestamp_ms], ...], every value rounded to `DISPLAY_DECIMALS` (this is where
+        every metric repexp logs reaches MLflow: node runs, their outbox records, parent runs) unless
+        `exact`: a trainer's curve replayed from metrics.jsonl keeps the digits its trainer logged live with."""
         from mlflow.entities import Metric
 
-        items = [Metric(key, float(value), int(ts), int(step)) for key, value, step, ts in metrics]
+        items = [Metric(key, float(value) if exact else display_value(value), int(ts), int(step))
+                 for key, value, step, ts in metrics]
         for i in range(0, len(items), BATCH_METRICS):
             self.client.log_batch(run_id, metrics=items[i : i + BATCH_METRICS])
 
