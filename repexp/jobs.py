@@ -292,7 +292,7 @@ def _download_data(cfg) -> DownloadDataJob:
 
 
 def _aggregate(cfg) -> AggregateJob:
-    runs = C.sweep_runs(cfg)
+    runs = C.part_runs(cfg)  # with sweep.part, the other parts' runs found on disk are pooled (repexp.aggregate)
     return AggregateJob(
         inputs=tuple(str(L.eval_json(cfg.results_dir, s.task, s.name)) for s in runs),
         testtime=tuple(str(L.testtime_json(cfg.results_dir, s.task, s.name)) for s in runs) if cfg.testtime.enabled

@@ -107,6 +107,14 @@ class SweepConfig:
                 "listed values is one run per task × backend × seed; null leaves a method out"})
     seeds: list[int] = _f([42], help="training and sampling seeds", items_minimum=0)
     base_baseline: bool = _f(True, help="also evaluate the untrained base model per task")
+    # A design too large for one command is run in parts of its seeds (docs/pilot.md, "Fourth design"):
+    # every part one command into the same results directory, whose aggregate pools all parts' runs.
+    parts: int = _f(1, help="split sweep.seeds, in their order, into this many parts (the first ones one seed "
+                    "larger where they do not divide evenly); `part` picks the one a command runs", minimum=1)
+    part: Optional[int] = _f(None, help="the part of the seeds this command trains, evaluates and orders (1..parts; "
+                             "the base model belongs to part 1); its aggregate and figures pool every run of the "
+                             "whole sweep whose evaluation is in the results directory, so after the last part "
+                             "they hold every part (null: every seed in one command)", minimum=1)
 
 
 # The sweep keys of earlier configs, still read: `repexp.config.loading` rewrites them onto `sweep.methods`.
