@@ -154,6 +154,7 @@ class TesttimeJob(_Identity):
     batch_size: int
     dtype: str
     bootstrap: int
+    variants: tuple[str, ...] = ()  # further orders (config testtime.variants; repexp.testtime)
     # hand use only (`repexp testtime`)
     data: Optional[str] = None
     device: str = "auto"
@@ -268,7 +269,7 @@ def _testtime(cfg, spec: C.RunSpec, rc: C.RunConfig) -> TesttimeJob:
         model=bonus.representation_model or rc.model,
         out=str(L.testtime_json(cfg.results_dir, spec.task, spec.name).parent),
         sparse_dim=tt.sparse_dim, projection_seed=tt.projection_seed, lamb=bonus.lamb, center=bonus.center,
-        batch_size=tt.batch_size, dtype=tt.dtype, bootstrap=tt.bootstrap,
+        batch_size=tt.batch_size, dtype=tt.dtype, bootstrap=tt.bootstrap, variants=tuple(tt.variants),
     )
 
 

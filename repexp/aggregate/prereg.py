@@ -39,8 +39,12 @@ POSITIVE_CONTROL = "passk"  # pass@k training: the method expected to beat GRPO 
 PRIMARY = {"pass_at_256": "test pass@256", "pass_at_1": "test pass@1"}
 PRIMARY_KS = {"pass_at_256": 256, "pass_at_1": 1}
 # secondary measure -> (what it is, the methods compared with GRPO: None = every one)
+TESTTIME_VARIANTS = {"random_first": "a random first pick", "no_center": "no centring",
+                     "own_features": "the sampling model's own features"}  # config testtime.variants
 SECONDARY = {
     "testtime_log2_ratio": ("test-time order: log2 of samples-to-correct, random order / RepExp order", None),
+    **{f"testtime_log2_ratio_{name}": (f"test-time order with {what}: log2 of samples-to-correct, random order / "
+                                       "that order", None) for name, what in TESTTIME_VARIANTS.items()},
     "distinct_answers": (f"distinct final answers per training group ({M.DISTINCT_ANSWERS}), mean of the last "
                          f"{LAST_STEPS} steps", None),
     "entropy": (f"policy entropy ({M.POLICY_ENTROPY}), mean of the last {LAST_STEPS} steps", None),
@@ -249,6 +253,9 @@ def units(table, testtime: Mapping[tuple[str, str], Any] | None = None,
         tt = (testtime or {}).get((task, run))
         ratio = tt.stc.get("ratio") if tt is not None else None
         unit["testtime_log2_ratio"] = math.log2(ratio) if ratio else math.nan
+        for name in TESTTIME_VARIANTS:  # NaN where the test-time stage did not compute the variant
+            ratio = ((tt.variants.get(name) or {}).get("samples_to_correct") or {}).get("ratio") if tt else None
+            unit[f"testtime_log2_ratio_{name}"] = math.log2(ratio) if ratio else math.nan
         unit.update(training_measures((training or {}).get((task, run), ())))
         out.append(unit)
     return pd.DataFrame(out, columns=[*UNIT_COLUMNS, *MEASURES])

@@ -25,6 +25,7 @@ METHODS = M.ARMS  # a run's `method`: a training method of repexp.methods.METHOD
 REWARD_TYPES = B.REWARD_TYPES
 NORMALIZATIONS = B.NORMALIZATIONS
 ENGINES = ("auto", "hf", "vllm")
+TESTTIME_VARIANTS = ("random_first", "no_center", "own_features")  # testtime.variants (repexp.testtime)
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # sampling and feature-model dtypes (auto: by device)
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 ATTENTION = ("auto", "flash_attention_2", "sdpa", "eager")  # verl.attn_implementation (repexp.verl.attention)
@@ -209,6 +210,11 @@ class TesttimeConfig:
     batch_size: int = _f(64, help="sequences per feature-model forward", minimum=1)
     dtype: str = _f("auto", help="feature-model dtype (auto: bfloat16 on GPU, float32 on CPU)", enum=DTYPES)
     bootstrap: int = _f(1000, help="bootstrap replicates over problems for the efficiency intervals", minimum=0)
+    variants: list[str] = _f([], help="further orders of the same samples, each in testtime.json's `variants`: "
+                             "random_first (the first pick drawn at random, the rest greedy), no_center (features "
+                             "not centred), own_features (the evaluated model's own features instead of the "
+                             "initial policy's: one more feature pass per trained run)",
+                             items_enum=TESTTIME_VARIANTS)
 
 
 @dataclass
