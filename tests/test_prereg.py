@@ -129,6 +129,7 @@ def _unit_table(shift: dict[str, float], n: int = 15, sd: float = 0.02, seed: in
             rows.append({"task": "arith-mid", "backend": "trl", "method": method, "point": point, "label": name,
                          "seed": 101 + s, "run": f"trl_{point}_s{101 + s}", "pass_at_256": value,
                          "pass_at_1": value - 0.15, "testtime_log2_ratio": rng.normal(0, 1),
+                         "testtime_log2_ratio_no_center": rng.normal(0.5 if method == "repexp" else 0, 0.1),
                          "distinct_answers": 1.5, "entropy": 0.05 + 0.01 * rng.random(),
                          "all_correct_identical": 0.6 - (0.2 if method == "repexp" else 0.0) + rng.normal(0, 0.01)})
     rows.append({"task": "arith-mid", "backend": None, "method": "base", "point": "base", "label": "Base model",
@@ -156,6 +157,12 @@ def test_the_analysis_decides_each_comparison_and_the_positive_control():
     assert [r["method"] for r in identical] == ["repexp"] and identical[0]["verdict"] == "lower than GRPO"
     assert math.isnan(identical[0]["p_equivalence"])
     assert len(stratum["measures"]["entropy"]["comparisons"]) == 4
+    no_center = {r["method"]: r["verdict"] for r in stratum["measures"]["testtime_log2_ratio_no_center"]["comparisons"]}
+    assert no_center == {"repexp": "higher than GRPO", "passk": "no difference shown", "outcome": "no difference shown",
+                         "cov": "no difference shown"}
+    # a variant the test-time stage did not compute: every comparison says so
+    assert {r["verdict"] for r in stratum["measures"]["testtime_log2_ratio_random_first"]["comparisons"]} == {
+        "not computed (fewer than 2 seeds with a value in an arm)"}
     assert stratum["grpo_collapse"] == {**stratum["grpo_collapse"], "below": 15, "seeds": 15}
     assert result["base"] == [{"task": "arith-mid", "pass_at_256": 0.83, "pass_at_1": 0.02}]
     text = prereg.render_markdown(result)

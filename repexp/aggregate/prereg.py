@@ -210,7 +210,7 @@ def verdict(row: Mapping[str, Any], margin: float | None, alpha: float = ALPHA) 
     if parts:
         return "; ".join(parts)
     if math.isnan(row.get("p_difference", math.nan)):
-        return "not computed (fewer than 2 seeds in an arm)"
+        return "not computed (fewer than 2 seeds with a value in an arm)"
     return "inconclusive" if margin is not None else "no difference shown"
 
 
@@ -269,6 +269,7 @@ def analyse(unit_table, *, margin: float = MARGIN, alpha: float = ALPHA, replica
     """The registered analysis of a unit table (`units`): per task and backend, every comparison with GRPO, its
     Holm adjustment and verdict, the positive control's verdict, and GRPO's collapse check."""
     strata = []
+    unit_table = unit_table.reindex(columns=[*UNIT_COLUMNS, *MEASURES])  # a measure not given: NaN
     trained = unit_table[unit_table["method"] != BASE]
     for (task, backend), rows in trained.groupby(["task", "backend"], sort=False):
         grpo = rows[rows["method"] == BASELINE]
