@@ -27,7 +27,8 @@ verl's GRPO advantage, (r − mean) / (unbiased std + 1e-6); TRL runs with `scal
 its own mean subtraction leaves these values unchanged. (TRL's group scaling would divide by
 std + 1e-4, which damps the advantage of groups whose shaped rewards differ only by a small β·bonus
 spread, e.g. all-correct groups: the two backends would no longer agree.) Metrics use the names
-shared with the verl backend (repexp.metrics); `rollout/distinct_frac` and the timings are added here.
+shared with the verl backend (repexp.metrics); `rollout/distinct_frac`, `rollout/all_correct_identical_frac`,
+`rollout/distinct_answers` (`rollout_diversity`) and the timings are added here.
 """
 
 from __future__ import annotations
