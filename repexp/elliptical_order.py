@@ -72,12 +72,14 @@ def pad_pools(pools: Sequence[Any], *, dtype: torch.dtype = _WORK_DTYPE,
 
 
 def greedy_order(features: Any, sizes: Any = None, *, lamb: float, center: bool = B.CENTER,
-                 check_finite: bool = True) -> PoolOrder:
+                 check_finite: bool = True, first: Any = None) -> PoolOrder:
     """The greedy elliptical order of every pool (see the module docstring), all pools at once.
 
     `features`: [G, m, d] padded pools (rows at or past a pool's size are ignored) or one pool [n, d];
     `sizes`: [G] pool sizes (default: all m). `center` subtracts each pool's mean feature first, as
-    the training bonus centres each group. Runs on the features' device in float64.
+    the training bonus centres each group. `first`: [G] indices, each pool's first pick instead of the
+    largest bonus (a random first pick: docs/pilot.md, "Fourth design: pre-registration"); the rest is
+    greedy as always (ignored for an empty pool). Runs on the features' device in float64.
     """
     lamb = _check_lamb(lamb)
     if not isinstance(features, Tensor):
@@ -96,6 +98,15 @@ def greedy_order(features: Any, sizes: Any = None, *, lamb: float, center: bool 
     sizes = sizes.long()
     if groups and (int(sizes.min()) < 0 or int(sizes.max()) > width):
         raise ValueError(f"pool sizes must lie in [0, {width}] (the padded width)")
+    if first is not None:
+        first = torch.as_tensor(first).to(device=features.device)
+        if first.dtype.is_floating_point or first.dtype == torch.bool or tuple(first.shape) != (groups,):
+            raise ValueError(f"first must be {groups} integer indices, got {tuple(first.shape)} {first.dtype}")
+        first = first.long()
+        bad = (sizes > 0) & ((first < 0) | (first >= sizes))
+        if bool(bad.any()):
+            raise ValueError(f"first: index {int(first[bad][0])} outside its pool of {int(sizes[bad][0])}")
+        first = first.clamp(0, max(width - 1, 0))
     device = features.device
     real = torch.arange(width, device=device)[None, :] < sizes[:, None]  # [G, m]
     values = features.to(_WORK_DTYPE) * real[..., None]
@@ -115,6 +126,8 @@ def greedy_order(features: Any, sizes: Any = None, *, lamb: float, center: bool 
         best = current.max(-1).values
         tied = current >= best[:, None] - TIE_RTOL * best.abs()[:, None]
         pick = tied.to(torch.int8).argmax(-1)  # the lowest pool index among the tied
+        if step == 0 and first is not None:
+            pick, best = first, current[rows, first]
         active = step < sizes
         order[:, step] = torch.where(active, pick, order[:, step])
         bonus[:, step] = torch.where(active, best, bonus[:, step])

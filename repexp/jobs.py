@@ -154,6 +154,7 @@ class TesttimeJob(_Identity):
     batch_size: int
     dtype: str
     bootstrap: int
+    variants: tuple[str, ...] = ()  # further orders (config testtime.variants; repexp.testtime)
     # hand use only (`repexp testtime`)
     data: Optional[str] = None
     device: str = "auto"
@@ -268,7 +269,7 @@ def _testtime(cfg, spec: C.RunSpec, rc: C.RunConfig) -> TesttimeJob:
         model=bonus.representation_model or rc.model,
         out=str(L.testtime_json(cfg.results_dir, spec.task, spec.name).parent),
         sparse_dim=tt.sparse_dim, projection_seed=tt.projection_seed, lamb=bonus.lamb, center=bonus.center,
-        batch_size=tt.batch_size, dtype=tt.dtype, bootstrap=tt.bootstrap,
+        batch_size=tt.batch_size, dtype=tt.dtype, bootstrap=tt.bootstrap, variants=tuple(tt.variants),
     )
 
 
@@ -292,7 +293,7 @@ def _download_data(cfg) -> DownloadDataJob:
 
 
 def _aggregate(cfg) -> AggregateJob:
-    runs = C.sweep_runs(cfg)
+    runs = C.part_runs(cfg)  # with sweep.part, the other parts' runs found on disk are pooled (repexp.aggregate)
     return AggregateJob(
         inputs=tuple(str(L.eval_json(cfg.results_dir, s.task, s.name)) for s in runs),
         testtime=tuple(str(L.testtime_json(cfg.results_dir, s.task, s.name)) for s in runs) if cfg.testtime.enabled

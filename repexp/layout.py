@@ -208,7 +208,10 @@ K_EFFICIENCY_CSV = "k_efficiency.csv"
 K_EFFICIENCY_BY_K_CSV = "k_efficiency_by_k.csv"  # the same per reference k (the k-efficiency figure's data)
 PASS_AT_K_MD = "pass_at_k.md"
 PASS_AT_K_HTML = "pass_at_k.html"
-AGGREGATE_FILES = (PASS_AT_K_CSV, K_EFFICIENCY_CSV, K_EFFICIENCY_BY_K_CSV, PASS_AT_K_MD, PASS_AT_K_HTML)
+PREREGISTERED_MD = "preregistered.md"  # the fourth design's registered analysis (repexp.aggregate.prereg)
+PREREGISTERED_JSON = "preregistered.json"
+AGGREGATE_FILES = (PASS_AT_K_CSV, K_EFFICIENCY_CSV, K_EFFICIENCY_BY_K_CSV, PASS_AT_K_MD, PASS_AT_K_HTML,
+                   PREREGISTERED_MD, PREREGISTERED_JSON)
 
 
 def aggregate_dir(results: PathLike) -> Path:

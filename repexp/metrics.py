@@ -20,12 +20,15 @@ shows. MLflow forbids '@' in names, so pass@k is always `pass_at_<k>`, under its
                                        (`testtime_metrics` reads them from a testtime.json)
     best_dev_value                     select node runs, at the selected step
 
-Per training step, both backends (`bonus_metrics`, `group_metrics`, `dev_metrics` below):
+Per training step, both backends (`bonus_metrics`, `group_metrics`, `rollout_diversity`, `dev_metrics`
+below):
 
     repexp/bonus_raw/{mean,std,min,max}     the elliptical bonus before the turn-off rules and β
     repexp/bonus_scaled/{mean,std,min,max}  β × the bonus after the turn-off rules (added to the reward)
     repexp/bonus_turned_off_frac, repexp/hidden_norm/mean
     repexp/groups/{none,some,all}_correct_frac, reward/verifier/mean, reward/shaped/mean
+    rollout/distinct_frac, rollout/all_correct_identical_frac (`rollout_diversity`); TRL also
+    rollout/distinct_answers
     timing_s/repexp_forward, timing_s/repexp_bonus  (verl: its timers of these names), timing_s/step,
     timing_s/testing
 
@@ -98,6 +101,14 @@ POLICY_ENTROPY = "actor/entropy"  # verl's name; TRL's `entropy` maps onto it (T
 # Rollout diversity: per prompt group, the number of distinct responses (token-identical ones count
 # once) over n, averaged over the step's groups. 1 = every rollout differs; 1/n = all identical.
 DISTINCT_FRACTION = "rollout/distinct_frac"
+# Of the step's all-correct groups (every rollout's verifier score > 0, the rule of
+# repexp/groups/all_correct_frac), the fraction whose rollouts are all token-identical: there the
+# group-normalised bonus has no spread (every rollout has the same features), whatever β is. Left out
+# of a step without an all-correct group.
+ALL_CORRECT_IDENTICAL_FRACTION = "rollout/all_correct_identical_frac"
+# Distinct final answers per prompt group (the run's grader's extraction, `repexp.methods.outcome.
+# final_answer`; no answer counts as one outcome), mean over the step's groups: 1 = one answer per group.
+DISTINCT_ANSWERS = "rollout/distinct_answers"
 
 TIMING_PREFIX = "timing_s/"  # verl's prefix of its timers (`marked_timer(name)` -> timing_s/<name>)
 TIMER_REPEXP_FORWARD = "repexp_forward"  # the frozen model's forward
@@ -279,18 +290,52 @@ def distinct_fraction(
     distinct responses (token-identical ones count once) over the group's rows, averaged over groups.
     `responses` are the rows' response token ids; with `lengths`, only a row's first lengths[i] tokens
     are its response (the rest is padding)."""
-    if len(groups) != len(responses) or (lengths is not None and len(lengths) != len(responses)):
-        raise ValueError(f"{len(groups)} group keys, {len(responses)} responses"
-                         + ("" if lengths is None else f", {len(lengths)} lengths") + ": expected one per row")
-    members: dict[Hashable, list[tuple[int, ...]]] = {}
+    return rollout_diversity(groups, responses, lengths)
+
+
+def rollout_diversity(
+    groups: Sequence[Hashable],
+    responses: Sequence[Sequence[int]],
+    lengths: Optional[Sequence[int]] = None,
+    *,
+    scores: Optional[Sequence[float]] = None,
+    answers: Optional[Sequence[Optional[str]]] = None,
+) -> dict[str, float]:
+    """The rollout-diversity metrics of one step, both backends ({} for no rows):
+
+    - `DISTINCT_FRACTION` (`distinct_fraction`);
+    - with `scores` (the rows' verifier scores), `ALL_CORRECT_IDENTICAL_FRACTION`: among the groups whose
+      every row scores > 0, the fraction with a single distinct response (left out when no group is all
+      correct);
+    - with `answers` (the rows' final answers, None for none), `DISTINCT_ANSWERS`: the number of distinct
+      answers per group (None one of them), mean over groups.
+    """
+    n = len(responses)
+    given = {"group keys": len(groups), "lengths": n if lengths is None else len(lengths),
+             "scores": n if scores is None else len(scores), "answers": n if answers is None else len(answers)}
+    if any(count != n for count in given.values()):
+        raise ValueError(", ".join(f"{count} {name}" for name, count in given.items()) + f", {n} responses: "
+                         "expected one per row")
+    members: dict[Hashable, list[int]] = {}
+    rows: list[tuple[int, ...]] = []
     for i, (key, tokens) in enumerate(zip(groups, responses)):
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if lengths is not None:
             tokens = tokens[: int(lengths[i])]
-        members.setdefault(key, []).append(tuple(tokens.tolist()))
+        rows.append(tuple(tokens.tolist()))
+        members.setdefault(key, []).append(i)
     if not members:
         return {}
-    return {DISTINCT_FRACTION: float(np.mean([len(set(rows)) / len(rows) for rows in members.values()]))}
+    distinct = {key: len({rows[i] for i in idx}) for key, idx in members.items()}
+    out = {DISTINCT_FRACTION: float(np.mean([distinct[key] / len(idx) for key, idx in members.items()]))}
+    if scores is not None:
+        correct = np.asarray(scores, dtype=np.float64).reshape(-1) > 0
+        all_correct = [key for key, idx in members.items() if correct[idx].all()]
+        if all_correct:
+            out[ALL_CORRECT_IDENTICAL_FRACTION] = float(np.mean([distinct[key] == 1 for key in all_correct]))
+    if answers is not None:
+        out[DISTINCT_ANSWERS] = float(np.mean([len({answers[i] for i in idx}) for idx in members.values()]))
+    return out
 
 
 def dev_metrics(num_samples: Any, num_correct: Any) -> dict[str, float]:

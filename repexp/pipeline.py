@@ -102,8 +102,9 @@ class Pipeline:
 
     @functools.cached_property
     def runs(self) -> list[C.RunSpec]:
-        """The sweep's runs (RunSpec objects); their names are printed from them, never parsed back."""
-        return C.sweep_runs(self.cfg)
+        """The runs this invocation trains and evaluates (RunSpec objects: the sweep's, or its part's with
+        `sweep.part`); their names are printed from them, never parsed back."""
+        return C.part_runs(self.cfg)
 
     def run_pattern(self, trains: bool = False, backend: Optional[str] = None) -> str:
         """The `run` wildcard's pattern: exactly the names of the sweep's runs (of those that train, of one

@@ -113,3 +113,20 @@ def test_invalid_inputs_fail_clearly():
     with pytest.raises(ValueError, match="2-D"):
         pad_pools([np.ones(3)])
     assert TIE_RTOL < 1e-6
+
+
+def test_a_forced_first_pick_then_greedy_by_hand():
+    # one dimension, λ = 1, no centring: bonuses x² are 9, 1, 0, so greedy takes 3 first. Forced to take the 1
+    # first (bonus 1), Σ = 1 + 1² = 2 leaves 3 a bonus 9/2, then 0 (bonus 0).
+    pool = torch.tensor([[[3.0], [1.0], [0.0]], [[0.0], [0.0], [0.0]]])
+    out = greedy_order(pool, torch.tensor([3, 0]), lamb=1.0, center=False, first=torch.tensor([1, 0]))
+    assert out.order[0].tolist() == [1, 0, 2] and out.order[1].tolist() == [-1, -1, -1]  # an empty pool: ignored
+    assert out.bonus[0].tolist() == pytest.approx([1.0, 4.5, 0.0])
+    plain = greedy_order(pool[:1], lamb=1.0, center=False)
+    assert plain.order[0].tolist() == [0, 1, 2]
+    # forcing the pick greedy would make changes nothing
+    assert greedy_order(pool[:1], lamb=1.0, center=False, first=[0]).order.tolist() == plain.order.tolist()
+    with pytest.raises(ValueError, match="outside its pool of 3"):
+        greedy_order(pool[:1], lamb=1.0, first=[3])
+    with pytest.raises(ValueError, match="integer indices"):
+        greedy_order(pool[:1], lamb=1.0, first=[0.5])

@@ -333,3 +333,75 @@ def test_the_seed_count_script_gives_the_documented_count_from_the_committed_per
     assert "**The count: 15 seeds per arm**" in section
     for row in re.findall(r"^  (third run|both runs) power (0.[89]) true diff \+0.0([01]): n = +(\d+)", out, re.M):
         assert f" {row[3]} " in section or f"**{row[3]}**" in section, row
+
+
+# --------------------------------------------------------------------------- the fourth design (an overlay)
+
+PILOT4 = REPO / "configs" / "overlays" / "pilot4.yaml"
+PILOT4_SEEDS = list(range(101, 116))
+PILOT4_POINTS = ("grpo", "repexp_k32_b0.01", "passk_k4", "outcome_historical_c1", "kl_cov_r0.002")
+
+
+def _pilot4(part: int | None = None) -> C.PipelineConfig:
+    """configs/overlays/pilot4.yaml merged onto configs/pilot.yaml as Snakemake merges two --configfile files."""
+    from snakemake.utils import update_config
+
+    raw = yaml.safe_load(PILOT.read_text())
+    update_config(raw, yaml.safe_load(PILOT4.read_text()))
+    if part is not None:
+        raw["sweep"]["part"] = part
+    return C.load(raw)
+
+
+def test_the_fourth_design_is_the_third_with_its_arms_seeds_steps_and_two_parts():
+    import dataclasses
+
+    cfg, pilot = _pilot4(), _pilot()
+    # every setting not named in the overlay is the third design's
+    assert cfg.train == dataclasses.replace(pilot.train, total_steps=180, max_checkpoints_to_keep=1)
+    for section in ("eval", "trl", "bonus", "data", "resources"):
+        assert getattr(cfg, section) == getattr(pilot, section), section
+    assert cfg.testtime == dataclasses.replace(pilot.testtime, variants=["random_first", "no_center", "own_features"])
+    job = jobs.compose(cfg, "testtime", "arith-mid", "trl_repexp_k32_b0.01_s101")  # what the testtime node runs
+    assert job.variants == ("random_first", "no_center", "own_features")
+    assert (cfg.model, cfg.sweep.tasks, cfg.sweep.backends) == (pilot.model, pilot.sweep.tasks, ["trl"])
+    runs = C.sweep_runs(cfg)
+    assert {s.name for s in runs if s.trains} == {f"trl_{p}_s{s}" for p in PILOT4_POINTS for s in PILOT4_SEEDS}
+    assert Counter(s.method for s in runs) == {"grpo": 15, "repexp": 15, "passk": 15, "outcome": 15, "cov": 15,
+                                               "base": 1}
+    assert C.seed_parts(cfg) == [PILOT4_SEEDS[:8], PILOT4_SEEDS[8:]]
+    assert C.part_runs(cfg) == runs  # no part given: the whole design in one command
+    one, two = C.part_runs(_pilot4(1)), C.part_runs(_pilot4(2))
+    assert (len(one), len(two)) == (5 * 8 + 1, 5 * 7) and "base" in {s.name for s in one}
+    assert sorted(one + two, key=runs.index) == runs
+
+
+def test_the_fourth_designs_step_count_is_what_its_rule_gives_on_the_training_split():
+    """docs/pilot.md, "Fourth design: steps": the rule applied to the third run's GRPO training metrics."""
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "pilot4_steps.py")], capture_output=True,
+                          text=True, timeout=120, check=True)
+    steps = int(re.search(r"train\.total_steps = (\d+)", proc.stdout)[1])
+    assert steps == _pilot4().train.total_steps == 180
+
+
+@pytest.mark.parametrize("part, counts", [
+    (1, {"train": 40, "select": 40, "eval": 41, "testtime": 41}),
+    (2, {"train": 35, "select": 35, "eval": 35, "testtime": 35}),
+    (None, {"train": 75, "select": 75, "eval": 76, "testtime": 76}),
+])
+def test_the_fourth_design_dry_runs_part_by_part(part, counts, tmp_path):
+    nvidia_smi = tmp_path / "bin" / "nvidia-smi"
+    nvidia_smi.parent.mkdir()
+    nvidia_smi.write_text(f"#!/bin/sh\nprintf '{H100}'\n")
+    nvidia_smi.chmod(0o755)
+    config = [f"results_dir={tmp_path / 'results'}", *([f"set=sweep.part={part}"] if part else [])]
+    proc = snakemake("all", "-n", "--profile", "local", "--cores", "16", "--resources", "gpu_share=100",
+                     "--configfile", str(PILOT), str(PILOT4), "--config", *config, workdir=tmp_path,
+                     env_extra={"PATH": f"{nvidia_smi.parent}:{os.environ['PATH']}"})
+    assert job_counts(proc) == {"model": 1, "preprocess": 1, **counts, "aggregate": 1, "figures": 1, "all": 1}
+    text = proc.stdout + proc.stderr
+    for resources in rule_resources_of(text, "train"):
+        assert resources["gpu_share"] == "12"  # auto on an 80 GB H100, as the third design
+    seeds = PILOT4_SEEDS[:8] if part == 1 else PILOT4_SEEDS[8:] if part == 2 else PILOT4_SEEDS
+    trained = set(re.findall(r"repexp run train --task arith-mid --run (\S+)", text))
+    assert trained == {f"trl_{p}_s{s}" for p in PILOT4_POINTS for s in seeds}

@@ -295,6 +295,35 @@ def test_distinct_fraction_counts_token_identical_responses_once_per_group():
         M.distinct_fraction(["a"], [[1], [2]])
 
 
+def test_all_correct_identical_fraction_counts_only_all_correct_groups():
+    # four groups of 2: g0 all correct and identical, g1 all correct and different, g2 identical but one
+    # wrong (not all correct), g3 all wrong and identical; a score of 0.3 is correct (> 0, the group rule)
+    groups = ["g0", "g0", "g1", "g1", "g2", "g2", "g3", "g3"]
+    responses = [[5], [5], [5], [6], [7], [7], [8], [8]]
+    scores = [1.0, 0.3, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+    out = M.rollout_diversity(groups, responses, scores=scores)
+    assert out[M.ALL_CORRECT_IDENTICAL_FRACTION] == 0.5  # g0 of {g0, g1}
+    assert out[M.DISTINCT_FRACTION] == pytest.approx((1 / 2 + 2 / 2 + 1 / 2 + 1 / 2) / 4)
+    # identity is by the response within its length (padding ignored), as for distinct_frac
+    padded = [[5, 0], [5, 9], [5, 0], [6, 0]]
+    out = M.rollout_diversity(["a", "a", "b", "b"], padded, [1, 1, 1, 1], scores=[1, 1, 1, 1])
+    assert out[M.ALL_CORRECT_IDENTICAL_FRACTION] == 0.5
+    # no all-correct group: the statistic is left out, never 0
+    assert M.ALL_CORRECT_IDENTICAL_FRACTION not in M.rollout_diversity(["a", "a"], [[1], [1]], scores=[1, 0])
+    # without scores or answers it is distinct_fraction
+    assert M.rollout_diversity(groups, responses) == M.distinct_fraction(groups, responses)
+    with pytest.raises(ValueError, match="one per row"):
+        M.rollout_diversity(["a", "a"], [[1], [2]], scores=[1.0])
+
+
+def test_distinct_answers_counts_answers_per_group_with_no_answer_as_one():
+    groups = [0, 0, 0, 0, 1, 1, 1, 1]
+    answers = ["7", "7", "8", None, None, None, "3", "3"]  # g0: 7, 8, none → 3; g1: none, 3 → 2
+    out = M.rollout_diversity(groups, [[i] for i in range(8)], answers=answers)
+    assert out[M.DISTINCT_ANSWERS] == pytest.approx((3 + 2) / 2)
+    assert M.ALL_CORRECT_IDENTICAL_FRACTION not in out  # needs scores
+
+
 # --------------------------------------------------------------------------- pure cores
 
 PURE_CORES = ("repexp.elliptical", "repexp.elliptical_order", "repexp.passk", "repexp.verify",

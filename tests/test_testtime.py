@@ -244,3 +244,66 @@ def test_aggregate_column_and_figure_from_testtime_results(evaluation, tmp_path)
     other.write_text((tt_dir / "testtime.json").read_text())
     assert cli.main(["aggregate", "--inputs", str(eval_json), "--testtime", str(other), "--out-dir",
                      str(tmp_path / "agg2")]) == 1
+
+
+def _variant_job(model, eval_dir, out, variants):
+    from repexp.jobs import TesttimeJob
+
+    return TesttimeJob(eval_dir=str(eval_dir), model=str(model), out=str(out), sparse_dim=4, projection_seed=0,
+                       lamb=0.01, center=True, batch_size=16, dtype="float32", bootstrap=0, variants=variants,
+                       device="cpu")
+
+
+def test_registered_variants_of_the_order_are_scored_beside_the_main_one(evaluation, tmp_path):
+    """testtime.variants (docs/pilot.md, "Fourth design: pre-registration"): a random first pick, no centring and
+    the sampling model's own features, each scored like the main order in testtime.json's `variants`."""
+    import shutil
+
+    import torch
+
+    from repexp.elliptical_order import greedy_order, pad_pools
+    from repexp.testtime import core, testtime
+
+    model, eval_dir = evaluation
+    out = tmp_path / "tt"
+    result = testtime(_variant_job(model, eval_dir, out, ("random_first", "no_center", "own_features")))
+    variants = result["variants"]
+    assert set(variants) == {"random_first", "no_center", "own_features"}
+    # the base model's own features are the initial policy's: the same order as the main one
+    assert variants["own_features"]["samples_to_correct"] == result["samples_to_correct"]
+    assert (variants["no_center"]["center"], variants["random_first"]["random_first"]) == (False, True)
+    # recomputed from the cached features: the first pick drawn by default_rng(projection_seed), then greedy
+    order_table = pq.read_table(out / "order.parquet").to_pydict()
+    shards = [torch.load(p, weights_only=True) for p in sorted((out / "features").glob("shard-*.pt"))]
+    samples = [pq.read_table(p).to_pydict() for p in sorted((eval_dir / "samples").glob("shard-*.parquet"))]
+    pools: dict[str, list] = {}
+    scores: dict[str, list] = {}
+    for shard, rows in zip(shards, samples):
+        for j, (pid, index, score) in enumerate(zip(rows["problem_id"], rows["sample_index"], rows["score"])):
+            pools.setdefault(pid, []).append((index, shard[j]))
+            scores.setdefault(pid, []).append((index, score))
+    ids = order_table["problem_id"]
+    padded, sizes = pad_pools([torch.stack([f for _, f in sorted(pools[pid], key=lambda t: t[0])]) for pid in ids])
+    rng = np.random.default_rng(0)
+    first = [int(rng.integers(0, int(s))) for s in sizes]
+    for name, kwargs in (("random_first", {"first": first, "center": True}), ("no_center", {"center": False})):
+        ordered = greedy_order(padded, sizes, lamb=0.01, **kwargs)
+        orders = [ordered.order[g, : int(s)].tolist() for g, s in enumerate(sizes)]
+        expected = core.testtime_result(problem_ids=ids, scores=[[s for _, s in sorted(scores[pid])] for pid in ids],
+                                        orders=orders, bootstrap=0)
+        assert variants[name]["samples_to_correct"] == expected["samples_to_correct"], name
+        if name == "random_first":
+            assert [o[0] for o in orders] == first
+    # a trained model's own features: a second feature pass with the evaluated model, cached apart
+    from repexp.models import build_tiny_qwen2
+
+    other = build_tiny_qwen2(tmp_path / "other", seed=1)
+    copied = tmp_path / "eval_other"
+    shutil.copytree(eval_dir, copied)
+    meta_path = copied / "samples" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["generation"]["model_path"] = str(other)
+    meta_path.write_text(json.dumps(meta))
+    result = testtime(_variant_job(model, copied, tmp_path / "tt2", ("own_features",)))
+    assert result["variants"]["own_features"]["feature_model"] == str(other)
+    assert sorted((tmp_path / "tt2" / "own_features" / "features").glob("shard-*.pt"))

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from repexp import config as C
+from repexp import metrics as M
 from repexp.checkpoints import checkpoint_dir, complete_steps, is_complete
 
 REPO = Path(__file__).resolve().parents[1]
@@ -252,6 +253,26 @@ def test_distinct_fraction_takes_consecutive_blocks_of_n_as_groups(tmp_path, tin
     reward(**batch, log_metric=logged.__setitem__)
     assert logged["rollout/distinct_frac"] == pytest.approx((3 / 4 + 1 / 4) / 2)
     assert reward.forward_calls == 0
+    # group 1 (four copies of "... #### 7") is the one all-correct group, and its rollouts are identical
+    assert logged["repexp/groups/all_correct_frac"] == 0.5
+    assert logged[M.ALL_CORRECT_IDENTICAL_FRACTION] == 1.0
+    # final answers: group 0 "3", "3", "12", none (3 outcomes); group 1 "7" (1)
+    assert logged[M.DISTINCT_ANSWERS] == 2.0
+
+
+def test_all_correct_identical_fraction_is_logged_by_the_trl_reward(tmp_path, tiny_model):
+    cfg = run_config(tmp_path, tiny_model, tmp_path, beta=0.0)
+    reward, tokenizer = make_reward(cfg, tiny_model)
+    batch = constructed_batch(tokenizer)
+    correct = tokenizer("#### 7", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    batch["completion_ids"][4:8] = [list(correct)] * 4  # group 1: all correct, all identical
+    batch["completion_ids"][0:4] = [list(correct)] * 3 + [tokenizer("so #### 7", add_special_tokens=False)[
+        "input_ids"] + [tokenizer.eos_token_id]]  # group 0: all correct, two distinct
+    logged = {}
+    reward(**batch, log_metric=logged.__setitem__)
+    assert logged["repexp/groups/all_correct_frac"] == 1.0
+    assert logged[M.ALL_CORRECT_IDENTICAL_FRACTION] == 0.5
+    assert logged[M.DISTINCT_ANSWERS] == 1.0  # every rollout answers 7
 
 
 def test_persistent_covariance_state_survives_save_and_load(tmp_path, tiny_model):

@@ -378,6 +378,23 @@ def test_beta_zero_leaves_verls_advantage_unchanged(runtime, transfer_queue_sess
     assert metrics["rollout/distinct_frac"] == (2 / 4 + 4 / 4) / 2
     assert not any(key.startswith("repexp/bonus") for key in metrics)
     tq.kv_clear(keys=ours.keys + plain.keys, partition_id="train")
+    # no group of this batch is all correct: the identical-share statistic is left out, never 0
+    assert "rollout/all_correct_identical_frac" not in metrics
+
+
+def test_all_correct_identical_fraction_is_logged_by_the_verl_advantage_step(runtime, transfer_queue_session):
+    tq = transfer_queue_session
+    cfg = compose_config(runtime["model"], runtime["root"] / "run_identical", "actor_rollout_ref.repexp.beta=0",
+                         "actor_rollout_ref.repexp.sparse_dim=null")
+    uids, prompts, responses, _ = _rollout_data(7, "i")
+    responses[1] = responses[2] = responses[3] = responses[0].clone()  # group i u0: one response four times
+    scores = [1.0] * 8  # both groups all correct; u1's four responses differ
+    batch = _put_rollouts(tq, "identical_", uids, prompts, responses, scores)
+    metrics = {}
+    _trainer(cfg, object(), step=2)._compute_advantage(batch, metrics)
+    assert metrics["repexp/groups/all_correct_frac"] == 1.0
+    assert metrics["rollout/all_correct_identical_frac"] == 0.5  # u0 of {u0, u1}
+    tq.kv_clear(keys=batch.keys, partition_id="train")
 
 
 # --------------------------------------------------------------------------- checkpoints, resume, merge

@@ -7,7 +7,11 @@ the config columns. The table's `pass_at_k` uses one grader for every run: `--gr
 Outputs in `--out-dir`, each written atomically: `pass_at_k.csv` (tidy, one row per (run, k)),
 `k_efficiency.csv` (one row per point of every method
 but GRPO, each vs GRPO, defined in `tables`), `k_efficiency_by_k.csv` (the same per
-reference k), and `pass_at_k.md` / `.html` for people (the HTML is what the Snakemake report embeds).
+reference k), and `pass_at_k.md` / `.html` for people (the HTML is what the Snakemake report embeds);
+`preregistered.md` / `.json`: the registered seed-level analysis of docs/pilot.md's fourth design
+(`prereg`), with the training measures read from `<results>/train/<task>/<run>/metrics.jsonl` when a config
+is given. With `sweep.part` set, the evaluations of the sweep's other parts found in the results directory
+are pooled with the part's own (`pooled_parts`).
 With `--testtime`, `testtime_pass_at_k` holds pass@k in test-time RepExp order and the per-run tables gain the
 test-time verifier efficiency.
 
@@ -31,6 +35,7 @@ from typing import Any
 
 from repexp import layout
 from repexp import metrics as metric_names
+from repexp.aggregate import prereg
 from repexp.aggregate.load import (
     EvalRun,
     TesttimeRun,
@@ -121,11 +126,23 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                              "(default: the enclosing node run's experiment, if any)")
 
 
+def pooled_parts(cfg, paths: Sequence[Path]) -> list[RunSpec]:
+    """With `sweep.part` set: the runs of the sweep's other parts (not among `paths`) whose eval.json is in the
+    config's results directory, in the sweep's order; the aggregate pools them with the part's own."""
+    if cfg.sweep.part is None:
+        return []
+    given = {Path(p).resolve() for p in paths}
+    return [spec for spec in sweep_runs(cfg)
+            if (path := layout.eval_json(cfg.results_dir, spec.task, spec.name)).resolve() not in given
+            and path.is_file()]
+
+
 def aggregate(paths: Sequence[Path], out_dir: Path, *, expected: Sequence[RunSpec] | None = None,
               drop_unexpected: bool = False, grader: str | None = None,
-              testtime_paths: Sequence[Path] = ()) -> dict[str, Any]:
-    """Load, tabulate and write every output. Returns {runs, table, k_efficiency, k_efficiency_by_k, missing,
-    ignored, testtime}."""
+              testtime_paths: Sequence[Path] = (), train_dir: Path | None = None) -> dict[str, Any]:
+    """Load, tabulate and write every output. `train_dir`: `<results>/train`, whose runs' metrics.jsonl give
+    the registered analysis its training measures. Returns {runs, table, k_efficiency, k_efficiency_by_k,
+    missing, ignored, testtime, preregistered}."""
     runs = load_evals(paths, grader)
     ignored, missing = [], []
     if expected is not None:
@@ -141,7 +158,12 @@ def aggregate(paths: Sequence[Path], out_dir: Path, *, expected: Sequence[RunSpe
     table = tidy_table(runs, testtime)
     keff_by_k = k_efficiency(table, runs, by_reference_k=True)
     keff = k_efficiency_headline(keff_by_k)
-    for name, content in ((layout.K_EFFICIENCY_CSV, keff), (layout.K_EFFICIENCY_BY_K_CSV, keff_by_k),
+    training = {(r.spec.task, r.spec.name): read_metrics(train_dir / r.spec.task / r.spec.name / layout.METRICS)
+                for r in runs if train_dir is not None and r.spec.trains}
+    registered = prereg.analyse(prereg.units(table, testtime, training))
+    for name, content in ((layout.PREREGISTERED_MD, prereg.render_markdown(registered, missing=missing)),
+                          (layout.PREREGISTERED_JSON, prereg.render_json(registered, missing=missing)),
+                          (layout.K_EFFICIENCY_CSV, keff), (layout.K_EFFICIENCY_BY_K_CSV, keff_by_k),
                           (layout.PASS_AT_K_MD, render_markdown(table, keff, missing=missing, ignored=ignored,
                                                                 testtime=testtime)),
                           (layout.PASS_AT_K_HTML, render_html(table, keff, missing=missing, ignored=ignored,
@@ -149,7 +171,16 @@ def aggregate(paths: Sequence[Path], out_dir: Path, *, expected: Sequence[RunSpe
                           (layout.PASS_AT_K_CSV, table)):  # pass_at_k.csv last: the rule's first output
         write_text_atomic(out_dir / name, content if isinstance(content, str) else content.to_csv(index=False))
     return {"runs": runs, "table": table, "k_efficiency": keff, "k_efficiency_by_k": keff_by_k, "missing": missing,
-            "ignored": ignored, "testtime": testtime}
+            "ignored": ignored, "testtime": testtime, "preregistered": registered}
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """A training run's metrics.jsonl records ([] when the file is not there: the analysis says NaN)."""
+    import json
+
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -165,15 +196,26 @@ def run_job(job) -> int:
         paths = find_eval_files(Path(job.eval_dir)) if job.eval_dir else [Path(p) for p in job.inputs]
         cfg = load_config(job.config) if job.config else None
         expected = sweep_runs(cfg) if cfg else None
-        for path in [*paths, *job.testtime]:
-            if not Path(path).is_file():
-                raise FileNotFoundError(f"{path}: {'testtime' if path in job.testtime else 'eval'}.json not found")
+        testtime_paths = [Path(p) for p in job.testtime]
+        for path in [*paths, *testtime_paths]:
+            if not path.is_file():
+                raise FileNotFoundError(f"{path}: {'testtime' if path in testtime_paths else 'eval'}.json not found")
+        pooled = pooled_parts(cfg, paths) if cfg is not None and not job.eval_dir else []
+        for spec in pooled:
+            paths.append(layout.eval_json(cfg.results_dir, spec.task, spec.name))
+            tt = layout.testtime_json(cfg.results_dir, spec.task, spec.name)
+            if job.testtime and tt.is_file():
+                testtime_paths.append(tt)
         grader = job.grader or (cfg.grader if cfg else None)
+        train_dir = Path(cfg.results_dir) / layout.TRAIN_DIR if cfg is not None else None
         result = aggregate(paths, out_dir, expected=expected, drop_unexpected=bool(job.eval_dir), grader=grader,
-                           testtime_paths=[Path(p) for p in job.testtime])
+                           testtime_paths=testtime_paths, train_dir=train_dir)
     except (ValueError, FileNotFoundError) as err:  # ConfigError is a ValueError
         print(f"aggregate: error: {err}", file=sys.stderr)
         return 1
+    if pooled:
+        print(f"aggregate: sweep.part {cfg.sweep.part} of {cfg.sweep.parts}: pooled {len(pooled)} runs of the other "
+              "parts found in the results directory", file=sys.stderr)
     for name in result["missing"]:
         print(f"aggregate: missing run (no eval.json): {name}", file=sys.stderr)
     if result["ignored"]:

@@ -55,6 +55,7 @@ class TesttimeRun:
     efficiency: dict[int, float | None]  # reference k -> k / k_RepExp
     stc: dict[str, Any]  # samples_to_correct: repexp, random, ratio, ratio_ci95, num_solved
     data_hash: str | None
+    variants: dict[str, Any] = dataclasses.field(default_factory=dict)  # testtime.variants' orders, by name
 
 
 # --------------------------------------------------------------------------- loading
@@ -186,7 +187,8 @@ def load_testtime(path: str | Path) -> TesttimeRun:
     return TesttimeRun(spec=spec, path=path,
                        pass_at_k_repexp={int(k): float(v) for k, v in zip(data["k"], data["pass_at_k_repexp"])},
                        efficiency=dict(zip((int(k) for k in eff["reference_k"]), eff["ratio"])),
-                       stc=data["samples_to_correct"], data_hash=data.get("data_hash"))
+                       stc=data["samples_to_correct"], data_hash=data.get("data_hash"),
+                       variants=data.get("variants") or {})
 
 
 def attach_testtime(runs: Sequence[EvalRun], paths: Iterable[str | Path]) -> dict[tuple[str, str], TesttimeRun]:

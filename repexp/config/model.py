@@ -25,6 +25,7 @@ METHODS = M.ARMS  # a run's `method`: a training method of repexp.methods.METHOD
 REWARD_TYPES = B.REWARD_TYPES
 NORMALIZATIONS = B.NORMALIZATIONS
 ENGINES = ("auto", "hf", "vllm")
+TESTTIME_VARIANTS = ("random_first", "no_center", "own_features")  # testtime.variants (repexp.testtime)
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # sampling and feature-model dtypes (auto: by device)
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 ATTENTION = ("auto", "flash_attention_2", "sdpa", "eager")  # verl.attn_implementation (repexp.verl.attention)
@@ -113,6 +114,14 @@ class SweepConfig:
                 "listed values is one run per task × backend × seed; null leaves a method out"})
     seeds: list[int] = _f([42], help="training and sampling seeds", items_minimum=0)
     base_baseline: bool = _f(True, help="also evaluate the untrained base model per task")
+    # A design too large for one command is run in parts of its seeds (docs/pilot.md, "Fourth design"):
+    # every part one command into the same results directory, whose aggregate pools all parts' runs.
+    parts: int = _f(1, help="split sweep.seeds, in their order, into this many parts (the first ones one seed "
+                    "larger where they do not divide evenly); `part` picks the one a command runs", minimum=1)
+    part: Optional[int] = _f(None, help="the part of the seeds this command trains, evaluates and orders (1..parts; "
+                             "the base model belongs to part 1); its aggregate and figures pool every run of the "
+                             "whole sweep whose evaluation is in the results directory, so after the last part "
+                             "they hold every part (null: every seed in one command)", minimum=1)
 
 
 # The sweep keys of earlier configs, still read: `repexp.config.loading` rewrites them onto `sweep.methods`.
@@ -207,6 +216,11 @@ class TesttimeConfig:
     batch_size: int = _f(64, help="sequences per feature-model forward", minimum=1)
     dtype: str = _f("auto", help="feature-model dtype (auto: bfloat16 on GPU, float32 on CPU)", enum=DTYPES)
     bootstrap: int = _f(1000, help="bootstrap replicates over problems for the efficiency intervals", minimum=0)
+    variants: list[str] = _f([], help="further orders of the same samples, each in testtime.json's `variants`: "
+                             "random_first (the first pick drawn at random, the rest greedy), no_center (features "
+                             "not centred), own_features (the evaluated model's own features instead of the "
+                             "initial policy's: one more feature pass per trained run)",
+                             items_enum=TESTTIME_VARIANTS)
 
 
 @dataclass

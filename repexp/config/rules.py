@@ -130,6 +130,12 @@ def _check_sweep(cfg: PipelineConfig) -> None:
             raise ConfigError(f"sweep.{name}: duplicate values {values}")
         if name in ("tasks", "seeds") and not values:
             raise ConfigError(f"sweep.{name}: must not be empty")
+    if cfg.sweep.parts > len(cfg.sweep.seeds):
+        raise ConfigError(f"sweep.parts: {cfg.sweep.parts} parts of {len(cfg.sweep.seeds)} seeds (sweep.seeds) "
+                          "would leave a part without a seed")
+    if cfg.sweep.part is not None and cfg.sweep.part > cfg.sweep.parts:
+        raise ConfigError(f"sweep.part: {cfg.sweep.part} is not one of the sweep's parts 1..{cfg.sweep.parts} "
+                          "(sweep.parts)")
     for task in cfg.sweep.tasks:
         grids = task_sweep(cfg, task)
         train = task_section(cfg, task, "train")

@@ -228,8 +228,9 @@ def parse_run(task: str, name: str) -> RunSpec:
 
 
 def sweep_runs(cfg: PipelineConfig) -> list[RunSpec]:
-    """Every run of the sweep, in a stable order: per task, backend and seed the methods in table order
-    (each method's grid points in its field order), then the base model per task."""
+    """Every run of the sweep (every part of its seeds: `part_runs` are one part's), in a stable order: per
+    task, backend and seed the methods in table order (each method's grid points in its field order), then
+    the base model per task."""
     runs: list[RunSpec] = []
     for task in cfg.sweep.tasks:
         grids = task_sweep(cfg, task)
@@ -241,6 +242,29 @@ def sweep_runs(cfg: PipelineConfig) -> list[RunSpec]:
         if cfg.sweep.base_baseline:
             runs.append(RunSpec(task, BASE, seed=int(cfg.sweep.seeds[0])))
     return runs
+
+
+def seed_parts(cfg: PipelineConfig) -> list[list[int]]:
+    """`sweep.seeds` in `sweep.parts` consecutive parts, in order; where they do not divide evenly the first
+    parts hold one seed more (15 seeds in 2 parts: 8 and 7)."""
+    seeds, parts = [int(s) for s in cfg.sweep.seeds], max(1, int(cfg.sweep.parts))
+    size, extra = divmod(len(seeds), parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        out.append(seeds[start:end])
+        start = end
+    return out
+
+
+def part_runs(cfg: PipelineConfig) -> list[RunSpec]:
+    """The runs this command trains and evaluates: `sweep_runs` of the seeds of part `sweep.part` (the base
+    model, whose seed is the first seed, in part 1), or every run when `sweep.part` is null."""
+    runs = sweep_runs(cfg)
+    if cfg.sweep.part is None:
+        return runs
+    seeds = set(seed_parts(cfg)[int(cfg.sweep.part) - 1])
+    return [spec for spec in runs if spec.seed in seeds]
 
 
 def find_run(cfg: PipelineConfig, task: str, name: str) -> RunSpec:

@@ -165,6 +165,54 @@ def testtime(job) -> dict:
         reference_ks=job.reference_ks, bootstrap=job.bootstrap, bootstrap_seed=job.bootstrap_seed,
         metadata=metadata,
     )
+    if job.variants:
+        result["variants"] = variant_orders(job, entries, problems, (store, plan, settings, out, gen), padded, sizes)
     write_json_atomic(out / layout.TESTTIME_JSON, result)
     return result
+
+
+VARIANT_KEYS = ("samples_to_correct", "efficiency", "pass_at_k_repexp")  # what testtime.json keeps of a variant
+
+
+def variant_orders(job, entries, problems, feature_inputs, padded, sizes) -> dict:
+    """The further orders of `job.variants` (config testtime.variants), each scored as the main one
+    (`core.testtime_result`; its samples-to-correct, efficiency and pass@k kept): `random_first`: the first
+    sample of each problem drawn at random (`numpy.random.default_rng(projection_seed)`), the rest greedy;
+    `no_center`: the features not centred; `own_features`: the evaluated model's features (the eval's
+    model_path; cached under `own_features/` beside the main ones), with the job's centring."""
+    import dataclasses as dc
+
+    import numpy as np
+
+    from repexp.elliptical_order import greedy_order, pad_pools
+    from repexp.testtime import core
+    from repexp.testtime.features import shard_features
+
+    store, plan, settings, out, gen = feature_inputs
+    scores = [e["score"] for e in entries]
+    found = {}
+    for name in job.variants:
+        features, center, first, model = padded, job.center, None, settings.model
+        if name == "random_first":
+            rng = np.random.default_rng(job.projection_seed)
+            first = [int(rng.integers(0, int(s))) if int(s) else 0 for s in sizes.cpu()]
+        elif name == "no_center":
+            center = False
+        elif name == "own_features":
+            model = gen.get("model_path") or settings.model
+            if Path(model).resolve() != Path(settings.model).resolve():  # the base model: its own features
+                own = shard_features(store, problems, plan, dc.replace(settings, model=model),
+                                     out / "own_features", gen)
+                features, _ = pad_pools([own[pid]["features"] for pid in problems.problem_ids],
+                                        device=settings.device)
+        else:
+            raise ValueError(f"testtime variant {name!r}: not one of random_first, no_center, own_features")
+        ordered = greedy_order(features, sizes, lamb=job.lamb, center=center, first=first)
+        orders = [ordered.order[g, : int(s)].tolist() for g, s in enumerate(sizes.cpu())]
+        scored = core.testtime_result(problem_ids=problems.problem_ids, scores=scores, orders=orders,
+                                      reference_ks=job.reference_ks, bootstrap=job.bootstrap,
+                                      bootstrap_seed=job.bootstrap_seed)
+        found[name] = {"feature_model": model, "center": center, "random_first": first is not None,
+                       **{key: scored[key] for key in VARIANT_KEYS}}
+    return found
 

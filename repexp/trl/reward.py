@@ -27,7 +27,8 @@ verl's GRPO advantage, (r − mean) / (unbiased std + 1e-6); TRL runs with `scal
 its own mean subtraction leaves these values unchanged. (TRL's group scaling would divide by
 std + 1e-4, which damps the advantage of groups whose shaped rewards differ only by a small β·bonus
 spread, e.g. all-correct groups: the two backends would no longer agree.) Metrics use the names
-shared with the verl backend (repexp.metrics); `rollout/distinct_frac` and the timings are added here.
+shared with the verl backend (repexp.metrics); `rollout/distinct_frac`, `rollout/all_correct_identical_frac`,
+`rollout/distinct_answers` (`rollout_diversity`) and the timings are added here.
 """
 
 from __future__ import annotations
@@ -191,12 +192,13 @@ class RepExpReward:
             if extra_info is None or any("index" not in (info or {}) for info in extra_info):
                 raise ValueError("extra_info.index: every training row needs it (the key of bonus.persist_covariance)")
             prompt_keys = [int(info["index"]) for info in extra_info]
-        question_keys = answers = None
+        question_keys = None
+        # every rollout's final answer: outcome exploration's bonus, and the distinct answers of every method
+        answers = [final_answer(source, response, self.cfg.grader) for source, response in zip(data_source, responses)]
         if self.method.name == "outcome":
             question_keys = [question_key(info) for info in (extra_info or [None] * len(responses))]
-            answers = [final_answer(source, response, self.cfg.grader)
-                       for source, response in zip(data_source, responses)]
-        shaped, metrics = self.shape(prompts, completion_ids, scores, step=step, prompt_keys=prompt_keys)
+        shaped, metrics = self.shape(prompts, completion_ids, scores, step=step, prompt_keys=prompt_keys,
+                                     answers=answers)
         advantages, advantage_metrics = self.advantages(shaped, scores, question_keys=question_keys, answers=answers)
         metrics.update(advantage_metrics)
         self.last_shaped, self.last_advantages, self.last_metrics = shaped, advantages, metrics
@@ -241,9 +243,11 @@ class RepExpReward:
         *,
         step: int,
         prompt_keys: Optional[Sequence[int]] = None,
+        answers: Optional[Sequence[Optional[str]]] = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """Shaped rewards [B] (float32, CPU) and the step's metrics, from verifier scores: α·score, or
-        with a `reward` hook, its shaping. `prompt_keys`: RepExp's persistent covariance."""
+        with a `reward` hook, its shaping. `prompt_keys`: RepExp's persistent covariance; `answers`: the
+        rows' final answers (the distinct-answers metric)."""
         batch = len(completion_ids)
         if batch % self.n:
             raise ValueError(f"{batch} completions is not a whole number of groups of n_rollouts={self.n}")
@@ -283,5 +287,5 @@ class RepExpReward:
             shaped = result.shaped
         else:
             raise NotImplementedError(f"method {self.method.name!r}: its reward hook has no TRL adapter")
-        metrics.update(metric_names.distinct_fraction(groups, completion_ids))
+        metrics.update(metric_names.rollout_diversity(groups, completion_ids, scores=scores, answers=answers))
         return shaped, metrics

@@ -8,7 +8,8 @@ What it changes, each through an overridable method of verl's `PPOTrainer`:
   advantage on ``alpha * score + beta * bonus``. Afterwards ``rm_scores`` is the verifier score again and
   ``token_level_rewards`` the shaped reward, so ``critic/score`` stays comparable with plain GRPO and
   ``critic/rewards`` shows what was optimised. beta = 0 (the GRPO baseline) leaves verl's computation
-  untouched. Both log the group metrics and ``rollout/distinct_frac`` (padding rows left out).
+  untouched. Both log the group metrics, ``rollout/distinct_frac`` and ``rollout/all_correct_identical_frac``
+  (padding rows left out).
 - `_val_metrics_update`: adds unbiased ``dev/pass_at_k`` and records it in ``best_dev.json`` (as TRL).
 - `_save_checkpoint` / `_load_checkpoint`: also the persistent covariance (``repexp_state.pt``) and the
   training time (``budget.json``); a checkpoint is marked complete after verl's save returns, then old ones
@@ -330,11 +331,15 @@ class RepExpTrainer(PPOTrainerSync):
 
 
 def _distinct_fraction(batch: KVBatchMeta, data) -> dict[str, float]:
-    """`rollout/distinct_frac` of the step from the rows' ``responses`` per uid, without verl's padding rows."""
+    """`rollout/distinct_frac` and `rollout/all_correct_identical_frac` of the step (repexp.metrics.
+    rollout_diversity) from the rows' ``responses`` and verifier scores (``rm_scores``) per uid, without
+    verl's padding rows."""
     padding = dataplane.padding_rows(batch).tolist()
-    rows = zip(dataplane.non_tensor_list(data, "uid"), dataplane.token_rows(data["responses"]), padding)
-    kept = [(uid, tokens) for uid, tokens, is_padding in rows if not is_padding]
-    return metric_names.distinct_fraction([uid for uid, _ in kept], [tokens for _, tokens in kept])
+    scores = dataplane.row_sums(data["rm_scores"]).double().tolist()
+    rows = zip(dataplane.non_tensor_list(data, "uid"), dataplane.token_rows(data["responses"]), scores, padding)
+    kept = [(uid, tokens, score) for uid, tokens, score, is_padding in rows if not is_padding]
+    return metric_names.rollout_diversity([uid for uid, _, _ in kept], [tokens for _, tokens, _ in kept],
+                                          scores=[score for _, _, score in kept])
 
 
 def _prompt_keys(data, excluded=None, needed_by: str = "persist_covariance") -> list[str]:

@@ -1,5 +1,5 @@
 # aggregate: every evaluation -> one tidy pass@k table (+ k-efficiency with bootstrap intervals, also per
-# reference k for the figure, markdown/HTML views);
+# reference k for the figure, markdown/HTML views, the registered analysis of docs/pilot.md's fourth design);
 # also logs pass@1/16/256 on each sweep point's MLflow parent run.
 
 
@@ -18,6 +18,8 @@ rule aggregate:
         ),
         k_efficiency_by_k=aggregate_file(L.K_EFFICIENCY_BY_K_CSV),
         markdown=aggregate_file(L.PASS_AT_K_MD),
+        preregistered=aggregate_file(L.PREREGISTERED_MD),
+        preregistered_json=aggregate_file(L.PREREGISTERED_JSON),
         html=report(
             aggregate_file(L.PASS_AT_K_HTML),
             caption="../report/pass_at_k_table.rst",
