@@ -246,8 +246,11 @@ def engines_main(args: argparse.Namespace) -> int:
             shutil.rmtree(root, ignore_errors=True)
     ratios = {}
     for count in args.parallel:
-        hf, vllm = (report["runs"].get(f"{e}-x{count}", {}).get("median_step_s") for e in ("hf", "vllm"))
-        ratios[str(count)] = round(hf / vllm, 2) if hf and vllm else None
+        groups = [report["runs"].get(f"{e}-x{count}", {}) for e in ("hf", "vllm")]
+        hf, vllm = (g.get("median_step_s") for g in groups)
+        # a group with a failed training ran fewer side by side than the other: no ratio
+        complete = all(g.get("all_exit_0") for g in groups)
+        ratios[str(count)] = round(hf / vllm, 2) if hf and vllm and complete else None
     report["hf_over_vllm"] = ratios
     (out / "trl_engines.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
