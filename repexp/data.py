@@ -578,7 +578,7 @@ def run(args: argparse.Namespace) -> int:  # the one action: prepare
 def run_job(job):
     """A task's splits and manifest (`repexp.jobs.PreprocessJob`: the workflow's and `repexp data prepare`'s);
     its node logs the source files as input datasets."""
-    from repexp.jobs import StageResult
+    from repexp.stage import StageResult
     from repexp.tracking.outputs import source_datasets
 
     options = Options(**{name: getattr(job, name) for name in Options.__dataclass_fields__

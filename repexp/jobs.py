@@ -4,7 +4,7 @@
       compose()    -> PreprocessJob | TrainJob | SelectJob | ... : settings from the composed per-run
                       config (repexp.config.compose), paths from repexp.layout, the run from
                       repexp.config.find_run (a name is never parsed back)
-      run_job()    -> the stage core -> StageResult (train: repexp.train.run_node, its own node)
+      repexp.stages.run_job() -> the stage -> StageResult (train: repexp.train.run_node, its own node)
       .outputs()   -> the rule's declared outputs, which the MLflow node logs as artifacts
       job_hash()   -> the rule's Snakemake params: a settings change reruns exactly its jobs
 
@@ -20,31 +20,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import importlib
 import json
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
 from repexp import config as C
 from repexp import layout as L
 
 DAPO_TASK = "dapo-with-aime24"  # the one task that reads data.dapo_source
-
-
-@dataclass
-class StageResult:
-    """What a stage produced, for its node run: exit status, `metrics` (at `step`), params, input
-    datasets (repexp.tracking.outputs.dataset dicts), tables ({artifact file: {column: values}}) and
-    curves ({metric: {step: value}}: pass@k logged at step = k, which MLflow draws against k)."""
-
-    code: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)
-    step: int = 0
-    params: dict[str, Any] = field(default_factory=dict)
-    inputs: list[dict[str, Any]] = field(default_factory=list)
-    tables: dict[str, dict[str, list]] = field(default_factory=dict)
-    curves: dict[str, dict[int, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -307,19 +292,24 @@ def _figures(cfg) -> FiguresJob:
                       train_dir=str(Path(cfg.results_dir, L.TRAIN_DIR)) if trains else None)
 
 
-# rule -> (composer, "module:function" of the stage core that takes the job, the rule's wildcards)
+class Rule(NamedTuple):
+    compose: Callable[..., Any]  # (cfg, spec, run config) for a per-run rule, else (cfg, **wildcards)
+    wildcards: tuple[str, ...]  # the rule's identity: its Snakemake wildcards, `repexp run`'s flags
+
+
+# Each rule's job; its stage (the function that runs the job) is in repexp.stages.
 RULES = {
-    "preprocess": (_preprocess, "repexp.data:run_job", ("task",)),
-    "train": (lambda cfg, spec, rc: TrainJob(config=rc), "repexp.train:run_node", ("task", "run")),  # own node
-    "select": (_select, "repexp.checkpoints:run_job", ("task", "run")),
-    "merge": (_merge, "repexp.run_cli:run_merge", ("task", "run")),  # repexp.verl.merge keeps its CLI
-    "eval": (_eval, "repexp.evaluate:run_job", ("task", "run")),
-    "testtime": (_testtime, "repexp.testtime:run_job", ("task", "run")),
-    "model": (_model, "repexp.models:run_job", ("alias",)),
-    "download_model": (_download_model, "repexp.download:run_model_job", ("hub_model",)),
-    "download_data": (_download_data, "repexp.download:run_data_job", ()),
-    "aggregate": (_aggregate, "repexp.aggregate:run_job", ()),
-    "figures": (_figures, "repexp.figures:run_job", ()),
+    "preprocess": Rule(_preprocess, ("task",)),
+    "train": Rule(lambda cfg, spec, rc: TrainJob(config=rc), ("task", "run")),
+    "select": Rule(_select, ("task", "run")),
+    "merge": Rule(_merge, ("task", "run")),
+    "eval": Rule(_eval, ("task", "run")),
+    "testtime": Rule(_testtime, ("task", "run")),
+    "model": Rule(_model, ("alias",)),
+    "download_model": Rule(_download_model, ("hub_model",)),
+    "download_data": Rule(_download_data, ()),
+    "aggregate": Rule(_aggregate, ()),
+    "figures": Rule(_figures, ()),
 }
 
 
@@ -330,7 +320,7 @@ def compose(cfg: C.PipelineConfig, rule: str, task: Optional[str] = None, run: O
     workflow caches it)."""
     if rule not in RULES:
         raise C.ConfigError(f"rule: {rule!r} is not a rule `repexp run` knows; choose from {', '.join(RULES)}")
-    composer, _, identity = RULES[rule]
+    composer, identity = RULES[rule]
     given = {**dict.fromkeys(identity), "task": task, "run": run, **wildcards}
     for name, value in given.items():
         if (value is None) == (name in identity):
@@ -347,13 +337,6 @@ def compose(cfg: C.PipelineConfig, rule: str, task: Optional[str] = None, run: O
         raise C.ConfigError(f"run: {task}/{run} is not a verl run; only verl checkpoints are merged")
     rc = run_config or C.compose(cfg, spec, cfg_hash=cfg_hash)
     return composer(cfg, spec, rc)
-
-
-def run_job(rule: str, job: Job) -> StageResult:
-    """Run the stage in this process; a stage that returns an exit status only gets a bare result."""
-    module, function = RULES[rule][1].split(":")
-    result = getattr(importlib.import_module(module), function)(job)
-    return result if isinstance(result, StageResult) else StageResult(code=int(result or 0))
 
 
 def job_hash(job: Job) -> str:

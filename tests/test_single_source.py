@@ -390,3 +390,16 @@ def test_the_tracking_layer_imports_no_stage_core():
     imported = {t for name, targets in edges.items() if name.startswith("repexp.tracking") for t in targets}
     stages = ("repexp.evaluate", "repexp.testtime", "repexp.trl", "repexp.verl", "repexp.train")
     assert not {t for t in imported if t.endswith(".core") or t.startswith(stages)}, imported
+
+
+def test_the_stage_table_imports_its_stages_and_the_jobs_import_none():
+    """repexp.stages holds each rule's stage as an imported callable (the import graph shows the dependency);
+    repexp.jobs, which the stages import for their job types, imports no stage back."""
+    from repexp import jobs, stages
+
+    assert set(stages.STAGES) == set(jobs.RULES) and all(map(callable, stages.STAGES.values()))
+    edges = _repexp_imports()
+    stage_modules = {f.__module__ for f in stages.STAGES.values()} - {"repexp.stages"}
+    assert stage_modules <= edges["repexp.stages"], stage_modules - edges["repexp.stages"]
+    assert not edges["repexp.jobs"] & (stage_modules | {"repexp.stages", "repexp.run_cli"}), edges["repexp.jobs"]
+    assert edges["repexp.stage"] == set()  # StageResult's module is a leaf

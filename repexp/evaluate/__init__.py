@@ -20,7 +20,7 @@ from pathlib import Path
 from repexp import layout
 from repexp.config import DTYPES, ENGINES, MAX_SAMPLES_PER_PROBLEM, MAX_SHARD_SAMPLES
 from repexp.evaluate.core import EVAL_DEFAULTS, SamplingSettings, grader_curve
-from repexp.jobs import StageResult
+from repexp.stage import StageResult
 from repexp.verify.routing import DEFAULT_GRADER, GRADERS
 
 __all__ = ["configure_parser", "node_outputs", "run", "run_job"]

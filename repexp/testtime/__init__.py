@@ -58,8 +58,8 @@ def run(args: argparse.Namespace) -> int:
 def run_job(job):
     """Order one evaluation's samples (`repexp.jobs.TesttimeJob`: the workflow's and `repexp testtime`'s);
     its node logs the `testtime/*` metrics and both orders' pass@k at step = k."""
-    from repexp.jobs import StageResult
     from repexp.metrics import testtime_curves, testtime_metrics
+    from repexp.stage import StageResult
 
     try:
         result = testtime(job)
