@@ -391,13 +391,13 @@ def test_every_node_has_its_mlflow_run(pipeline):
             assert steps == {0, 1, 2}  # validation before training and after each step
             assert {m.step for m in client.get_metric_history(node.info.run_id, "reward/verifier/mean")} == {1, 2}
         elif rule == "eval":
-            assert artifacts == {"eval.json", "test"} and node.data.params["job.n_samples"] == "4"  # test/: the curve
+            assert artifacts == {"eval.json", "test"} and node.data.params["job.config.n_samples"] == "4"  # +curve
             run = tags["repexp.run"]
             result = json.loads((results / "eval" / "gsm8k" / run / "eval.json").read_text())
             per_k = {k: v for k, v in node.data.metrics.items() if re.fullmatch(r"test/pass_at_\d+", k)}
             assert per_k == {f"test/pass_at_{k}": v for k, v in result["pass_at_k"].items()}  # one metric per k
         elif rule == "testtime":
-            assert artifacts == {"testtime.json"} and node.data.params["job.sparse_dim"] == "32"
+            assert artifacts == {"testtime.json"} and node.data.params["job.config.sparse_dim"] == "32"
             result = json.loads((results / "testtime" / "gsm8k" / tags["repexp.run"] / "testtime.json").read_text())
             from repexp.metrics import testtime_curves, testtime_metrics
 
@@ -410,7 +410,7 @@ def test_every_node_has_its_mlflow_run(pipeline):
         elif rule == "select":
             assert artifacts == {"select.json"} and "select.checkpoint_step" in node.data.params
         elif rule == "preprocess":
-            assert "manifest.json" in artifacts and node.data.params["job.limit_test"] == "4"
+            assert "manifest.json" in artifacts and node.data.params["job.config.limit_test"] == "4"
         elif rule == "model":
             assert "tiny" in artifacts
         elif rule == "aggregate":

@@ -34,7 +34,7 @@ class SamplingSettings:
     n: int = EVAL_DEFAULTS.n_samples
     temperature: float = EVAL_DEFAULTS.temperature
     top_p: float = EVAL_DEFAULTS.top_p
-    top_k: int = 0  # 0 = disabled (all tokens)
+    top_k: int = EVAL_DEFAULTS.top_k  # 0 = disabled (all tokens)
     max_new_tokens: int = max_new_tokens(EVAL_DEFAULTS, TrainConfig())
     seed: int = 0
 

@@ -41,10 +41,10 @@ class EngineOptions:
     kv_cache_gib: float | None = EVAL_DEFAULTS.kv_cache_gib  # vllm: fixed KV cache, no memory profiling
     max_model_len: int | None = EVAL_DEFAULTS.max_model_len
     enforce_eager: bool = EVAL_DEFAULTS.enforce_eager  # vllm
-    enable_prefix_caching: bool = True  # vllm
-    max_num_seqs: int | None = None  # vllm
-    max_num_batched_tokens: int | None = None  # vllm
-    enable_chunked_prefill: bool | None = None  # vllm; None = vLLM's default on GPU, off on CPU
+    enable_prefix_caching: bool = EVAL_DEFAULTS.prefix_caching  # vllm
+    max_num_seqs: int | None = EVAL_DEFAULTS.max_num_seqs  # vllm
+    max_num_batched_tokens: int | None = EVAL_DEFAULTS.max_num_batched_tokens  # vllm
+    enable_chunked_prefill: bool | None = EVAL_DEFAULTS.chunked_prefill  # vllm; None: on for GPU, off for CPU
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:

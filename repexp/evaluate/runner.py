@@ -44,7 +44,7 @@ class EvalConfig:
     data_parallel_size: int = core.EVAL_DEFAULTS.data_parallel_size
     limit: int | None = None
     ks: tuple[int, ...] | None = None
-    maj_draws: int = 1000
+    maj_draws: int = core.EVAL_DEFAULTS.maj_draws
     verifier_workers: int | None = None
     max_shards: int | None = None
     overwrite: bool = False
