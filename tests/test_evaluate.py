@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from repexp import cli, passk
-from repexp.evaluate.core import SamplingSettings, derived_seed, shard_plan
+from repexp.evaluate.core import derived_seed, shard_plan
 from repexp.evaluate.engines import plan_batches
 from repexp.evaluate.store import SampleStore
 from repexp.metrics import eval_metrics
@@ -280,5 +280,3 @@ def test_shard_plan_and_seeds_are_deterministic():
     assert [s.tolist() for s in shard_plan(10, 3, seed=6)] != [s.tolist() for s in plan]
     assert derived_seed(5, 0) == derived_seed(5, 0) != derived_seed(5, 1)
     assert 0 <= derived_seed(2**40, 7) < 2**62
-    with pytest.raises(ValueError, match="top_p"):
-        SamplingSettings(top_p=0)

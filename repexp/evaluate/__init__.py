@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from repexp import layout
-from repexp.evaluate.core import SamplingSettings, grader_curve
+from repexp.evaluate.core import grader_curve
 from repexp.stage import StageResult
 from repexp.verify.routing import DEFAULT_GRADER, GRADERS
 
@@ -89,7 +89,7 @@ def run_job(job, rescore: bool = False):
             raise ValueError("--out is required (or --task and --run of a config)")
         result = runner.rescore(job.out, ks=ev.ks and tuple(ev.ks), maj_draws=ev.maj_draws,
                                 verifier_workers=ev.verifier_workers, grader=job.grader) if rescore \
-            else runner.evaluate(_runner_config(job))
+            else runner.evaluate(runner.EvalRun.of(job))
     except (FileNotFoundError, ValueError) as err:
         print(f"eval: {err}", file=sys.stderr)
         return StageResult(code=2)
@@ -123,29 +123,3 @@ def _report(result: dict, out: Path) -> None:
     other_top = result["graders"][other]["pass_at_k"][ks[-1]]
     summary += f" ({result['grader']} grader; {other}: pass@{ks[-1]}={other_top:.4f})"
     print(f"eval: {result['num_problems']} problems, {summary}; wrote {out / layout.EVAL_JSON}", file=sys.stderr)
-
-
-def _runner_config(job):
-    """The sampler's settings from the job's eval section (bounds checked where the config was loaded)."""
-    from repexp.evaluate.engines import EngineOptions, resolve_engine
-    from repexp.evaluate.runner import EvalConfig, resolve_model
-
-    if job.data is None:
-        raise ValueError("--data is required (unless --rescore)")
-    ev = job.config
-    model_path, step = resolve_model(job.model, job.model_pointer)
-    settings = SamplingSettings(n=ev.n_samples, temperature=ev.temperature, top_p=ev.top_p, top_k=ev.top_k,
-                                max_new_tokens=ev.max_new_tokens, seed=job.seed)
-    options = EngineOptions(batch_size=ev.batch_size, dtype=ev.dtype, tensor_parallel_size=ev.tensor_parallel_size,
-                            gpu_memory_utilization=ev.gpu_memory_utilization, kv_cache_gib=ev.kv_cache_gib,
-                            max_model_len=ev.max_model_len, enforce_eager=ev.enforce_eager,
-                            enable_prefix_caching=ev.prefix_caching, max_num_seqs=ev.max_num_seqs,
-                            max_num_batched_tokens=ev.max_num_batched_tokens,
-                            enable_chunked_prefill=ev.chunked_prefill)
-    return EvalConfig(model_path=model_path, data_path=Path(job.data), out_dir=Path(job.out),
-                      engine=resolve_engine(ev.engine), settings=settings, options=options,
-                      checkpoint_step=step if job.checkpoint_step is None else job.checkpoint_step, task=job.task,
-                      split=job.split, shard_size=ev.shard_size, data_parallel_size=ev.data_parallel_size,
-                      limit=job.limit, ks=ev.ks and tuple(ev.ks), maj_draws=ev.maj_draws,
-                      verifier_workers=ev.verifier_workers, max_shards=job.max_shards, overwrite=job.overwrite,
-                      progress=not job.no_progress, **({"grader": job.grader} if job.grader else {}))
