@@ -1,16 +1,17 @@
 """Typed jobs: what one per-task / per-run stage runs, composed once from the config snapshot.
 
     config snapshot ($REPEXP_CONFIG) + identity (rule, task, run)
-      compose()    -> PreprocessJob | TrainJob | SelectJob | ... : settings from the composed per-run
-                      config (repexp.config.compose), paths from repexp.layout, the run from
-                      repexp.config.find_run (a name is never parsed back)
+      compose()    -> PreprocessJob | TrainJob | EvalJob | ... : the composed config section whole
+                      (`config`: repexp.config.compose's RunConfig, its `eval`, the `testtime`, `data`
+                      sections), paths from repexp.layout, the run from repexp.config.find_run
       repexp.stages.run_job() -> the stage -> StageResult (train: repexp.train.run_node, its own node)
       .outputs()   -> the rule's declared outputs, which the MLflow node logs as artifacts
       job_hash()   -> the rule's Snakemake params: a settings change reruns exactly its jobs
 
 `repexp run RULE ...` (repexp.run_cli) runs the stage inside the node run (repexp.tracking.outputs.
-run_stage). The hand CLIs (`repexp eval`, ...) build the same job from their same-named flags
-(`from_args`); a field the pipeline leaves None means "the stage's own default".
+run_stage). The hand CLIs build the same job: `repexp eval`, `testtime` and `data prepare` from the config
+and its `--set` dotlist (`hand_job`; with `--run`, exactly `compose`'s job), the others from their
+same-named flags (`from_args`). A job field left None means "the stage's own default".
 
 Cheap to import (every Snakemake invocation hashes jobs in common.smk): no numpy, torch or MLflow.
 """

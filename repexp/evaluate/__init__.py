@@ -73,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:  # a ConfigError names the key
         print(f"eval: {err}", file=sys.stderr)
         return 2
+    if args.model or args.model_pointer:  # in place of the run's model
+        job = dataclasses.replace(job, model=args.model, model_pointer=args.model_pointer and str(args.model_pointer))
     if args.rescore or args.grader:  # rescore's default: the store's grader
         job = dataclasses.replace(job, grader=args.grader)
     return run_job(job, rescore=args.rescore).code
