@@ -124,12 +124,14 @@ def test_the_hand_cli_builds_the_same_job(tmp_path):
         with mock.patch.object(module, "run_job", side_effect=stage):
             assert module.run(args) == 0
         assert built[-1] == J.compose(C.load(path), rule, "gsm8k", "base")
-    args = cli.command_parser("eval").parse_args(["--config", str(path), "--out", str(tmp_path / "e"), "--set",
-                                                  "eval.n_samples=32", "eval.ks=[1,4]", "grader=paper"])
+    args = cli.command_parser("eval").parse_args(["--config", str(path), "--out", str(tmp_path / "e"), "--task",
+                                                  "gsm8k", "--set", "eval.n_samples=32", "eval.ks=[1,4]",
+                                                  "grader=paper"])
     with mock.patch.object(evaluate, "run_job", side_effect=stage):
         assert evaluate.run(args) == 0
     hand = built[-1]
-    assert (hand.config.n_samples, hand.config.ks, hand.grader, hand.seed) == (32, [1, 4], "paper", 0)
+    assert (hand.config.n_samples, hand.config.ks, hand.grader, hand.seed, hand.task) == (32, [1, 4], "paper", 0,
+                                                                                           "gsm8k")
     assert hand.config.temperature == 0.7 and hand.config.max_new_tokens == 16  # the file's, resolved
 
 

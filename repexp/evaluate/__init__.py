@@ -62,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
     from repexp import jobs
 
     def build(cfg, **given):
-        return jobs.EvalJob(task=args.task, config=jobs.eval_section(cfg, args.task), grader=cfg.grader,
-                            **{"data": None, "out": None, **given})
+        return jobs.EvalJob(config=jobs.eval_section(cfg, args.task), grader=cfg.grader,
+                            **{"data": None, "out": None, **given})  # given: the flags, --task among them
 
     flags = {name: getattr(args, name) for name in ("model", "model_pointer", "data", "out", "task", "split",
                                                    "checkpoint_step", "limit", "seed", "overwrite", "no_progress",
