@@ -127,7 +127,8 @@ def all_testtime_files():
 
 def job_hash(rule):
     """The params of a rule: its job's settings hashed (repexp.pipeline.Pipeline.job_hash)."""
-    return lambda wildcards: PIPELINE.job_hash(rule, **{name: getattr(wildcards, name) for name in J.RULES[rule].wildcards})
+    names = J.RULES[rule].wildcards
+    return lambda wildcards: PIPELINE.job_hash(rule, **{name: getattr(wildcards, name) for name in names})
 
 
 def node_command(rule):
