@@ -133,7 +133,7 @@ def test_the_one_gpu_config_dry_runs_under_both_profiles(profile, tmp_path):
     assert "verl_repexp_k32_b0.1_s42" in text and "verl_grpo_s42" in text
     # the evals sample with vLLM: what `repexp run eval` composes from this config
     cfg = C.load(GPU)
-    assert {jobs.compose(cfg, "eval", spec.task, spec.name).engine for spec in C.sweep_runs(cfg)} == {"vllm"}
+    assert {jobs.compose(cfg, "eval", spec.task, spec.name).config.engine for spec in C.sweep_runs(cfg)} == {"vllm"}
 
 
 def test_gpu_types_and_node_features_reach_the_slurm_jobs(tmp_path):
