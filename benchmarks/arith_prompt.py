@@ -1,4 +1,4 @@
-"""How often the local demo's answers are cut off, per prompt form and token cap (issue 25, item 3).
+"""How often the local demo's answers are cut off, per prompt form and token cap.
 
     python benchmarks/arith_prompt.py --model results/models/smollm2 [--samples 8] [--caps 16 32]
 

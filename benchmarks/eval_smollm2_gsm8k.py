@@ -57,7 +57,7 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--engine", default="hf")
     parser.add_argument("--out", type=Path, default=ROOT / ".cache" / "quality" / "smollm2_gsm8k")
-    parser.add_argument("extra", nargs="*", help="more `repexp eval` flags (after --)")
+    parser.add_argument("extra", nargs="*", help="more `repexp eval` settings, eval.KEY=VALUE (after --)")
     args = parser.parse_args()
     if not (args.model / "config.json").is_file():
         print(f"{args.model}: run `.venv/bin/repexp model smollm2 --out {args.model}` first", file=sys.stderr)
@@ -67,9 +67,9 @@ def main() -> int:
 
     started = time.perf_counter()
     code = cli.main(["eval", "--model", str(args.model), "--data", str(data), "--out", str(args.out / "eval"),
-                     "--engine", args.engine, "--n-samples", str(args.n_samples), "--temperature", "1.0",
-                     "--top-p", "1.0", "--max-new-tokens", str(args.max_new_tokens), "--batch-size",
-                     str(args.batch_size), "--shard-size", "5", "--seed", "0", *args.extra])
+                     "--seed", "0", "--set", f"eval.engine={args.engine}", f"eval.n_samples={args.n_samples}",
+                     "eval.temperature=1.0", "eval.top_p=1.0", f"eval.max_new_tokens={args.max_new_tokens}",
+                     f"eval.batch_size={args.batch_size}", "eval.shard_size=5", *args.extra])
     if code != 0:
         return code
     result = json.loads((args.out / "eval" / "eval.json").read_text())

@@ -7,7 +7,7 @@
 # Stages run in order and are independent: a failed stage is recorded and the next one starts.
 #   dag          snakemake all --configfile configs/gpu.yaml (the whole DAG, then benchmarks/dag_report.py)
 #   verl_step    benchmarks/verl_step.py: RepExp vs GRPO s/step on Qwen2.5-1.5B shapes
-#   eval_engine  repexp eval --engine vllm vs --engine hf on the DAG's SmolLM2, same problems and n
+#   eval_engine  repexp eval, eval.engine vllm vs hf on the DAG's SmolLM2, same problems and n
 #   testtime     benchmarks/testtime_order.py on the GPU; test-time RepExp of SmolLM2 on arith (n = 256)
 #   smoke        after a refactor: one TRL RepExp run of configs/pilot.yaml through train (4 steps) →
 #                select → eval (vLLM) → testtime, then one verl step of configs/gpu.yaml on arith-mid for
@@ -64,9 +64,9 @@ stage_eval_engine() {
     local model="$RESULTS/models/smollm2" data="$RESULTS/data/gsm8k/test.parquet" engine
     for engine in vllm hf; do
         local started=$SECONDS
-        repexp eval --model "$model" --data "$data" --out "/tmp/eval-$engine" --engine "$engine" --limit 32 \
-            --n-samples 32 --max-new-tokens 256 --dtype bfloat16 --batch-size 256 --gpu-memory-utilization 0.4 \
-            --seed 7 --overwrite --no-progress || return 1
+        repexp eval --model "$model" --data "$data" --out "/tmp/eval-$engine" --limit 32 --seed 7 --overwrite \
+            --no-progress --set "eval.engine=$engine" eval.n_samples=32 eval.max_new_tokens=256 eval.dtype=bfloat16 \
+            eval.batch_size=256 eval.gpu_memory_utilization=0.4 || return 1
         python3 - "$engine" "$((SECONDS - started))" "/tmp/eval-$engine/eval.json" >>"$OUT/eval_engine/engines.jsonl" <<'PY'
 import json, sys
 engine, wall, path = sys.argv[1], float(sys.argv[2]), sys.argv[3]
@@ -84,10 +84,11 @@ stage_testtime() {
     python3 benchmarks/testtime_order.py --out "$OUT/testtime" --repeats 3 || return 1
     local model="$RESULTS/models/smollm2"
     repexp data prepare arith --out /tmp/arith-data || return 1
-    repexp eval --model "$model" --data /tmp/arith-data/test.parquet --out /tmp/arith-eval --engine vllm \
-        --n-samples 256 --max-new-tokens 16 --dtype bfloat16 --gpu-memory-utilization 0.4 --enforce-eager \
-        --seed 7 --overwrite --no-progress || return 1
-    repexp testtime --eval-dir /tmp/arith-eval --model "$model" --out /tmp/arith-testtime --bootstrap 2000 &&
+    repexp eval --model "$model" --data /tmp/arith-data/test.parquet --out /tmp/arith-eval --seed 7 --overwrite \
+        --no-progress --set eval.engine=vllm eval.n_samples=256 eval.max_new_tokens=16 eval.dtype=bfloat16 \
+        eval.gpu_memory_utilization=0.4 eval.enforce_eager=true || return 1
+    repexp testtime --eval-dir /tmp/arith-eval --model "$model" --out /tmp/arith-testtime \
+        --set testtime.bootstrap=2000 &&
         cp /tmp/arith-testtime/testtime.json "$OUT/testtime/testtime_arith_smollm2.json" &&
         cp /tmp/arith-eval/eval.json "$OUT/testtime/eval_arith_smollm2.json"
 }

@@ -39,8 +39,8 @@ for task in "${TASKS[@]}"; do   # the base model on each task's dev split, besid
     (
         repexp data prepare "$task" --out "$ROOT/data/$task" &&
         repexp eval --model "$MODEL" --data "$ROOT/data/$task/dev.parquet" --out "$ROOT/base-dev/$task" \
-            --engine vllm --n-samples 256 --max-new-tokens 16 --dtype bfloat16 --gpu-memory-utilization 0.08 \
-            --kv-cache-gib 4 --enforce-eager --seed 7 --overwrite --no-progress
+            --seed 7 --overwrite --no-progress --set eval.engine=vllm eval.n_samples=256 eval.max_new_tokens=16 \
+            eval.dtype=bfloat16 eval.gpu_memory_utilization=0.08 eval.kv_cache_gib=4 eval.enforce_eager=true
     ) > "$ROOT/base-dev-$task.log" 2>&1 &
     pids+=($!)
 done

@@ -60,7 +60,7 @@ def main() -> int:
     parser.add_argument("--feature-batch-size", type=int, default=256, help="sequences per feature forward")
     parser.add_argument("--bootstrap", type=int, default=2000)
     parser.add_argument("--out", type=Path, default=ROOT / ".cache" / "testtime")
-    parser.add_argument("extra", nargs="*", help="more `repexp eval` flags (after --)")
+    parser.add_argument("extra", nargs="*", help="more `repexp eval` settings, eval.KEY=VALUE (after --)")
     args = parser.parse_args()
     if not (args.model / "config.json").is_file():
         print(f"{args.model}: run `repexp model smollm2 --out {args.model}` first", file=sys.stderr)
@@ -76,16 +76,17 @@ def main() -> int:
         data = write_problems(find_gsm8k_test(), args.out / "data" / "gsm8k" / "test.parquet", args.problems)
         started = time.perf_counter()
         code = cli.main(["eval", "--model", str(args.model), "--data", str(data), "--out", str(eval_dir),
-                         "--engine", args.engine, "--n-samples", str(args.n_samples), "--temperature", "1.0",
-                         "--top-p", "1.0", "--max-new-tokens", str(args.max_new_tokens), "--batch-size",
-                         str(args.batch_size), "--shard-size", "16", "--seed", "0", "--no-progress", *args.extra])
+                         "--seed", "0", "--no-progress", "--set", f"eval.engine={args.engine}",
+                         f"eval.n_samples={args.n_samples}", "eval.temperature=1.0", "eval.top_p=1.0",
+                         f"eval.max_new_tokens={args.max_new_tokens}", f"eval.batch_size={args.batch_size}",
+                         "eval.shard_size=16", *args.extra])
         timings["eval"] = round(time.perf_counter() - started, 1)
         if code != 0:
             return code
     started = time.perf_counter()
     code = cli.main(["testtime", "--eval-dir", str(eval_dir), "--model", str(args.model), "--out",
-                     str(args.out / "testtime"), "--batch-size", str(args.feature_batch_size),
-                     "--bootstrap", str(args.bootstrap)])
+                     str(args.out / "testtime"), "--set", f"testtime.batch_size={args.feature_batch_size}",
+                     f"testtime.bootstrap={args.bootstrap}"])
     timings["testtime"] = round(time.perf_counter() - started, 1)
     if code != 0:
         return code

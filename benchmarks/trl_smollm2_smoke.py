@@ -38,9 +38,9 @@ def main() -> int:
         raise SystemExit(f"{model}: missing; run `.venv/bin/repexp model smollm2 --out {model}` first")
     data = CACHE / "data" / "gsm8k-smoke"
     if not (data / "train.parquet").exists():
-        subprocess.run([sys.executable, "-m", "repexp", "data", "prepare", "gsm8k", "--source",
-                        str(REPO.parent / "shared" / "data"), "--out", str(data), "--limit-train", "512",
-                        "--limit-dev", "32"], check=True, cwd=REPO)
+        subprocess.run([sys.executable, "-m", "repexp", "data", "prepare", "gsm8k", "--out", str(data), "--set",
+                        f"data.source={REPO.parent / 'shared' / 'data'}", "data.limit_train=512", "data.limit_dev=32"],
+                       check=True, cwd=REPO)
 
     from repexp import config as C
 

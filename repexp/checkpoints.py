@@ -315,7 +315,7 @@ def run_job(job):
     """Write the model pointer of a finished run (`repexp.jobs.SelectJob`: the workflow's and `repexp select`'s);
     its node logs the pointer as `select.*` params, the best dev value at the selected step and the selected
     checkpoint's dev pass@k at step = k."""
-    from repexp.jobs import StageResult
+    from repexp.stage import StageResult
 
     try:
         pointer = select(job.run_dir, job.backend)

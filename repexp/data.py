@@ -11,7 +11,7 @@ Tasks (upstream_recipe.md §3, evaluation_and_data.md §4.2):
 
 Sources: a directory of JSONL files (the config's `data.source`) or `hf` (the upstream Hugging Face
 ids); loading only fetches raw rows, everything after it is one code path. The DAPO set is not
-offline: `--dapo-source PATH|hf`. Training rows with an empty ground truth or a problem text also in
+offline: `--set data.dapo_source=PATH|hf`. Training rows with an empty ground truth or a problem text also in
 dev/test (`splits.normalize_text`) are dropped and listed in the manifest; after that, any overlap
 between splits is an error (AIME's dev = test is the one designed exception).
 
@@ -35,6 +35,7 @@ from repexp import arith, layout
 from repexp import splits as sp
 from repexp.config import TASKS
 from repexp.intermediates import content_digest as sha256_file  # of a file: the SHA-256 of its bytes
+from repexp.stage import StageResult
 from repexp.verify import routing
 
 SPLITS = layout.SPLITS
@@ -50,8 +51,8 @@ AIME_DATA_SOURCE = "aime24"
 DAPO_DATA_SOURCE = "math_dapo"
 
 DAPO_HF_ID = "ftajwar/deduplicated_dapo_dataset"
-MISSING_DAPO = (f"missing DAPO source: the dapo training set ({DAPO_HF_ID}) is not available offline; pass "
-                "--dapo-source PATH (a JSONL/parquet file with prompt/problem and answer fields) or --dapo-source hf")
+MISSING_DAPO = (f"missing DAPO source: the dapo training set ({DAPO_HF_ID}) is not available offline; set "
+                "data.dapo_source to a path (a JSONL/parquet file with prompt/problem and answer fields) or hf")
 HF = "hf"
 
 
@@ -172,7 +173,7 @@ def _load_hf_part(dataset_id: str, config: Optional[str], split: str) -> list[di
     try:
         import datasets
     except ImportError as err:
-        raise DataError(f"--source hf needs the `datasets` package ({err})") from None
+        raise DataError(f"data.source hf needs the `datasets` package ({err})") from None
     return [dict(row) for row in datasets.load_dataset(dataset_id, config, split=split)]
 
 
@@ -539,53 +540,55 @@ def _at_least(minimum: int, what: str) -> Callable[[str], int]:
     return parse
 
 
-_positive, _seed = _at_least(1, "positive"), _at_least(0, "non-negative")
+_positive = _at_least(1, "positive")
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    from repexp.config import DataConfig
+    from repexp.jobs import config_options
 
-    defaults = DataConfig()
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     prep = sub.add_parser("prepare", help="write train/dev/test parquet splits and manifest.json for a task")
     prep.add_argument("task", choices=TASKS)
-    prep.add_argument("--source", default=defaults.source,
-                      help=f"directory of JSONL files, or 'hf' (default: {defaults.source})")
-    prep.add_argument("--out", default=None, help="output directory (default: results/data/TASK)")
-    prep.add_argument("--seed", type=_seed, default=defaults.split_seed,
-                      help="split/subset seed (default: %(default)s)")
-    for split in SPLITS:
-        prep.add_argument(f"--limit-{split}", type=_positive, default=None,
-                          help=f"seeded {split} subset size (default: all)")
-    prep.add_argument("--dapo-source", default=defaults.dapo_source,
-                      help="DAPO training set: JSONL/parquet file (or a directory with train.jsonl), or 'hf'")
-    prep.add_argument("--dapo-train-size", type=_positive, default=sp.DAPO_TRAIN_SIZE,
-                      help="DAPO training subset size (default: %(default)s)")
-    prep.add_argument("--gsm8k-dev-size", type=_positive, default=sp.GSM8K_DEV_SIZE,
-                      help="GSM8K dev size (default: %(default)s)")
-    prep.add_argument("--aime-train", choices=("math", "dapo"), default="math",
-                      help="aime24 task: train on MATH train or the DAPO subset")
+    prep.add_argument("--out", default=None, help="output directory (default: <results_dir>/data/TASK)")
+    config_options(prep, "data.source=../shared/data data.limit_test=64 data.split_seed=1")
+    paper = prep.add_argument_group("the paper's split recipe (fixed in the workflow)")
+    paper.add_argument("--dapo-train-size", type=_positive, default=None,
+                       help=f"DAPO training subset size (default: {sp.DAPO_TRAIN_SIZE})")
+    paper.add_argument("--gsm8k-dev-size", type=_positive, default=None,
+                       help=f"GSM8K dev size (default: {sp.GSM8K_DEV_SIZE})")
+    paper.add_argument("--aime-train", choices=("math", "dapo"), default=None,
+                       help="aime24 task: train on MATH train (default) or the DAPO subset")
 
 
 def run(args: argparse.Namespace) -> int:  # the one action: prepare
-    from repexp.config import PipelineConfig
-    from repexp.jobs import PreprocessJob, from_args
+    from repexp import jobs
 
-    return run_job(from_args(PreprocessJob, args, out=args.out or str(layout.data_dir(PipelineConfig.results_dir,
-                                                                                     args.task)))).code
+    def build(cfg, **given):  # unlike the workflow's, a hand run reads data.dapo_source for any task
+        return jobs.PreprocessJob(config=cfg.data, **{"out": str(layout.data_dir(cfg.results_dir, args.task)),
+                                                      **given})
+
+    try:
+        job = jobs.hand_job("preprocess", args, build, task=args.task, out=args.out,
+                            **{name: getattr(args, name) for name in ("dapo_train_size", "gsm8k_dev_size",
+                                                                      "aime_train")})
+    except ValueError as err:  # a ConfigError names the key
+        print(f"repexp data prepare {args.task}: error: {err}", file=sys.stderr)
+        return 2
+    return run_job(job).code
 
 
 def run_job(job):
     """A task's splits and manifest (`repexp.jobs.PreprocessJob`: the workflow's and `repexp data prepare`'s);
     its node logs the source files as input datasets."""
-    from repexp.jobs import StageResult
     from repexp.tracking.outputs import source_datasets
 
-    options = Options(**{name: getattr(job, name) for name in Options.__dataclass_fields__
-                         if getattr(job, name) is not None})  # a hand-only field left unset: Options' default
+    data = job.config
+    options = Options(seed=data.split_seed, limit_train=data.limit_train, limit_dev=data.limit_dev,
+                      limit_test=data.limit_test, **{name: getattr(job, name) for name in ("gsm8k_dev_size",
+                      "dapo_train_size", "aime_train") if getattr(job, name) is not None})  # None: Options' default
     out = job.out
     try:
-        manifest = prepare(job.task, out, source=job.source, options=options, dapo_source=job.dapo_source)
+        manifest = prepare(job.task, out, source=data.source, options=options, dapo_source=data.dapo_source)
     except (DataError, sp.SplitError, FileNotFoundError) as err:
         print(f"repexp data prepare {job.task}: error: {err}", file=sys.stderr)
         return StageResult(code=2)

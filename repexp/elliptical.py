@@ -494,8 +494,8 @@ def choose_solver(max_group_size: int, dim: int, device: torch.device | str) -> 
 
     On CPU, arithmetic decides: the smaller system (n×n when n ≤ d). On CUDA at RepExp's
     sizes the call is bound by kernel launches, and the d×d form launches fewer kernels (no
-    lift, no explicit inverse); measured on an H200 it is faster up to d = 64 and slower at
-    d = 128, where batched 128×128 Cholesky time dominates (docs/bonus.md).
+    lift, no explicit inverse); it is faster up to d = 64 and slower at d = 128, where batched
+    128×128 Cholesky time dominates (measured: docs/bonus.md).
     """
     if dim == 0:
         return "kernel"

@@ -1,5 +1,5 @@
 """The files between jobs: their content identity, and whether the jobs about to run can read what
-they need (issue 27, item 3). Standard library only (and the stdlib-only repexp.layout, repexp.io): the
+they need. Standard library only (and the stdlib-only repexp.layout, repexp.io): the
 Snakefile calls it while it is parsed and in `onstart`, before any job, on the submit host.
 
     record_content(path)      a producer (repexp model, repexp download model, repexp data prepare), after

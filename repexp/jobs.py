@@ -1,16 +1,17 @@
 """Typed jobs: what one per-task / per-run stage runs, composed once from the config snapshot.
 
     config snapshot ($REPEXP_CONFIG) + identity (rule, task, run)
-      compose()    -> PreprocessJob | TrainJob | SelectJob | ... : settings from the composed per-run
-                      config (repexp.config.compose), paths from repexp.layout, the run from
-                      repexp.config.find_run (a name is never parsed back)
-      run_job()    -> the stage core -> StageResult (train: repexp.train.run_node, its own node)
+      compose()    -> PreprocessJob | TrainJob | EvalJob | ... : the composed config section whole
+                      (`config`: repexp.config.compose's RunConfig, its `eval`, the `testtime`, `data`
+                      sections), paths from repexp.layout, the run from repexp.config.find_run
+      repexp.stages.run_job() -> the stage -> StageResult (train: repexp.train.run_node, its own node)
       .outputs()   -> the rule's declared outputs, which the MLflow node logs as artifacts
       job_hash()   -> the rule's Snakemake params: a settings change reruns exactly its jobs
 
 `repexp run RULE ...` (repexp.run_cli) runs the stage inside the node run (repexp.tracking.outputs.
-run_stage). The hand CLIs (`repexp eval`, ...) build the same job from their same-named flags
-(`from_args`); a field the pipeline leaves None means "the stage's own default".
+run_stage). The hand CLIs build the same job: `repexp eval`, `testtime` and `data prepare` from the config
+and its `--set` dotlist (`hand_job`; with `--run`, exactly `compose`'s job), the others from their
+same-named flags (`from_args`). A job field left None means "the stage's own default".
 
 Cheap to import (every Snakemake invocation hashes jobs in common.smk): no numpy, torch or MLflow.
 """
@@ -20,31 +21,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import importlib
 import json
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
 from repexp import config as C
 from repexp import layout as L
 
 DAPO_TASK = "dapo-with-aime24"  # the one task that reads data.dapo_source
-
-
-@dataclass
-class StageResult:
-    """What a stage produced, for its node run: exit status, `metrics` (at `step`), params, input
-    datasets (repexp.tracking.outputs.dataset dicts), tables ({artifact file: {column: values}}) and
-    curves ({metric: {step: value}}: pass@k logged at step = k, which MLflow draws against k)."""
-
-    code: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)
-    step: int = 0
-    params: dict[str, Any] = field(default_factory=dict)
-    inputs: list[dict[str, Any]] = field(default_factory=list)
-    tables: dict[str, dict[str, list]] = field(default_factory=dict)
-    curves: dict[str, dict[int, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,17 +49,15 @@ class _OneOutput:
 
 @dataclass(frozen=True, kw_only=True)
 class PreprocessJob:
+    """One task's splits: the config's `data` section (`dapo_source` only for the task that reads it)."""
+
     task: str
     out: str
-    source: str
-    seed: int
-    limit_train: Optional[int] = None
-    limit_dev: Optional[int] = None
-    limit_test: Optional[int] = None
-    dapo_source: Optional[str] = None
-    gsm8k_dev_size: Optional[int] = None  # hand use only
-    dapo_train_size: Optional[int] = None  # hand use only
-    aime_train: Optional[str] = None  # hand use only
+    config: C.DataConfig
+    # the paper's split sizes and aime24's training table, which only a hand run changes (`repexp data prepare`)
+    gsm8k_dev_size: Optional[int] = None
+    dapo_train_size: Optional[int] = None
+    aime_train: Optional[str] = None
 
     def outputs(self) -> list[str]:
         return [*(str(L.split_file(self.out, split)) for split in L.SPLITS), str(L.manifest_file(self.out))]
@@ -102,40 +86,23 @@ class MergeJob(_Identity, _OneOutput):
 
 @dataclass(frozen=True, kw_only=True)
 class EvalJob(_Identity):
+    """One evaluation: the run's composed `eval` section (`config`: task override applied, max_new_tokens and
+    the GPU memory fraction resolved), the model (exactly one of `model` and `model_pointer`), the split
+    (`data`), the output directory and the run's seed and grader."""
+
+    config: C.EvalConfig
     data: Optional[str]
     out: str
-    model: Optional[str] = None  # exactly one of model and model_pointer
+    model: Optional[str] = None
     model_pointer: Optional[str] = None
-    engine: str
-    n_samples: int
-    temperature: float
-    top_p: float
-    max_new_tokens: int
-    seed: int
-    batch_size: int
-    shard_size: int
-    dtype: str
-    tensor_parallel_size: int
-    data_parallel_size: int
-    gpu_memory_utilization: float
-    kv_cache_gib: Optional[float] = None
-    max_model_len: Optional[int] = None
-    enforce_eager: bool = False
+    seed: int = 0
     grader: Optional[str] = None
     overwrite: bool = False
     no_progress: bool = False
-    # hand use only (`repexp eval`); None: the stage's default
+    # what a hand run records or narrows (`repexp eval`); None: from the data file and the model
     split: Optional[str] = None
     checkpoint_step: Optional[int] = None
     limit: Optional[int] = None
-    top_k: Optional[int] = None
-    max_num_seqs: Optional[int] = None
-    max_num_batched_tokens: Optional[int] = None
-    no_prefix_caching: bool = False
-    chunked_prefill: str = "auto"
-    ks: Optional[tuple[int, ...]] = None
-    maj_draws: Optional[int] = None
-    verifier_workers: Optional[int] = None
     max_shards: Optional[int] = None
 
     def outputs(self) -> list[str]:
@@ -144,22 +111,16 @@ class EvalJob(_Identity):
 
 @dataclass(frozen=True, kw_only=True)
 class TesttimeJob(_Identity):
+    """The test-time order of one evaluation's samples: the config's `testtime` section and, of the training
+    bonus, the two settings the order reads (λ, centring), so that other bonus settings rerun no test-time job."""
+
+    config: C.TesttimeConfig
     eval_dir: str
-    model: str
+    model: str  # the frozen feature model: bonus.representation_model, else the initial policy
     out: str
-    sparse_dim: int
-    projection_seed: int
     lamb: float
     center: bool
-    batch_size: int
-    dtype: str
-    bootstrap: int
-    variants: tuple[str, ...] = ()  # further orders (config testtime.variants; repexp.testtime)
-    # hand use only (`repexp testtime`)
-    data: Optional[str] = None
-    device: str = "auto"
-    reference_ks: Optional[tuple[int, ...]] = None
-    bootstrap_seed: int = 0
+    data: Optional[str] = None  # hand use: the evaluated split (None: the path the sample store records)
 
     def outputs(self) -> list[str]:
         return [str(Path(self.out) / L.TESTTIME_JSON)]
@@ -224,12 +185,8 @@ Job = Union[PreprocessJob, TrainJob, SelectJob, MergeJob, EvalJob, TesttimeJob, 
 
 
 def _preprocess(cfg: C.PipelineConfig, task: str) -> PreprocessJob:
-    data = cfg.data
-    return PreprocessJob(
-        task=task, out=str(L.data_dir(cfg.results_dir, task)), source=data.source, seed=data.split_seed,
-        limit_train=data.limit_train, limit_dev=data.limit_dev, limit_test=data.limit_test,
-        dapo_source=data.dapo_source if task == DAPO_TASK else None,
-    )
+    data = cfg.data if task == DAPO_TASK else dataclasses.replace(cfg.data, dapo_source=None)
+    return PreprocessJob(task=task, out=str(L.data_dir(cfg.results_dir, task)), config=data)
 
 
 def _select(cfg, spec: C.RunSpec, rc: C.RunConfig) -> SelectJob:
@@ -242,19 +199,20 @@ def _merge(cfg, spec: C.RunSpec, rc: C.RunConfig) -> MergeJob:
                     out=str(Path(rc.run_dir) / L.MERGED))
 
 
+def eval_section(cfg: C.PipelineConfig, task: Optional[str]) -> C.EvalConfig:
+    """The `eval` section a job of this task runs with: the task's override applied, max_new_tokens resolved."""
+    section = C.task_section(cfg, task, "eval") if task else dataclasses.replace(cfg.eval)
+    section.max_new_tokens = C.max_new_tokens(section, C.task_section(cfg, task, "train") if task else cfg.train)
+    return section
+
+
 def _eval(cfg, spec: C.RunSpec, rc: C.RunConfig) -> EvalJob:
     """A trained run samples the model its pointer names (merged for verl); `base`, the initial policy."""
-    ev = rc.eval
     pointer = str(Path(rc.run_dir) / (L.MERGED if spec.backend == "verl" else L.SELECT)) if spec.trains else None
     return EvalJob(
-        task=rc.task, run=spec.name, data=str(L.data_file(cfg.results_dir, spec.task, "test")),
+        task=rc.task, run=spec.name, config=rc.eval, data=str(L.data_file(cfg.results_dir, spec.task, "test")),
         out=str(L.eval_json(cfg.results_dir, spec.task, spec.name).parent),
-        model=None if pointer else rc.model, model_pointer=pointer,
-        engine=ev.engine, n_samples=ev.n_samples, temperature=ev.temperature, top_p=ev.top_p,
-        max_new_tokens=ev.max_new_tokens, seed=rc.seed, batch_size=ev.batch_size, shard_size=ev.shard_size,
-        dtype=ev.dtype, tensor_parallel_size=ev.tensor_parallel_size, data_parallel_size=ev.data_parallel_size,
-        gpu_memory_utilization=ev.gpu_memory_utilization, kv_cache_gib=ev.kv_cache_gib,
-        max_model_len=ev.max_model_len, enforce_eager=ev.enforce_eager, grader=rc.grader,
+        model=None if pointer else rc.model, model_pointer=pointer, seed=rc.seed, grader=rc.grader,
         # the workflow reruns eval only when its settings changed: stale samples are discarded, not merged
         overwrite=True, no_progress=True,
     )
@@ -263,13 +221,12 @@ def _eval(cfg, spec: C.RunSpec, rc: C.RunConfig) -> EvalJob:
 def _testtime(cfg, spec: C.RunSpec, rc: C.RunConfig) -> TesttimeJob:
     """λ and centring are the training bonus's; the feature model is `bonus.representation_model`,
     else the initial policy (as in training)."""
-    tt, bonus = cfg.testtime, rc.bonus
     return TesttimeJob(
-        task=spec.task, run=spec.name, eval_dir=str(L.eval_json(cfg.results_dir, spec.task, spec.name).parent),
-        model=bonus.representation_model or rc.model,
+        task=spec.task, run=spec.name, config=cfg.testtime,
+        eval_dir=str(L.eval_json(cfg.results_dir, spec.task, spec.name).parent),
+        model=rc.bonus.representation_model or rc.model,
         out=str(L.testtime_json(cfg.results_dir, spec.task, spec.name).parent),
-        sparse_dim=tt.sparse_dim, projection_seed=tt.projection_seed, lamb=bonus.lamb, center=bonus.center,
-        batch_size=tt.batch_size, dtype=tt.dtype, bootstrap=tt.bootstrap, variants=tuple(tt.variants),
+        lamb=rc.bonus.lamb, center=rc.bonus.center,
     )
 
 
@@ -308,19 +265,24 @@ def _figures(cfg) -> FiguresJob:
                       train_dir=str(Path(cfg.results_dir, L.TRAIN_DIR)) if trains else None)
 
 
-# rule -> (composer, "module:function" of the stage core that takes the job, the rule's wildcards)
+class Rule(NamedTuple):
+    compose: Callable[..., Any]  # (cfg, spec, run config) for a per-run rule, else (cfg, **wildcards)
+    wildcards: tuple[str, ...]  # the rule's identity: its Snakemake wildcards, `repexp run`'s flags
+
+
+# Each rule's job; its stage (the function that runs the job) is in repexp.stages.
 RULES = {
-    "preprocess": (_preprocess, "repexp.data:run_job", ("task",)),
-    "train": (lambda cfg, spec, rc: TrainJob(config=rc), "repexp.train:run_node", ("task", "run")),  # own node
-    "select": (_select, "repexp.checkpoints:run_job", ("task", "run")),
-    "merge": (_merge, "repexp.run_cli:run_merge", ("task", "run")),  # repexp.verl.merge keeps its CLI
-    "eval": (_eval, "repexp.evaluate:run_job", ("task", "run")),
-    "testtime": (_testtime, "repexp.testtime:run_job", ("task", "run")),
-    "model": (_model, "repexp.models:run_job", ("alias",)),
-    "download_model": (_download_model, "repexp.download:run_model_job", ("hub_model",)),
-    "download_data": (_download_data, "repexp.download:run_data_job", ()),
-    "aggregate": (_aggregate, "repexp.aggregate:run_job", ()),
-    "figures": (_figures, "repexp.figures:run_job", ()),
+    "preprocess": Rule(_preprocess, ("task",)),
+    "train": Rule(lambda cfg, spec, rc: TrainJob(config=rc), ("task", "run")),
+    "select": Rule(_select, ("task", "run")),
+    "merge": Rule(_merge, ("task", "run")),
+    "eval": Rule(_eval, ("task", "run")),
+    "testtime": Rule(_testtime, ("task", "run")),
+    "model": Rule(_model, ("alias",)),
+    "download_model": Rule(_download_model, ("hub_model",)),
+    "download_data": Rule(_download_data, ()),
+    "aggregate": Rule(_aggregate, ()),
+    "figures": Rule(_figures, ()),
 }
 
 
@@ -331,7 +293,7 @@ def compose(cfg: C.PipelineConfig, rule: str, task: Optional[str] = None, run: O
     workflow caches it)."""
     if rule not in RULES:
         raise C.ConfigError(f"rule: {rule!r} is not a rule `repexp run` knows; choose from {', '.join(RULES)}")
-    composer, _, identity = RULES[rule]
+    composer, identity = RULES[rule]
     given = {**dict.fromkeys(identity), "task": task, "run": run, **wildcards}
     for name, value in given.items():
         if (value is None) == (name in identity):
@@ -350,13 +312,6 @@ def compose(cfg: C.PipelineConfig, rule: str, task: Optional[str] = None, run: O
     return composer(cfg, spec, rc)
 
 
-def run_job(rule: str, job: Job) -> StageResult:
-    """Run the stage in this process; a stage that returns an exit status only gets a bare result."""
-    module, function = RULES[rule][1].split(":")
-    result = getattr(importlib.import_module(module), function)(job)
-    return result if isinstance(result, StageResult) else StageResult(code=int(result or 0))
-
-
 def job_hash(job: Job) -> str:
     if isinstance(job, TrainJob):
         return C.training_hash(job.config)
@@ -364,10 +319,31 @@ def job_hash(job: Job) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def from_args(cls: type, args: argparse.Namespace, **values: Any) -> Job:
-    """A hand CLI's job: its options of the same names (paths as text, lists as tuples), then `values`."""
-    def plain(value: Any) -> Any:
-        return str(value) if isinstance(value, Path) else tuple(map(plain, value)) if isinstance(value, list) else value
+def _plain(value: Any) -> Any:  # a flag's value as a job holds it: paths as text, lists as tuples
+    return str(value) if isinstance(value, Path) else tuple(map(_plain, value)) if isinstance(value, list) else value
 
-    given = {f.name: plain(getattr(args, f.name)) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+
+def from_args(cls: type, args: argparse.Namespace, **values: Any) -> Job:
+    """A hand CLI's job: its options of the same names, then `values`."""
+    given = {f.name: _plain(getattr(args, f.name)) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
     return cls(**{**given, **values})
+
+
+def config_options(parser: argparse.ArgumentParser, example: str) -> None:
+    """A hand CLI's settings: the pipeline config's sections (`--config`, default: every default) with the
+    `set=` dotlist (`--set`), each setting declared and checked once (repexp.config)."""
+    group = parser.add_argument_group("settings (the pipeline config's keys; docs/configuration.md)")
+    group.add_argument("--config", type=Path, help="pipeline config (default: the defaults)")
+    group.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY.PATH=VALUE",
+                       help=f"dotlist overrides of the config, as `--config set=...` in Snakemake (e.g. {example})")
+
+
+def hand_job(rule: str, args: argparse.Namespace, build: Callable[..., Job], **flags: Any) -> Job:
+    """A hand CLI's job from the checked config (`--config` and `--set`). With `--run` (and `--task`): the job
+    `repexp run RULE` composes for that run, its fields replaced by the flags given; otherwise `build(cfg,
+    **flags)`. A flag of None was not given."""
+    cfg = C.load(args.config or {}, overrides=args.set)
+    given = {name: _plain(value) for name, value in flags.items() if value is not None}
+    if getattr(args, "run", None):
+        return dataclasses.replace(compose(cfg, rule, args.task, args.run), **given)
+    return build(cfg, **given)

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from repexp import config as C
-    from repexp import jobs
+    from repexp import jobs, stages
     from repexp.tracking.node import flatten, load_config, prepare_node
     from repexp.tracking.outputs import run_stage
 
@@ -72,13 +72,6 @@ def _run(args: argparse.Namespace) -> int:
         from repexp.train import run_node
 
         return run_node(job, config=cfg, attempt=args.attempt, snakemake_jobid=args.snakemake_jobid)
-    return run_stage(node, lambda: jobs.run_job(args.rule, job), job.outputs(), f"repexp {args.rule}",
+    return run_stage(node, lambda: stages.run_job(args.rule, job), job.outputs(), f"repexp {args.rule}",
                      in_run=args.rule in IN_RUN)
 
-
-def run_merge(job) -> int:
-    """The merge stage (repexp.jobs.MergeJob). repexp/verl/ keeps its own `repexp merge` CLI, which takes
-    these two paths; here, above repexp.jobs, so that verl.merge -> checkpoints -> jobs is no circle."""
-    from repexp.verl import merge
-
-    return merge.run(argparse.Namespace(checkpoint_dir=None, pointer=Path(job.pointer), out=Path(job.out)))

@@ -1,7 +1,7 @@
 """Seeded, overlap-checked train/dev/test splits (pure: lists and numpy's RNG only).
 
 Every random choice draws from its own stream, `np.random.default_rng([seed, <32 bits
-of sha256(name)>])`, so the GSM8K dev split does not move when a `--limit-train`
+of sha256(name)>])`, so the GSM8K dev split does not move when a train limit
 is added, and the same seed always gives the same indices. Selected indices are
 returned sorted, so outputs keep the source's row order.
 """

@@ -526,13 +526,13 @@ def test_plan_command_prints_the_paper_plan(capsys):
 
 
 def test_repexp_eval_refuses_absurd_sizes_before_writing_anything(tmp_path, capsys):
-    """Issue 27, item 4: a direct `repexp eval --n-samples 1000000000000` stops with the limit, no
+    """A direct `repexp eval --set eval.n_samples=1000000000000` stops with the config's limit, no
     MemoryError, and leaves no sample store (samples/meta.json) behind."""
     from repexp.cli import main
 
     out = tmp_path / "eval"
-    for flags, key in ((["--n-samples", str(10**12)], "--n-samples"),
-                       (["--n-samples", "65536", "--shard-size", "1000"], "--shard-size")):
+    for flags, key in ((["--set", f"eval.n_samples={10**12}"], "eval.n_samples"),
+                       (["--set", "eval.n_samples=65536", "eval.shard_size=1000"], "eval.shard_size")):
         assert main(["eval", "--model", str(tmp_path / "model"), "--data", str(tmp_path / "test.parquet"),
                      "--out", str(out), *flags]) == 2
         assert key in capsys.readouterr().err and not out.exists()

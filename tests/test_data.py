@@ -123,10 +123,11 @@ def test_aime24_dev_equals_test_and_never_touches_train(tmp_path):
 
 
 def test_dapo_with_aime24_without_a_dapo_source_names_what_is_missing(tmp_path, capsys):
-    with pytest.raises(DataError, match=r"missing DAPO source.*--dapo-source"):
+    with pytest.raises(DataError, match=r"missing DAPO source.*data.dapo_source"):
         prepare("dapo-with-aime24", tmp_path / "out", source=str(DATA), options=Options())
     assert not (tmp_path / "out").exists()  # nothing written
-    rc = cli.main(["data", "prepare", "dapo-with-aime24", "--source", str(DATA), "--out", str(tmp_path / "out")])
+    rc = cli.main(["data", "prepare", "dapo-with-aime24", "--set", f"data.source={DATA}",
+                   "--out", str(tmp_path / "out")])
     assert rc == 2
     err = capsys.readouterr().err
     assert "missing DAPO source" in err and "ftajwar/deduplicated_dapo_dataset" in err and "Traceback" not in err
@@ -196,8 +197,8 @@ def test_dapo_source_as_parquet_and_too_small_pools(tmp_path):
 
 def test_limits_are_seeded_subsets_of_the_full_splits(gsm8k_out, tmp_path, capsys):
     full_out, _ = gsm8k_out
-    argv = ["data", "prepare", "gsm8k", "--source", str(DATA), "--seed", "0",
-            "--limit-train", "8", "--limit-dev", "4", "--limit-test", "5"]
+    argv = ["data", "prepare", "gsm8k", "--set", f"data.source={DATA}", "data.split_seed=0",
+            "data.limit_train=8", "data.limit_dev=4", "data.limit_test=5"]
     assert cli.main(argv + ["--out", str(tmp_path / "a")]) == 0
     assert "gsm8k: wrote" in capsys.readouterr().out
     assert cli.main(argv + ["--out", str(tmp_path / "b")]) == 0

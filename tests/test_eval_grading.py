@@ -49,8 +49,8 @@ def stored_run(tmp_path, name="run"):
     """A complete sample store holding the hand-written responses (scores left stale on purpose)."""
     data = write_split(tmp_path / "toy" / "test.parquet")
     out = tmp_path / name
-    args = ["eval", "--model", "someorg/somemodel", "--engine", "hf", "--data", str(data), "--out", str(out),
-            "--n-samples", str(N), "--shard-size", "3", "--seed", "1", "--max-shards", "0", "--no-progress"]
+    args = ["eval", "--model", "someorg/somemodel", "--data", str(data), "--out", str(out), "--set", "eval.engine=hf",
+            f"eval.n_samples={N}", "eval.shard_size=3", "--seed", "1", "--max-shards", "0", "--no-progress"]
     assert cli.main(args) == 0  # opens the store (meta.json), generates nothing
     store = SampleStore(out)
     plan = shard_plan(len(PROBLEMS), 3, 1)

@@ -587,7 +587,7 @@ def test_aggregate_with_mlflow_down_gives_the_parents_their_pass_at_k_after_sync
 # --------------------------------------------------------------------------- bad data files
 
 SHARED_DATA = (REPO / ".." / "shared" / "data").resolve()
-PREPARE_LIMITS = ["--limit-train", "8", "--limit-dev", "4", "--limit-test", "4"]  # configs/test.yaml's
+PREPARE_LIMITS = ["data.limit_train=8", "data.limit_dev=4", "data.limit_test=4"]  # configs/test.yaml's
 
 
 def gsm8k_source_copy(root: Path) -> Path:
@@ -628,7 +628,8 @@ def test_corrupt_jsonl_source_fails_data_prepare_cleanly(tmp_path, damage, messa
     else:
         shutil.rmtree(source)
     out = tmp_path / "out"
-    proc = run([REPEXP, "data", "prepare", "gsm8k", "--source", str(source), "--out", str(out), *PREPARE_LIMITS])
+    proc = run([REPEXP, "data", "prepare", "gsm8k", "--out", str(out), "--set", f"data.source={source}",
+                *PREPARE_LIMITS])
     assert_clear_failure(proc, message)
     assert "Traceback" not in proc.stderr
     assert not out.exists() or not any(out.iterdir()), "a failed prepare left outputs behind"
@@ -640,15 +641,15 @@ def tiny_assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny_assets")
     model = run([REPEXP, "model", "tiny", "--out", str(root / "model")])
     assert model.returncode == 0, model.stderr[-3000:]
-    data = run([REPEXP, "data", "prepare", "gsm8k", "--source", str(SHARED_DATA), "--out", str(root / "data"),
-                *PREPARE_LIMITS])
+    data = run([REPEXP, "data", "prepare", "gsm8k", "--out", str(root / "data"), "--set",
+                f"data.source={SHARED_DATA}", *PREPARE_LIMITS])
     assert data.returncode == 0, data.stderr[-3000:]
     return root
 
 
 def eval_cmd(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
-    return [REPEXP, "eval", "--model", str(model), "--data", str(data), "--out", str(out), "--engine", "hf",
-            "--n-samples", "2", "--max-new-tokens", "4", "--batch-size", "4", "--shard-size", "2", "--no-progress",
+    return [REPEXP, "eval", "--model", str(model), "--data", str(data), "--out", str(out), "--no-progress", "--set",
+            "eval.engine=hf", "eval.n_samples=2", "eval.max_new_tokens=4", "eval.batch_size=4", "eval.shard_size=2",
             *extra]
 
 

@@ -531,8 +531,8 @@ def produce_real_evals(tmp_path, eval_dir):
     pq.write_table(pa.Table.from_pylist(rows), data)
     for run, seed in (("base", 42), ("trl_grpo_s42", 42), ("trl_repexp_k8_b0.01_s42", 43)):
         code = cli.main(["eval", "--model", str(model), "--data", str(data), "--out", str(eval_dir / "gsm8k" / run),
-                         "--task", "gsm8k", "--n-samples", "4", "--max-new-tokens", "6", "--seed", str(seed),
-                         "--batch-size", "12", "--shard-size", "3", "--no-progress"])
+                         "--task", "gsm8k", "--seed", str(seed), "--no-progress", "--set", "eval.n_samples=4",
+                         "eval.max_new_tokens=6", "eval.batch_size=12", "eval.shard_size=3"])
         assert code == 0
 
 

@@ -250,7 +250,7 @@ def test_the_pilot_dry_runs_under_both_profiles(profile, tmp_path):
     assert "repexp run eval --task arith-mid --run trl_repexp_k32_b0.01_s3" in text
     cfg = _pilot()
     job = jobs.compose(cfg, "eval", "arith-mid", "trl_repexp_k32_b0.01_s3")  # what that command runs
-    assert (job.engine, job.kv_cache_gib) == ("vllm", 4)
+    assert (job.config.engine, job.config.kv_cache_gib) == ("vllm", 4)
 
 
 def test_repexp_config_gpus_shows_what_auto_chooses_on_this_host(tmp_path, monkeypatch, capsys):

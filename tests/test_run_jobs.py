@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import yaml
@@ -62,11 +63,15 @@ def test_every_converted_rule_runs_one_command_shape_without_settings(configfile
 
 
 def _config(tmp_path: Path) -> C.PipelineConfig:
+    return C.load(_raw(tmp_path))
+
+
+def _raw(tmp_path: Path) -> dict:
     raw = yaml.safe_load(TEST.read_text())
     raw["results_dir"] = str(tmp_path / "results")
     raw["eval"].update(temperature=0.7, top_p=0.95, kv_cache_gib=2.5, enforce_eager=True)  # not the defaults
     raw["bonus"] = {"lamb": 0.5, "center": False}
-    return C.load(raw)
+    return raw
 
 
 def test_the_eval_job_carries_the_settings_the_old_flags_did(tmp_path):
@@ -76,13 +81,11 @@ def test_the_eval_job_carries_the_settings_the_old_flags_did(tmp_path):
         rc = C.compose(cfg, spec)
         job = J.compose(cfg, "eval", "gsm8k", run)
         assert isinstance(job, J.EvalJob) and job.task == "gsm8k" and job.run == run
-        # every field of the config's eval section that the old --flags carried, the same value
-        for name in ("engine", "n_samples", "temperature", "top_p", "max_new_tokens", "batch_size", "shard_size",
-                     "dtype", "tensor_parallel_size", "data_parallel_size", "gpu_memory_utilization",
-                     "kv_cache_gib", "max_model_len", "enforce_eager"):
-            assert getattr(job, name) == getattr(rc.eval, name), name
-        assert (job.temperature, job.top_p, job.kv_cache_gib, job.enforce_eager) == (0.7, 0.95, 2.5, True)
-        assert (job.seed, job.grader, job.max_new_tokens) == (42, cfg.grader, 16)
+        # the run's composed eval section, whole
+        assert job.config == rc.eval
+        ev = job.config
+        assert (ev.temperature, ev.top_p, ev.kv_cache_gib, ev.enforce_eager) == (0.7, 0.95, 2.5, True)
+        assert (job.seed, job.grader, ev.max_new_tokens) == (42, cfg.grader, 16)
         assert (job.overwrite, job.no_progress) == (True, True)
         # paths: the layout's, the ones the eval rule declares
         assert job.data == str(L.data_file(cfg.results_dir, "gsm8k", "test"))
@@ -93,32 +96,43 @@ def test_the_eval_job_carries_the_settings_the_old_flags_did(tmp_path):
         else:
             assert (job.model, job.model_pointer) == (C.resolve_model(cfg), None)
     testtime = J.compose(cfg, "testtime", "gsm8k", "base")
-    assert (testtime.lamb, testtime.center, testtime.sparse_dim) == (0.5, False, cfg.testtime.sparse_dim)
+    assert (testtime.lamb, testtime.center, testtime.config) == (0.5, False, cfg.testtime)
     # the node's params are the job's fields
     from repexp.tracking.node import flatten
 
     flat = flatten({"job": dataclasses.asdict(J.compose(cfg, "eval", "gsm8k", "base"))})  # as `repexp run` logs them
-    assert flat["job.n_samples"] == "4" and flat["job.temperature"] == "0.7" and "job.model_pointer" not in flat
+    assert flat["job.config.n_samples"] == "4" and flat["job.config.temperature"] == "0.7"
+    assert "job.model_pointer" not in flat
 
 
 def test_the_hand_cli_builds_the_same_job(tmp_path):
-    """`repexp eval` with the job's settings as flags builds the job `repexp run eval` composes (one path)."""
-    cfg = _config(tmp_path)
-    job = J.compose(cfg, "eval", "gsm8k", "base")
-    flags = ["--model", job.model, "--data", job.data, "--out", job.out, "--task", job.task]
-    for field in dataclasses.fields(job):
-        value = getattr(job, field.name)
-        if field.name in ("model", "data", "out", "task", "run") or value is None or value is False:
-            continue
-        flags += [f"--{field.name.replace('_', '-')}"] + ([] if value is True else [str(value)])
-    args = cli.command_parser("eval").parse_args(flags)
-    hand = J.from_args(J.EvalJob, args, run="base")
-    # the two hand-only settings whose flags show a default: the job's None is that same default
-    from repexp.evaluate.core import SamplingSettings
-    from repexp.evaluate.runner import EvalConfig
+    """`repexp eval` and `repexp testtime` with --config, --task and --run build the job `repexp run` composes
+    (one path); without --run, the config's sections and the `--set` dotlist make the settings."""
+    from repexp import evaluate, testtime
+    from repexp.stage import StageResult
 
-    assert (hand.top_k, hand.maj_draws) == (SamplingSettings().top_k, EvalConfig.maj_draws)
-    assert dataclasses.replace(hand, top_k=None, maj_draws=None) == job
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(_raw(tmp_path)))
+    built = []
+
+    def stage(job, **_):
+        built.append(job)
+        return StageResult()
+
+    for rule, module in (("eval", evaluate), ("testtime", testtime)):
+        args = cli.command_parser(rule).parse_args(["--config", str(path), "--task", "gsm8k", "--run", "base"])
+        with mock.patch.object(module, "run_job", side_effect=stage):
+            assert module.run(args) == 0
+        assert built[-1] == J.compose(C.load(path), rule, "gsm8k", "base")
+    args = cli.command_parser("eval").parse_args(["--config", str(path), "--out", str(tmp_path / "e"), "--task",
+                                                  "gsm8k", "--set", "eval.n_samples=32", "eval.ks=[1,4]",
+                                                  "grader=paper"])
+    with mock.patch.object(evaluate, "run_job", side_effect=stage):
+        assert evaluate.run(args) == 0
+    hand = built[-1]
+    assert (hand.config.n_samples, hand.config.ks, hand.grader, hand.seed, hand.task) == (32, [1, 4], "paper", 0,
+                                                                                           "gsm8k")
+    assert hand.config.temperature == 0.7 and hand.config.max_new_tokens == 16  # the file's, resolved
 
 
 def test_a_bad_run_or_rule_fails_naming_it(tmp_path):

@@ -16,6 +16,7 @@ import inspect
 import re
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import numpy as np
@@ -128,7 +129,7 @@ def test_the_bonus_enums_are_one_object_everywhere():
 
     assert C.REWARD_TYPES is B.REWARD_TYPES is elliptical.REWARD_TYPES
     assert C.NORMALIZATIONS is B.NORMALIZATIONS is elliptical.NORMALIZATIONS
-    assert engines.DTYPES is C.DTYPES and engines.ENGINES is C.ENGINES
+    assert engines.ENGINES is C.ENGINES
     fields = {f.name: f for f in dataclasses.fields(C.BonusConfig)}
     assert tuple(fields["reward_type"].metadata["enum"]) == B.REWARD_TYPES
     assert tuple(fields["normalization"].metadata["enum"]) == B.NORMALIZATIONS
@@ -198,45 +199,96 @@ def test_the_verl_yaml_nodes_equal_the_settings_dataclasses(keys, cls_name):
 # --------------------------------------------------------------------------- eval defaults
 
 
-def _eval_args(*argv: str) -> argparse.Namespace:
-    from repexp import evaluate
+def _config_dataclasses() -> list[type]:
+    """The pipeline config's dataclasses: PipelineConfig and every dataclass its fields' types name."""
+    found: list[type] = []
 
-    parser = argparse.ArgumentParser()
-    evaluate.configure_parser(parser)
-    return parser.parse_args(["--out", "x", *argv])
+    def walk(tp) -> None:
+        if dataclasses.is_dataclass(tp) and tp not in found:
+            found.append(tp)
+            for hint in typing.get_type_hints(tp).values():
+                walk(hint)
+        for arg in typing.get_args(tp):
+            walk(arg)
+
+    walk(C.PipelineConfig)
+    return found
 
 
-def test_repexp_eval_defaults_are_the_config_defaults():
+# A job field named like a setting of the config, and why it is not that setting restated.
+NOT_RESTATED = {
+    ("EvalJob", "model"): "the model to sample: the base run's resolved initial policy (None beside a pointer)",
+    ("EvalJob", "data"): "the split file the job samples, not the `data` section",
+    ("EvalJob", "grader"): "the run's grader: the config's top-level scalar (no section to carry); rescore's choice",
+    ("TesttimeJob", "model"): "the frozen feature model: bonus.representation_model, else the resolved initial policy",
+    ("TesttimeJob", "data"): "the evaluated split file (hand use), not the `data` section",
+    ("TesttimeJob", "lamb"): "the one bonus setting besides `center` that the order reads, carried alone so that "
+                             "other bonus settings rerun no test-time job",
+    ("TesttimeJob", "center"): "as lamb",
+    ("DownloadDataJob", "tasks"): "the sweep's tasks whose tables to download",
+    ("AggregateJob", "testtime"): "the testtime.json files to read, not the `testtime` section",
+    ("AggregateJob", "grader"): "a hand run's choice of the graders that eval.json holds",
+    ("AggregateJob", "experiment"): "where a hand run logs; the workflow's: tracking.experiment, else the name",
+    ("AggregateJob", "tracking_uri"): "where a hand run logs; the workflow's job logs into its node run",
+    ("FiguresJob", "experiment"): "as AggregateJob's",
+    ("FiguresJob", "tracking_uri"): "as AggregateJob's",
+}
+
+
+def test_no_job_restates_a_setting_of_the_config():
+    """Every setting is declared once, as a field of a config dataclass (its help and bounds beside it): a job
+    carries its composed section whole (`config`) and has no field of its own named like a setting, except
+    the few in NOT_RESTATED, each with the reason it is another thing."""
+    from repexp import jobs as J
+
+    settings: dict[str, list[str]] = {}
+    for cls in _config_dataclasses():
+        for f in dataclasses.fields(cls):
+            settings.setdefault(f.name, []).append(cls.__name__)
+    restated = {(job.__name__, f.name): settings[f.name] for job in typing.get_args(J.Job)
+                for f in dataclasses.fields(job) if f.name in settings and f.name != "config"}
+    assert set(restated) <= set(NOT_RESTATED), {k: v for k, v in restated.items() if k not in NOT_RESTATED}
+    assert set(NOT_RESTATED) <= set(restated), set(NOT_RESTATED) - set(restated)  # no stale exception
+    for job, section in ((J.EvalJob, C.EvalConfig), (J.TesttimeJob, C.TesttimeConfig), (J.PreprocessJob, C.DataConfig)):
+        assert typing.get_type_hints(job)["config"] is section, job
+
+
+def _flags(parser: argparse.ArgumentParser) -> set[str]:
+    found = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found |= {d for sub in action.choices.values() for d in _flags(sub)}
+        elif action.option_strings:
+            found.add(action.dest)
+    return found
+
+
+def test_the_hand_clis_take_their_settings_from_the_config():
+    """`repexp eval`, `repexp testtime` and `repexp data prepare` set a setting through the config (`--config`,
+    `--set`), never through a flag of its own: a flag named like a setting is one of NOT_RESTATED's."""
+    from repexp import cli
+
+    settings = {f.name for cls in _config_dataclasses() for f in dataclasses.fields(cls)}
+    for command, job in (("eval", "EvalJob"), ("testtime", "TesttimeJob"), ("data", "PreprocessJob")):
+        flags = _flags(cli.command_parser(command))
+        assert {"config", "set"} <= flags, command
+        assert {f for f in flags & settings if (job, f) not in NOT_RESTATED} == set(), command
+
+
+def test_the_samplers_defaults_are_the_config_defaults():
+    """The sampler's own settings classes default to the config's eval section (as a job on a whole GPU
+    sees it), for direct callers such as the benchmarks."""
     from repexp.evaluate.core import SamplingSettings
     from repexp.evaluate.engines import EngineOptions
-    from repexp.evaluate.runner import EvalConfig as RunnerConfig
 
-    args, ev = _eval_args(), C.resolve_gpus(C.PipelineConfig()).eval  # the defaults as a job on a whole GPU sees them
-    for name in ("n_samples", "temperature", "top_p", "engine", "batch_size", "shard_size", "dtype",
-                 "tensor_parallel_size", "data_parallel_size", "gpu_memory_utilization", "max_model_len",
-                 "enforce_eager"):
-        assert getattr(args, name) == getattr(ev, name), f"repexp eval --{name.replace('_', '-')}"
-    assert args.max_new_tokens == C.max_new_tokens(ev, C.TrainConfig()) == C.TrainConfig().max_response_length
+    ev = C.resolve_gpus(C.PipelineConfig()).eval
     sampling, options = SamplingSettings(), EngineOptions()
-    assert (sampling.n, sampling.temperature, sampling.top_p, sampling.max_new_tokens, sampling.seed) == \
-        (args.n_samples, args.temperature, args.top_p, args.max_new_tokens, args.seed)
+    assert (sampling.n, sampling.temperature, sampling.top_p, sampling.top_k, sampling.max_new_tokens) == \
+        (ev.n_samples, ev.temperature, ev.top_p, ev.top_k, C.max_new_tokens(ev, C.TrainConfig()))
     for name in ("batch_size", "dtype", "tensor_parallel_size", "gpu_memory_utilization", "max_model_len",
-                 "enforce_eager"):
+                 "enforce_eager", "max_num_seqs", "max_num_batched_tokens"):
         assert getattr(options, name) == getattr(ev, name), f"EngineOptions.{name}"
-    assert (RunnerConfig.shard_size, RunnerConfig.data_parallel_size, RunnerConfig.maj_draws) == \
-        (ev.shard_size, ev.data_parallel_size, args.maj_draws)
-
-
-def test_repexp_testtime_defaults_are_the_config_defaults():
-    from repexp import testtime
-
-    parser = argparse.ArgumentParser()
-    testtime.configure_parser(parser)
-    args = parser.parse_args(["--eval-dir", "e", "--model", "m", "--out", "o"])
-    tt = C.TesttimeConfig()
-    assert (args.sparse_dim, args.projection_seed, args.batch_size, args.dtype, args.bootstrap) == \
-        (tt.sparse_dim, tt.projection_seed, tt.batch_size, tt.dtype, tt.bootstrap)
-    assert args.lamb == C.BonusConfig().lamb and not args.no_center == C.BonusConfig().center
+    assert (options.enable_prefix_caching, options.enable_chunked_prefill) == (ev.prefix_caching, ev.chunked_prefill)
 
 
 # --------------------------------------------------------------------------- both backends, one set of metrics
@@ -419,3 +471,16 @@ def test_the_tracking_layer_imports_no_stage_core():
     imported = {t for name, targets in edges.items() if name.startswith("repexp.tracking") for t in targets}
     stages = ("repexp.evaluate", "repexp.testtime", "repexp.trl", "repexp.verl", "repexp.train")
     assert not {t for t in imported if t.endswith(".core") or t.startswith(stages)}, imported
+
+
+def test_the_stage_table_imports_its_stages_and_the_jobs_import_none():
+    """repexp.stages holds each rule's stage as an imported callable (the import graph shows the dependency);
+    repexp.jobs, which the stages import for their job types, imports no stage back."""
+    from repexp import jobs, stages
+
+    assert set(stages.STAGES) == set(jobs.RULES) and all(map(callable, stages.STAGES.values()))
+    edges = _repexp_imports()
+    stage_modules = {f.__module__ for f in stages.STAGES.values()} - {"repexp.stages"}
+    assert stage_modules <= edges["repexp.stages"], stage_modules - edges["repexp.stages"]
+    assert not edges["repexp.jobs"] & (stage_modules | {"repexp.stages", "repexp.run_cli"}), edges["repexp.jobs"]
+    assert edges["repexp.stage"] == set()  # StageResult's module is a leaf

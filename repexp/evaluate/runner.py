@@ -1,7 +1,7 @@
 """Sharded, resumable generation + verification, `eval.json` assembly and rescoring.
 
 Grading: every sample is scored when its shard is generated, under the run's grader
-(`EvalConfig.grader`, `repexp eval --grader`); the shard's `score`/`answer` columns hold that
+(the job's `grader`, the config's top-level `grader`); the shard's `score`/`answer` columns hold that
 grader's result and `samples/meta.json` records which grader it was (`grader`). A resumed run
 under another grader first re-grades the complete shards (no generation). When `eval.json` is
 assembled, every stored response is also scored under the *other* grader (no generation), so each
@@ -30,32 +30,39 @@ EVAL_JSON = layout.EVAL_JSON
 
 
 @dataclasses.dataclass(frozen=True)
-class EvalConfig:
-    model_path: str
-    data_path: Path
-    out_dir: Path
-    engine: str  # resolved: "hf" | "vllm"
-    settings: SamplingSettings = SamplingSettings()
-    options: EngineOptions = EngineOptions()
-    checkpoint_step: int | None = None
-    task: str | None = None
-    split: str | None = None
-    shard_size: int = core.EVAL_DEFAULTS.shard_size
-    data_parallel_size: int = core.EVAL_DEFAULTS.data_parallel_size
-    limit: int | None = None
-    ks: tuple[int, ...] | None = None
-    maj_draws: int = 1000
-    verifier_workers: int | None = None
-    max_shards: int | None = None
-    overwrite: bool = False
-    progress: bool = True
-    grader: str = DEFAULT_GRADER
+class EvalRun:
+    """One evaluation as the sampler runs it: its job (repexp.jobs.EvalJob: the eval section, paths, seed,
+    grader, a hand run's limits) and what is resolved from the job once, before any store or engine exists."""
 
-    def __post_init__(self) -> None:
-        if self.data_parallel_size < 1:
-            raise ValueError(f"data_parallel_size must be >= 1, got {self.data_parallel_size}")
-        if self.max_shards is not None and self.max_shards < 0:
-            raise ValueError(f"max_shards must be >= 0, got {self.max_shards}")
+    job: Any
+    model_path: str
+    checkpoint_step: int | None
+    engine: str  # resolved: "hf" | "vllm"
+    settings: SamplingSettings
+    options: EngineOptions
+
+    @classmethod
+    def of(cls, job) -> EvalRun:
+        from repexp.evaluate.engines import resolve_engine
+
+        if job.data is None:
+            raise ValueError("--data is required (unless --rescore)")
+        ev = job.config
+        model_path, step = resolve_model(job.model, job.model_pointer)
+        settings = SamplingSettings(n=ev.n_samples, temperature=ev.temperature, top_p=ev.top_p, top_k=ev.top_k,
+                                    max_new_tokens=ev.max_new_tokens, seed=job.seed)
+        options = EngineOptions(
+            batch_size=ev.batch_size, dtype=ev.dtype, tensor_parallel_size=ev.tensor_parallel_size,
+            gpu_memory_utilization=ev.gpu_memory_utilization, kv_cache_gib=ev.kv_cache_gib,
+            max_model_len=ev.max_model_len, enforce_eager=ev.enforce_eager, enable_prefix_caching=ev.prefix_caching,
+            max_num_seqs=ev.max_num_seqs, max_num_batched_tokens=ev.max_num_batched_tokens,
+            enable_chunked_prefill=ev.chunked_prefill)
+        return cls(job=job, model_path=model_path, checkpoint_step=step if job.checkpoint_step is None
+                   else job.checkpoint_step, engine=resolve_engine(ev.engine), settings=settings, options=options)
+
+    @property
+    def grader(self) -> str:
+        return self.job.grader or DEFAULT_GRADER
 
 
 def resolve_model(model: str | None, pointer: str | Path | None) -> tuple[str, int | None]:
@@ -85,11 +92,12 @@ def resolve_model(model: str | None, pointer: str | Path | None) -> tuple[str, i
     return model, None if step is None else int(step)
 
 
-def evaluate(cfg: EvalConfig) -> dict[str, Any] | None:
+def evaluate(cfg: EvalRun) -> dict[str, Any] | None:
     """Generate the missing shards, then write `eval.json`. Returns it, or None if stopped early."""
-    problems = load_problems(cfg.data_path, limit=cfg.limit)
-    plan = core.shard_plan(len(problems), cfg.shard_size, cfg.settings.seed)
-    store = SampleStore(cfg.out_dir)
+    job, ev, data_path = cfg.job, cfg.job.config, Path(cfg.job.data)
+    problems = load_problems(data_path, limit=job.limit)
+    plan = core.shard_plan(len(problems), ev.shard_size, cfg.settings.seed)
+    store = SampleStore(job.out)
     meta = {
         "format": core.STORE_FORMAT,
         "generation": {  # what determines the samples: a resumed run must match it exactly
@@ -98,31 +106,31 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any] | None:
             "data_hash": problems.data_hash,
             "num_problems": len(problems),
             "sampling": dataclasses.asdict(cfg.settings),
-            "shard_size": cfg.shard_size,
+            "shard_size": ev.shard_size,
             "engine": cfg.engine,
             # hf samples depend on how sequences share a generate call
             **({"batch_size": cfg.options.batch_size} if cfg.engine == "hf" else {}),
         },
         "num_shards": len(plan),
-        "task": cfg.task or cfg.data_path.parent.name,
-        "split": cfg.split or cfg.data_path.stem,
-        "data_path": str(cfg.data_path),
+        "task": job.task or data_path.parent.name,
+        "split": job.split or data_path.stem,
+        "data_path": str(data_path),
         "engine_options": dataclasses.asdict(cfg.options),
         "problem_ids": problems.problem_ids,
         "grader": cfg.grader,
     }
-    done = set(store.open(meta, overwrite=cfg.overwrite, shard_rows=[len(idx) * cfg.settings.n for idx in plan]))
-    eval_path = cfg.out_dir / EVAL_JSON
+    done = set(store.open(meta, overwrite=job.overwrite, shard_rows=[len(idx) * cfg.settings.n for idx in plan]))
+    eval_path = Path(job.out) / EVAL_JSON
     eval_path.unlink(missing_ok=True)  # rewritten below only when every shard reads back: never a stale one
     if done:
-        regrade(store, sorted(done), cfg.grader, cfg.verifier_workers)
+        regrade(store, sorted(done), cfg.grader, ev.verifier_workers)
     todo = [i for i in range(len(plan)) if i not in done]
-    if cfg.max_shards is not None:
-        todo = todo[: max(0, cfg.max_shards - len(done))]
+    if job.max_shards is not None:
+        todo = todo[: max(0, job.max_shards - len(done))]
     if todo:
         print(f"eval: {len(done)}/{len(plan)} shards complete; generating {len(todo)} with the {cfg.engine} engine",
               file=sys.stderr)
-        if cfg.data_parallel_size > 1:
+        if ev.data_parallel_size > 1:
             _generate_data_parallel(cfg, problems, plan, todo)
         else:
             generate_shards(cfg, problems, plan, todo)
@@ -130,8 +138,8 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any] | None:
     if len(complete) < len(plan):
         print(f"eval: stopped with {len(complete)}/{len(plan)} shards complete; rerun to resume", file=sys.stderr)
         return None
-    result = _assemble(store, problems.problem_ids, plan, _metadata(meta), ks=cfg.ks,
-                       maj_draws=cfg.maj_draws, grader=cfg.grader, workers=cfg.verifier_workers)
+    result = _assemble(store, problems.problem_ids, plan, _metadata(meta), ks=ev.ks, maj_draws=ev.maj_draws,
+                       grader=cfg.grader, workers=ev.verifier_workers)
     write_json_atomic(eval_path, result)
     timings = [read_json(p) if (p := store.timing_path(i)).exists() else {} for i in range(len(plan))]
     seconds = sum(float(t.get("generation_seconds", 0)) for t in timings)
@@ -200,7 +208,7 @@ def regrade(store: SampleStore, shards, grader: str, workers: int | None, *, alw
         write_json_atomic(store.meta_path, {**meta, "grader": grader})
 
 
-def generate_shards(cfg: EvalConfig, problems: Problems, plan, shard_indices: list[int], rank: int = 0,
+def generate_shards(cfg: EvalRun, problems: Problems, plan, shard_indices: list[int], rank: int = 0,
                     devices: list[str] | None = None) -> None:
     """Generate, verify and store the given shards of `plan` (one engine, this process: a data-parallel worker's
     on its `devices`)."""
@@ -210,12 +218,12 @@ def generate_shards(cfg: EvalConfig, problems: Problems, plan, shard_indices: li
 
     from repexp.evaluate.engines import encode_prompts, generate_samples, load_engine
 
-    store, seed = SampleStore(cfg.out_dir), cfg.settings.seed
+    store, seed, ev = SampleStore(cfg.job.out), cfg.settings.seed, cfg.job.config
     total = sum(len(plan[i]) for i in shard_indices) * cfg.settings.n
     engine = load_engine(cfg.engine, cfg.model_path, cfg.options, seed=cfg.settings.seed)
     try:
-        bar = tqdm(total=total, unit="sample", desc=f"eval[{rank}]" if cfg.data_parallel_size > 1 else "eval",
-                   position=rank, disable=not cfg.progress, dynamic_ncols=True, mininterval=1.0)
+        bar = tqdm(total=total, unit="sample", desc=f"eval[{rank}]" if ev.data_parallel_size > 1 else "eval",
+                   position=rank, disable=cfg.job.no_progress, dynamic_ncols=True, mininterval=1.0)
         for i in shard_indices:
             idx = [int(j) for j in plan[i]]
             started = time.perf_counter()
@@ -230,7 +238,7 @@ def generate_shards(cfg: EvalConfig, problems: Problems, plan, shard_indices: li
                              "ground_truth"), map(list, zip(*samples))))
             scoring_started = time.perf_counter()
             rows["score"], rows["answer"] = _score(rows["data_source"], rows["response"], rows["ground_truth"],
-                                                   cfg.verifier_workers, cfg.grader)
+                                                   ev.verifier_workers, cfg.grader)
             store.write_shard(i, rows)
             scoring_seconds = time.perf_counter() - scoring_started
             write_json_atomic(store.timing_path(i), {"engine": engine.name, "num_samples": len(rows["response"]),
@@ -242,13 +250,13 @@ def generate_shards(cfg: EvalConfig, problems: Problems, plan, shard_indices: li
         engine.close()
 
 
-def _generate_data_parallel(cfg: EvalConfig, problems: Problems, plan, todo: list[int]) -> None:
+def _generate_data_parallel(cfg: EvalRun, problems: Problems, plan, todo: list[int]) -> None:
     """One engine per process, each on its own `tensor_parallel_size` GPUs, shards dealt round-robin."""
     import multiprocessing
 
     import torch
 
-    dp, tp = cfg.data_parallel_size, cfg.options.tensor_parallel_size
+    dp, tp = cfg.job.config.data_parallel_size, cfg.options.tensor_parallel_size
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
     if gpus and len(gpus) < dp * tp:

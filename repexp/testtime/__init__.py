@@ -1,7 +1,8 @@
 """`repexp testtime`: the paper's inference-time exploration on an evaluation's stored samples.
 
     repexp testtime --eval-dir results/eval/gsm8k/base --model results/models/smollm2 \\
-        --out results/testtime/gsm8k/base
+        --out results/testtime/gsm8k/base [--set testtime.sparse_dim=32 bonus.lamb=0.5]
+    repexp testtime --config CFG --task gsm8k --run base   # one run of a config, as its testtime rule runs it
 
 Every problem's n samples are put in RepExp order (`repexp.elliptical_order.greedy_order` on the
 `features` of the frozen `--model`, with the training bonus's λ and centring); `testtime.json`
@@ -24,42 +25,43 @@ __all__ = ["configure_parser", "run"]
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    from repexp.config import DTYPES, BonusConfig, TesttimeConfig
-    from repexp.evaluate import int_list
-    from repexp.jobs import TesttimeJob  # the hand-only settings' defaults
+    from repexp.jobs import config_options
 
-    defaults, bonus = TesttimeConfig(), BonusConfig()
-    parser.add_argument("--eval-dir", type=Path, required=True,
-                        help="an evaluation's output directory (samples/ and eval.json of `repexp eval`)")
-    parser.add_argument("--model", required=True,
-                        help="the frozen feature model (the initial policy): HF directory or hub id")
-    parser.add_argument("--out", type=Path, required=True, help="output directory (testtime.json, order, features)")
-    parser.add_argument("--data", type=Path,
-                        help="the evaluated split (default: the path recorded in samples/meta.json)")
-    parser.add_argument("--sparse-dim", type=int, default=defaults.sparse_dim)
-    parser.add_argument("--projection-seed", type=int, default=defaults.projection_seed)
-    parser.add_argument("--lamb", type=float, default=bonus.lamb, help="ridge λ (default: the training bonus's)")
-    parser.add_argument("--no-center", action="store_true", help="do not centre each pool's features by its mean")
-    parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="sequences per forward")
-    parser.add_argument("--dtype", choices=DTYPES, default=defaults.dtype)
-    parser.add_argument("--device", default=TesttimeJob.device, help="auto (cuda if available), cpu, cuda, cuda:N")
-    parser.add_argument("--reference-ks", type=int_list("--reference-ks"),
-                        help="ks for the efficiency (default 1, 2, 4, … below n, and n)")
-    parser.add_argument("--bootstrap", type=int, default=defaults.bootstrap, help="replicates over problems (0: none)")
-    parser.add_argument("--bootstrap-seed", type=int, default=TesttimeJob.bootstrap_seed)
+    io = parser.add_argument_group("inputs and outputs (with --task and --run: the workflow's, unless given)")
+    io.add_argument("--eval-dir", type=Path,
+                    help="an evaluation's output directory (samples/ and eval.json of `repexp eval`)")
+    io.add_argument("--model", help="the frozen feature model (the initial policy): HF directory or hub id")
+    io.add_argument("--out", type=Path, help="output directory (testtime.json, order, features)")
+    io.add_argument("--data", type=Path, help="the evaluated split (default: the path recorded in samples/meta.json)")
+    io.add_argument("--task", help="with --run: the run's task")
+    io.add_argument("--run", help="a run of --config: order its evaluation as the workflow's testtime rule does")
+    config_options(parser, "testtime.sparse_dim=32 bonus.lamb=0.5 bonus.center=false")
 
 
 def run(args: argparse.Namespace) -> int:
-    from repexp.jobs import TesttimeJob, from_args
+    from repexp import jobs
 
-    return run_job(from_args(TesttimeJob, args, center=not args.no_center)).code
+    def build(cfg, **given):
+        return jobs.TesttimeJob(config=cfg.testtime, lamb=cfg.bonus.lamb, center=cfg.bonus.center,
+                                **{"eval_dir": None, "model": None, "out": None, **given})
+
+    try:
+        job = jobs.hand_job("testtime", args, build, eval_dir=args.eval_dir, model=args.model, out=args.out,
+                            data=args.data, task=args.task)
+        missing = [f"--{name.replace('_', '-')}" for name in ("eval_dir", "model", "out") if getattr(job, name) is None]
+        if missing:
+            raise ValueError(f"{', '.join(missing)} required (or --task and --run of a config)")
+    except ValueError as err:  # a ConfigError names the key
+        print(f"testtime: {err}", file=sys.stderr)
+        return 2
+    return run_job(job).code
 
 
 def run_job(job):
     """Order one evaluation's samples (`repexp.jobs.TesttimeJob`: the workflow's and `repexp testtime`'s);
     its node logs the `testtime/*` metrics and both orders' pass@k at step = k."""
-    from repexp.jobs import StageResult
     from repexp.metrics import testtime_curves, testtime_metrics
+    from repexp.stage import StageResult
 
     try:
         result = testtime(job)
@@ -73,16 +75,6 @@ def run_job(job):
     print(f"testtime: {result['num_problems']} problems; samples-to-correct random/RepExp = {ratio}; "
           f"efficiency {shown or 'undefined'}; wrote {Path(job.out) / layout.TESTTIME_JSON}", file=sys.stderr)
     return StageResult(metrics=testtime_metrics(result), curves=testtime_curves(result))
-
-
-def _check_job(job) -> None:
-    for name in ("sparse_dim", "batch_size"):
-        if getattr(job, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(job, name)}")
-    if not job.lamb > 0:
-        raise ValueError(f"--lamb must be > 0, got {job.lamb}")
-    if job.bootstrap < 0 or job.projection_seed < 0:
-        raise ValueError("--bootstrap and --projection-seed must be >= 0")
 
 
 def _load_evaluation(eval_dir: Path, data: Path | None):
@@ -115,16 +107,15 @@ def testtime(job) -> dict:
     from repexp.testtime import core
     from repexp.testtime.features import FeatureSettings, resolve_device, shard_features
 
-    _check_job(job)
+    tt = job.config
     out = Path(job.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / layout.TESTTIME_JSON).unlink(missing_ok=True)  # never a testtime.json that does not match what follows
     model, _ = resolve_model(job.model, None)  # a local directory (checked) or a hub id, as for `repexp eval`
     store, meta, problems, plan = _load_evaluation(Path(job.eval_dir), job.data and Path(job.data))
-    device = resolve_device(job.device)
-    settings = FeatureSettings(model=model, sparse_dim=job.sparse_dim,
-                               projection_seed=job.projection_seed, batch_size=job.batch_size,
-                               dtype=resolve_dtype(job.dtype, device), device=device)
+    device = resolve_device(tt.device)
+    settings = FeatureSettings(model=model, sparse_dim=tt.sparse_dim, projection_seed=tt.projection_seed,
+                               batch_size=tt.batch_size, dtype=resolve_dtype(tt.dtype, device), device=device)
     started = time.perf_counter()
     per_problem = shard_features(store, problems, plan, settings, out, meta["generation"])
     feature_seconds = time.perf_counter() - started
@@ -162,10 +153,11 @@ def testtime(job) -> dict:
     }
     result = core.testtime_result(
         problem_ids=problems.problem_ids, scores=[e["score"] for e in entries], orders=orders,
-        reference_ks=job.reference_ks, bootstrap=job.bootstrap, bootstrap_seed=job.bootstrap_seed,
+        reference_ks=tt.reference_ks and tuple(tt.reference_ks), bootstrap=tt.bootstrap,
+        bootstrap_seed=tt.bootstrap_seed,
         metadata=metadata,
     )
-    if job.variants:
+    if job.config.variants:
         result["variants"] = variant_orders(job, entries, problems, (store, plan, settings, out, gen), padded, sizes)
     write_json_atomic(out / layout.TESTTIME_JSON, result)
     return result
@@ -175,7 +167,7 @@ VARIANT_KEYS = ("samples_to_correct", "efficiency", "pass_at_k_repexp")  # what 
 
 
 def variant_orders(job, entries, problems, feature_inputs, padded, sizes) -> dict:
-    """The further orders of `job.variants` (config testtime.variants), each scored as the main one
+    """The further orders of `job.config.variants` (config testtime.variants), each scored as the main one
     (`core.testtime_result`; its samples-to-correct, efficiency and pass@k kept): `random_first`: the first
     sample of each problem drawn at random (`numpy.random.default_rng(projection_seed)`), the rest greedy;
     `no_center`: the features not centred; `own_features`: the evaluated model's features (the eval's
@@ -191,10 +183,11 @@ def variant_orders(job, entries, problems, feature_inputs, padded, sizes) -> dic
     store, plan, settings, out, gen = feature_inputs
     scores = [e["score"] for e in entries]
     found = {}
-    for name in job.variants:
+    tt = job.config
+    for name in tt.variants:
         features, center, first, model = padded, job.center, None, settings.model
         if name == "random_first":
-            rng = np.random.default_rng(job.projection_seed)
+            rng = np.random.default_rng(tt.projection_seed)
             first = [int(rng.integers(0, int(s))) if int(s) else 0 for s in sizes.cpu()]
         elif name == "no_center":
             center = False
@@ -210,8 +203,8 @@ def variant_orders(job, entries, problems, feature_inputs, padded, sizes) -> dic
         ordered = greedy_order(features, sizes, lamb=job.lamb, center=center, first=first)
         orders = [ordered.order[g, : int(s)].tolist() for g, s in enumerate(sizes.cpu())]
         scored = core.testtime_result(problem_ids=problems.problem_ids, scores=scores, orders=orders,
-                                      reference_ks=job.reference_ks, bootstrap=job.bootstrap,
-                                      bootstrap_seed=job.bootstrap_seed)
+                                      reference_ks=tt.reference_ks and tuple(tt.reference_ks),
+                                      bootstrap=tt.bootstrap, bootstrap_seed=tt.bootstrap_seed)
         found[name] = {"feature_model": model, "center": center, "random_first": first is not None,
                        **{key: scored[key] for key in VARIANT_KEYS}}
     return found

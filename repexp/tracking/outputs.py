@@ -1,4 +1,4 @@
-"""A stage inside its node run, in one process: `run_stage` logs the stage's result (repexp.jobs.StageResult,
+"""A stage inside its node run, in one process: `run_stage` logs the stage's result (repexp.stage.StageResult,
 built by the stage) and its declared outputs as artifacts (files up to 50 MB; never weights or parquet);
 `dataset` and friends describe the datasets a stage read. No output format is known here."""
 

@@ -127,14 +127,15 @@ def all_testtime_files():
 
 def job_hash(rule):
     """The params of a rule: its job's settings hashed (repexp.pipeline.Pipeline.job_hash)."""
-    return lambda wildcards: PIPELINE.job_hash(rule, **{name: getattr(wildcards, name) for name in J.RULES[rule][2]})
+    names = J.RULES[rule].wildcards
+    return lambda wildcards: PIPELINE.job_hash(rule, **{name: getattr(wildcards, name) for name in names})
 
 
 def node_command(rule):
     """The shell of a rule: identities only (its wildcards); `repexp run` composes everything else from
     the config snapshot (repexp.jobs) and runs the stage inside its MLflow node run (repexp.run_cli).
     `--log`: each execution's output is also kept in its own file beside the log (repexp.joblog)."""
-    identity = "".join(f" --{name.replace('_', '-')} {{wildcards.{name}}}" for name in J.RULES[rule][2])
+    identity = "".join(f" --{name.replace('_', '-')} {{wildcards.{name}}}" for name in J.RULES[rule].wildcards)
     # A job placed on one GPU sees only it, numbered as nvidia-smi numbers it (PCI bus order; vLLM takes
     # no UUIDs there); `env`, since train's launcher runs the command as its arguments.
     device = (
