@@ -359,11 +359,14 @@ def test_the_fourth_design_is_the_third_with_its_arms_seeds_steps_and_two_parts(
     cfg, pilot = _pilot4(), _pilot()
     # every setting not named in the overlay is the third design's
     assert cfg.train == dataclasses.replace(pilot.train, total_steps=180, max_checkpoints_to_keep=1)
-    for section in ("eval", "trl", "bonus", "data", "resources"):
+    for section in ("eval", "bonus", "data", "resources"):
         assert getattr(cfg, section) == getattr(pilot, section), section
+    # the one TRL setting it adds: rollouts through vLLM (the earlier designs' hf keeps the pilot's own)
+    assert pilot.trl.rollout_engine == "hf"
+    assert cfg.trl == dataclasses.replace(pilot.trl, rollout_engine="vllm")
     assert cfg.testtime == dataclasses.replace(pilot.testtime, variants=["random_first", "no_center", "own_features"])
     job = jobs.compose(cfg, "testtime", "arith-mid", "trl_repexp_k32_b0.01_s101")  # what the testtime node runs
-    assert job.variants == ("random_first", "no_center", "own_features")
+    assert job.config.variants == ["random_first", "no_center", "own_features"]
     assert (cfg.model, cfg.sweep.tasks, cfg.sweep.backends) == (pilot.model, pilot.sweep.tasks, ["trl"])
     runs = C.sweep_runs(cfg)
     assert {s.name for s in runs if s.trains} == {f"trl_{p}_s{s}" for p in PILOT4_POINTS for s in PILOT4_SEEDS}
