@@ -443,7 +443,7 @@ def test_mlflow_curves_and_figures_run(workspace, tmp_path, tmp_path_factory, mo
             lines = (workspace / "train" / spec.path / "metrics.jsonl").read_text().splitlines()
             rows = [[mlflow_metric_name(key), value, record["step"], 0]
                     for record in map(json.loads, lines) for key, value in record.items() if key != "step"]
-            node.log_metric_rows(rows)
+            node.fill_metric_rows(rows)  # a trainer's curve keeps its digits (what nodes log is rounded)
     target = tracking.MlflowTarget(uri, "fig-test")
     from_mlflow = figures.training_curves_from_mlflow(target, math_runs)
     from_jsonl = figures.training_curves_from_jsonl(workspace / "train", math_runs)
