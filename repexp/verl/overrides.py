@@ -190,16 +190,17 @@ def build_overrides(run_config: RunConfig, attention: Optional[Attention] = None
         ("actor_rollout_ref.rollout.agent.num_workers", verl.agent_workers),
         ("hydra.run.dir", str(run_dir / layout.VERL_HYDRA_DIR)),
     ]
-    overrides = [f"{key}={hydra_value(value)}" for key, value in settings]
     if verl.dynamic_batch_tokens is not None:  # token-budget micro-batches for every forward that has them
         tokens = verl.dynamic_batch_tokens
-        overrides += [f"{key}={hydra_value(value)}" for key, value in (
+        settings += [
             ("actor_rollout_ref.actor.use_dynamic_bsz", True),
             ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", tokens),
             ("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", True),
             ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", tokens),
             ("actor_rollout_ref.repexp.use_dynamic_bsz", True),
-            ("actor_rollout_ref.repexp.max_token_len_per_gpu", tokens))]
+            ("actor_rollout_ref.repexp.max_token_len_per_gpu", tokens),
+        ]
+    overrides = [f"{key}={hydra_value(value)}" for key, value in settings]
     if verl.kv_cache_gib is not None:  # verl passes rollout.engine_kwargs.vllm to vLLM's engine as they are
         overrides.append(f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes="
                          f"{int(verl.kv_cache_gib * 2**30)}")
