@@ -89,24 +89,32 @@ def download_data(tasks: Sequence[str], out: Path, *, tables: bool, dapo: bool,
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
+    from repexp.jobs import config_options
+
     sub = parser.add_subparsers(dest="action", required=True)
     m = sub.add_parser("model", help="a model repository into a local directory")
     m.add_argument("repo_id", help="Hugging Face model id, e.g. Qwen/Qwen2.5-7B-Instruct")
-    m.add_argument("--out", required=True, type=Path)
+    m.add_argument("--out", type=Path, help="default: the config's results/models/hub/<org>--<name>")
     m.add_argument("--revision", help="branch, tag or commit (default: main)")
-    d = sub.add_parser("data", help="the hub tables of some tasks as a local data source")
-    d.add_argument("tasks", nargs="+")
-    d.add_argument("--out", required=True, type=Path)
-    d.add_argument("--tables", action="store_true", help="the benchmark tables (config data.source: hf)")
-    d.add_argument("--dapo", action="store_true", help="the DAPO training set (config data.dapo_source: hf)")
+    config_options(m, "results_dir=results")
+    d = sub.add_parser("data", help="the hub tables of the config's sweep.tasks as a local data source (the "
+                                    "benchmark tables where data.source is hf, the DAPO set where data.dapo_source is)")
+    d.add_argument("--out", type=Path, help="default: the config's results/downloads/data")
+    config_options(d, "sweep.tasks=[gsm8k] data.source=hf")
 
 
 def run(args: argparse.Namespace) -> int:
-    from repexp.jobs import DownloadDataJob, DownloadModelJob, from_args
+    from repexp import jobs
 
-    if args.action == "model":
-        return run_model_job(from_args(DownloadModelJob, args))
-    return run_data_job(from_args(DownloadDataJob, args))
+    try:
+        if args.action == "model":
+            job = jobs.hand_job("download_model", args, wildcards={"hub_model": args.repo_id.replace("/", "--", 1)},
+                                out=args.out, revision=args.revision)
+            return run_model_job(job)
+        return run_data_job(jobs.hand_job("download_data", args, out=args.out))
+    except ValueError as err:  # a ConfigError names the key
+        print(f"download: {err}", file=sys.stderr)
+        return 2
 
 
 def run_model_job(job) -> int:

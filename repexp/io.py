@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,16 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, os.PathLike):
         return os.fspath(obj)
     raise TypeError(f"cannot serialise {type(obj).__name__} to JSON")
+
+
+def json_safe(obj: Any) -> Any:
+    """Strict JSON: NaN/inf as None, numpy scalars as Python values, keys as text."""
+    if isinstance(obj, Mapping):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    obj = obj.item() if hasattr(obj, "item") else obj
+    return None if isinstance(obj, float) and not math.isfinite(obj) else obj
 
 
 def read_json(path: str | os.PathLike) -> Any:

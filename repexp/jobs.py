@@ -10,8 +10,9 @@
 
 `repexp run RULE ...` (repexp.run_cli) runs the stage inside the node run (repexp.tracking.outputs.
 run_stage). The hand CLIs build the same job: `repexp eval`, `testtime` and `data prepare` from the config
-and its `--set` dotlist (`hand_job`; with `--run`, exactly `compose`'s job), the others from their
-same-named flags (`from_args`). A job field left None means "the stage's own default".
+and its `--set` dotlist (`hand_job`; with `--run`, exactly `compose`'s job); `model` and `download` start
+from the rule's job, `aggregate` and `figures` take their settings from the config the same way (`hand_config`)
+and their paths from flags; `select` takes only paths. A job field left None means "the stage's own default".
 
 Cheap to import (every Snakemake invocation hashes jobs in common.smk): no numpy, torch or MLflow.
 """
@@ -323,10 +324,9 @@ def _plain(value: Any) -> Any:  # a flag's value as a job holds it: paths as tex
     return str(value) if isinstance(value, Path) else tuple(map(_plain, value)) if isinstance(value, list) else value
 
 
-def from_args(cls: type, args: argparse.Namespace, **values: Any) -> Job:
-    """A hand CLI's job: its options of the same names, then `values`."""
-    given = {f.name: _plain(getattr(args, f.name)) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
-    return cls(**{**given, **values})
+def from_args(cls: type, args: argparse.Namespace) -> Job:
+    """The job of a hand CLI whose flags are all paths and identities, of the job's field names (`repexp select`)."""
+    return cls(**{f.name: _plain(getattr(args, f.name)) for f in dataclasses.fields(cls) if hasattr(args, f.name)})
 
 
 def config_options(parser: argparse.ArgumentParser, example: str) -> None:
@@ -338,12 +338,28 @@ def config_options(parser: argparse.ArgumentParser, example: str) -> None:
                        help=f"dotlist overrides of the config, as `--config set=...` in Snakemake (e.g. {example})")
 
 
-def hand_job(rule: str, args: argparse.Namespace, build: Callable[..., Job], **flags: Any) -> Job:
-    """A hand CLI's job from the checked config (`--config` and `--set`). With `--run` (and `--task`): the job
-    `repexp run RULE` composes for that run, its fields replaced by the flags given; otherwise `build(cfg,
-    **flags)`. A flag of None was not given."""
-    cfg = C.load(args.config or {}, overrides=args.set)
+def hand_config(args: argparse.Namespace) -> C.PipelineConfig:
+    """A hand CLI's checked settings: `--config` (default: every default) with its `--set` dotlist."""
+    return C.load(args.config or {}, overrides=args.set)
+
+
+def logging_hand_job(cls: type, args: argparse.Namespace, **paths: Any) -> tuple[Job, C.PipelineConfig]:
+    """`repexp aggregate`'s and `repexp figures`' job: the paths their flags give, where to log from the config
+    (`tracking.experiment`, `tracking.tracking_uri`); the config comes back for the stage's other settings."""
+    cfg = hand_config(args)
+    return cls(config=args.config and str(args.config), experiment=cfg.tracking.experiment,
+               tracking_uri=cfg.tracking.tracking_uri, **{k: _plain(v) for k, v in paths.items()}), cfg
+
+
+def hand_job(rule: str, args: argparse.Namespace, build: Optional[Callable[..., Job]] = None,
+             wildcards: Optional[dict[str, str]] = None, **flags: Any) -> Job:
+    """A hand CLI's job from the checked config (`--config` and `--set`): with `--run` (and `--task`) the job
+    `repexp run RULE` composes for that run, else `build(cfg, **flags)`, else the rule's job for `wildcards`;
+    its fields replaced by the flags given. A flag of None was not given."""
+    cfg = hand_config(args)
     given = {name: _plain(value) for name, value in flags.items() if value is not None}
     if getattr(args, "run", None):
         return dataclasses.replace(compose(cfg, rule, args.task, args.run), **given)
-    return build(cfg, **given)
+    if build is not None:
+        return build(cfg, **given)
+    return dataclasses.replace(compose(cfg, rule, **(wildcards or {})), **given)

@@ -125,18 +125,28 @@ def convert_smollm2(out_dir: str | Path, *, dtype: str = "float32") -> Path:
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
+    from repexp.jobs import config_options
+
     parser.add_argument("kind", choices=["tiny", "smollm2"], help="which model to write")
-    parser.add_argument("--out", required=True, type=Path, help="output Hugging Face directory")
-    parser.add_argument("--seed", type=int, default=0, help="weight seed (tiny only)")
-    parser.add_argument("--shape", choices=list(SHAPES), default="tiny",
-                        help="layer shapes (tiny only): tiny = head_dim 32 (CPU), tiny-gpu = head_dim 64 "
+    parser.add_argument("--out", type=Path, help="output Hugging Face directory (default: the config's "
+                                                 "results/models/<kind>, the model rule's)")
+    parser.add_argument("--seed", type=int, help="weight seed (tiny only; default 0)")
+    parser.add_argument("--shape", choices=list(SHAPES),
+                        help="layer shapes (tiny only): tiny (default) = head_dim 32 (CPU), tiny-gpu = head_dim 64 "
                         "(vLLM on GPUs), qwen2.5-1.5b = Qwen2.5-1.5B's layers (GPU timing)")
+    config_options(parser, "results_dir=results")
 
 
 def run(args: argparse.Namespace) -> int:
-    from repexp.jobs import ModelJob, from_args
+    from repexp import jobs
 
-    return run_job(from_args(ModelJob, args))
+    try:
+        job = jobs.hand_job("model", args, wildcards={"alias": args.kind}, out=args.out, seed=args.seed,
+                            shape=args.shape)
+    except ValueError as err:  # a ConfigError names the key
+        print(f"model: {err}", file=sys.stderr)
+        return 2
+    return run_job(job)
 
 
 def run_job(job) -> int:

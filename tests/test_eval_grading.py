@@ -230,5 +230,6 @@ def test_aggregate_tabulates_both_graders(tmp_path, capsys):
     old = write_eval(tmp_path / "old", "math", "base", log_linear(0.4))
     with pytest.raises(ValueError, match="no pass@k under the paper grader.*repexp eval --rescore"):
         aggregate.load_evals([old], grader="paper")
-    assert cli.main(["aggregate", "--inputs", str(old), "--out-dir", str(tmp_path / "o4"), "--grader", "paper"]) == 1
+    assert cli.main(["aggregate", "--inputs", str(old), "--out-dir", str(tmp_path / "o4"),
+                     "--set", "grader=paper"]) == 1
     assert "--rescore" in capsys.readouterr().err

@@ -135,6 +135,35 @@ def test_the_hand_cli_builds_the_same_job(tmp_path):
     assert hand.config.temperature == 0.7 and hand.config.max_new_tokens == 16  # the file's, resolved
 
 
+def test_the_other_hand_clis_take_their_settings_from_the_config(tmp_path):
+    """`repexp model` and `repexp download` build the rule's job for the config (`--out` etc. replace its
+    fields); `repexp aggregate` and `repexp figures` take the grader and `tracking.*` from it."""
+    from repexp import aggregate, download, figures, models
+
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(_raw(tmp_path)))
+    cfg = C.load(path)
+    cases = [(models, "run_job", ["model", "tiny"], J.compose(cfg, "model", alias="tiny")),
+             (models, "run_job", ["model", "tiny", "--seed", "3", "--out", "m"],
+              dataclasses.replace(J.compose(cfg, "model", alias="tiny"), seed=3, out="m")),
+             (download, "run_model_job", ["download", "model", "org/name"],
+              J.compose(cfg, "download_model", hub_model="org--name")),
+             (download, "run_data_job", ["download", "data"], J.compose(cfg, "download_data"))]
+    for module, stage, argv, expected in cases:
+        args = cli.command_parser(argv[0]).parse_args([*argv[1:], "--config", str(path)])
+        with mock.patch.object(module, stage, return_value=0) as ran:
+            assert module.run(args) == 0
+        assert ran.call_args.args[0] == expected, argv
+    for module, argv in ((aggregate, ["aggregate", "--inputs", "e.json", "--out-dir", "a"]),
+                         (figures, ["figures", "--table", "t.csv", "--out-dir", "f"])):
+        args = cli.command_parser(argv[0]).parse_args([*argv[1:], "--set", "grader=paper", "tracking.experiment=x"])
+        with mock.patch.object(module, "run_job", return_value=0) as ran:
+            assert module.run(args) == 0
+        job = ran.call_args.args[0]
+        assert (job.experiment, job.config, getattr(job, "grader", "paper")) == ("x", None, "paper"), argv
+        assert ran.call_args.args[1] is None  # no config file: no expected runs
+
+
 def test_a_bad_run_or_rule_fails_naming_it(tmp_path):
     cfg = _config(tmp_path)
     with pytest.raises(C.ConfigError, match="trl_repexp_k8_b0.010_s42"):

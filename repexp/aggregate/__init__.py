@@ -28,6 +28,7 @@ It re-exports the loading and table API that tests and docs use (`repexp.aggrega
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -62,7 +63,6 @@ from repexp.aggregate.tables import (
 from repexp.config import RunSpec, sweep_runs
 from repexp.config import load as load_config
 from repexp.io import read_json, write_text_atomic
-from repexp.verify.routing import GRADERS
 
 __all__ = [  # the names docs use (each defined in its submodule only; tests import the rest from there)
     "BOOTSTRAP_LEVEL", "BOOTSTRAP_REPLICATES", "BOOTSTRAP_SEED", "K_EFFICIENCY_COLUMNS", "EvalRun", "aggregate",
@@ -106,6 +106,13 @@ def log_sweep_point_metrics(runs: Sequence[EvalRun], target, testtime: dict[tupl
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
+    """Paths are flags; the settings come from the config (`repexp.jobs.hand_config`): with `--config` its runs
+    are expected (missing ones listed; with --eval-dir, the others ignored); with `--config` or `--set` the
+    table's pass_at_k is the config's `grader`'s, else the grader each eval.json was graded with; test pass@k
+    is logged on the sweep points' MLflow runs of `tracking.experiment` (with no experiment set, only inside a
+    node run)."""
+    from repexp.jobs import config_options
+
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--eval-dir", type=Path, help="collect every <task>/<run>/eval.json below this directory")
     source.add_argument("--inputs", type=Path, nargs="+", metavar="EVAL_JSON",
@@ -114,16 +121,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="testtime.json files of `repexp testtime` (at <task>/<run>/testtime.json): the test-time "
                              "column and table")
     parser.add_argument("--out-dir", type=Path, required=True, help="where the tables go")
-    parser.add_argument("--config", type=Path,
-                        help="pipeline config: list its runs without an eval.json as missing (and, with --eval-dir, "
-                             "ignore runs that are not part of it)")
-    parser.add_argument("--grader", choices=GRADERS,
-                        help="grader of the table's pass_at_k (default: the config's `grader` with --config, else "
-                             "the one the eval.json files were graded with)")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI)")
-    parser.add_argument("--experiment",
-                        help="MLflow experiment: log test pass@1/16/256 on every sweep point's parent run "
-                             "(default: the enclosing node run's experiment, if any)")
+    config_options(parser, "grader=paper tracking.experiment=sweep")
 
 
 def pooled_parts(cfg, paths: Sequence[Path]) -> list[RunSpec]:
@@ -184,17 +182,25 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from repexp.jobs import AggregateJob, from_args
+    from repexp import jobs
 
-    return run_job(from_args(AggregateJob, args))
+    try:
+        job, cfg = jobs.logging_hand_job(jobs.AggregateJob, args, inputs=args.inputs, eval_dir=args.eval_dir,
+                                         testtime=args.testtime, out_dir=args.out_dir)
+    except ValueError as err:  # a ConfigError names the key
+        print(f"aggregate: error: {err}", file=sys.stderr)
+        return 1
+    job = dataclasses.replace(job, grader=cfg.grader if args.config or args.set else None)
+    return run_job(job, cfg if args.config else None)
 
 
-def run_job(job) -> int:
-    """Every evaluation -> the tables (`repexp.jobs.AggregateJob`: the aggregate rule's and `repexp aggregate`'s)."""
+def run_job(job, cfg=None) -> int:
+    """Every evaluation -> the tables (`repexp.jobs.AggregateJob`: the aggregate rule's and `repexp aggregate`'s);
+    `cfg`: the loaded `job.config` where the caller has it."""
     out_dir = Path(job.out_dir)
     try:
         paths = find_eval_files(Path(job.eval_dir)) if job.eval_dir else [Path(p) for p in job.inputs]
-        cfg = load_config(job.config) if job.config else None
+        cfg = cfg or (load_config(job.config) if job.config else None)
         expected = sweep_runs(cfg) if cfg else None
         testtime_paths = [Path(p) for p in job.testtime]
         for path in [*paths, *testtime_paths]:

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from repexp import metrics as M
+from repexp.io import json_safe
 from repexp.methods import BASE, label
 
 MARGIN = 0.03  # the equivalence margin of the primary measures (docs/pilot.md, "Fourth design: seed count")
@@ -289,7 +290,7 @@ def analyse(unit_table, *, margin: float = MARGIN, alpha: float = ALPHA, replica
                     group[measure], grpo[measure], replicates=replicates, seed=seed)
                 row.update(method=method, point=str(point), label=str(group["label"].iloc[0]),
                            seeds=sorted(int(s) for s in group["seed"].dropna()),
-                           per_seed={int(s): _plain(v) for s, v in zip(group["seed"], group[measure])})
+                           per_seed={int(s): json_safe(v) for s, v in zip(group["seed"], group[measure])})
                 entries.append(row)
             for key in ("p_difference", "p_equivalence"):
                 for row, adjusted in zip(entries, holm([r[key] for r in entries])):
@@ -298,10 +299,10 @@ def analyse(unit_table, *, margin: float = MARGIN, alpha: float = ALPHA, replica
                 row["verdict"] = verdict(row, margin if is_primary else None, alpha)
             stratum["measures"][measure] = {
                 "what": PRIMARY[measure] if is_primary else SECONDARY[measure][0], "primary": is_primary,
-                "grpo_per_seed": {int(s): _plain(v) for s, v in zip(grpo["seed"], grpo[measure])},
-                "grpo_mean": _plain(grpo[measure].mean()), "comparisons": entries}
+                "grpo_per_seed": {int(s): json_safe(v) for s, v in zip(grpo["seed"], grpo[measure])},
+                "grpo_mean": json_safe(grpo[measure].mean()), "comparisons": entries}
         stratum["positive_control"] = positive_control(stratum, alpha)
-        entropy = {int(s): _plain(v) for s, v in zip(grpo["seed"], grpo["entropy"])}
+        entropy = {int(s): json_safe(v) for s, v in zip(grpo["seed"], grpo["entropy"])}
         stratum["grpo_collapse"] = {
             "threshold": COLLAPSE_THRESHOLD, "per_seed": entropy,
             "below": sum(1 for v in entropy.values() if v is not None and v < COLLAPSE_THRESHOLD),
@@ -310,7 +311,7 @@ def analyse(unit_table, *, margin: float = MARGIN, alpha: float = ALPHA, replica
     base = unit_table[unit_table["method"] == BASE]
     return {"margin": margin, "alpha": alpha, "level": LEVEL, "bootstrap_replicates": replicates,
             "bootstrap_seed": seed, "strata": strata,
-            "base": [{"task": r.task, **{m: _plain(getattr(r, m)) for m in PRIMARY}} for r in base.itertuples()]}
+            "base": [{"task": r.task, **{m: json_safe(getattr(r, m)) for m in PRIMARY}} for r in base.itertuples()]}
 
 
 def positive_control(stratum: Mapping[str, Any], alpha: float = ALPHA) -> dict[str, Any]:
@@ -329,11 +330,6 @@ def positive_control(stratum: Mapping[str, Any], alpha: float = ALPHA) -> dict[s
                  f"{row['p_difference_holm']:.3g}): the testbed has no demonstrated sensitivity, and RepExp's "
                  "result is not evidence either way")
     return {"present": True, "sensitive": sensitive, "point": row["point"], "statement": statement}
-
-
-def _plain(value: Any) -> Any:
-    value = value.item() if hasattr(value, "item") else value
-    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 # --------------------------------------------------------------------------- the report
@@ -399,15 +395,6 @@ def render_markdown(result: Mapping[str, Any], *, missing: Sequence[str] = ()) -
     return "\n".join(lines)
 
 
-def _json_safe(obj: Any) -> Any:
-    """NaN/inf → None, numpy scalars → Python, keys as text: strict JSON."""
-    if isinstance(obj, Mapping):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return _plain(obj)
-
-
 def render_json(result: Mapping[str, Any], *, missing: Sequence[str] = ()) -> str:
     """`preregistered.json`: the same numbers as `render_markdown`, unrounded (NaN as null)."""
-    return json.dumps(_json_safe({**result, "missing": list(missing)}), indent=1, allow_nan=False)
+    return json.dumps(json_safe({**result, "missing": list(missing)}), indent=1, allow_nan=False)

@@ -14,6 +14,7 @@ from repexp.aggregate.tables import (
     BOOTSTRAP_SEED,
     HEADLINE_K,
     POINT_KEYS,
+    isna,
     point_label,
 )
 from repexp.verify.routing import DEFAULT_GRADER, GRADERS
@@ -48,7 +49,7 @@ TESTTIME_NOTE = (
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
-    if _isna(value):
+    if isna(value):
         return "–"
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
@@ -120,28 +121,19 @@ def k_efficiency_display(keff):
 
 def _interval_text(value, lo, hi) -> str:
     """'+0.050 [+0.010, +0.090]'; the interval is left out when there is none."""
-    if _isna(value):
+    if isna(value):
         return "–"
-    return f"{value:+.3f}" + ("" if _isna(lo) or _isna(hi) else f" [{lo:+.3f}, {hi:+.3f}]")
+    return f"{value:+.3f}" + ("" if isna(lo) or isna(hi) else f" [{lo:+.3f}, {hi:+.3f}]")
 
 
 def _efficiency_text(r) -> str:
     """'2.26 [1.80, 2.90]', with the share of bootstrap replicates in which the method misses the target."""
-    text = "–" if _isna(r.efficiency) else f"{r.efficiency:.2f}"
-    if not (_isna(r.efficiency_lo) or _isna(r.efficiency_hi)):
+    text = "–" if isna(r.efficiency) else f"{r.efficiency:.2f}"
+    if not (isna(r.efficiency_lo) or isna(r.efficiency_hi)):
         text += f" [{r.efficiency_lo:.2f}, {r.efficiency_hi:.2f}]"
         if r.bootstrap_not_reached and r.bootstrap_not_reached > 0:
             text += f" (missed {r.bootstrap_not_reached:.1%})"
     return text
-
-
-def _isna(value) -> bool:
-    import pandas as pd
-
-    try:
-        return value is None or bool(pd.isna(value))
-    except (TypeError, ValueError):  # not a scalar
-        return False
 
 
 def testtime_display(testtime: dict[tuple[str, str], TesttimeRun]):

@@ -105,7 +105,7 @@ def point_label(method: str, params: Mapping[str, Any] | None = None, *, with_po
         return label(BASE)
     entry = METHODS[method]
     known = {f.name for f in entry.fields()}
-    settings = entry.make({k: _plain(v) for k, v in (params or {}).items() if k in known and not _isna(v)})
+    settings = entry.make({k: _plain(v) for k, v in (params or {}).items() if k in known and not isna(v)})
     return entry.point_label(settings, with_point=with_point)
 
 
@@ -114,7 +114,7 @@ def row_params(row: Mapping[str, Any], method: str) -> dict[str, Any]:
     if method == BASE:
         return {}
     return {f.name: _plain(row[f.name]) for f in METHODS[method].fields()
-            if f.name in row and not _isna(row[f.name])}
+            if f.name in row and not isna(row[f.name])}
 
 
 def _plain(value: Any) -> Any:
@@ -122,7 +122,7 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
-def _isna(value: Any) -> bool:
+def isna(value: Any) -> bool:
     import pandas as pd
 
     try:

@@ -22,11 +22,9 @@ missing, so every declared output exists and shows why it is empty.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from repexp import layout
 from repexp.config import RunSpec
@@ -47,31 +45,31 @@ from repexp.figures.training import (  # noqa: F401
     training_curves_from_jsonl,
     training_curves_from_mlflow,
 )
-from repexp.io import write_json_atomic
+from repexp.io import json_safe, write_json_atomic
 from repexp.layout import figure_pairs
 
 # --------------------------------------------------------------------------- CLI
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
+    """Paths are flags; the settings from the config (`repexp.jobs.hand_config`): with `--config` its runs are
+    expected (missing ones named); the figures are logged as a 'figures' run of `tracking.experiment` (with no
+    experiment set, only inside a node run), which `--curves-from auto` also reads training curves from."""
+    from repexp.jobs import config_options
+
     parser.add_argument("--table", type=Path, required=True, help="pass_at_k.csv written by `repexp aggregate`")
     parser.add_argument("--out-dir", type=Path, required=True, help="where figures and index.json go")
-    parser.add_argument("--config", type=Path, help="pipeline config: its runs are expected (missing ones are named)")
     parser.add_argument("--k-efficiency", type=Path,
                         help=f"{layout.K_EFFICIENCY_BY_K_CSV} written by `repexp aggregate` (default: the one beside "
                              "--table, if any; without it the k-efficiency figure has no bootstrap intervals)")
     parser.add_argument("--train-dir", type=Path, help="results/train: training curves from <task>/<run>/metrics.jsonl")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI)")
-    parser.add_argument("--experiment",
-                        help="MLflow experiment: log the figures and tables as a 'figures' run (default: the "
-                             "enclosing node run, if any) and, with --curves-from auto, read training "
-                             "curves from it")
     parser.add_argument("--curves-from", choices=("auto", "mlflow", "jsonl", "none"), default="auto",
-                        help="training-curve source (auto: MLflow with --experiment, else metrics.jsonl with "
-                             "--train-dir, else none)")
+                        help="training-curve source (auto: MLflow with tracking.experiment set, else metrics.jsonl "
+                             "with --train-dir, else none)")
     parser.add_argument("--max-repexp-lines", type=int, default=MAX_REPEXP_LINES,
                         help="sweep points of one method drawn in the pass@k figure before only one is kept "
                              "(RepExp's: the paper's setting)")
+    config_options(parser, "tracking.experiment=sweep")
 
 
 def figure_files(specs: Sequence[RunSpec], *, training: bool = True) -> dict[str, list[str]]:
@@ -132,31 +130,26 @@ def make_figures(table, out_dir: Path, *, expected: Sequence[RunSpec] | None = N
              "missing_training_metrics": sorted({m for f in figures if f["kind"] in from_training
                                                  for m in f["missing_runs"]}),
              "training_curves": curves_source or None, "figures": figures}
-    write_json_atomic(out_dir / layout.FIGURE_INDEX, _json_safe(index))
+    write_json_atomic(out_dir / layout.FIGURE_INDEX, json_safe(index))
     return index
 
 
-def _json_safe(obj: Any) -> Any:
-    """NaN/inf → None and numpy scalars → Python, so index.json is strict JSON."""
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
-
-
 def run(args: argparse.Namespace) -> int:
-    from repexp.jobs import FiguresJob, from_args
+    from repexp import jobs
 
-    return run_job(from_args(FiguresJob, args))
+    try:
+        job, cfg = jobs.logging_hand_job(jobs.FiguresJob, args, table=args.table, out_dir=args.out_dir,
+                                         k_efficiency=args.k_efficiency, curves_from=args.curves_from,
+                                         train_dir=args.train_dir, max_repexp_lines=args.max_repexp_lines)
+    except ValueError as err:  # a ConfigError names the key
+        print(f"figures: error: {err}", file=sys.stderr)
+        return 1
+    return run_job(job, cfg if args.config else None)
 
 
-def run_job(job) -> int:
-    """Every figure (`repexp.jobs.FiguresJob`: the figures rule's and `repexp figures`'s)."""
+def run_job(job, cfg=None) -> int:
+    """Every figure (`repexp.jobs.FiguresJob`: the figures rule's and `repexp figures`'s); `cfg`: the loaded
+    `job.config` where the caller has it."""
     from repexp import config, tracking
     from repexp.aggregate import tables
 
@@ -166,7 +159,8 @@ def run_job(job) -> int:
         table = tables.read_table(table_path)
         if table.empty:
             raise ValueError(f"{table_path}: the table has no rows")
-        expected = config.sweep_runs(config.load(job.config)) if job.config else None
+        cfg = cfg or (config.load(job.config) if job.config else None)
+        expected = config.sweep_runs(cfg) if cfg else None
         target = tracking.mlflow_target(job.tracking_uri, job.experiment, job.config)
         source = job.curves_from
         if source == "auto":
@@ -181,7 +175,7 @@ def run_job(job) -> int:
             curves, curves_source = training_curves_from_jsonl(train_dir, specs), layout.METRICS
         elif source == "mlflow":
             if target is None:
-                raise ValueError("--curves-from mlflow needs --experiment (or a node run)")
+                raise ValueError("--curves-from mlflow needs tracking.experiment (or a node run)")
             curves, curves_source = training_curves_from_mlflow(target, specs), "MLflow"
         beside = table_path.parent / layout.K_EFFICIENCY_BY_K_CSV  # the default
         keff_path = Path(job.k_efficiency) if job.k_efficiency else beside if beside.is_file() else None

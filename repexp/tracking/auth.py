@@ -1,4 +1,4 @@
-"""Access control of the workflow's MLflow server (issue 27, item 5): MLflow's own basic-auth app.
+"""Access control of the workflow's MLflow server: MLflow's own basic-auth app.
 
 Without it, anyone who reaches the submit host could list, edit or delete the runs through the REST
 API. So the server `repexp mlflow serve` starts (the workflow's too) runs `--app-name basic-auth`:

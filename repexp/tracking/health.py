@@ -1,4 +1,4 @@
-"""The SQLite tracking store's health, its backups, and the ledger that says it existed (issue 27).
+"""The SQLite tracking store's health, its backups, and the ledger that says it existed.
 
 MLflow opens whatever `sqlite:///` path it is given and creates an empty store where none is: a
 damaged or deleted store would silently be replaced and the experiment's history lost. So:

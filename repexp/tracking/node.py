@@ -439,7 +439,7 @@ def prepare_node(
     node = NodeRun(record, scope, outbox_dir(cfg.results_dir), enabled=enabled,
                    system_metrics=system_metrics_enabled(rule))
     # Before the node's work: its record in the outbox, so an attempt whose end cannot be written (a full
-    # disk, SIGKILL) is not lost (issue 27, item 2). Removed when the run ends in the store.
+    # disk, SIGKILL) is not lost. Removed when the run ends in the store.
     try:
         if enabled:
             write_json_atomic(node.outbox_record / RECORD_FILE, dataclasses.asdict(record))

@@ -9,7 +9,7 @@ keep both); params are re-logged with the same values; tables and datasets are l
 artifacts overwrite themselves; an uploaded record gets a `SYNCED` marker.
 
 Every node writes its record when it starts (status RUNNING) and replaces it atomically when it
-ends offline, or removes it when its run ended in the store (issue 27, item 2). A record still
+ends offline, or removes it when its run ended in the store. A record still
 RUNNING whose process is gone (a full disk kept its end from being written, or SIGKILL) is
 uploaded as KILLED, without touching its parent's status; one whose process may still run is
 left for later (`--finished` once the workflow has ended: the workflow's own end sync).

@@ -65,8 +65,8 @@ def default_store(cfg) -> str:
 
 
 def private_store_dir(directory: Path) -> Path:
-    """The SQLite store's directory, readable by its owner only (issue 27, item 5: under /var/tmp with
-    the default umask, any user of the login node could read the experiment's history). The
+    """The SQLite store's directory, readable by its owner only (under /var/tmp with the default
+    umask, any user of the login node could read the experiment's history). The
     per-user directory of the default store is made private too; an existing one is tightened."""
     directory.mkdir(parents=True, exist_ok=True)
     private = [directory]

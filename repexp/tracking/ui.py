@@ -1,4 +1,4 @@
-"""`repexp mlflow ui`: one link that opens the MLflow UI on the eval runs, compared (issue 25, item 1).
+"""`repexp mlflow ui`: one link that opens the MLflow UI on the eval runs, compared.
 
 MLflow 3.17's runs page keeps its columns in the browser's local storage, so no link of
 searchFilter/orderByKey alone shows the params a comparison needs. Its saved view ("Save view") does:
