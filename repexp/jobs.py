@@ -10,9 +10,9 @@
 
 `repexp run RULE ...` (repexp.run_cli) runs the stage inside the node run (repexp.tracking.outputs.
 run_stage). The hand CLIs build the same job: `repexp eval`, `testtime` and `data prepare` from the config
-and its `--set` dotlist (`hand_job`; with `--run`, exactly `compose`'s job); `model` and `download` start
-from the rule's job, `aggregate` and `figures` take their settings from the config the same way (`hand_config`)
-and their paths from flags; `select` takes only paths. A job field left None means "the stage's own default".
+and its `--set` dotlist (`hand_job`; with `--run`, exactly `compose`'s job; `model` and `download`: the rule's),
+`aggregate` and `figures` likewise with paths as flags (`logging_hand_job`), `select` from its paths
+(`from_args`). A job field left None means "the stage's own default".
 
 Cheap to import (every Snakemake invocation hashes jobs in common.smk): no numpy, torch or MLflow.
 """
@@ -338,15 +338,10 @@ def config_options(parser: argparse.ArgumentParser, example: str) -> None:
                        help=f"dotlist overrides of the config, as `--config set=...` in Snakemake (e.g. {example})")
 
 
-def hand_config(args: argparse.Namespace) -> C.PipelineConfig:
-    """A hand CLI's checked settings: `--config` (default: every default) with its `--set` dotlist."""
-    return C.load(args.config or {}, overrides=args.set)
-
-
 def logging_hand_job(cls: type, args: argparse.Namespace, **paths: Any) -> tuple[Job, C.PipelineConfig]:
     """`repexp aggregate`'s and `repexp figures`' job: the paths their flags give, where to log from the config
     (`tracking.experiment`, `tracking.tracking_uri`); the config comes back for the stage's other settings."""
-    cfg = hand_config(args)
+    cfg = C.load(args.config or {}, overrides=args.set)
     return cls(config=args.config and str(args.config), experiment=cfg.tracking.experiment,
                tracking_uri=cfg.tracking.tracking_uri, **{k: _plain(v) for k, v in paths.items()}), cfg
 
@@ -356,7 +351,7 @@ def hand_job(rule: str, args: argparse.Namespace, build: Optional[Callable[..., 
     """A hand CLI's job from the checked config (`--config` and `--set`): with `--run` (and `--task`) the job
     `repexp run RULE` composes for that run, else `build(cfg, **flags)`, else the rule's job for `wildcards`;
     its fields replaced by the flags given. A flag of None was not given."""
-    cfg = hand_config(args)
+    cfg = C.load(args.config or {}, overrides=args.set)
     given = {name: _plain(value) for name, value in flags.items() if value is not None}
     if getattr(args, "run", None):
         return dataclasses.replace(compose(cfg, rule, args.task, args.run), **given)

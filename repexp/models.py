@@ -128,8 +128,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     from repexp.jobs import config_options
 
     parser.add_argument("kind", choices=["tiny", "smollm2"], help="which model to write")
-    parser.add_argument("--out", type=Path, help="output Hugging Face directory (default: the config's "
-                                                 "results/models/<kind>, the model rule's)")
+    parser.add_argument("--out", type=Path, help="output directory (default: the model rule's, <results>/models/KIND)")
     parser.add_argument("--seed", type=int, help="weight seed (tiny only; default 0)")
     parser.add_argument("--shape", choices=list(SHAPES),
                         help="layer shapes (tiny only): tiny (default) = head_dim 32 (CPU), tiny-gpu = head_dim 64 "

@@ -106,11 +106,7 @@ def log_sweep_point_metrics(runs: Sequence[EvalRun], target, testtime: dict[tupl
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    """Paths are flags; the settings come from the config (`repexp.jobs.hand_config`): with `--config` its runs
-    are expected (missing ones listed; with --eval-dir, the others ignored); with `--config` or `--set` the
-    table's pass_at_k is the config's `grader`'s, else the grader each eval.json was graded with; test pass@k
-    is logged on the sweep points' MLflow runs of `tracking.experiment` (with no experiment set, only inside a
-    node run)."""
+    """Paths are flags; `grader` and `tracking.*` come from the config (docs/figures.md)."""
     from repexp.jobs import config_options
 
     source = parser.add_mutually_exclusive_group(required=True)

@@ -52,9 +52,7 @@ from repexp.layout import figure_pairs
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    """Paths are flags; the settings from the config (`repexp.jobs.hand_config`): with `--config` its runs are
-    expected (missing ones named); the figures are logged as a 'figures' run of `tracking.experiment` (with no
-    experiment set, only inside a node run), which `--curves-from auto` also reads training curves from."""
+    """Paths are flags; `tracking.*` comes from the config (docs/figures.md)."""
     from repexp.jobs import config_options
 
     parser.add_argument("--table", type=Path, required=True, help="pass_at_k.csv written by `repexp aggregate`")
