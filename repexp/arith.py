@@ -101,7 +101,6 @@ HARD_SYSTEM_PROMPT = SYSTEM_PROMPT
 # kind above (three-digit operands, or a one-digit first factor of a two-digit one), so no split
 # question is shown.
 HARD_SHOTS = (("What is 120 + 35?", "155"), ("What is 6 * 12?", "72"), ("What is 300 - 47?", "253"))
-HARD_MAX_NEW_TOKENS = 16
 
 
 def hard_messages(question_text: str, shots: bool = True) -> list[dict]:
