@@ -308,14 +308,20 @@ def _vllm_engine_args(extra: Optional[dict]):
 def own_rendezvous_port(environ: Optional[dict] = None) -> int:
     """The colocated vLLM engine joins a one-process torch.distributed group through MASTER_ADDR:MASTER_PORT.
     TRL fills an unset port with the first free one of a fixed list (29500, 23456, ...), so trainings that
-    start side by side all pick 29500 and all but one fail with EADDRINUSE (seen on the GPU: 6 of 8). An
-    ephemeral port from the OS instead; a port the environment sets (a launcher's) is kept."""
+    start side by side all pick 29500 and all but one fail with EADDRINUSE (seen on the GPU: 6 of 8). Each
+    training takes an ephemeral port from the OS instead, probed on the wildcard address: torch's TCPStore
+    server listens on every interface, so the port must be free on all of them, whatever MASTER_ADDR names.
+    A port the environment sets (a launcher's) is kept; "", "0" and "auto" ask for one, as for TRL."""
     environ = os.environ if environ is None else environ
     environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if environ.get("MASTER_PORT", "").strip().lower() not in ("", "0", "auto"):
-        return int(environ["MASTER_PORT"])
+    given = environ.get("MASTER_PORT", "").strip().lower()
+    if given not in ("", "0", "auto"):
+        if not given.isdigit() or not 0 < int(given) < 65536:
+            raise ConfigError(f"MASTER_PORT={environ['MASTER_PORT']!r}: not a TCP port (unset it, or 0/auto for a "
+                              "free one)")
+        return int(given)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((environ["MASTER_ADDR"] if environ["MASTER_ADDR"] != "localhost" else "127.0.0.1", 0))
+        probe.bind(("", 0))
         port = probe.getsockname()[1]
     environ["MASTER_PORT"] = str(port)
     return port
