@@ -45,6 +45,7 @@ from repexp.checkpoints import (
     is_complete,
     mark_complete,
     prune_checkpoints,
+    prune_finished,
     resumable_steps,
     step_actions,
     write_done,
@@ -495,6 +496,10 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
             f"train.total_steps: the run directory holds a checkpoint of step {resume_step}, beyond the "
             f"{plan.total_steps} steps configured; use --resume never to start over"
         )
+    if plan.total_steps in complete_steps(run_dir):  # finished: its DONE went with a kill while pruning after it
+        resume_step = plan.total_steps  # (prune_finished): written again, nothing trained
+    elif resume_step is None:  # starting over: no slimmed checkpoint of an earlier attempt stays to be selected
+        shutil.rmtree(layout.checkpoints_dir(run_dir), ignore_errors=True)
 
     metrics = MetricsLog(run_dir)
     metrics.truncate(resume_step)
@@ -564,7 +569,16 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
         raise RuntimeError(f"{run_dir}: training ended without a checkpoint of the last step {plan.total_steps}")
     done = write_done(run_dir, backend="trl", final_step=final[-1], tracker=tracker,
                       wall_time_s=time.time() - started, resumed_from_step=resume_step)
+    prune_when_done(cfg, run_dir, done)
     return TrainResult(run_dir, done, reward, trainer)
+
+
+def prune_when_done(cfg: RunConfig, run_dir: Path, done: dict) -> None:
+    """`trl.prune_when_done`: after `DONE`, only the best-dev checkpoint stays, without its resume state."""
+    if cfg.trl.prune_when_done and cfg.train.max_checkpoints_to_keep is not None:
+        removed = prune_finished(run_dir, done["best_step"], RESUME_ONLY)
+        print(f"repexp.trl.train: done; kept the best-dev checkpoint (step {done['best_step']}) without its resume "
+              f"state, removed step(s) {removed} (trl.prune_when_done)", file=sys.stderr)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
