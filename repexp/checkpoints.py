@@ -10,7 +10,8 @@ exists. `repexp select` also reads each candidate back (`checkpoint_problems`), 
 damaged after it was written (a truncated copy, a full disk) is skipped, with a warning.
 
 `TrainingTime` counts training time over all attempts through each checkpoint's `budget.json`;
-`prune_checkpoints` keeps the newest checkpoints whole and the best-dev one without resume-only files.
+`prune_checkpoints` keeps the newest checkpoints whole and the best-dev one without resume-only files;
+`prune_finished` keeps, after `DONE`, only the best-dev one (without them).
 """
 
 from __future__ import annotations
@@ -248,22 +249,52 @@ def prune_checkpoints(run_dir: str | Path, keep: Optional[int], best_step: Optio
         return []
     removed = []
     for step in complete_steps(run_dir)[:-keep]:  # all but the newest `keep`
-        directory = checkpoint_dir(run_dir, step)
         if step == best_step:
-            doomed = [path for pattern in resume_only for path in directory.glob(pattern)]
-            (directory / SLIM_MARKER).write_text("optimizer and resume state removed; model weights kept\n")
-            # COMPLETE lists what stays before anything goes: a crash in between leaves extra files,
-            # never a listed file missing (which `repexp select` would take for damage)
-            mark_complete(directory, exclude=doomed)
-            for path in doomed:
-                if path.is_dir():
-                    shutil.rmtree(path)
-                else:
-                    path.unlink(missing_ok=True)
-            continue
-        shutil.rmtree(directory, ignore_errors=True)
-        removed.append(step)
+            slim_checkpoint(checkpoint_dir(run_dir, step), resume_only)
+        else:
+            remove_checkpoint(checkpoint_dir(run_dir, step))
+            removed.append(step)
     return removed
+
+
+def prune_finished(run_dir: str | Path, best_step: Optional[int], resume_only: Sequence[str]) -> list[int]:
+    """After a training's `DONE`: only its best-dev checkpoint stays, slimmed of `resume_only` (what
+    `repexp select` and the evaluations read: weights, config, tokenizer); every other checkpoint goes.
+    A finished training is never resumed (`repexp.train` moves a finished run directory aside before
+    training it again). The final step goes last, and when it is the best one it is slimmed, never
+    removed: a retry after a kill in here finds it complete and writes `DONE` again without training
+    (`repexp.trl.train`); only a kill while a non-best final checkpoint is being removed leaves
+    nothing to resume (the retry then trains again from the start). Idempotent. Returns the removed steps."""
+    steps = complete_steps(run_dir)
+    if best_step is None or best_step not in steps:
+        return []  # nothing selectable to keep: keep everything
+    slim_checkpoint(checkpoint_dir(run_dir, best_step), resume_only)
+    removed = [step for step in steps if step != best_step]
+    for step in removed:  # ascending: the final (newest) step last
+        remove_checkpoint(checkpoint_dir(run_dir, step))
+    return removed
+
+
+def slim_checkpoint(directory: Path, resume_only: Sequence[str]) -> None:
+    """Drop the files only resuming reads (`resume_only` globs) from a complete checkpoint, which stays
+    complete and selectable (`SLIM_MARKER`: never resumed). Safe to repeat."""
+    doomed = [path for pattern in resume_only for path in directory.glob(pattern)]
+    (directory / SLIM_MARKER).write_text("optimizer and resume state removed; model weights kept\n")
+    # COMPLETE lists what stays before anything goes: a crash in between leaves extra files,
+    # never a listed file missing (which `repexp select` would take for damage)
+    mark_complete(directory, exclude=doomed)
+    for path in doomed:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def remove_checkpoint(directory: Path) -> None:
+    """Remove a checkpoint, its `COMPLETE` marker first: one half removed (a kill) is incomplete, never taken
+    for a whole one (a retry's clean-up removes the rest)."""
+    (directory / layout.COMPLETE).unlink(missing_ok=True)
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def select(run_dir: str | Path, backend: str) -> dict:

@@ -651,6 +651,23 @@ class GroupStatus(IntEnum):
     ALL_CORRECT = 2
 
 
+def is_correct(scores: Tensor) -> Tensor:
+    """Whether each rollout is correct: its verifier score is > 0 (the one definition, both backends)."""
+    return scores > 0
+
+
+def group_statuses(correct: Tensor, group: Tensor, num_groups: int) -> Tensor:
+    """[num_groups] int64 `GroupStatus` of each group from its rollouts' `is_correct` ([B] bool) and group
+    indices ([B] int64 in [0, num_groups)): a group is none/some/all-correct by counting its correct
+    rollouts (upstream compared score sums with the group size, only right for 0/1 scores)."""
+    sizes = torch.bincount(group, minlength=num_groups)
+    group_correct = torch.zeros(num_groups, dtype=torch.long, device=group.device).index_add_(0, group, correct.long())
+    status = torch.full_like(group_correct, int(GroupStatus.SOME_CORRECT))
+    status[group_correct == 0] = int(GroupStatus.NONE_CORRECT)
+    status[(group_correct == sizes) & (sizes > 0)] = int(GroupStatus.ALL_CORRECT)
+    return status
+
+
 class CombinedRewards(NamedTuple):
     """Result of `combine_rewards`.
 
@@ -687,11 +704,10 @@ def combine_rewards(
 ) -> CombinedRewards:
     """α·verifier + β·bonus per rollout, with the bonus switched off by upstream's rules.
 
-    A rollout is correct iff its verifier score is > 0; a group is none/some/all-correct by
-    counting its correct rollouts (upstream compared score sums with the group size, which
-    is only right for 0/1 scores). Rules: `turn_off_if_{none,some,all}_correct` zero the
-    bonus of every rollout in groups of that status; `turn_off_if_rollout_incorrect` zeroes
-    it for each incorrect rollout. `groups` as in `bonuses` (labels, or ids + num_groups).
+    Correct rollouts and group statuses as `is_correct` and `group_statuses` define them. Rules:
+    `turn_off_if_{none,some,all}_correct` zero the bonus of every rollout in groups of that status;
+    `turn_off_if_rollout_incorrect` zeroes it for each incorrect rollout. `groups` as in `bonuses`
+    (labels, or ids + num_groups).
     """
     extrinsic = _as_score_vector(extrinsic, "extrinsic")
     intrinsic = _as_score_vector(intrinsic, "intrinsic")
@@ -712,11 +728,8 @@ def combine_rewards(
     layout = _resolve_layout(groups, extrinsic.shape[0], device, num_groups, None)
     group, num_groups = layout.group, layout.num_groups
 
-    correct = extrinsic > 0
-    group_correct = torch.zeros(num_groups, dtype=torch.long, device=device).index_add_(0, group, correct.long())
-    group_status = torch.full_like(group_correct, int(GroupStatus.SOME_CORRECT))
-    group_status[group_correct == 0] = int(GroupStatus.NONE_CORRECT)
-    group_status[(group_correct == layout.counts) & (layout.counts > 0)] = int(GroupStatus.ALL_CORRECT)
+    correct = is_correct(extrinsic)
+    group_status = group_statuses(correct, group, num_groups)
 
     rollout_status = group_status[group]
     turned_off = torch.zeros_like(correct)

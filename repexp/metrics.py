@@ -304,9 +304,9 @@ def rollout_diversity(
     """The rollout-diversity metrics of one step, both backends ({} for no rows):
 
     - `DISTINCT_FRACTION` (`distinct_fraction`);
-    - with `scores` (the rows' verifier scores), `ALL_CORRECT_IDENTICAL_FRACTION`: among the groups whose
-      every row scores > 0, the fraction with a single distinct response (left out when no group is all
-      correct);
+    - with `scores` (the rows' verifier scores), `ALL_CORRECT_IDENTICAL_FRACTION`: among the all-correct
+      groups (`repexp.elliptical.group_statuses`, the reward's turn-off rules' own), the fraction with a
+      single distinct response (left out when no group is all correct);
     - with `answers` (the rows' final answers, None for none), `DISTINCT_ANSWERS`: the number of distinct
       answers per group (None one of them), mean over groups.
     """
@@ -328,9 +328,15 @@ def rollout_diversity(
         return {}
     distinct = {key: len({rows[i] for i in idx}) for key, idx in members.items()}
     out = {DISTINCT_FRACTION: float(np.mean([distinct[key] / len(idx) for key, idx in members.items()]))}
-    if scores is not None:
-        correct = np.asarray(scores, dtype=np.float64).reshape(-1) > 0
-        all_correct = [key for key, idx in members.items() if correct[idx].all()]
+    if scores is not None:  # group statuses as the reward's turn-off rules see them (one definition)
+        import torch
+
+        from repexp.elliptical import GroupStatus, group_statuses, is_correct
+
+        index = {key: j for j, key in enumerate(members)}
+        status = group_statuses(is_correct(torch.as_tensor(np.asarray(scores, dtype=np.float64).reshape(-1))),
+                                torch.tensor([index[key] for key in groups], dtype=torch.long), len(members))
+        all_correct = [key for key in members if status[index[key]] == int(GroupStatus.ALL_CORRECT)]
         if all_correct:
             out[ALL_CORRECT_IDENTICAL_FRACTION] = float(np.mean([distinct[key] == 1 for key in all_correct]))
     if answers is not None:

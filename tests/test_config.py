@@ -433,7 +433,7 @@ def test_runtime_settings_are_marked_in_the_dataclasses():
         "VerlConfig.repexp_micro_batch_size_per_gpu", "TrlConfig.eval_batch_size", "TrlConfig.gradient_checkpointing",
         "TrlConfig.bonus_micro_batch_size", "TrlConfig.num_threads", "TrlConfig.gpu_memory_fraction",
         "TrlConfig.vllm_gpu_memory_utilization", "TrlConfig.vllm_kv_cache_gib", "TrlConfig.vllm_enforce_eager",
-        "TrlConfig.vllm_sleep_mode"}
+        "TrlConfig.vllm_sleep_mode", "TrlConfig.prune_when_done"}
 
 
 def test_rule_resources_fill_defaults():

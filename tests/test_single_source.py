@@ -368,6 +368,21 @@ def test_all_correct_identical_fraction_counts_only_all_correct_groups():
         M.rollout_diversity(["a", "a"], [[1], [2]], scores=[1.0])
 
 
+def test_the_all_correct_groups_of_the_diversity_metric_are_the_reward_rules_own(monkeypatch):
+    import torch
+
+    from repexp import elliptical
+
+    groups = ["g0", "g0", "g1", "g1", "g2", "g2", "g3", "g3"]
+    responses = [[5], [5], [5], [6], [7], [7], [8], [8]]
+    scores = [1.0, 0.3, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+    combined = elliptical.combine_rewards(torch.tensor(scores), torch.zeros(8), groups, beta=0.0)
+    assert combined.status_fractions()["all_correct"] == 2 / 4  # g0 and g1, as the metric counts them
+    # one definition: a changed correctness rule changes the metric too (here 0 counts as correct: g2, g3 join)
+    monkeypatch.setattr(elliptical, "is_correct", lambda s: s >= 0)
+    assert M.rollout_diversity(groups, responses, scores=scores)[M.ALL_CORRECT_IDENTICAL_FRACTION] == 3 / 4
+
+
 def test_distinct_answers_counts_answers_per_group_with_no_answer_as_one():
     groups = [0, 0, 0, 0, 1, 1, 1, 1]
     answers = ["7", "7", "8", None, None, None, "3", "3"]  # g0: 7, 8, none → 3; g1: none, 3 → 2

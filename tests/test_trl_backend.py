@@ -174,6 +174,73 @@ def test_pruning_keeps_newest_whole_and_best_without_resume_state(tmp_path):
     assert tracker.best()["step"] == 4  # still selectable
 
 
+def test_pruning_after_done_keeps_the_best_checkpoint_only_and_repeats_safely(tmp_path):
+    from repexp.checkpoints import SLIM_MARKER, mark_complete, prune_finished, remove_checkpoint
+    from repexp.trl.train import RESUME_ONLY, prepare_run_dir
+
+    def make(step):
+        directory = checkpoint_dir(tmp_path, step)
+        directory.mkdir(parents=True)
+        for name in ("model.safetensors", "config.json", "optimizer.pt", "scheduler.pt", "rng_state.pth"):
+            (directory / name).write_text(name)
+        mark_complete(directory)
+
+    for step in (4, 6):  # retention left the slimmed best (4) and the newest whole (6)
+        make(step)
+    assert prune_finished(tmp_path, None, RESUME_ONLY) == [] and complete_steps(tmp_path) == [4, 6]  # no best: kept
+    assert prune_finished(tmp_path, 4, RESUME_ONLY) == [6]
+    assert complete_steps(tmp_path) == [4]
+    listed = json.loads((checkpoint_dir(tmp_path, 4) / "COMPLETE").read_text())["files"]
+    assert sorted(listed) == [SLIM_MARKER, "config.json", "model.safetensors"]  # what stays, nothing missing
+    assert sorted(p.name for p in checkpoint_dir(tmp_path, 4).iterdir()) == ["COMPLETE", SLIM_MARKER, "config.json",
+                                                                            "model.safetensors"]
+    assert prune_finished(tmp_path, 4, RESUME_ONLY) == [] and complete_steps(tmp_path) == [4]  # idempotent
+    make(8)  # a kill half-way through a removal: COMPLETE goes first, so what is left is no checkpoint
+    (checkpoint_dir(tmp_path, 8) / "COMPLETE").unlink()
+    assert complete_steps(tmp_path) == [4] and prepare_run_dir(tmp_path, "auto") is None  # nothing resumable
+    assert not checkpoint_dir(tmp_path, 8).exists()  # the retry's clean-up removed the rest
+    remove_checkpoint(checkpoint_dir(tmp_path, 4))
+    assert complete_steps(tmp_path) == []
+
+
+def test_a_finished_training_keeps_its_best_checkpoint_only_and_select_and_eval_read_it(tmp_path, tiny_model,
+                                                                                         data_dir):
+    """`trl.prune_when_done` (default) with `train.max_checkpoints_to_keep` set: after DONE only the best-dev
+    checkpoint stays, without optimizer/scheduler/RNG/bonus state; select and eval use it; a retry that lost
+    DONE (a kill while pruning) writes it again without training."""
+    from repexp import cli
+    from repexp.checkpoints import SLIM_MARKER, checkpoint_problems, select
+    from repexp.trl.train import train
+
+    # validated at steps 0 and 4 only, saved at 2 and 4: the final step is the best (the only one selectable)
+    cfg = run_config(tmp_path, tiny_model, data_dir,
+                     train={"max_checkpoints_to_keep": 1, "test_freq": 4, "save_freq": 2})
+    run_dir = Path(cfg.run_dir)
+    result = train(cfg)
+    assert result.done["final_step"] == 4 and result.done["best_step"] == 4
+    assert complete_steps(run_dir) == [4]  # step 2, the resume point while training, is gone
+    best = checkpoint_dir(run_dir, 4)
+    names = {p.name for p in best.iterdir()}
+    assert {"model.safetensors", "config.json", "tokenizer.json", SLIM_MARKER} <= names
+    assert not names & {"optimizer.pt", "scheduler.pt", "rng_state.pth", "repexp_state.pt"}, names
+    assert not any(name.startswith("repexp_state") for name in names)
+    assert not checkpoint_problems(best)
+    pointer = select(run_dir, "trl")
+    assert pointer["checkpoint_step"] == 4 and pointer["model_path"] == str(best) and "skipped" not in pointer
+    pointer_file = tmp_path / "select.json"
+    pointer_file.write_text(json.dumps(pointer))
+    out = tmp_path / "eval"
+    assert cli.main(["eval", "--model-pointer", str(pointer_file), "--data", str(data_dir / "dev.parquet"),
+                     "--out", str(out), "--set", "eval.n_samples=2", "eval.max_new_tokens=4", "eval.shard_size=2",
+                     "--seed", "3", "--no-progress"]) == 0
+    assert json.loads((out / "eval.json").read_text())["checkpoint_step"] == 4
+
+    (run_dir / "DONE").unlink()  # as Snakemake does when the trainer was killed after DONE, while pruning
+    again = train(cfg)
+    assert again.trainer is None and again.done["final_step"] == 4 and again.done["best_step"] == 4
+    assert complete_steps(run_dir) == [4] and (run_dir / "DONE").exists()
+
+
 # --------------------------------------------------------------------------- features and reward
 
 

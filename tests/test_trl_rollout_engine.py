@@ -259,8 +259,18 @@ def test_each_training_gets_its_own_rendezvous_port():
         ports.append(own_rendezvous_port(env))
         assert env["MASTER_PORT"] == str(ports[-1]) and env["MASTER_ADDR"] == "127.0.0.1"
         assert ports[-1] not in (29500, 23456, 12355, 12345)
-    with socket.socket() as probe:  # the chosen port is free to listen on
-        probe.bind(("127.0.0.1", ports[-1]))
-    assert own_rendezvous_port({"MASTER_PORT": "31234"}) == 31234  # a launcher's port is kept
-    env = {"MASTER_PORT": "auto", "MASTER_ADDR": "localhost"}
-    assert own_rendezvous_port(env) == int(env["MASTER_PORT"]) and env["MASTER_ADDR"] == "localhost"
+    with socket.socket() as probe:  # the chosen port is free to listen on, on every interface (TCPStore's)
+        probe.bind(("", ports[-1]))
+    env = {"MASTER_PORT": "31234", "MASTER_ADDR": "10.0.0.7"}
+    assert own_rendezvous_port(env) == 31234 and env == {"MASTER_PORT": "31234", "MASTER_ADDR": "10.0.0.7"}  # kept
+    for asked in ("auto", "0", " "):  # as TRL reads them: a free port is wanted
+        for address in ("localhost", "127.0.0.1", socket.gethostname()):  # whatever MASTER_ADDR names
+            env = {"MASTER_PORT": asked, "MASTER_ADDR": address}
+            assert own_rendezvous_port(env) == int(env["MASTER_PORT"]) > 0 and env["MASTER_ADDR"] == address
+    with socket.socket() as busy:  # a port in use is never handed out
+        busy.bind(("", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        assert all(own_rendezvous_port({}) != taken for _ in range(20))
+    with pytest.raises(C.ConfigError, match="MASTER_PORT='x29500'"):
+        own_rendezvous_port({"MASTER_PORT": "x29500"})

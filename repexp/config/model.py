@@ -326,6 +326,10 @@ class TrlConfig:
     vllm_sleep_mode: bool = _f(False, help="rollout_engine vllm: free the engine's weights and KV cache during "
                                "each update (TRL's vllm_enable_sleep_mode; less memory, a wake-up per step)",
                                runtime=True)
+    prune_when_done: bool = _f(True, help="with train.max_checkpoints_to_keep set: once the training has finished "
+                               "(DONE), keep only its best-dev checkpoint (what select and eval read), without the "
+                               "optimizer and resume state; a finished training is never resumed (training it again "
+                               "starts over). false: keep the newest checkpoints whole", runtime=True)
 
 
 @dataclass

@@ -45,6 +45,7 @@ from repexp.checkpoints import (
     is_complete,
     mark_complete,
     prune_checkpoints,
+    prune_finished,
     resumable_steps,
     step_actions,
     write_done,
@@ -308,14 +309,20 @@ def _vllm_engine_args(extra: Optional[dict]):
 def own_rendezvous_port(environ: Optional[dict] = None) -> int:
     """The colocated vLLM engine joins a one-process torch.distributed group through MASTER_ADDR:MASTER_PORT.
     TRL fills an unset port with the first free one of a fixed list (29500, 23456, ...), so trainings that
-    start side by side all pick 29500 and all but one fail with EADDRINUSE (seen on the GPU: 6 of 8). An
-    ephemeral port from the OS instead; a port the environment sets (a launcher's) is kept."""
+    start side by side all pick 29500 and all but one fail with EADDRINUSE (seen on the GPU: 6 of 8). Each
+    training takes an ephemeral port from the OS instead, probed on the wildcard address: torch's TCPStore
+    server listens on every interface, so the port must be free on all of them, whatever MASTER_ADDR names.
+    A port the environment sets (a launcher's) is kept; "", "0" and "auto" ask for one, as for TRL."""
     environ = os.environ if environ is None else environ
     environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if environ.get("MASTER_PORT", "").strip().lower() not in ("", "0", "auto"):
-        return int(environ["MASTER_PORT"])
+    given = environ.get("MASTER_PORT", "").strip().lower()
+    if given not in ("", "0", "auto"):
+        if not given.isdigit() or not 0 < int(given) < 65536:
+            raise ConfigError(f"MASTER_PORT={environ['MASTER_PORT']!r}: not a TCP port (unset it, or 0/auto for a "
+                              "free one)")
+        return int(given)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((environ["MASTER_ADDR"] if environ["MASTER_ADDR"] != "localhost" else "127.0.0.1", 0))
+        probe.bind(("", 0))
         port = probe.getsockname()[1]
     environ["MASTER_PORT"] = str(port)
     return port
@@ -489,6 +496,10 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
             f"train.total_steps: the run directory holds a checkpoint of step {resume_step}, beyond the "
             f"{plan.total_steps} steps configured; use --resume never to start over"
         )
+    if plan.total_steps in complete_steps(run_dir):  # finished: its DONE went with a kill while pruning after it
+        resume_step = plan.total_steps  # (prune_finished): written again, nothing trained
+    elif resume_step is None:  # starting over: no slimmed checkpoint of an earlier attempt stays to be selected
+        shutil.rmtree(layout.checkpoints_dir(run_dir), ignore_errors=True)
 
     metrics = MetricsLog(run_dir)
     metrics.truncate(resume_step)
@@ -558,7 +569,16 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
         raise RuntimeError(f"{run_dir}: training ended without a checkpoint of the last step {plan.total_steps}")
     done = write_done(run_dir, backend="trl", final_step=final[-1], tracker=tracker,
                       wall_time_s=time.time() - started, resumed_from_step=resume_step)
+    prune_when_done(cfg, run_dir, done)
     return TrainResult(run_dir, done, reward, trainer)
+
+
+def prune_when_done(cfg: RunConfig, run_dir: Path, done: dict) -> None:
+    """`trl.prune_when_done`: after `DONE`, only the best-dev checkpoint stays, without its resume state."""
+    if cfg.trl.prune_when_done and cfg.train.max_checkpoints_to_keep is not None:
+        removed = prune_finished(run_dir, done["best_step"], RESUME_ONLY)
+        print(f"repexp.trl.train: done; kept the best-dev checkpoint (step {done['best_step']}) without its resume "
+              f"state, removed step(s) {removed} (trl.prune_when_done)", file=sys.stderr)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
