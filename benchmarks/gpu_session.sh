@@ -165,7 +165,10 @@ stage_parity() {
 
 stage_trl_engines() {
     # every group of trainings must end within --timeout s; a failed training's log tail is printed here
-    python3 benchmarks/trl_step.py --engines hf vllm --parallel 1 auto --steps 6 --timeout 150 --out "$OUT/trl_engines"
+    # TRL_ENGINES_ARGS replaces the groups, e.g. "--engines vllm --parallel auto --mps both"
+    # shellcheck disable=SC2086
+    python3 benchmarks/trl_step.py ${TRL_ENGINES_ARGS:---engines hf vllm --parallel 1 auto} --steps 6 --timeout 150 \
+        --out "$OUT/trl_engines"
 }
 
 mark "start ${STAGES[*]}"

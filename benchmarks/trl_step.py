@@ -11,7 +11,9 @@ share, at most 9: 8 on an H100, 9 on an H200): N real trainer processes (`python
 together on the one GPU, each capped at the share `gpu_share: auto` gives a pilot training on this GPU
 (`trl.gpu_memory_fraction`, 12 % on an H100), as the pilot runs them. Per training, the median
 `timing_s/step` over steps 2… (step 1 warms up; validation excluded), then the median over the N trainings;
-the ratio hf / vllm per N. Also each training's wall time (start-up included), and the GPU. Writes
+the ratio hf / vllm per N, and the steps per second the GPU delivers to the whole group (what sizes the pilot's
+parts). `--mps on|both` runs the groups under CUDA MPS too (one daemon for the group: kernels of the N processes
+share the GPU instead of time-slicing). Also each training's wall time (start-up included), and the GPU. Writes
 OUT/trl_engines.json and prints a table; a failed training's log tail is printed and kept in OUT/logs/.
 
 The rest of this docstring is the default mode (no `--engines`):
@@ -42,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,8 +61,8 @@ def prepared_gsm8k(out: Path) -> Path:
     if not (out / "train.parquet").exists():
         subprocess.run(
             [sys.executable, "-m", "repexp", "data", "prepare", "gsm8k",
-             "--source", str(REPO.parent / "shared" / "data"),
-             "--out", str(out), "--limit-train", "256", "--limit-dev", "2"],
+             "--out", str(out), "--set", f"data.source={REPO.parent / 'shared' / 'data'}",
+             "data.limit_train=256", "data.limit_dev=2"],
             check=True, cwd=REPO,
         )
     return out
@@ -193,6 +196,29 @@ def run_side_by_side(jobs: list, logs: Path, timeout_s: float) -> list[dict]:
     return results
 
 
+@contextmanager
+def mps_daemon(workdir: Path, on: bool):
+    """CUDA MPS for the group's trainings when `on`: without it the GPU time-slices between processes, so
+    the small, launch-bound kernels of N trainings side by side run one context at a time; under MPS they
+    share the GPU's queues. The daemon's pipe/log directories are private to this run (the children inherit
+    them through the environment) and the daemon is told to quit afterwards."""
+    if not on:
+        yield
+        return
+    pipes, logs = workdir / "mps-pipe", workdir / "mps-log"
+    pipes.mkdir(parents=True, exist_ok=True)
+    logs.mkdir(parents=True, exist_ok=True)
+    env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipes), "CUDA_MPS_LOG_DIRECTORY": str(logs)}
+    os.environ.update(env)
+    subprocess.run(["nvidia-cuda-mps-control", "-d"], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["nvidia-cuda-mps-control"], input=b"quit\n", check=False)
+        for key in env:
+            os.environ.pop(key, None)
+
+
 def gpu_description() -> str:
     from repexp import gpus as G
 
@@ -221,7 +247,7 @@ def engines_main(args: argparse.Namespace) -> int:
     data = CACHE / "data" / f"{task}-engines"
     if not (data / "train.parquet").exists():
         subprocess.run([sys.executable, "-m", "repexp", "data", "prepare", task, "--out", str(data),
-                        "--limit-dev", "8"], check=True, cwd=REPO)
+                        "--config", str(PILOT), "--set", "data.limit_dev=8"], check=True, cwd=REPO)
     gpus = G.read_gpus() if args.device == "cuda" else []
     need = yaml.safe_load(PILOT.read_text())["resources"]["train"].get("gpu_memory_gib")
     share = G.auto_share(need, gpus) if gpus else 100
@@ -229,21 +255,27 @@ def engines_main(args: argparse.Namespace) -> int:
     args.parallel = [min(9, 100 // share) if value == "auto" else int(value) for value in args.parallel]
     report = {"gpu": gpu_description() if gpus else "none (CPU)", "share_percent": share,
               "gpu_memory_fraction": fraction, "steps": args.steps, "model": str(model), "task": task, "runs": {}}
-    for count in args.parallel:
-        for engine in args.engines:
-            root = workdir / f"{engine}-x{count}"
-            jobs = engine_jobs(model, data, root, engine=engine, count=count, steps=args.steps, device=args.device,
-                               fraction=fraction)
-            started = time.perf_counter()
-            runs = run_side_by_side(jobs, out / "logs", args.timeout)
-            medians = [r["median_step_s"] for r in runs if r["median_step_s"] is not None]
-            report["runs"][f"{engine}-x{count}"] = {
-                "engine": engine, "parallel": count, "wall_s": round(time.perf_counter() - started, 1),
-                "all_exit_0": all(r["exit"] == 0 for r in runs),
-                "median_step_s": statistics.median(medians) if medians else None, "trainings": runs}
-            print(f"{engine} x{count}: median step {report['runs'][f'{engine}-x{count}']['median_step_s']} s, "
-                  f"wall {report['runs'][f'{engine}-x{count}']['wall_s']} s", file=sys.stderr, flush=True)
-            shutil.rmtree(root, ignore_errors=True)
+    for mps in [False, True] if args.mps == "both" else [args.mps == "on"]:
+        for count in args.parallel:
+            for engine in args.engines:
+                key = f"{engine}-x{count}" + ("-mps" if mps else "")
+                root = workdir / key
+                jobs = engine_jobs(model, data, root, engine=engine, count=count, steps=args.steps,
+                                   device=args.device, fraction=fraction)
+                started = time.perf_counter()
+                with mps_daemon(workdir, mps):
+                    runs = run_side_by_side(jobs, out / "logs", args.timeout)
+                medians = [r["median_step_s"] for r in runs if r["median_step_s"] is not None]
+                median = statistics.median(medians) if medians else None
+                report["runs"][key] = {
+                    "engine": engine, "parallel": count, "mps": mps, "wall_s": round(time.perf_counter() - started, 1),
+                    "all_exit_0": all(r["exit"] == 0 for r in runs), "median_step_s": median,
+                    # what the GPU delivers to the whole group: the pilot's parts are sized from it
+                    "steps_per_s_all": round(sum(1 / m for m in medians), 2) if medians else None,
+                    "trainings": runs}
+                print(f"{key}: median step {median} s, wall {report['runs'][key]['wall_s']} s, "
+                      f"{report['runs'][key]['steps_per_s_all']} steps/s over the group", file=sys.stderr, flush=True)
+                shutil.rmtree(root, ignore_errors=True)
     ratios = {}
     for count in args.parallel:
         groups = [report["runs"].get(f"{e}-x{count}", {}) for e in ("hf", "vllm")]
@@ -252,16 +284,22 @@ def engines_main(args: argparse.Namespace) -> int:
         complete = all(g.get("all_exit_0") for g in groups)
         ratios[str(count)] = round(hf / vllm, 2) if hf and vllm and complete else None
     report["hf_over_vllm"] = ratios
+    for count in args.parallel:  # the same group with and without MPS, per engine
+        for engine in args.engines:
+            off, on = (report["runs"].get(f"{engine}-x{count}{tail}", {}) for tail in ("", "-mps"))
+            if off.get("all_exit_0") and on.get("all_exit_0"):
+                report.setdefault("mps_off_over_on", {})[f"{engine}-x{count}"] = round(
+                    off["median_step_s"] / on["median_step_s"], 2)
     (out / "trl_engines.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
     print(f"\nGPU: {report['gpu']}; each training capped at {fraction} of it (gpu_share {share})")
-    print("| trainings side by side | hf s/step | vllm s/step | hf / vllm | hf wall s | vllm wall s |")
-    print("|---|---|---|---|---|---|")
-    for count in args.parallel:
-        cells = [report["runs"].get(f"{e}-x{count}", {}) for e in ("hf", "vllm")]
-        fmt = lambda v: "–" if v is None else f"{v:.2f}"  # noqa: E731
-        print(f"| {count} | {fmt(cells[0].get('median_step_s'))} | {fmt(cells[1].get('median_step_s'))} | "
-              f"{fmt(ratios[str(count)])} | {cells[0].get('wall_s', '–')} | {cells[1].get('wall_s', '–')} |")
+    print("| every run | s/step (median) | steps/s over the group | wall s | all exit 0 |")
+    print("|---|---|---|---|---|")
+    fmt = lambda v: "–" if v is None else f"{v:.2f}"  # noqa: E731
+    for key, run in report["runs"].items():
+        print(f"| {key} | {fmt(run['median_step_s'])} | {fmt(run['steps_per_s_all'])} | {run['wall_s']} | "
+              f"{run['all_exit_0']} |")
+    print(f"hf / vllm per group size: {ratios}; without / with MPS: {report.get('mps_off_over_on', {})}")
     failed = [key for key, run in report["runs"].items() if not run["all_exit_0"]]
     if failed:
         print(f"FAILED: {', '.join(failed)} (logs in {out / 'logs'})", file=sys.stderr)
@@ -285,6 +323,8 @@ def main() -> int:
                          "tiny, or a Hugging Face directory")
     engines.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a check of this harness")
     engines.add_argument("--out", default="results/trl_engines", help="where trl_engines.json and logs go")
+    engines.add_argument("--mps", default="off", choices=["off", "on", "both"],
+                         help="run each group under CUDA MPS (nvidia-cuda-mps-control), without it, or both")
     engines.add_argument("--timeout", type=float, default=240, help="seconds one group of trainings may take")
     args = parser.parse_args()
     if args.engines:

@@ -107,9 +107,9 @@ def main() -> int:
     results = out / "results"
     data_dir = results / "data" / "gsm8k"
     if not (data_dir / "train.parquet").exists():
-        subprocess.check_call([sys.executable, "-m", "repexp", "data", "prepare", "gsm8k", "--source", args.data,
-                               "--out", str(data_dir), "--limit-train", str(args.prompts * args.steps),
-                               "--limit-dev", "8", "--limit-test", "8"])
+        subprocess.check_call([sys.executable, "-m", "repexp", "data", "prepare", "gsm8k", "--out", str(data_dir),
+                               "--set", f"data.source={args.data}", f"data.limit_train={args.prompts * args.steps}",
+                               "data.limit_dev=8", "data.limit_test=8"])
     cfg = C.load(pipeline(args, model, results))
     report: dict = {"shape": args.shape, "prompts": args.prompts, "rollouts": args.rollouts,
                     "response_length": args.response_length, "steps": args.steps, "runs": {}}
