@@ -404,6 +404,35 @@ for config in sys.argv[2:]:
         if not node.online:
             sys.exit(f"job {index}: tracking went offline: {node.offline_reason}")
 """
+# The jobs start together, forked from one interpreter that imported the tracking package (and MLflow) once:
+# each then opens its own runs, stores and connections, as a job process does. 32 fresh interpreters spent most
+# of this test importing MLflow (about 3 CPU s each on the 2-core CI machine; docs/performance.md, "CI time").
+CONCURRENT_FORKS = """
+import json, os, sys
+import repexp.tracking  # what every job imports; nothing of it is opened before the fork
+import mlflow  # imported by the tracking package on first use: once here, not in every job
+import mlflow.store.tracking.rest_store, mlflow.store.tracking.sqlalchemy_store, mlflow.tracking
+
+job, n, logs, configs = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+children = {}
+for index in range(n):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the job: its output to its own log, then the job's code as its __main__, exit as it ends
+        log = os.open(os.path.join(logs, f"job-{index}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        sys.argv = ["-c", str(index), *configs]
+        exec(compile(job, "<job>", "exec"), {"__name__": "__main__"})
+        sys.exit(0)
+    children[pid] = index
+codes = {}
+while children:
+    pid, status = os.wait()
+    codes[children.pop(pid)] = os.waitstatus_to_exitcode(status)
+print(json.dumps(codes))
+"""
 CONCURRENT_JOBS = 32
 JOB_PARAMS = 5  # the params each job logs (above)
 JOB_METRIC_POINTS = 9  # 3 keys x 3 steps
@@ -456,13 +485,16 @@ def test_32_concurrent_jobs_lose_nothing_in_sqlite_or_server(tmp_path, mlflow_se
                                           tracking={"tracking_uri": None, "experiment": "concurrency"})
     server_config = write_pipeline_config(tmp_path / "server.yaml", server_results, sweep=seeds,
                                           tracking={"tracking_uri": mlflow_server.uri, "experiment": "concurrency"})
+    logs = tmp_path / "job_logs"
+    logs.mkdir()
     started = time.monotonic()
-    jobs = [subprocess.Popen([sys.executable, "-c", CONCURRENT_JOB, str(i), str(sqlite_config), str(server_config)],
-                             env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            for i in range(CONCURRENT_JOBS)]
-    outputs = [job.communicate(timeout=600)[0] for job in jobs]
+    forks = run([sys.executable, "-c", CONCURRENT_FORKS, CONCURRENT_JOB, str(CONCURRENT_JOBS), str(logs),
+                 str(sqlite_config), str(server_config)])
     elapsed = time.monotonic() - started
-    failed = {i: out[-1500:] for i, (job, out) in enumerate(zip(jobs, outputs)) if job.returncode != 0}
+    assert forks.returncode == 0, forks.stderr[-3000:]
+    codes = {int(i): code for i, code in json.loads(forks.stdout.splitlines()[-1]).items()}
+    assert sorted(codes) == list(range(CONCURRENT_JOBS)), codes
+    failed = {i: (code, (logs / f"job-{i}.log").read_text()[-1500:]) for i, code in codes.items() if code != 0}
     assert not failed, failed
     print(f"{CONCURRENT_JOBS} concurrent jobs x 2 stores: {elapsed:.1f} s")
 

