@@ -133,6 +133,12 @@ def run_model_job(job) -> int:
 
 def run_data_job(job) -> int:
     """The hub tables of some tasks as a local data source (`repexp.jobs.DownloadDataJob`)."""
+    if not data_files(list(job.tasks), source_hf=job.tables, dapo_hf=job.dapo):
+        # the config reads every table of its tasks offline: say why nothing is fetched, not "wrote 0"
+        print(f"repexp download data: nothing to download for sweep.tasks={list(job.tasks)}: the config reads "
+              "them from a local source (data.source / data.dapo_source are not hf); e.g. --config "
+              "configs/paper.yaml, or --set data.source=hf", file=sys.stderr)
+        return 0
     try:
         manifest = download_data(list(job.tasks), job.out, tables=job.tables, dapo=job.dapo)
     except Exception as err:  # noqa: BLE001
