@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         if args.action == "model":
-            job = jobs.hand_job("download_model", args, wildcards={"hub_model": args.repo_id.replace("/", "--", 1)},
+            job = jobs.hand_job("download_model", args, wildcards={"hub_model": layout.hub_model_name(args.repo_id)},
                                 out=args.out, revision=args.revision)
             return run_model_job(job)
         return run_data_job(jobs.hand_job("download_data", args, out=args.out))

@@ -330,9 +330,14 @@ def model_alias_dir(results: PathLike, alias: str) -> Path:
     return Path(results) / MODELS_DIR / alias
 
 
+def hub_model_name(repo_id: str) -> str:
+    """A hub model's local name, `<org>--<name>`: the download_model rule's `hub_model` wildcard."""
+    return repo_id.replace("/", "--")
+
+
 def hub_model_dir(results: PathLike, repo_id: str) -> Path:
     """Where the download_model rule puts a hub model (jobs read only this local copy)."""
-    return Path(results) / MODELS_DIR / HUB_MODELS_DIR / repo_id.replace("/", "--")
+    return Path(results) / MODELS_DIR / HUB_MODELS_DIR / hub_model_name(repo_id)
 
 
 CONTENT_SUFFIX = ".content.json"
