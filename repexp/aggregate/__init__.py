@@ -63,6 +63,7 @@ from repexp.aggregate.tables import (
 from repexp.config import RunSpec, sweep_runs
 from repexp.config import load as load_config
 from repexp.io import read_json, write_text_atomic
+from repexp.trl.runlog import MetricsLog
 
 __all__ = [  # the names docs use (each defined in its submodule only; tests import the rest from there)
     "BOOTSTRAP_LEVEL", "BOOTSTRAP_REPLICATES", "BOOTSTRAP_SEED", "K_EFFICIENCY_COLUMNS", "EvalRun", "aggregate",
@@ -152,8 +153,8 @@ def aggregate(paths: Sequence[Path], out_dir: Path, *, expected: Sequence[RunSpe
     table = tidy_table(runs, testtime)
     keff_by_k = k_efficiency(table, runs, by_reference_k=True)
     keff = k_efficiency_headline(keff_by_k)
-    training = {(r.spec.task, r.spec.name): read_metrics(train_dir / r.spec.task / r.spec.name / layout.METRICS)
-                for r in runs if train_dir is not None and r.spec.trains}
+    training = {(r.spec.task, r.spec.name): MetricsLog(train_dir / r.spec.task / r.spec.name).records()
+                for r in runs if train_dir is not None and r.spec.trains}  # [] without the file: NaN measures
     registered = prereg.analyse(prereg.units(table, testtime, training))
     for name, content in ((layout.PREREGISTERED_MD, prereg.render_markdown(registered, missing=missing)),
                           (layout.PREREGISTERED_JSON, prereg.render_json(registered, missing=missing)),
@@ -166,15 +167,6 @@ def aggregate(paths: Sequence[Path], out_dir: Path, *, expected: Sequence[RunSpe
         write_text_atomic(out_dir / name, content if isinstance(content, str) else content.to_csv(index=False))
     return {"runs": runs, "table": table, "k_efficiency": keff, "k_efficiency_by_k": keff_by_k, "missing": missing,
             "ignored": ignored, "testtime": testtime, "preregistered": registered}
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """A training run's metrics.jsonl records ([] when the file is not there: the analysis says NaN)."""
-    import json
-
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def run(args: argparse.Namespace) -> int:
