@@ -346,12 +346,9 @@ def check_host(pipeline: Pipeline, pending_rules: Collection[str]) -> None:
     # the table read at the start, else read now (a local run given --jobs reads none at the start)
     cuda = bool(pipeline.gpus) or bool(G.read_gpus())
     for task in cfg.sweep.tasks:
-        override = cfg.task_overrides.get(task)
-        own = set(override.trl) if override is not None else set()
-        C.check_trl_rollout_host(
-            C.task_section(cfg, task, "trl"), cuda=cuda, vllm=vllm_importable(),
-            where="this host (it runs the jobs)",
-            key=lambda name, own=own, task=task: f"task_overrides.{task}.trl.{name}" if name in own else f"trl.{name}")
+        C.check_trl_rollout_host(C.task_section(cfg, task, "trl"), cuda=cuda, vllm=vllm_importable(),
+                                 where="this host (it runs the jobs)",
+                                 key=lambda name, task=task: C.setting_key(cfg, task, "trl", name))
 
 
 def on_end(pipeline: Pipeline, success: bool) -> None:

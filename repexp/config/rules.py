@@ -89,7 +89,7 @@ def check_fields(obj: Any, prefix: str = "") -> None:
             _check_constraints(key, value, f.metadata)
 
 
-def _key(cfg: PipelineConfig, task: str, section: str, name: str) -> str:
+def setting_key(cfg: PipelineConfig, task: str, section: str, name: str) -> str:
     """Where a task's effective `<section>.<name>` comes from: its task override, else the section."""
     override = cfg.task_overrides.get(task)
     if override is not None and name in getattr(override, section):
@@ -194,7 +194,7 @@ def check_tracking_uri(uri: Optional[str], key: str = "tracking.tracking_uri") -
 
 def _check_training(cfg: PipelineConfig, task: str) -> None:
     train = task_section(cfg, task, "train")
-    key = lambda name: _key(cfg, task, "train", name)  # noqa: E731
+    key = lambda name: setting_key(cfg, task, "train", name)  # noqa: E731
     check_train_batches(train, key)
     runtime = rule_resources(cfg, "train").runtime
     if train.walltime_margin_minutes >= runtime:
@@ -206,7 +206,7 @@ def _check_training(cfg: PipelineConfig, task: str) -> None:
         trl_micro_batch(train, key)
         if task_section(cfg, task, "trl").device != "cpu":
             _check_share(cfg, task, "train", "trl", "gpu_memory_fraction")
-        trl_key = lambda name: _key(cfg, task, "trl", name)  # noqa: E731
+        trl_key = lambda name: setting_key(cfg, task, "trl", name)  # noqa: E731
         check_trl_rollout(task_section(cfg, task, "trl"), trl_key)
         if task_section(cfg, task, "trl").rollout_engine == "vllm" and not rule_resources(cfg, "train").gpu:
             raise ConfigError(f"{trl_key('rollout_engine')}: 'vllm' generates on a GPU, but resources.train.gpu is 0 "
@@ -220,7 +220,7 @@ def _check_verl(cfg: PipelineConfig, task: str, train: TrainConfig, repexp_runs:
     """verl must be told the allocation the scheduler grants the train rule, and its batch shapes must fit it."""
     res = rule_resources(cfg, "train")
     verl = task_section(cfg, task, "verl")
-    key = lambda name: _key(cfg, task, "verl", name)  # noqa: E731
+    key = lambda name: setting_key(cfg, task, "verl", name)  # noqa: E731
     if verl.nnodes != res.nodes:
         raise ConfigError(f"resources.train.nodes: {res.nodes} differs from {key('nnodes')} {verl.nnodes} "
                           f"(task {task})")
@@ -379,18 +379,19 @@ def _check_eval(cfg: PipelineConfig, task: str) -> None:
     ev = task_section(cfg, task, "eval")
     res = rule_resources(cfg, "eval")
     if ev.shard_size * ev.n_samples > MAX_SHARD_SAMPLES:
-        raise ConfigError(f"{_key(cfg, task, 'eval', 'shard_size')}: {ev.shard_size} problems × n_samples "
+        raise ConfigError(f"{setting_key(cfg, task, 'eval', 'shard_size')}: {ev.shard_size} problems × n_samples "
                           f"{ev.n_samples} = {ev.shard_size * ev.n_samples:,} samples in memory per shard, more than "
                           f"{MAX_SHARD_SAMPLES:,}; lower shard_size")
     if ev.ks and max(ev.ks) > ev.n_samples:
-        raise ConfigError(f"{_key(cfg, task, 'eval', 'ks')}: k = {max(ev.ks)} needs n_samples ≥ k, "
+        raise ConfigError(f"{setting_key(cfg, task, 'eval', 'ks')}: k = {max(ev.ks)} needs n_samples ≥ k, "
                           f"not {ev.n_samples}")
     if ev.engine == "vllm" or (ev.engine == "auto" and res.gpu > 0):
         needed = ev.tensor_parallel_size * ev.data_parallel_size
         if needed > max(res.gpu, 1) * res.nodes:
             raise ConfigError(
-                f"{_key(cfg, task, 'eval', 'tensor_parallel_size')}: {ev.tensor_parallel_size} × data_parallel_size "
-                f"{ev.data_parallel_size} needs {needed} GPUs, but resources.eval.gpu grants {res.gpu} (task {task})")
+                f"{setting_key(cfg, task, 'eval', 'tensor_parallel_size')}: {ev.tensor_parallel_size} × "
+                f"data_parallel_size {ev.data_parallel_size} needs {needed} GPUs, but resources.eval.gpu grants "
+                f"{res.gpu} (task {task})")
         _check_share(cfg, task, "eval", "eval", "gpu_memory_utilization")
 
 
@@ -401,8 +402,8 @@ def _check_share(cfg: PipelineConfig, task: str, rule: str, section: str, name: 
         return
     if fraction is None or fraction * 100 > share + 1e-9:
         raise ConfigError(
-            f"{_key(cfg, task, section, name)}: {fraction} of the GPU's memory, but resources.{rule}.gpu_share is "
-            f"{share}%: jobs side by side on one GPU would not fit; set it to at most {share / 100:g}")
+            f"{setting_key(cfg, task, section, name)}: {fraction} of the GPU's memory, but resources.{rule}.gpu_share "
+            f"is {share}%: jobs side by side on one GPU would not fit; set it to at most {share / 100:g}")
 
 
 # --------------------------------------------------------------------------- sharing GPUs
