@@ -104,7 +104,6 @@ def testtime(job) -> dict:
     from repexp.evaluate.engines import resolve_dtype
     from repexp.evaluate.runner import resolve_model
     from repexp.io import atomic_path, write_json_atomic
-    from repexp.testtime import core
     from repexp.testtime.features import FeatureSettings, resolve_device, shard_features
 
     tt = job.config
@@ -129,7 +128,7 @@ def testtime(job) -> dict:
     started = time.perf_counter()
     padded, sizes = pad_pools([e["features"] for e in entries], device=device)
     ordered = greedy_order(padded, sizes, lamb=job.lamb, center=job.center)
-    orders = [ordered.order[g, : int(s)].tolist() for g, s in enumerate(sizes.cpu())]
+    orders = pool_orders(ordered, sizes)
     taken_bonus = [ordered.bonus[g, : int(s)].tolist() for g, s in enumerate(sizes.cpu())]
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -151,16 +150,25 @@ def testtime(job) -> dict:
                      "order": "greedy elliptical (repexp.elliptical_order)"},
         "timing_s": {"features": round(feature_seconds, 3), "order": round(order_seconds, 3)},
     }
-    result = core.testtime_result(
-        problem_ids=problems.problem_ids, scores=[e["score"] for e in entries], orders=orders,
-        reference_ks=tt.reference_ks and tuple(tt.reference_ks), bootstrap=tt.bootstrap,
-        bootstrap_seed=tt.bootstrap_seed,
-        metadata=metadata,
-    )
+    result = scored_orders(tt, problems.problem_ids, [e["score"] for e in entries], orders, metadata=metadata)
     if job.config.variants:
         result["variants"] = variant_orders(job, entries, problems, (store, plan, settings, out, gen), padded, sizes)
     write_json_atomic(out / layout.TESTTIME_JSON, result)
     return result
+
+
+def pool_orders(ordered, sizes) -> list[list[int]]:
+    """Each pool's order from `greedy_order`, cut to the pool's size."""
+    return [ordered.order[g, : int(s)].tolist() for g, s in enumerate(sizes.cpu())]
+
+
+def scored_orders(tt, problem_ids, scores, orders, metadata=None) -> dict:
+    """`core.testtime_result` of some orders under the job's testtime settings (the main order and each variant)."""
+    from repexp.testtime import core
+
+    return core.testtime_result(problem_ids=problem_ids, scores=scores, orders=orders,
+                                reference_ks=tt.reference_ks and tuple(tt.reference_ks), bootstrap=tt.bootstrap,
+                                bootstrap_seed=tt.bootstrap_seed, metadata=metadata)
 
 
 VARIANT_KEYS = ("samples_to_correct", "efficiency", "pass_at_k_repexp")  # what testtime.json keeps of a variant
@@ -177,7 +185,6 @@ def variant_orders(job, entries, problems, feature_inputs, padded, sizes) -> dic
     import numpy as np
 
     from repexp.elliptical_order import greedy_order, pad_pools
-    from repexp.testtime import core
     from repexp.testtime.features import shard_features
 
     store, plan, settings, out, gen = feature_inputs
@@ -201,10 +208,7 @@ def variant_orders(job, entries, problems, feature_inputs, padded, sizes) -> dic
         else:
             raise ValueError(f"testtime variant {name!r}: not one of random_first, no_center, own_features")
         ordered = greedy_order(features, sizes, lamb=job.lamb, center=center, first=first)
-        orders = [ordered.order[g, : int(s)].tolist() for g, s in enumerate(sizes.cpu())]
-        scored = core.testtime_result(problem_ids=problems.problem_ids, scores=scores, orders=orders,
-                                      reference_ks=tt.reference_ks and tuple(tt.reference_ks),
-                                      bootstrap=tt.bootstrap, bootstrap_seed=tt.bootstrap_seed)
+        scored = scored_orders(tt, problems.problem_ids, scores, pool_orders(ordered, sizes))
         found[name] = {"feature_model": model, "center": center, "random_first": first is not None,
                        **{key: scored[key] for key in VARIANT_KEYS}}
     return found
