@@ -17,24 +17,15 @@ missing from metrics.jsonl).
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from repexp import layout, tracking
-from repexp.io import write_text_atomic
+from repexp.io import json_safe, write_text_atomic
 from repexp.metrics import metric_name
-
-
-def _jsonable(value: Any) -> Any:
-    if hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None  # JSON has no NaN/inf
-    return value
 
 
 class MetricsLog:
@@ -65,7 +56,7 @@ class MetricsLog:
         write_text_atomic(self.path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
 
     def append(self, record: dict) -> None:
-        clean = {key: _jsonable(value) for key, value in record.items()}
+        clean = {key: json_safe(value) for key, value in record.items()}
         with self.path.open("a") as handle:
             handle.write(json.dumps(clean, sort_keys=True) + "\n")
 
@@ -117,7 +108,7 @@ class MlflowSink:
             from mlflow.entities import Metric
 
             now = int(time.time() * 1000)
-            values = {key: _jsonable(value) for key, value in metrics.items() if key != "step"}
+            values = {key: json_safe(value) for key, value in metrics.items() if key != "step"}
             entries = [Metric(metric_name(key), float(value), now, int(step)) for key, value in values.items()
                        if isinstance(value, (int, float)) and not isinstance(value, bool)]  # None: not finite
             for start in range(0, len(entries), 1000):  # MLflow's batch limit
