@@ -14,8 +14,9 @@ from repexp.plan import report
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--configfile", "--config", dest="config", type=Path, required=True,
-                        help="pipeline config, e.g. configs/paper.yaml")
+    parser.add_argument("--configfile", "--config", dest="config", type=Path, nargs="+", required=True,
+                        help="pipeline config, e.g. configs/paper.yaml; several are merged in order, as "
+                             "`snakemake --configfile A B` merges them")
     parser.add_argument("--gpus", type=int, default=64, help="GPUs the sweep may use at once (default %(default)s)")
     parser.add_argument("--params", type=float, help="the model's parameter count, when the plan cannot tell")
     parser.add_argument("--set", dest="overrides", default="", help="the workflow's set= overrides (key=value ...)")

@@ -72,7 +72,7 @@ def restart_count(env: Mapping[str, str] = os.environ) -> Optional[int]:
     return int(found.group(1)) if found else None
 
 
-SLURM_QUERY_TRIES = 3  # a busy slurmctld refuses a client now and then ("Socket timed out"): ask again
+SLURM_QUERY_TRIES = 5  # a busy slurmctld refuses a client now and then ("Socket timed out"): ask again
 SLURM_QUERY_PAUSE_S = 2.0
 
 

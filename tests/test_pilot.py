@@ -353,7 +353,7 @@ def _pilot4(part: int | None = None) -> C.PipelineConfig:
     return C.load(raw)
 
 
-def test_the_fourth_design_is_the_third_with_its_arms_seeds_steps_and_two_parts():
+def test_the_fourth_design_is_the_third_with_its_arms_seeds_steps_and_a_part_per_seed():
     import dataclasses
 
     cfg, pilot = _pilot4(), _pilot()
@@ -372,11 +372,34 @@ def test_the_fourth_design_is_the_third_with_its_arms_seeds_steps_and_two_parts(
     assert {s.name for s in runs if s.trains} == {f"trl_{p}_s{s}" for p in PILOT4_POINTS for s in PILOT4_SEEDS}
     assert Counter(s.method for s in runs) == {"grpo": 15, "repexp": 15, "passk": 15, "outcome": 15, "cov": 15,
                                                "base": 1}
-    assert C.seed_parts(cfg) == [PILOT4_SEEDS[:8], PILOT4_SEEDS[8:]]
+    # one wave of at most 8 trainings per part on an H100 (docs/pilot.md, "Fourth design: parts")
+    assert C.seed_parts(cfg) == [[seed] for seed in PILOT4_SEEDS]
     assert C.part_runs(cfg) == runs  # no part given: the whole design in one command
-    one, two = C.part_runs(_pilot4(1)), C.part_runs(_pilot4(2))
-    assert (len(one), len(two)) == (5 * 8 + 1, 5 * 7) and "base" in {s.name for s in one}
-    assert sorted(one + two, key=runs.index) == runs
+    parts = [C.part_runs(_pilot4(part)) for part in range(1, 16)]
+    assert [len(p) for p in parts] == [5 + 1] + [5] * 14 and "base" in {s.name for s in parts[0]}
+    assert sorted(sum(parts, []), key=runs.index) == runs
+
+
+def test_repexp_reads_an_overlay_as_snakemake_merges_it_and_names_a_parts_runs(tmp_path):
+    """`repexp config` and `repexp plan` take several config files, merged in order as Snakemake merges
+    `--configfile A B`; `config runs` lists the runs of the part `sweep.part` names."""
+    assert C.load([PILOT, PILOT4]) == _pilot4()  # the same merge as Snakemake's update_config
+    listed = subprocess.run([sys.executable, "-m", "repexp", "config", "runs", str(PILOT), str(PILOT4),
+                             "--set", "sweep.part=3"], capture_output=True, text=True, timeout=120, check=True)
+    assert sorted(listed.stdout.split()) == sorted(f"arith-mid/trl_{p}_s103" for p in PILOT4_POINTS)
+    valid = subprocess.run([sys.executable, "-m", "repexp", "config", "validate", str(PILOT), str(PILOT4)],
+                           capture_output=True, text=True, timeout=120, check=True)
+    assert "OK (76 runs)" in valid.stdout
+    plan = subprocess.run([sys.executable, "-m", "repexp", "plan", "--configfile", str(PILOT), str(PILOT4),
+                           "--gpus", "1"], capture_output=True, text=True, timeout=120, check=True)
+    assert re.search(r"\| KL-Cov / Clip-Cov \| 15 \|", plan.stdout), plan.stdout
+    # an overlay's mapping merges into the base's; any other value replaces; an empty overlay changes nothing
+    base, over, empty = tmp_path / "a.yaml", tmp_path / "b.yaml", tmp_path / "c.yaml"
+    base.write_text("sweep: {seeds: [1, 2], methods: {grpo: {}}}\ntrain: {total_steps: 5}\n")
+    over.write_text("sweep: {seeds: [3]}\ntrain: {lr: 0.1}\n")
+    empty.write_text("")
+    assert C.read_configs([base, over, empty]) == {"sweep": {"seeds": [3], "methods": {"grpo": {}}},
+                                                   "train": {"total_steps": 5, "lr": 0.1}}
 
 
 def test_the_fourth_designs_step_count_is_what_its_rule_gives_on_the_training_split():
@@ -388,8 +411,8 @@ def test_the_fourth_designs_step_count_is_what_its_rule_gives_on_the_training_sp
 
 
 @pytest.mark.parametrize("part, counts", [
-    (1, {"train": 40, "select": 40, "eval": 41, "testtime": 41}),
-    (2, {"train": 35, "select": 35, "eval": 35, "testtime": 35}),
+    (1, {"train": 5, "select": 5, "eval": 6, "testtime": 6}),
+    (15, {"train": 5, "select": 5, "eval": 5, "testtime": 5}),
     (None, {"train": 75, "select": 75, "eval": 76, "testtime": 76}),
 ])
 def test_the_fourth_design_dry_runs_part_by_part(part, counts, tmp_path):
@@ -405,6 +428,6 @@ def test_the_fourth_design_dry_runs_part_by_part(part, counts, tmp_path):
     text = proc.stdout + proc.stderr
     for resources in rule_resources_of(text, "train"):
         assert resources["gpu_share"] == "12"  # auto on an 80 GB H100, as the third design
-    seeds = PILOT4_SEEDS[:8] if part == 1 else PILOT4_SEEDS[8:] if part == 2 else PILOT4_SEEDS
+    seeds = PILOT4_SEEDS if part is None else [PILOT4_SEEDS[part - 1]]
     trained = set(re.findall(r"repexp run train --task arith-mid --run (\S+)", text))
     assert trained == {f"trl_{p}_s{s}" for p in PILOT4_POINTS for s in seeds}

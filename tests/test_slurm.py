@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import subprocess
 import sys
 import time
@@ -240,6 +241,25 @@ def _trainer_job_ids() -> set[str]:
     return ids - {""}
 
 
+def _job_state(cluster, job_id: str) -> str:
+    out = subprocess.run(["scontrol", "show", "job", job_id], env=cluster.env(), capture_output=True, text=True,
+                         timeout=30)
+    found = re.search(r"\bJobState=(\w+)", out.stdout)
+    return found.group(1) if found else ""
+
+
+def _last_step(workdir: Path) -> int:
+    """The last step the chunked training wrote to its metrics.jsonl (-1 before any)."""
+    metrics = fx.results(workdir) / "train" / "gsm8k" / CHUNK_RUN / "metrics.jsonl"
+    steps = []
+    for line in metrics.read_text().splitlines() if metrics.exists() else []:
+        try:
+            steps.append(json.loads(line)["step"])
+        except (ValueError, KeyError):
+            continue  # a line being written
+    return max(steps, default=-1)
+
+
 def test_training_spans_walltime_chunks_and_a_preemption_and_matches_an_uninterrupted_run(cluster, tmp_path):
     """Issue 23, items 2 and 3. Under `--profile slurm` one training spans five allocations of one
     SLURM job: three end at the walltime chunk's deadline (the trainer saves, writes CHUNK_END, the
@@ -271,9 +291,12 @@ def test_training_spans_walltime_chunks_and_a_preemption_and_matches_an_uninterr
         if running:
             job_id = job_id or next(iter(running))
             # preempt the third allocation while its trainer starts (steps 1 and 2 are chunks behind it), or
-            # the fourth where a loaded machine let the third pass unseen: either way one allocation more
+            # the fourth where a loaded machine let the third pass unseen: either way one allocation more.
+            # Only a RUNNING allocation whose trainer has not yet written its step: a trainer seen between
+            # its chunk's end and the job's self-requeue, or one already done, is not preempted.
             restarts = cluster.restarts(job_id) if preempted is None else None
-            if restarts in (2, 3):
+            if restarts in (2, 3) and _job_state(cluster, job_id) == "RUNNING" \
+                    and _last_step(slurm_dir) <= restarts:
                 requeue = subprocess.run(["scontrol", "requeue", job_id], env=cluster.env(), capture_output=True,
                                          text=True, timeout=30)
                 assert requeue.returncode == 0, requeue.stderr
@@ -321,8 +344,13 @@ def test_training_spans_walltime_chunks_and_a_preemption_and_matches_an_uninterr
     client = MlflowClient(default_tracking_uri(fx.results(slurm_dir)))
     runs = [r for r in client.search_runs([e.experiment_id for e in client.search_experiments()], max_results=1000)
             if r.data.tags.get("snakemake.rule") == "train" and r.data.tags.get("repexp.run") == CHUNK_RUN]
-    by_restart = {int(r.data.tags.get("slurm.restart_count", "0")): r for r in runs}
-    assert sorted(by_restart) == [0, 1, 2, 3, 4], [(r.data.tags, r.info.status) for r in runs]
+    from repexp.tracking import pending_records
+
+    seen = sorted((r.data.tags.get("slurm.restart_count"), r.info.status, r.info.start_time) for r in runs)
+    pending = [(d.name, sorted(p.name for p in d.iterdir())) for d in pending_records(fx.results(slurm_dir))]
+    assert all("slurm.restart_count" in r.data.tags for r in runs), (seen, pending)
+    by_restart = {int(r.data.tags["slurm.restart_count"]): r for r in runs}
+    assert sorted(by_restart) == [0, 1, 2, 3, 4], (seen, pending, preempted)
     statuses = [by_restart[n].info.status for n in range(5)]
     want = ["KILLED"] * 4 + ["FINISHED"]
     want[preempted] = "FAILED"

@@ -66,6 +66,27 @@ def read_yaml(path: str | Path) -> Any:
         raise ConfigError(f"config file {path}: invalid YAML ({err})") from None
 
 
+def read_configs(paths: Sequence[str | Path]) -> Any:
+    """Several config files merged in order, as Snakemake merges `--configfile A B` (an overlay such as
+    configs/overlays/pilot4.yaml on configs/pilot.yaml): a mapping in a later file merges into the same
+    key's mapping, any other value replaces it. One path: that file as `read_yaml` reads it."""
+    merged: Any = None
+    for path in paths:
+        raw = read_yaml(path)
+        merged = raw if merged is None else merge_config(merged, raw)
+    return merged
+
+
+def merge_config(base: Any, overlay: Any) -> Any:
+    if not (isinstance(base, Mapping) and isinstance(overlay, Mapping)):
+        return base if overlay is None else overlay  # an empty overlay file changes nothing
+    merged = dict(base)
+    for key, value in overlay.items():
+        merged[key] = merge_config(merged[key], value) if isinstance(merged.get(key), Mapping) \
+            and isinstance(value, Mapping) else value
+    return merged
+
+
 # --------------------------------------------------------------------------- parsing (OmegaConf)
 
 

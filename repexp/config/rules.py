@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from repexp import gpus as G
-from repexp.config.loading import parse, read_yaml, to_dataclass
+from repexp.config.loading import parse, read_configs, to_dataclass
 from repexp.config.model import (
     DEAD_VERL_KEY_PREFIXES,
     GENERATED_TASKS,
@@ -505,11 +505,13 @@ def check_paths(cfg: PipelineConfig, root: str | Path = ".") -> None:
 # --------------------------------------------------------------------------- read, parse, check
 
 
-def load(path_or_dict: str | Path | Mapping, *, overrides: Sequence[str] = (),
+def load(path_or_dict: str | Path | Sequence[str | Path] | Mapping, *, overrides: Sequence[str] = (),
          gpus: Sequence[G.Gpu] = ()) -> PipelineConfig:
-    """Read, parse and check a pipeline config (a YAML path or an already-loaded mapping), its GPU shares
-    resolved for `gpus` (`resolve_gpus`; none: whole GPUs)."""
-    raw = path_or_dict if isinstance(path_or_dict, Mapping) else read_yaml(path_or_dict)
+    """Read, parse and check a pipeline config (a YAML path, several merged in order as Snakemake's
+    `--configfile A B` merges them, or an already-loaded mapping), its GPU shares resolved for `gpus`
+    (`resolve_gpus`; none: whole GPUs)."""
+    raw = path_or_dict if isinstance(path_or_dict, Mapping) else \
+        read_configs([path_or_dict] if isinstance(path_or_dict, (str, Path)) else path_or_dict)
     cfg = resolve_gpus(parse({} if raw is None else raw, overrides=overrides), gpus)  # an empty file: all defaults
     check(cfg)
     return cfg
