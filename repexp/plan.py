@@ -145,8 +145,8 @@ def train_cost(cfg, spec, params: float, sizes: dict[str, int]) -> JobCost:
     kept = train.max_checkpoints_to_keep
     full = params * FULL_CHECKPOINT_BYTES * (kept if kept else steps // train.save_freq)
     disk = full + params * (SLIM_CHECKPOINT_BYTES if kept else 0) + params * MERGED_BYTES
-    if spec.backend == "trl" and kept and cfg.trl.prune_when_done:
-        disk = params * SLIM_CHECKPOINT_BYTES  # after DONE only the best-dev weights stay; TRL merges nothing
+    if kept and train.prune_when_done:  # after DONE only the best-dev weights stay (verl's merged beside them)
+        disk = params * (SLIM_CHECKPOINT_BYTES + (MERGED_BYTES if spec.backend == "verl" else 0))
     return JobCost("train", spec.task, spec.name, gpus, hours, unit, allocations, disk, spec.method)
 
 

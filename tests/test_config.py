@@ -427,13 +427,14 @@ def test_runtime_settings_are_marked_in_the_dataclasses():
     runtime = {f"{section.__name__}.{f.name}" for section in (C.TrainConfig, C.VerlConfig, C.TrlConfig, C.BonusConfig)
                for f in dataclasses.fields(section) if f.metadata.get("runtime")}
     assert runtime == {
-        "TrainConfig.max_checkpoints_to_keep", "TrainConfig.walltime_margin_minutes", "VerlConfig.ray_num_cpus",
+        "TrainConfig.max_checkpoints_to_keep", "TrainConfig.prune_when_done", "TrainConfig.walltime_margin_minutes",
+        "VerlConfig.ray_num_cpus",
         "VerlConfig.log_prob_micro_batch_size_per_gpu", "VerlConfig.reward_workers", "VerlConfig.agent_workers",
         "VerlConfig.kv_cache_gib", "VerlConfig.dynamic_batch_tokens", "VerlConfig.replay_poll_seconds",
         "VerlConfig.repexp_micro_batch_size_per_gpu", "TrlConfig.eval_batch_size", "TrlConfig.gradient_checkpointing",
         "TrlConfig.bonus_micro_batch_size", "TrlConfig.num_threads", "TrlConfig.gpu_memory_fraction",
         "TrlConfig.vllm_gpu_memory_utilization", "TrlConfig.vllm_kv_cache_gib", "TrlConfig.vllm_enforce_eager",
-        "TrlConfig.vllm_sleep_mode", "TrlConfig.prune_when_done"}
+        "TrlConfig.vllm_sleep_mode"}
 
 
 def test_rule_resources_fill_defaults():

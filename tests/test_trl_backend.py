@@ -205,7 +205,7 @@ def test_pruning_after_done_keeps_the_best_checkpoint_only_and_repeats_safely(tm
 
 def test_a_finished_training_keeps_its_best_checkpoint_only_and_select_and_eval_read_it(tmp_path, tiny_model,
                                                                                          data_dir):
-    """`trl.prune_when_done` (default) with `train.max_checkpoints_to_keep` set: after DONE only the best-dev
+    """`train.prune_when_done` (default) with `train.max_checkpoints_to_keep` set: after DONE only the best-dev
     checkpoint stays, without optimizer/scheduler/RNG/bonus state; select and eval use it; a retry that lost
     DONE (a kill while pruning) writes it again without training."""
     from repexp import cli

@@ -563,7 +563,9 @@ def test_checkpoints_resume_and_merge(runtime, tmp_path):
         torch.testing.assert_close(merged(ids).logits, reference(ids).logits, rtol=0, atol=0)
     assert merge_checkpoint(checkpoint_dir(run_dir, 2)) == Path(merged_pointer["model_path"]), "idempotent"
 
-    from repexp.verl.train import write_done
+    from repexp.checkpoints import complete_steps, mark_complete
+    from repexp.verl.settings import RunSettings
+    from repexp.verl.train import finished_or_reset, prune_when_done, write_done
 
     done = write_done(run_dir, 12.5)
     assert json.loads((run_dir / "DONE").read_text()) == done
@@ -571,6 +573,22 @@ def test_checkpoints_resume_and_merge(runtime, tmp_path):
     (checkpoint_dir(run_dir, 6) / "COMPLETE").unlink()
     with pytest.raises(ValueError, match="not marked complete"):
         merge_checkpoint(checkpoint_dir(run_dir, 6))
+    mark_complete(checkpoint_dir(run_dir, 6))
+
+    # the final step (6) saved and validated: a retry that lost only DONE writes it without starting verl;
+    # a run of more steps resumes (nothing is touched)
+    assert finished_or_reset(run_dir, 6, validates=True)
+    assert not finished_or_reset(run_dir, 8, validates=True) and complete_steps(run_dir) == [2, 6]
+    prune_when_done(RunSettings(max_checkpoints_to_keep=1, prune_when_done=False), run_dir, done)
+    assert complete_steps(run_dir) == [2, 6]  # off: the newest checkpoint stays whole
+    # train.prune_when_done: after DONE only the best-dev checkpoint stays, slimmed; merge still reads it
+    prune_when_done(RunSettings(max_checkpoints_to_keep=1, prune_when_done=True), run_dir, done)
+    assert complete_steps(run_dir) == [2] and resumable_steps(run_dir) == []
+    assert merge_checkpoint(checkpoint_dir(run_dir, 2)) == Path(merged_pointer["model_path"])
+    # the state a kill while the final checkpoint was removed leaves (only a slimmed one): the retry starts
+    # over, with no checkpoint of the earlier attempt left to resume or select
+    assert not finished_or_reset(run_dir, 6, validates=True)
+    assert not (run_dir / "checkpoints").exists()
 
 
 def test_walltime_chunk_ends_fit_at_a_saved_step_without_done(runtime, tmp_path):

@@ -178,6 +178,10 @@ class TrainConfig:
     max_checkpoints_to_keep: Optional[int] = _f(
         None, help="keep the newest N checkpoints besides the best-dev one, whose optimizer state is dropped "
         "(null: all)", minimum=1, runtime=True)
+    prune_when_done: bool = _f(True, help="with max_checkpoints_to_keep set: once the training has finished "
+                               "(DONE), keep only its best-dev checkpoint (what select, merge and eval read), without "
+                               "the optimizer and resume state; a finished training is never resumed (training it "
+                               "again starts over). false: keep the newest checkpoints whole", runtime=True)
 
 
 @dataclass
@@ -326,10 +330,6 @@ class TrlConfig:
     vllm_sleep_mode: bool = _f(False, help="rollout_engine vllm: free the engine's weights and KV cache during "
                                "each update (TRL's vllm_enable_sleep_mode; less memory, a wake-up per step)",
                                runtime=True)
-    prune_when_done: bool = _f(True, help="with train.max_checkpoints_to_keep set: once the training has finished "
-                               "(DONE), keep only its best-dev checkpoint (what select and eval read), without the "
-                               "optimizer and resume state; a finished training is never resumed (training it again "
-                               "starts over). false: keep the newest checkpoints whole", runtime=True)
 
 
 @dataclass

@@ -574,11 +574,11 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
 
 
 def prune_when_done(cfg: RunConfig, run_dir: Path, done: dict) -> None:
-    """`trl.prune_when_done`: after `DONE`, only the best-dev checkpoint stays, without its resume state."""
-    if cfg.trl.prune_when_done and cfg.train.max_checkpoints_to_keep is not None:
+    """`train.prune_when_done`: after `DONE`, only the best-dev checkpoint stays, without its resume state."""
+    if cfg.train.prune_when_done and cfg.train.max_checkpoints_to_keep is not None:
         removed = prune_finished(run_dir, done["best_step"], RESUME_ONLY)
         print(f"repexp.trl.train: done; kept the best-dev checkpoint (step {done['best_step']}) without its resume "
-              f"state, removed step(s) {removed} (trl.prune_when_done)", file=sys.stderr)
+              f"state, removed step(s) {removed} (train.prune_when_done)", file=sys.stderr)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

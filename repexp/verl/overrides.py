@@ -182,6 +182,7 @@ def build_overrides(run_config: RunConfig, attention: Optional[Attention] = None
         ("trainer.max_actor_ckpt_to_keep", None),
         ("repexp_run.run_dir", str(run_dir)),
         ("repexp_run.max_checkpoints_to_keep", train.max_checkpoints_to_keep),
+        ("repexp_run.prune_when_done", train.prune_when_done),
         ("repexp_run.chunk_deadline", chunk_deadline),
         ("repexp_run.mlflow_tracking_uri", rc.tracking.tracking_uri),
         ("repexp_run.replay_poll_seconds", verl.replay_poll_seconds),

@@ -131,10 +131,17 @@ def _with_method(s: RepExpSettings, params: dict, where: str, n_rollouts: Option
     return dataclasses.replace(s, method=method, params=settings)
 
 
+# Files of a verl checkpoint that only resuming reads (the kept best-dev checkpoint drops them;
+# `repexp merge` needs the model shards, fsdp_config.json and huggingface/ only).
+RESUME_ONLY = ("actor/optim_world_size_*", "actor/extra_state_world_size_*", "data.pt", layout.VERL_STATE,
+               layout.VERL_OUTCOME_STATE)
+
+
 @dataclass(frozen=True)
 class RunSettings:
     run_dir: Optional[str] = None
     max_checkpoints_to_keep: Optional[int] = None
+    prune_when_done: bool = False  # train.prune_when_done
     chunk_deadline: Optional[float] = None  # epoch seconds: a walltime chunk ends before it (repexp.walltime)
     mlflow_tracking_uri: Optional[str] = None
     replay_poll_seconds: Optional[float] = None  # null: verl's own poll interval

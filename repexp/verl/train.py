@@ -9,6 +9,7 @@ that also imports `repexp.verl.trainer` (registering trainer mode ``repexp``). W
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -17,13 +18,13 @@ import ray
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from repexp import checkpoints, layout, tracking
-from repexp.checkpoints import BestDevTracker, complete_steps
+from repexp.checkpoints import BestDevTracker, complete_steps, prune_finished, resumable_steps
 from repexp.config import check_repexp_micro_batch, check_save_freq
 from repexp.io import write_json_atomic
 from repexp.verl import config as _schemas  # noqa: F401  stores the bonus node's schema before Hydra composes
 from repexp.verl import startup
 from repexp.verl.overrides import BASE_METHOD_SETTINGS, method_settings
-from repexp.verl.settings import TRAINER_MODE, RepExpSettings, RunSettings, repexp_settings, run_dir_of
+from repexp.verl.settings import RESUME_ONLY, TRAINER_MODE, RepExpSettings, RunSettings, repexp_settings, run_dir_of
 from repexp.walltime import read_chunk_end
 
 from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
@@ -82,6 +83,33 @@ def write_done(run_dir: Path, wall_time_s: float) -> dict:
                                   tracker=BestDevTracker.load(run_dir), wall_time_s=wall_time_s)
 
 
+def prune_when_done(run: RunSettings, run_dir: Path, done: dict) -> None:
+    """`train.prune_when_done`: after `DONE`, only the best-dev checkpoint stays, without its resume state
+    (`repexp merge` reads its model shards)."""
+    if run.prune_when_done and run.max_checkpoints_to_keep is not None:
+        removed = prune_finished(run_dir, done["best_step"], RESUME_ONLY)
+        print(f"repexp.verl.train: done; kept the best-dev checkpoint (step {done['best_step']}) without its resume "
+              f"state, removed step(s) {removed} (train.prune_when_done)", flush=True)
+
+
+def finished_or_reset(run_dir: Path, total_steps: int, validates: bool) -> bool:
+    """Before verl starts. True when the training had finished: its final step saved complete and, where
+    the run validates, validated (verl saves before it validates), only its `DONE` lost (a kill after
+    the validation, or while pruning after `DONE`): `DONE` is written again without starting verl.
+    Otherwise, where only checkpoints without resume state are left (`prune_finished` was killed while
+    it removed the final one), the training starts over: no slimmed checkpoint of the earlier attempt
+    stays to be resumed or selected."""
+    steps = complete_steps(run_dir)
+    validated = {entry["step"] for entry in BestDevTracker.load(run_dir).history}
+    if total_steps in steps and (not validates or total_steps in validated):
+        return True
+    if steps and not resumable_steps(run_dir):
+        shutil.rmtree(layout.checkpoints_dir(run_dir))
+        print(f"repexp.verl.train: no resumable checkpoint left of an earlier attempt (steps {steps} kept without "
+              "resume state); starting over", flush=True)
+    return False
+
+
 def use_node_run(config: DictConfig) -> None:
     """Log into the node's MLflow run that `repexp run train` opened while this process imported verl
     and Ray: its id goes into the environment the TaskRunner inherits; without one (MLflow
@@ -126,8 +154,13 @@ def launch(config: DictConfig) -> None:
     check_config(config)
     run_dir = run_dir_of(config)
     run_dir.mkdir(parents=True, exist_ok=True)
-    log = start_marks(run_dir)
     run = RunSettings.of(config)
+    if finished_or_reset(run_dir, config.trainer.total_training_steps, config.trainer.test_freq > 0):
+        print("repexp.verl.train: the final step is saved and validated (only DONE was missing); writing DONE "
+              "without starting verl", flush=True)
+        prune_when_done(run, run_dir, write_done(run_dir, time.time() - started))
+        return
+    log = start_marks(run_dir)
     if run.mlflow_tracking_uri:
         # before ray.init: the TaskRunner (where verl's Tracking lives) inherits this environment
         os.environ.setdefault("MLFLOW_TRACKING_URI", run.mlflow_tracking_uri)
@@ -140,7 +173,7 @@ def launch(config: DictConfig) -> None:
         print(f"repexp.verl.train: walltime chunk ended at step {chunk['step']}; the next attempt resumes there",
               flush=True)
         return
-    write_done(run_dir, time.time() - started)
+    prune_when_done(run, run_dir, write_done(run_dir, time.time() - started))
 
 
 @hydra.main(config_path="config", config_name="repexp_trainer", version_base="1.3")

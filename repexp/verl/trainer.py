@@ -49,7 +49,7 @@ from repexp.verl import dataplane, startup
 from repexp.verl.engine import OUTPUT_KEY
 from repexp.verl.methods import PASSK_K_KEY, OutcomeReward
 from repexp.verl.reward import FUNCTION_NAMES
-from repexp.verl.settings import TRAINER_MODE, RunSettings, repexp_settings, run_dir_of
+from repexp.verl.settings import RESUME_ONLY, TRAINER_MODE, RunSettings, repexp_settings, run_dir_of
 from repexp.verl.validation import dev_pass_at_k
 from repexp.verl.worker import WORKER_FIELDS, RepExpActorRolloutRefWorker
 from repexp.walltime import ChunkClock, write_chunk_end
@@ -61,10 +61,6 @@ from verl.utils.debug import marked_timer
 
 logger = logging.getLogger(__name__)
 
-# Files of a verl checkpoint that only resuming reads (the kept best-dev checkpoint drops them;
-# `repexp merge` needs the model shards, fsdp_config.json and huggingface/ only).
-RESUME_ONLY = ("actor/optim_world_size_*", "actor/extra_state_world_size_*", "data.pt", layout.VERL_STATE,
-               layout.VERL_OUTCOME_STATE)
 ACTOR_ROLES = (Role.ActorRolloutRef, Role.ActorRollout, Role.Actor)
 
 
