@@ -30,8 +30,8 @@ if [ -n "$PART" ]; then
     CONFIGS+=(configs/overlays/pilot4.yaml) SET=(--config "set=sweep.part=$PART") RESULTS=results/pilot4
     BUNDLE=results/pilot4_bundle/part-$PART
     # the part's RepExp run, whose MLflow tree dag_report.py records
-    POINT=$(repexp config runs "${CONFIGS[@]}" --set "sweep.part=$PART" | grep -m1 /trl_repexp_) || exit 2
-    POINT=${POINT#*/}
+    RUNS=$(repexp config runs "${CONFIGS[@]}" --set "sweep.part=$PART") || exit 2
+    POINT=$(grep -m1 /trl_repexp_ <<<"$RUNS") && POINT=${POINT#*/} || exit 2
     if [ -n "$CARRY" ] && [ -f "$CARRY" ]; then
         mkdir -p "$RESULTS" && tar -C "$RESULTS" -xzf "$CARRY" || exit 2
         echo "pilot_gpu.sh: earlier parts from $CARRY: $(tar -tzf "$CARRY" | grep -c 'eval.json$') evaluations"
