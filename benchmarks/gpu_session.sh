@@ -29,8 +29,9 @@
 #                trl.rollout_engine hf and vllm on this GPU, one training alone and as many side by side as the
 #                pilot runs at once (8 on an H100, 9 on an H200; 6 steps each, each capped at the pilot's auto
 #                share); s/step per engine and the ratio hf / vllm in
-#                trl_engines.log's table and trl_engines/trl_engines.json, each training's log in
-#                trl_engines/logs/ (~5 min on an H100)
+#                trl_engines.log's table and trl_engines/trl_engines.json (with each group's steps per second
+#                and the most GPU memory one training held), each training's log in trl_engines/logs/ (~5 min
+#                on an H100); TRL_ENGINES_ARGS replaces the groups (MPS, --share)
 # OUT_DIR must lie outside the device call's own $OUT, which every later call empties (use e.g.
 # /root/session, then copy what you need into $OUT with poll.sh or tar in the last call).
 # OUT_DIR/progress.log says which stage runs (one line per start and end, with exit codes);

@@ -13,8 +13,10 @@ together on the one GPU, each capped at the share `gpu_share: auto` gives a pilo
 `timing_s/step` over steps 2… (step 1 warms up; validation excluded), then the median over the N trainings;
 the ratio hf / vllm per N, and the steps per second the GPU delivers to the whole group (what sizes the pilot's
 parts). `--mps on|both` runs the groups under CUDA MPS too (one daemon for the group: kernels of the N processes
-share the GPU instead of time-slicing). Also each training's wall time (start-up included), and the GPU. Writes
-OUT/trl_engines.json and prints a table; a failed training's log tail is printed and kept in OUT/logs/.
+share the GPU instead of time-slicing). Also each training's wall time (start-up included), the most GPU memory
+one training held (nvidia-smi, every 2 s), and the GPU; `--share P` caps each training at P % instead of the
+pilot's auto share (to see whether more fit side by side). Writes OUT/trl_engines.json and prints a table; a
+failed training's log tail is printed and kept in OUT/logs/.
 
 The rest of this docstring is the default mode (no `--engines`):
 
@@ -187,13 +189,44 @@ def run_side_by_side(jobs: list, logs: Path, timeout_s: float) -> list[dict]:
         handle.close()
         records = [r for r in MetricsLog(rc.run_dir).records() if r["step"] >= 2 and "timing_s/step" in r]
         steps = [r["timing_s/step"] for r in records]
-        results.append({"run": Path(rc.run_dir).name, "exit": code, "wall_s": round(wall, 1),
+        results.append({"run": Path(rc.run_dir).name, "pid": proc.pid, "exit": code, "wall_s": round(wall, 1),
                         "steps_measured": len(steps), "median_step_s": statistics.median(steps) if steps else None,
                         "log": str(log)})
         if code != 0:
             tail = log.read_text(errors="replace").splitlines()[-40:]
             print(f"--- {log} (exit {code}), last lines:\n" + "\n".join(tail), file=sys.stderr)
     return results
+
+
+@contextmanager
+def gpu_memory_peaks():
+    """Yields a dict {pid: peak MiB} that a background thread fills from `nvidia-smi --query-compute-apps` every
+    2 s while the group runs (what each training process holds on the GPU at most; empty without nvidia-smi,
+    and under MPS the processes may be listed as the MPS server's)."""
+    import threading
+
+    peaks: dict[int, int] = {}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(2.0):
+            try:
+                out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                                      "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20)
+            except (OSError, subprocess.TimeoutExpired):
+                return
+            for line in out.stdout.splitlines():
+                pid, _, mib = line.partition(",")
+                if pid.strip().isdigit() and mib.strip().isdigit():
+                    peaks[int(pid)] = max(peaks.get(int(pid), 0), int(mib))
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield peaks
+    finally:
+        stop.set()
+        thread.join(timeout=30)
 
 
 @contextmanager
@@ -250,9 +283,10 @@ def engines_main(args: argparse.Namespace) -> int:
                         "--config", str(PILOT), "--set", "data.limit_dev=8"], check=True, cwd=REPO)
     gpus = G.read_gpus() if args.device == "cuda" else []
     need = yaml.safe_load(PILOT.read_text())["resources"]["train"].get("gpu_memory_gib")
-    share = G.auto_share(need, gpus) if gpus else 100
+    share = args.share or (G.auto_share(need, gpus) if gpus else 100)
     fraction = G.memory_cap(share)  # what `gpu_share: auto` gives a pilot training on this GPU
-    args.parallel = [min(9, 100 // share) if value == "auto" else int(value) for value in args.parallel]
+    args.parallel = [min(9 if not args.share else 100, 100 // share) if value == "auto" else int(value)
+                     for value in args.parallel]
     report = {"gpu": gpu_description() if gpus else "none (CPU)", "share_percent": share,
               "gpu_memory_fraction": fraction, "steps": args.steps, "model": str(model), "task": task, "runs": {}}
     for mps in [False, True] if args.mps == "both" else [args.mps == "on"]:
@@ -263,8 +297,10 @@ def engines_main(args: argparse.Namespace) -> int:
                 jobs = engine_jobs(model, data, root, engine=engine, count=count, steps=args.steps,
                                    device=args.device, fraction=fraction)
                 started = time.perf_counter()
-                with mps_daemon(workdir, mps):
+                with mps_daemon(workdir, mps), gpu_memory_peaks() as peaks:
                     runs = run_side_by_side(jobs, out / "logs", args.timeout)
+                for run in runs:
+                    run["peak_gpu_mib"] = peaks.get(run["pid"])
                 medians = [r["median_step_s"] for r in runs if r["median_step_s"] is not None]
                 median = statistics.median(medians) if medians else None
                 report["runs"][key] = {
@@ -272,6 +308,8 @@ def engines_main(args: argparse.Namespace) -> int:
                     "all_exit_0": all(r["exit"] == 0 for r in runs), "median_step_s": median,
                     # what the GPU delivers to the whole group: the pilot's parts are sized from it
                     "steps_per_s_all": round(sum(1 / m for m in medians), 2) if medians else None,
+                    # the most one training held on the GPU (sizes resources.train.gpu_memory_gib for this engine)
+                    "peak_gpu_mib_max": max((r["peak_gpu_mib"] or 0 for r in runs), default=0) or None,
                     "trainings": runs}
                 print(f"{key}: median step {median} s, wall {report['runs'][key]['wall_s']} s, "
                       f"{report['runs'][key]['steps_per_s_all']} steps/s over the group", file=sys.stderr, flush=True)
@@ -293,12 +331,13 @@ def engines_main(args: argparse.Namespace) -> int:
     (out / "trl_engines.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
     print(f"\nGPU: {report['gpu']}; each training capped at {fraction} of it (gpu_share {share})")
-    print("| every run | s/step (median) | steps/s over the group | wall s | all exit 0 |")
-    print("|---|---|---|---|---|")
+    print("| every run | s/step (median) | steps/s over the group | peak GPU MiB of one training | wall s "
+          "| all exit 0 |")
+    print("|---|---|---|---|---|---|")
     fmt = lambda v: "–" if v is None else f"{v:.2f}"  # noqa: E731
     for key, run in report["runs"].items():
-        print(f"| {key} | {fmt(run['median_step_s'])} | {fmt(run['steps_per_s_all'])} | {run['wall_s']} | "
-              f"{run['all_exit_0']} |")
+        print(f"| {key} | {fmt(run['median_step_s'])} | {fmt(run['steps_per_s_all'])} | "
+              f"{run['peak_gpu_mib_max'] or '–'} | {run['wall_s']} | {run['all_exit_0']} |")
     print(f"hf / vllm per group size: {ratios}; without / with MPS: {report.get('mps_off_over_on', {})}")
     failed = [key for key, run in report["runs"].items() if not run["all_exit_0"]]
     if failed:
@@ -326,6 +365,8 @@ def main() -> int:
     engines.add_argument("--mps", default="off", choices=["off", "on", "both"],
                          help="run each group under CUDA MPS (nvidia-cuda-mps-control), without it, or both")
     engines.add_argument("--timeout", type=float, default=240, help="seconds one group of trainings may take")
+    engines.add_argument("--share", type=int, help="GPU share in percent of each training (its memory cap; "
+                         "--parallel auto: 100 // share): default the pilot's `gpu_share: auto` on this GPU")
     args = parser.parse_args()
     if args.engines:
         args.steps = args.steps or 6
