@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 
 # name -> (module, one-line help)
@@ -44,7 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0 if argv else 2
     args = command_parser(argv[0]).parse_args(argv[1:])
-    return int(importlib.import_module(COMMANDS[argv[0]][0]).run(args) or 0)
+    try:
+        return int(importlib.import_module(COMMANDS[argv[0]][0]).run(args) or 0)
+    except BrokenPipeError:  # stdout's reader went away (`repexp config runs C | head`): no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's exit flush would fail again
+        return 128 + signal.SIGPIPE  # what a shell reports for a writer stopped by SIGPIPE: never a success
 
 
 def command_parser(name: str) -> argparse.ArgumentParser:

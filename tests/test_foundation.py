@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -113,6 +114,22 @@ def test_every_command_and_subcommand_has_a_one_line_description():
 
     for name in cli.COMMANDS:
         walk(cli.command_parser(name), f"repexp {name}")
+
+
+def test_a_reader_that_goes_away_ends_the_command_without_a_traceback_and_without_success():
+    """`repexp config runs C | head -1`: the pipe closes while the command still writes. The command ends
+    quietly with 141 (128 + SIGPIPE, what a shell reports for such a writer), never 0: a job whose output
+    went nowhere is not a success."""
+    from pathlib import Path
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    reader, writer = os.pipe()
+    os.close(reader)  # gone before the command writes its first line
+    proc = subprocess.run([sys.executable, "-m", "repexp", "config", "runs", str(configs / "pilot.yaml"),
+                           str(configs / "overlays" / "pilot4.yaml")], stdout=writer, stderr=subprocess.PIPE,
+                          text=True, timeout=120)
+    os.close(writer)
+    assert proc.returncode == 141 and "Traceback" not in proc.stderr, proc.stderr
 
 
 def test_every_cli_module_has_the_contract():
