@@ -266,12 +266,12 @@ def test_repexp_config_gpus_shows_what_auto_chooses_on_this_host(tmp_path, monke
 
 # --------------------------------------------------------------------------- the CPU form, end to end
 
-# The pilot config as it is, cut to CPU sizes: a tiny random model, 2 steps, a few problems, two
-# seeds of one RepExp point and GRPO (two seeds: the figures' seed bands), the hf engine.
+# The pilot config as the fourth design runs it, cut to CPU sizes: a tiny random model, 2 steps, a few problems,
+# two seeds (the figures' seed bands) in two parts, the hf engine.
 CPU_FORM = [
     "model=tiny", "trl.device=cpu", "trl.rollout_engine=hf", "trl.gpu_memory_fraction=null", "eval.engine=hf",
     "eval.kv_cache_gib=null",
-    "eval.n_samples=4", "eval.shard_size=8", "eval.batch_size=16", "sweep.seeds=[1,2]", "sweep.betas=[0.1]",
+    "eval.n_samples=4", "eval.shard_size=8", "eval.batch_size=16", "sweep.seeds=[1,2]", "sweep.parts=2",
     "train.total_steps=2", "train.test_freq=1", "train.save_freq=1", "train.train_batch_size=2",
     "train.ppo_mini_batch_size=2", "train.micro_batch_size_per_gpu=8", "train.n_rollouts=4", "train.val_n=2",
     "data.limit_train=16", "data.limit_dev=4", "data.limit_test=6", "trl.eval_batch_size=4",
@@ -280,37 +280,60 @@ CPU_FORM = [
 
 
 @pytest.mark.slow
-def test_the_pilot_runs_end_to_end_on_cpu_in_its_reduced_form(tmp_path):
+def test_the_fourth_design_runs_on_cpu_in_its_reduced_form_part_by_part(tmp_path):
+    """The pilot's CPU form (issue 43, item 6: the config as the fourth design runs it, configs/pilot.yaml with
+    its overlay): the five arms and the base model through the real rules (TRL with `hf` rollouts: vLLM needs a
+    GPU), two seeds in two parts, each part one command into one results directory; the second part's
+    aggregate and figures pool the first's, and the registered analysis is written from real runs."""
     results = tmp_path / "results"
-    overrides = " ".join([f"results_dir={results}", *CPU_FORM])
-    proc = snakemake("all", "--profile", "local", "--cores", "2", "--configfile", str(PILOT),
-                     "--config", f"set={overrides}", workdir=tmp_path, timeout=1500,
-                     env_extra={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
-    assert job_counts(proc) == {"model": 1, "preprocess": 1, "train": 4, "select": 4, "eval": 5, "testtime": 5,
-                                "aggregate": 1, "figures": 1, "all": 1}
-    # training: entropy and rollout diversity on every step of every run, both methods
-    for run in ("trl_grpo_s1", "trl_grpo_s2", "trl_repexp_k32_b0.1_s1", "trl_repexp_k32_b0.1_s2"):
+    overrides = [f"results_dir={results}", *CPU_FORM]
+    counts = {1: {"train": 5, "select": 5, "eval": 6, "testtime": 6}, 2: {"train": 5, "select": 5, "eval": 5,
+                                                                          "testtime": 5}}
+    for part in (1, 2):
+        proc = snakemake("all", "--profile", "local", "--cores", "2", "--configfile", str(PILOT), str(PILOT4),
+                         "--config", f"set={' '.join([*overrides, f'sweep.part={part}'])}", workdir=tmp_path,
+                         timeout=1500, env_extra={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+                                                  "TOKENIZERS_PARALLELISM": "false"})
+        want = {**({"model": 1, "preprocess": 1} if part == 1 else {}), **counts[part],
+                "aggregate": 1, "figures": 1, "all": 1}
+        assert job_counts(proc) == want, part
+    runs = [f"trl_{p}_s{seed}" for p in PILOT4_POINTS for seed in (1, 2)]
+    table = (results / "aggregate" / L.PASS_AT_K_CSV).read_text()
+    assert all(run in table for run in runs) and "base" in table
+    assert (results / "aggregate" / L.K_EFFICIENCY_CSV).is_file()
+    # training: entropy and rollout diversity on every step of every run, every method
+    for run in runs:
         rows = [json.loads(line) for line in (results / "train" / TASK / run / L.METRICS).read_text().splitlines()]
         steps = [row for row in rows if row["step"] >= 1 and M.REWARD_VERIFIER_MEAN in row]
         assert len(steps) == 2, run
         for row in steps:
             assert 1 / 4 <= row[M.DISTINCT_FRACTION] <= 1 and row[M.POLICY_ENTROPY] >= 0, run
-    # evaluation on the generated test split, every run, and the figures a reader of the paper expects
+    # evaluation on the generated test split; the figures a reader of the paper expects, drawn from both parts
     manifest = json.loads(L.manifest_file(results / "data" / TASK).read_text())
     assert manifest["splits"]["test"]["rows"] == 6
     index = json.loads(L.figure_index(results).read_text())
-    ids = {figure["id"] for figure in index["figures"]}
-    assert {"pass_at_k", "k_efficiency", f"dynamics_{TASK}_trl", f"training_{TASK}_trl"} <= ids
+    assert {"pass_at_k", "k_efficiency", f"dynamics_{TASK}_trl", f"training_{TASK}_trl"} <= {f["id"] for f in
+                                                                                              index["figures"]}
     dynamics = next(f for f in index["figures"] if f["id"] == f"dynamics_{TASK}_trl")
     panels = {panel["metrics"][0]: panel["series"] for panel in dynamics["panels"]}
     assert set(panels) == {M.POLICY_ENTROPY, M.DISTINCT_FRACTION}
-    for series in panels.values():  # a line per method, each a mean over both seeds with a band
-        assert {line["method"] for line in series} == {"repexp", "grpo"}
+    for series in panels.values():  # a line per method, each a mean over both parts' seeds with a band
+        assert {line["method"] for line in series} == {"repexp", "grpo", "passk", "outcome", "cov"}
         for line in series:
             assert line["step"] == [1, 2] and line["n_seeds"] == [2, 2] and len(line["sem"]) == 2
-    table = (results / "aggregate" / L.PASS_AT_K_CSV).read_text()
-    assert table.count("trl_grpo_s") >= 2 and table.count("trl_repexp_k32_b0.1_s") >= 2 and "base" in table
-    assert (results / "aggregate" / L.K_EFFICIENCY_CSV).is_file()
+    for spec in ("trl_repexp_k32_b0.01_s2", "trl_kl_cov_r0.002_s1"):  # the registered test-time variants ran
+        testtime = json.loads((results / "testtime" / TASK / spec / "testtime.json").read_text())
+        assert set(testtime["variants"]) == {"random_first", "no_center", "own_features"}, spec
+    registered = json.loads((results / "aggregate" / L.PREREGISTERED_JSON).read_text())
+    assert registered["missing"] == []
+    stratum = registered["strata"][0]
+    assert stratum["n_grpo"] == 2 and stratum["grpo_seeds"] == [1, 2]
+    for measure in ("entropy", "distinct_answers"):  # training measures every method logs, from metrics.jsonl
+        rows = stratum["measures"][measure]["comparisons"]
+        assert sorted(r["method"] for r in rows) == ["cov", "outcome", "passk", "repexp"], measure
+        for row in rows:
+            assert row["seeds"] == [1, 2] and all(v is not None for v in row["per_seed"].values()), (measure, row)
+    assert (results / "aggregate" / L.PREREGISTERED_MD).read_text().startswith("# The registered analysis")
 
 
 
