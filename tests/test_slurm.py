@@ -346,7 +346,8 @@ def test_training_spans_walltime_chunks_and_a_preemption_and_matches_an_uninterr
             if r.data.tags.get("snakemake.rule") == "train" and r.data.tags.get("repexp.run") == CHUNK_RUN]
     from repexp.tracking import pending_records
 
-    seen = sorted((r.data.tags.get("slurm.restart_count"), r.info.status, r.info.start_time) for r in runs)
+    seen = sorted(((r.data.tags.get("slurm.restart_count"), r.info.status, r.info.start_time) for r in runs),
+                  key=lambda run: run[2])  # by start time (an untagged run has None for its restart)
     pending = [(d.name, sorted(p.name for p in d.iterdir())) for d in pending_records(fx.results(slurm_dir))]
     assert all("slurm.restart_count" in r.data.tags for r in runs), (seen, pending)
     by_restart = {int(r.data.tags["slurm.restart_count"]): r for r in runs}
