@@ -11,7 +11,8 @@ damaged after it was written (a truncated copy, a full disk) is skipped, with a 
 
 `TrainingTime` counts training time over all attempts through each checkpoint's `budget.json`;
 `prune_checkpoints` keeps the newest checkpoints whole and the best-dev one without resume-only files;
-`prune_finished` keeps, after `DONE`, only the best-dev one (without them).
+`prune_finished` keeps, after `DONE`, only the best-dev one (without them); `prune_when_done` applies
+`train.prune_when_done` with it.
 """
 
 from __future__ import annotations
@@ -272,6 +273,19 @@ def prune_finished(run_dir: str | Path, best_step: Optional[int], resume_only: S
     removed = [step for step in steps if step != best_step]
     for step in removed:  # ascending: the final (newest) step last
         remove_checkpoint(checkpoint_dir(run_dir, step))
+    return removed
+
+
+def prune_when_done(run_dir: str | Path, done: dict, resume_only: Sequence[str], *, enabled: bool,
+                    keep: Optional[int]) -> list[int]:
+    """`train.prune_when_done`, both backends: right after `DONE` (`done`, as `write_done` returned it),
+    `prune_finished` when the setting is on and `train.max_checkpoints_to_keep` is set (else nothing is
+    removed), and says so. Returns the removed steps."""
+    if not enabled or keep is None:
+        return []
+    removed = prune_finished(run_dir, done["best_step"], resume_only)
+    print(f"repexp.{done['backend']}.train: done; kept the best-dev checkpoint (step {done['best_step']}) without "
+          f"its resume state, removed step(s) {removed} (train.prune_when_done)", file=sys.stderr, flush=True)
     return removed
 
 

@@ -565,7 +565,7 @@ def test_checkpoints_resume_and_merge(runtime, tmp_path):
 
     from repexp.checkpoints import complete_steps, mark_complete
     from repexp.verl.settings import RunSettings
-    from repexp.verl.train import finished_or_reset, prune_when_done, write_done
+    from repexp.verl.train import finish, finished_or_reset, write_done
 
     done = write_done(run_dir, 12.5)
     assert json.loads((run_dir / "DONE").read_text()) == done
@@ -579,10 +579,10 @@ def test_checkpoints_resume_and_merge(runtime, tmp_path):
     # a run of more steps resumes (nothing is touched)
     assert finished_or_reset(run_dir, 6, validates=True)
     assert not finished_or_reset(run_dir, 8, validates=True) and complete_steps(run_dir) == [2, 6]
-    prune_when_done(RunSettings(max_checkpoints_to_keep=1, prune_when_done=False), run_dir, done)
+    finish(RunSettings(max_checkpoints_to_keep=1, prune_when_done=False), run_dir, time.time())
     assert complete_steps(run_dir) == [2, 6]  # off: the newest checkpoint stays whole
     # train.prune_when_done: after DONE only the best-dev checkpoint stays, slimmed; merge still reads it
-    prune_when_done(RunSettings(max_checkpoints_to_keep=1, prune_when_done=True), run_dir, done)
+    finish(RunSettings(max_checkpoints_to_keep=1, prune_when_done=True), run_dir, time.time())
     assert complete_steps(run_dir) == [2] and resumable_steps(run_dir) == []
     assert merge_checkpoint(checkpoint_dir(run_dir, 2)) == Path(merged_pointer["model_path"])
     # the state a kill while the final checkpoint was removed leaves (only a slimmed one): the retry starts

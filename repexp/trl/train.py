@@ -45,7 +45,7 @@ from repexp.checkpoints import (
     is_complete,
     mark_complete,
     prune_checkpoints,
-    prune_finished,
+    prune_when_done,
     resumable_steps,
     step_actions,
     write_done,
@@ -569,16 +569,9 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
         raise RuntimeError(f"{run_dir}: training ended without a checkpoint of the last step {plan.total_steps}")
     done = write_done(run_dir, backend="trl", final_step=final[-1], tracker=tracker,
                       wall_time_s=time.time() - started, resumed_from_step=resume_step)
-    prune_when_done(cfg, run_dir, done)
+    prune_when_done(run_dir, done, RESUME_ONLY, enabled=cfg.train.prune_when_done,
+                    keep=cfg.train.max_checkpoints_to_keep)
     return TrainResult(run_dir, done, reward, trainer)
-
-
-def prune_when_done(cfg: RunConfig, run_dir: Path, done: dict) -> None:
-    """`train.prune_when_done`: after `DONE`, only the best-dev checkpoint stays, without its resume state."""
-    if cfg.train.prune_when_done and cfg.train.max_checkpoints_to_keep is not None:
-        removed = prune_finished(run_dir, done["best_step"], RESUME_ONLY)
-        print(f"repexp.trl.train: done; kept the best-dev checkpoint (step {done['best_step']}) without its resume "
-              f"state, removed step(s) {removed} (train.prune_when_done)", file=sys.stderr)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

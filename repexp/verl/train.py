@@ -18,7 +18,7 @@ import ray
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from repexp import checkpoints, layout, tracking
-from repexp.checkpoints import BestDevTracker, complete_steps, prune_finished, resumable_steps
+from repexp.checkpoints import BestDevTracker, complete_steps, prune_when_done, resumable_steps
 from repexp.config import check_repexp_micro_batch, check_save_freq
 from repexp.io import write_json_atomic
 from repexp.verl import config as _schemas  # noqa: F401  stores the bonus node's schema before Hydra composes
@@ -83,13 +83,10 @@ def write_done(run_dir: Path, wall_time_s: float) -> dict:
                                   tracker=BestDevTracker.load(run_dir), wall_time_s=wall_time_s)
 
 
-def prune_when_done(run: RunSettings, run_dir: Path, done: dict) -> None:
-    """`train.prune_when_done`: after `DONE`, only the best-dev checkpoint stays, without its resume state
-    (`repexp merge` reads its model shards)."""
-    if run.prune_when_done and run.max_checkpoints_to_keep is not None:
-        removed = prune_finished(run_dir, done["best_step"], RESUME_ONLY)
-        print(f"repexp.verl.train: done; kept the best-dev checkpoint (step {done['best_step']}) without its resume "
-              f"state, removed step(s) {removed} (train.prune_when_done)", flush=True)
+def finish(run: RunSettings, run_dir: Path, started: float) -> None:
+    """`DONE`, then `train.prune_when_done` (`repexp merge` reads the kept checkpoint's model shards)."""
+    prune_when_done(run_dir, write_done(run_dir, time.time() - started), RESUME_ONLY, enabled=run.prune_when_done,
+                    keep=run.max_checkpoints_to_keep)
 
 
 def finished_or_reset(run_dir: Path, total_steps: int, validates: bool) -> bool:
@@ -100,8 +97,8 @@ def finished_or_reset(run_dir: Path, total_steps: int, validates: bool) -> bool:
     it removed the final one), the training starts over: no slimmed checkpoint of the earlier attempt
     stays to be resumed or selected."""
     steps = complete_steps(run_dir)
-    validated = {entry["step"] for entry in BestDevTracker.load(run_dir).history}
-    if total_steps in steps and (not validates or total_steps in validated):
+    if total_steps in steps and (not validates or any(entry["step"] == total_steps
+                                                      for entry in BestDevTracker.load(run_dir).history)):
         return True
     if steps and not resumable_steps(run_dir):
         shutil.rmtree(layout.checkpoints_dir(run_dir))
@@ -158,7 +155,7 @@ def launch(config: DictConfig) -> None:
     if finished_or_reset(run_dir, config.trainer.total_training_steps, config.trainer.test_freq > 0):
         print("repexp.verl.train: the final step is saved and validated (only DONE was missing); writing DONE "
               "without starting verl", flush=True)
-        prune_when_done(run, run_dir, write_done(run_dir, time.time() - started))
+        finish(run, run_dir, started)
         return
     log = start_marks(run_dir)
     if run.mlflow_tracking_uri:
@@ -173,7 +170,7 @@ def launch(config: DictConfig) -> None:
         print(f"repexp.verl.train: walltime chunk ended at step {chunk['step']}; the next attempt resumes there",
               flush=True)
         return
-    prune_when_done(run, run_dir, write_done(run_dir, time.time() - started))
+    finish(run, run_dir, started)
 
 
 @hydra.main(config_path="config", config_name="repexp_trainer", version_base="1.3")
