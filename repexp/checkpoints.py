@@ -233,6 +233,17 @@ def resumable_steps(run_dir: str | Path) -> list[int]:
     return [step for step in complete_steps(run_dir) if not (checkpoint_dir(run_dir, step) / SLIM_MARKER).exists()]
 
 
+def finished_training(run_dir: str | Path, total_steps: int, *, validated_after_save: bool) -> bool:
+    """Whether a training whose `DONE` is missing had in fact finished: its final step is saved complete
+    (a kill after it, or while `prune_finished` ran after `DONE`), so `DONE` is written again and nothing
+    is trained. A trainer that validates after it saves (verl) also needs the final step's validation in
+    `best_dev.json`; one that validates before it saves (TRL) has it whenever the checkpoint is complete."""
+    if total_steps not in complete_steps(run_dir):
+        return False
+    return not validated_after_save or any(entry["step"] == total_steps
+                                           for entry in BestDevTracker.load(run_dir).history)
+
+
 def step_actions(step: int, *, test_freq: int, save_freq: int, last: bool) -> tuple[bool, bool]:
     """(validate, save) at the end of `step`: on the schedule, and always at the last step."""
     return last or step % test_freq == 0, last or step % save_freq == 0

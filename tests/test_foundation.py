@@ -78,6 +78,24 @@ def test_best_dev_ties_pick_the_earliest_step_and_reload(tmp_path):
     assert checkpoints.BestDevTracker.load(run_dir).best()["step"] == 5
 
 
+def test_a_training_that_lost_only_its_done_is_finished_by_one_rule_for_both_trainers(tmp_path):
+    """`finished_training`: the final step saved complete means finished for TRL (it validates before it
+    saves); verl saves before it validates, so it also needs the final step in best_dev.json."""
+    run_dir = tmp_path / "run"
+    tracker = checkpoints.BestDevTracker(run_dir)
+    _save(run_dir, 2)
+    tracker.record_validation(2, {"dev/pass_at_1": 0.5})
+    _save(run_dir, 4, complete=False)  # killed while the final checkpoint was written
+    for after in (False, True):
+        assert not checkpoints.finished_training(run_dir, 4, validated_after_save=after)
+    checkpoints.mark_complete(checkpoints.checkpoint_dir(run_dir, 4))
+    assert checkpoints.finished_training(run_dir, 4, validated_after_save=False)
+    assert not checkpoints.finished_training(run_dir, 4, validated_after_save=True)  # killed before validating
+    tracker.record_validation(4, {"dev/pass_at_1": 0.25})
+    assert checkpoints.finished_training(run_dir, 4, validated_after_save=True)
+    assert not checkpoints.finished_training(run_dir, 6, validated_after_save=False)  # more steps configured
+
+
 def test_select_errors_are_clear(tmp_path):
     with pytest.raises(FileNotFoundError, match="best_dev.json"):
         checkpoints.select(tmp_path, "trl")

@@ -42,6 +42,7 @@ from repexp.checkpoints import (
     TrainingTime,
     checkpoint_dir,
     complete_steps,
+    finished_training,
     is_complete,
     mark_complete,
     prune_checkpoints,
@@ -496,8 +497,8 @@ def train(cfg: RunConfig, *, resume: str = "auto", backbone_loader: Optional[Cal
             f"train.total_steps: the run directory holds a checkpoint of step {resume_step}, beyond the "
             f"{plan.total_steps} steps configured; use --resume never to start over"
         )
-    if plan.total_steps in complete_steps(run_dir):  # finished: its DONE went with a kill while pruning after it
-        resume_step = plan.total_steps  # (prune_finished): written again, nothing trained
+    if finished_training(run_dir, plan.total_steps, validated_after_save=False):  # only its DONE was lost:
+        resume_step = plan.total_steps  # written again, nothing trained
     elif resume_step is None:  # starting over: no slimmed checkpoint of an earlier attempt stays to be selected
         shutil.rmtree(layout.checkpoints_dir(run_dir), ignore_errors=True)
 

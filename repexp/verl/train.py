@@ -96,10 +96,9 @@ def finished_or_reset(run_dir: Path, total_steps: int, validates: bool) -> bool:
     Otherwise, where only checkpoints without resume state are left (`prune_finished` was killed while
     it removed the final one), the training starts over: no slimmed checkpoint of the earlier attempt
     stays to be resumed or selected."""
-    steps = complete_steps(run_dir)
-    if total_steps in steps and (not validates or any(entry["step"] == total_steps
-                                                      for entry in BestDevTracker.load(run_dir).history)):
+    if checkpoints.finished_training(run_dir, total_steps, validated_after_save=validates):
         return True
+    steps = complete_steps(run_dir)
     if steps and not resumable_steps(run_dir):
         shutil.rmtree(layout.checkpoints_dir(run_dir))
         print(f"repexp.verl.train: no resumable checkpoint left of an earlier attempt (steps {steps} kept without "
