@@ -12,7 +12,8 @@ damaged after it was written (a truncated copy, a full disk) is skipped, with a 
 `TrainingTime` counts training time over all attempts through each checkpoint's `budget.json`;
 `prune_checkpoints` keeps the newest checkpoints whole and the best-dev one without resume-only files;
 `prune_finished` keeps, after `DONE`, only the best-dev one (without them); `prune_when_done` applies
-`train.prune_when_done` with it.
+`train.prune_when_done` with it; `finished_training` tells a retry whose `DONE` was lost that nothing is
+left to train.
 """
 
 from __future__ import annotations
